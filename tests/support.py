@@ -1,0 +1,84 @@
+"""Input builders and accuracy checks shared by the correctness tests and the benchmarks.
+
+A benchmarked shape is built by the same function as a tested one, so what is timed is what is
+checked. The conftest.py at the project root has already chosen compiled Triton (a GPU) or the
+interpreter (no GPU) before this module imports.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+DEVICE = "cuda" if ON_GPU else "cpu"
+needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU running compiled Triton")
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Unit roundoff of each dtype: the scale of one rounding error, used as an error floor where
+# PyTorch's own error can be zero (tiny problems whose result is exactly representable).
+UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+def generator(seed: int) -> torch.Generator:
+    return torch.Generator(device=DEVICE).manual_seed(seed)
+
+
+def randn(shape, dtype, seed: int, scale: float = 1.0) -> torch.Tensor:
+    """Normal values drawn on the device in float32, scaled, then rounded to dtype."""
+    t = torch.randn(shape, generator=generator(seed), device=DEVICE, dtype=torch.float32)
+    return (t * scale).to(dtype)
+
+
+def softmax_matmul_inputs(batch, d1, d2, d3, dtype, seed=0, scale=1.0):
+    """x: (batch, d1, d2) logits times ``scale``, V: (batch, d2, d3)."""
+    return randn((batch, d1, d2), dtype, seed, scale), randn((batch, d2, d3), dtype, seed + 1)
+
+
+def row_softmax_inputs(M, N, dtype, seed=0, scale=1.0):
+    return randn((M, N), dtype, seed, scale)
+
+
+# ----------------------------------------------------------------------------------------------
+# Accuracy: judged against float64, low precision by PyTorch's own error at that precision
+# ----------------------------------------------------------------------------------------------
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """||out - ref|| / ||ref|| over the finite entries of ref, in float64."""
+    ok = torch.isfinite(ref)
+    diff = (out.double() - ref)[ok]
+    return (diff.norm() / ref[ok].norm().clamp_min(1e-300)).item()
+
+
+def describe_mismatch(out: torch.Tensor, ref: torch.Tensor, tol: float) -> str:
+    """How many elements are far from ref, and the worst one: where to look when a test fails."""
+    err = (out.double() - ref).abs().nan_to_num(nan=float("inf"))
+    scale = ref.abs().nan_to_num().max().clamp_min(1e-300)
+    bad = err > tol * scale
+    worst = tuple(int(i) for i in torch.unravel_index(err.argmax(), err.shape))
+    return (f"{int(bad.sum())} of {err.numel()} elements off by more than {tol:.1e} x max|ref|; "
+            f"worst at {worst}: got {out[worst].item()!r}, want {ref[worst].item()!r}")
+
+
+def assert_close(out: torch.Tensor, ref64: torch.Tensor, torch_out: torch.Tensor | None = None,
+                 factor: float = 2.0) -> None:
+    """out must carry ref64's NaNs exactly, and elsewhere be as accurate as PyTorch (FlashAttention's rule).
+
+    ``torch_out`` is PyTorch's answer in out's dtype; out's error against the float64 reference
+    may be at most ``factor`` times PyTorch's, plus a few units of roundoff of out's dtype
+    (PyTorch's error can be exactly zero on small exact cases). Without ``torch_out`` the bound is
+    the roundoff floor alone scaled by ``factor``.
+    """
+    assert out.shape == ref64.shape, f"shape {tuple(out.shape)}, want {tuple(ref64.shape)}"
+    nan_out, nan_ref = torch.isnan(out), torch.isnan(ref64)
+    assert torch.equal(nan_out, nan_ref), (
+        f"NaN pattern differs: {int(nan_out.sum())} NaNs, reference has {int(nan_ref.sum())}")
+    assert torch.isfinite(out[torch.isfinite(ref64)]).all(), "non-finite values where the reference is finite"
+    floor = 4 * UNIT_ROUNDOFF[out.dtype]
+    torch_err = relative_error(torch_out, ref64) if torch_out is not None else 0.0
+    bound = factor * torch_err + floor
+    err = relative_error(out, ref64)
+    assert err <= bound, (f"relative error {err:.3e} > {bound:.3e} (= {factor} x torch's {torch_err:.3e} "
+                          f"+ {floor:.1e}); " + describe_mismatch(out, ref64, bound))
