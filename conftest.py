@@ -1,15 +1,448 @@
 """The one harness: device detection, the benchmark timer fixture, machine info and the CSV hook.
 
 Device detection happens here, at import, before any test module imports a kernel: without a
-usable GPU, Triton must run in interpreter mode, and Triton reads TRITON_INTERPRET when a kernel
-is decorated.
+GPU, Triton must run in interpreter mode, and Triton reads TRITON_INTERPRET when a kernel is
+decorated.
+
+A benchmark is a parametrized test that calls the ``bench`` fixture with its ``BenchGroup`` (the
+group's CSV, columns and baselines, declared once as data in the test module), the row that
+identifies the case, and a function that builds the inputs and returns the callable to time.
+The fixture times that callable with CUDA events through pytest-benchmark (so its JSON, compare
+and compare-fail see the numbers), measures peak memory, and keeps one record per case — measured
+or failed, with the reason. At the end of the session one hook writes every group's CSV from
+those records and prints a summary with speed-ups.
 """
 
 from __future__ import annotations
 
+import argparse
+import dataclasses
+import gc
+import math
 import os
+import platform
+import re
+import time
+from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
+ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent
+_GROUPS: dict = {}
+MiB = 2**20
+L2_FLUSH_BYTES = 256 * MiB  # several times any current L2 (H100: 50 MB), as triton's do_bench does
+
+
+# ----------------------------------------------------------------------------------------------
+# Benchmark groups: declared once, as data, in the test modules
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class BenchGroup:
+    """One table of results: a pytest-benchmark group and the CSV it feeds.
+
+    ``case`` names the row keys that identify one problem across implementations; ``speedups``
+    maps a CSV column to the implementation it divides by (speed-up = baseline time / this time);
+    ``csv_impls`` limits the CSV to some implementations (the others still land in the JSON).
+    """
+
+    name: str
+    csv: str
+    columns: tuple[str, ...]
+    case: tuple[str, ...]
+    impls: tuple[str, ...]
+    speedups: dict = dataclasses.field(default_factory=dict)
+    csv_impls: tuple[str, ...] | None = None
+    sort: tuple[str, ...] | None = None  # default: case columns, then impl order
+    warmup: int = 10
+    rounds: int = 100
+
+    def __post_init__(self):
+        _GROUPS[self.name] = self  # the session-end hook finds a group's CSV layout by its name
+
+
+METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min",
+           "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak")
+
+# Failures that say "this configuration does not fit this machine": the row stays empty, the test
+# is skipped with the reason. Anything else is a bug: the row stays empty and the test fails.
+RESOURCE_ERRORS = (torch.OutOfMemoryError, triton.runtime.errors.OutOfResources)
+
+
+def _is_resource_limit(exc: BaseException) -> bool:
+    if isinstance(exc, RESOURCE_ERRORS):
+        return True
+    text = f"{type(exc).__name__}: {exc}"
+    # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
+    # or an InterpreterError in interpreter mode. Kernels assert their resource limits this way.
+    return "static_assert" in text or "CompileTimeAssertion" in text or "out of memory" in text.lower()
+
+
+# ----------------------------------------------------------------------------------------------
+# Options and configuration
+# ----------------------------------------------------------------------------------------------
+def pytest_addoption(parser):
+    group = parser.getgroup("softmax-kernels benchmarks")
+    group.addoption("--l2-flush", action=argparse.BooleanOptionalAction, default=True,
+                    help="flush the L2 cache before every timed round (default: on; --no-l2-flush to turn off)")
+    group.addoption("--outputs-dir", default=None,
+                    help="where the CSVs go (default: outputs/ on a GPU, outputs/cpu/ in interpreter mode)")
+    group.addoption("--bench-rounds", type=int, default=None,
+                    help="timed rounds per case (default: each group's own; 2 in interpreter mode)")
+    group.addoption("--bench-warmup", type=int, default=None,
+                    help="warm-up rounds per case (default: each group's own; 1 in interpreter mode)")
+
+
+def gpu_slug() -> str:
+    if not ON_GPU:
+        return "interpreter"
+    return re.sub(r"[^A-Za-z0-9]+", "_", torch.cuda.get_device_name()).strip("_")
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "gpu: needs a GPU running compiled Triton")
+    config.bench_records = []
+    config.bench_deselected = False
+    # pytest-benchmark reads its storage in its own (trylast) pytest_configure, after this one:
+    # keep each GPU kind's saved runs apart unless the user chose a storage.
+    storage = getattr(config.option, "benchmark_storage", None)
+    if storage in ("file://./.benchmarks", None) and hasattr(config.option, "benchmark_storage"):
+        config.option.benchmark_storage = f"file://./.benchmarks/{gpu_slug()}"
+
+
+def pytest_deselected(items):
+    if items:
+        items[0].config.bench_deselected = True
+
+
+def outputs_dir(config) -> Path:
+    """GPU results go to outputs/; interpreter and partial runs never overwrite them."""
+    chosen = config.getoption("outputs_dir")
+    committed = ROOT / "outputs"
+    if chosen:
+        path = Path(chosen).resolve()
+        if not ON_GPU and path == committed:
+            raise pytest.UsageError("interpreter-mode benchmarks may not write into outputs/, which holds GPU results")
+        return path
+    if not ON_GPU:
+        return committed / "cpu"
+    partial = config.bench_deselected or any("::" in a for a in config.args)
+    return committed / "partial" if partial else committed
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine ceilings, measured once per run
+# ----------------------------------------------------------------------------------------------
+_CEILINGS: dict = {}
+
+
+def _time_ms(fn, reps: int) -> float:
+    """Median time of fn in ms: CUDA events on a GPU, the wall clock on CPU."""
+    fn()
+    times = []
+    for _ in range(reps):
+        if ON_GPU:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            times.append((time.perf_counter() - t0) * 1e3)
+    return sorted(times)[len(times) // 2]
+
+
+def copy_bandwidth_gbps() -> float:
+    """Device-to-device copy bandwidth, bytes read + written per second / 1e9 (the memory ceiling)."""
+    if "copy" not in _CEILINGS:
+        n = (1 << 30 if ON_GPU else 1 << 26) // 4
+        src = torch.empty(n, dtype=torch.float32, device="cuda" if ON_GPU else "cpu").uniform_()
+        dst = torch.empty_like(src)
+        ms = _time_ms(lambda: dst.copy_(src), 20 if ON_GPU else 5)
+        _CEILINGS["copy"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+        del src, dst
+    return _CEILINGS["copy"]
+
+
+def matmul_peak_tflops(dtype: torch.dtype) -> float | None:
+    """cuBLAS rate on a large square product in dtype under the current float32 precision (GPU only)."""
+    if not ON_GPU:
+        return None
+    key = ("matmul", dtype, torch.get_float32_matmul_precision())
+    if key not in _CEILINGS:
+        n = 8192
+        a = torch.randn(n, n, device="cuda", dtype=dtype)
+        b = torch.randn(n, n, device="cuda", dtype=dtype)
+        ms = _time_ms(lambda: a @ b, 10)
+        _CEILINGS[key] = 2 * n**3 / (ms * 1e-3) / 1e12
+        del a, b
+    return _CEILINGS[key]
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):
+    info = {
+        "mode": "compiled" if ON_GPU else "interpreter (TRITON_INTERPRET=1)",
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "l2_flush": bool(config.getoption("l2_flush")),
+        "copy_bandwidth_GBps": _CEILINGS.get("copy"),
+        "matmul_peaks_TFLOPs": {f"{k[1]}|{k[2]}": v for k, v in _CEILINGS.items() if k != "copy"},
+    }
+    if ON_GPU:
+        props = torch.cuda.get_device_properties(0)
+        info.update(
+            name=props.name, sm_count=props.multi_processor_count, memory_MiB=props.total_memory // MiB,
+            capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda, driver=_driver_version(),
+            l2_MiB=getattr(props, "L2_cache_size", 0) / MiB,
+        )
+    machine_info["gpu"] = info
+
+
+def _driver_version() -> str | None:
+    try:
+        import subprocess
+
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):
+    # A case that failed never reaches pytest-benchmark's list: keep its reason beside the numbers.
+    output_json["failed_cases"] = [r for r in config.bench_records if r["status"] != "ok"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The timer and the bench fixture
+# ----------------------------------------------------------------------------------------------
+class EventTimer:
+    """A pytest-benchmark timer that reports device time measured by CUDA events.
+
+    pytest-benchmark only ever uses end minus start of a timer. ``measured(fn)`` wraps the target:
+    it records events around the call alone, waits for them, and adds the elapsed time to a float64
+    running total, which the timer returns. So each round's duration is exactly the events'
+    reading: no launch gap, synchronisation or Python between rounds is counted. Short deltas
+    are summed in float64 rather than read against one aging reference event, whose float32
+    milliseconds would lose resolution. Without a GPU the wall clock is used the same way.
+    """
+
+    def __init__(self, label: str):
+        self.total = 0.0
+        self.label = label
+        if ON_GPU:
+            self.start = torch.cuda.Event(enable_timing=True)
+            self.end = torch.cuda.Event(enable_timing=True)
+
+    def __call__(self) -> float:
+        return self.total
+
+    def measured(self, fn):
+        def run():
+            if ON_GPU:
+                torch.cuda.nvtx.range_push(self.label)
+                self.start.record()
+                result = fn()
+                self.end.record()
+                self.end.synchronize()
+                torch.cuda.nvtx.range_pop()
+                self.total += self.start.elapsed_time(self.end) * 1e-3
+            else:
+                t0 = time.perf_counter()
+                result = fn()
+                self.total += time.perf_counter() - t0
+            return result
+
+        return run
+
+
+def _sync():
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def peak_memory(fn) -> tuple[float | None, float | None]:
+    """(peak, peak above what was allocated before) in MiB for one call of fn, on a GPU."""
+    if not ON_GPU:
+        return None, None
+    gc.collect()
+    _sync()
+    torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_allocated()
+    result = fn()
+    _sync()
+    peak = torch.cuda.max_memory_allocated()
+    del result
+    return peak / MiB, (peak - before) / MiB
+
+
+def _free_memory():
+    gc.collect()
+    if ON_GPU:
+        torch.cuda.empty_cache()
+
+
+@pytest.fixture
+def bench(benchmark, request):
+    """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None)``.
+
+    ``build()`` allocates the inputs and returns the zero-argument callable to time, so an
+    allocation failure is recorded like any other. ``bytes_moved`` (the least traffic the
+    implementation needs) and ``flops`` turn the time into GB/s, TFLOP/s and shares of the
+    measured copy bandwidth and matmul rate (``dtype`` picks the matmul peak to compare with).
+    """
+    config = request.config
+
+    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None):
+        if row.get("impl", group.impls[0]) not in group.impls:
+            raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
+        benchmark.group = group.name
+        record = {"group": group.name, "test": request.node.nodeid, "row": dict(row), "status": "ok", "reason": ""}
+        warmup = config.getoption("bench_warmup") or (group.warmup if ON_GPU else 1)
+        rounds = config.getoption("bench_rounds") or (group.rounds if ON_GPU else 2)
+        flush = config.getoption("l2_flush")
+        fn = None
+        try:
+            fn = build()
+            fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
+            peak, extra = peak_memory(fn)
+            copy_gbps = copy_bandwidth_gbps()
+            matmul_peak = matmul_peak_tflops(dtype) if (flops and dtype is not None) else None
+            scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if (flush and ON_GPU) else None
+            timer = EventTimer(f"{group.name}:{row.get('impl', '')}")
+            benchmark._timer = timer  # pytest-benchmark has no public way to set a fixture's timer
+            benchmark.pedantic(timer.measured(fn), setup=(scratch.zero_ if scratch is not None else None),
+                               rounds=rounds, warmup_rounds=warmup, iterations=1)
+            del scratch
+        except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
+            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+            record.update(status="failed", reason=reason)
+            config.bench_records.append(record)
+            del fn
+            _free_memory()
+            if _is_resource_limit(exc):
+                pytest.skip(f"{group.name} {row}: {reason}")
+            raise
+        stats = benchmark.stats
+        if stats is None:  # benchmarks disabled (--benchmark-disable, or under xdist): ran once, no numbers
+            del fn
+            return
+        s = stats.stats
+        mean_s = s.mean
+        metrics = {
+            "forward_ms_mean": s.mean * 1e3, "forward_ms_std": s.stddev * 1e3,
+            "forward_ms_median": s.median * 1e3, "forward_ms_min": s.min * 1e3,
+            "forward_peak_MiB": peak, "forward_extra_MiB": extra,
+            "gbps": bytes_moved / mean_s / 1e9 if bytes_moved else None,
+            "tflops": flops / mean_s / 1e12 if flops else None,
+        }
+        metrics["pct_of_copy"] = 100 * metrics["gbps"] / copy_gbps if metrics["gbps"] else None
+        metrics["pct_of_matmul_peak"] = 100 * metrics["tflops"] / matmul_peak if (matmul_peak and metrics["tflops"]) else None
+        record["metrics"] = metrics
+        record["l2_flush"] = bool(flush and ON_GPU)
+        benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **metrics}.items()})
+        benchmark.extra_info.update(bytes_moved=bytes_moved, flops=flops, l2_flush=record["l2_flush"],
+                                    mode="compiled" if ON_GPU else "interpreter")
+        config.bench_records.append(record)
+        del fn
+        _free_memory()
+
+    return run
+
+
+def _jsonable(v):
+    if v is None or isinstance(v, (bool, int, float, str)):
+        return v
+    return str(v)
+
+
+# ----------------------------------------------------------------------------------------------
+# Session end: CSVs and summary
+# ----------------------------------------------------------------------------------------------
+def group_table(group: BenchGroup, records: list[dict]):
+    """Every record of a group as one DataFrame: row keys, metrics, speed-ups, status and reason."""
+    import pandas as pd
+
+    rows = []
+    for r in records:
+        rows.append({**r["row"], **(r.get("metrics") or {}), "status": r["status"], "reason": r["reason"]})
+    df = pd.DataFrame(rows)
+    for col in set(group.columns) | set(METRICS):
+        if col not in df:
+            df[col] = None
+    impl_col = "impl" if "impl" in df else None
+    if impl_col:
+        df["_impl_order"] = df[impl_col].map({name: i for i, name in enumerate(group.impls)})
+    for column, baseline in group.speedups.items():
+        df[column] = speedup(df, group.case, baseline)
+    order = list(group.sort) if group.sort else [*group.case, *(["_impl_order"] if impl_col else [])]
+    order = [c for c in order if c in df]
+    df = df.sort_values(order, kind="stable", na_position="first").reset_index(drop=True)
+    return df
+
+
+def speedup(df, case: tuple[str, ...], baseline: str) -> list:
+    """Baseline time / this row's time, matching rows on the case columns; None where either is missing."""
+    base = {}
+    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
+        if impl == baseline and not _isnan(ms):
+            base[key] = ms
+    return [base[k] / ms if (k in base and not _isnan(ms)) else None
+            for k, ms in zip(df[list(case)].itertuples(index=False, name=None), df["forward_ms_mean"])]
+
+
+def _isnan(v) -> bool:
+    try:
+        return v is None or math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def pytest_sessionfinish(session):
+    config = session.config
+    if hasattr(config, "workerinput") or not config.bench_records:
+        return
+    out_dir = outputs_dir(config)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    config.bench_tables = {}
+    for name in dict.fromkeys(r["group"] for r in config.bench_records):
+        group = _GROUPS[name]
+        df = group_table(group, [r for r in config.bench_records if r["group"] == name])
+        config.bench_tables[name] = (group, df)
+        csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
+        csv_df = csv_df[list(group.columns)].copy()
+        for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
+            if csv_df[col].dtype == object and all(isinstance(v, int) or _isnan(v) for v in csv_df[col]):
+                csv_df[col] = csv_df[col].astype("Int64")
+        csv_df.to_csv(out_dir / group.csv, index=False, float_format="%.6g")
+    config.bench_out_dir = out_dir
+
+
+def pytest_terminal_summary(terminalreporter, config):
+    tables = getattr(config, "bench_tables", None)
+    if not tables:
+        return
+    import pandas as pd
+
+    tr = terminalreporter
+    with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
+        for name, (group, df) in tables.items():
+            tr.write_sep("=", f"benchmark group {name} -> {config.bench_out_dir / group.csv}")
+            shown = [c for c in (*group.columns, "pct_of_copy", "status") if c in df and c not in ("status",)]
+            view = df[list(dict.fromkeys([*shown, "status"]))].copy()
+            view[f"speedup_vs_{group.impls[0]}"] = speedup(df, group.case, group.impls[0])
+            tr.write_line(view.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
+            failed = df[df["status"] != "ok"]
+            for _, r in failed.iterrows():
+                keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
+                tr.write_line(f"FAILED CONFIG {keys}: {r['reason']}", red=True)

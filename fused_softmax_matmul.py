@@ -74,7 +74,7 @@ def fused_softmax_kernel(
     stride_ob, stride_o1, stride_o3,
     n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
@@ -99,18 +99,30 @@ def fused_softmax_kernel(
         x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=float("-inf")).to(tl.float32)
         v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         m_new = tl.maximum(m, tl.max(x, axis=1))
-        # Until a row has seen a finite logit its m_new is -inf; exp(-inf - -inf) would be NaN.
-        seen = m_new > float("-inf")
-        alpha = tl.where(seen, tl.exp(m - m_new), 1.0)
-        p = tl.where(seen[:, None], tl.exp(x - m_new[:, None]), 0.0)
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = acc * alpha[:, None]
-        p = p.to(v.dtype)
+        if LAZY_RESCALE:
+            # Rescale acc and l only when some row's max grew by more than 8 (a factor e^8 ~ 3e3):
+            # until then exp(x - m) against the stale m stays below e^8, far inside every
+            # dtype's range, and the final division uses the same m, so the result is unchanged.
+            # (x > -inf) = (-inf > -inf + 8) is false, so rows of only -inf keep m = -inf.
+            if tl.max((m_new > m + 8.0).to(tl.int32), axis=0) > 0:
+                alpha = tl.exp(m - m_new)
+                l = l * alpha
+                acc = acc * alpha[:, None]
+                m = m_new
+        else:
+            seen = m_new > float("-inf")
+            alpha = tl.where(seen, tl.exp(m - m_new), 1.0)
+            l = l * alpha
+            acc = acc * alpha[:, None]
+            m = m_new
+        # Until a row has seen a finite logit its m is -inf; exp(-inf - -inf) would be NaN.
+        p = tl.where((m > float("-inf"))[:, None], tl.exp(x - m[:, None]), 0.0).to(v.dtype)
+        # Sum the weights as rounded for the product, so they are normalised exactly as used.
+        l += tl.sum(p.to(tl.float32), axis=1)
         if UPCAST:
             acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
         else:
             acc = tl.dot(p, v, acc, input_precision=PRECISION)
-        m = m_new
         x_ptrs += BLOCK_2 * stride_x2
         v_ptrs += BLOCK_2 * stride_v2
 
@@ -131,8 +143,8 @@ def check_softmax_matmul_inputs(x, V) -> None:
         raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
 
 
-def fused_launch(d3: int, block_1: int, element_size: int) -> tuple[int, int, int]:
-    """(BLOCK_3, num_warps, num_stages) for a launch: the wrapper's choices beyond BLOCK_1/BLOCK_2.
+def fused_launch(d3: int, block_1: int, element_size: int) -> tuple[int, int, int, bool]:
+    """(BLOCK_3, num_warps, num_stages, lazy rescale) for a launch: the wrapper's choices beyond BLOCK_1/BLOCK_2.
 
     BLOCK_3 splits d3 over programs: the fp32 accumulator (BLOCK_1 x BLOCK_3) lives in
     registers, so wider tiles fit only with fewer rows. Four warps are one Hopper warpgroup,
@@ -142,15 +154,17 @@ def fused_launch(d3: int, block_1: int, element_size: int) -> tuple[int, int, in
     block_3 = max(block_3, 16)  # tl.dot needs every dimension >= 16
     warps = 4 if block_1 * block_3 <= 64 * 128 else 8
     stages = 3 if element_size == 4 else 4
-    return block_3, warps, stages
+    return block_3, warps, stages, True
 
 
-def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
+def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16, *,
+                  launch: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V without storing the softmax.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
     BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
     ``tl.dot`` takes) to 256. Strided and transposed inputs are read in place.
+    ``launch`` overrides the wrapper's (BLOCK_3, num_warps, num_stages, lazy rescale), for tuning.
     """
     check_softmax_matmul_inputs(x, V)
     check_block("BLOCK_1", BLOCK_1, 16, 256)
@@ -162,13 +176,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
         return out
     if d2 == 0:
         return out.zero_()  # an empty softmax times an empty V: torch gives zeros
-    block_3, warps, stages = fused_launch(d3, BLOCK_1, x.element_size())
+    block_3, warps, stages, lazy = launch or fused_launch(d3, BLOCK_1, x.element_size())
     n_tiles_3 = triton.cdiv(d3, block_3)
     grid = (triton.cdiv(d1, BLOCK_1) * n_tiles_3, batch)
     fused_softmax_kernel[grid](
         x, V, out, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles_3,
         BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=block_3,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
+        PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=lazy,
         num_warps=warps, num_stages=stages,
     )
     return out

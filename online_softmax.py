@@ -115,12 +115,12 @@ def online_softmax_kernel(
     stride_yb, stride_y1, stride_y2,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr,
 ):
-    """Softmax over d2 for a BLOCK_1-row tile of one batch element (grid: batch x row tiles)."""
-    batch = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    """Softmax over d2 for a BLOCK_1-row tile of one batch element (grid: row tiles x batch)."""
+    rows = tl.program_id(0) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    batch = tl.program_id(1).to(tl.int64)
     row_ok = rows < d1
-    x_rows = x_ptr + batch * stride_xb + rows[:, None] * stride_x1
-    y_rows = y_ptr + batch * stride_yb + rows[:, None] * stride_y1
+    x_rows = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1
+    y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
 
     # Pass 1: running max m and running sum l of exp(x - m), rescaled when m grows.
     m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
@@ -158,12 +158,12 @@ def online_softmax_backward_kernel(
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr,
 ):
     """dx = y * (dy - sum(dy * y)) per row, in the same BLOCK_1 x BLOCK_2 tiles as the forward."""
-    batch = tl.program_id(0)
-    rows = tl.program_id(1) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    rows = tl.program_id(0) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    batch = tl.program_id(1).to(tl.int64)
     row_ok = rows < d1
-    y_rows = y_ptr + batch * stride_yb + rows[:, None] * stride_y1
-    g_rows = dy_ptr + batch * stride_gb + rows[:, None] * stride_g1
-    d_rows = dx_ptr + batch * stride_db + rows[:, None] * stride_d1
+    y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
+    g_rows = dy_ptr + batch * stride_gb + rows[:, None].to(tl.int64) * stride_g1
+    d_rows = dx_ptr + batch * stride_db + rows[:, None].to(tl.int64) * stride_d1
 
     dot = tl.zeros((BLOCK_1,), tl.float32)
     for start in range(0, d2, BLOCK_2):
@@ -189,17 +189,17 @@ def _as_3d(name: str, x: torch.Tensor) -> torch.Tensor:
 def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
     """Softmax over the last dimension of x: (batch, d1, d2), by the online algorithm.
 
-    BLOCK_1 rows by BLOCK_2 columns per step (powers of two from 8 up). Strided inputs are read in
+    BLOCK_1 rows by BLOCK_2 columns per step (powers of two; BLOCK_2 up to 4096). Strided inputs are read in
     place; the output is contiguous, in x's dtype.
     """
     _as_3d("x", x)
-    check_block("BLOCK_1", BLOCK_1, 8)
-    check_block("BLOCK_2", BLOCK_2, 8, 4096)
+    check_block("BLOCK_1", BLOCK_1, 1)
+    check_block("BLOCK_2", BLOCK_2, 1, 4096)
     batch, d1, d2 = x.shape
     y = torch.empty((batch, d1, d2), dtype=x.dtype, device=x.device)
     if y.numel() == 0:
         return y
-    grid = (batch, triton.cdiv(d1, BLOCK_1))
+    grid = (triton.cdiv(d1, BLOCK_1), batch)
     online_softmax_kernel[grid](
         x, y, d1, d2, *x.stride(), *y.stride(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
         num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
@@ -214,13 +214,13 @@ def online_softmax_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int = 16
     check_same("y", y, "dy", dy)
     if dy.shape != y.shape:
         raise ValueError(f"dy must have the shape of y {tuple(y.shape)}, got {tuple(dy.shape)}")
-    check_block("BLOCK_1", BLOCK_1, 8)
-    check_block("BLOCK_2", BLOCK_2, 8, 4096)
+    check_block("BLOCK_1", BLOCK_1, 1)
+    check_block("BLOCK_2", BLOCK_2, 1, 4096)
     batch, d1, d2 = y.shape
     dx = torch.empty_like(y, memory_format=torch.contiguous_format)
     if dx.numel() == 0:
         return dx
-    grid = (batch, triton.cdiv(d1, BLOCK_1))
+    grid = (triton.cdiv(d1, BLOCK_1), batch)
     online_softmax_backward_kernel[grid](
         y, dy, dx, d1, d2, *y.stride(), *dy.stride(), *dx.stride(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
         num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
@@ -242,6 +242,16 @@ class OnlineSoftmax(torch.autograd.Function):
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         return online_softmax_backward(y, dy, *ctx.blocks), None, None
+
+
+def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
+    """Tiles for ``online_softmax`` on rows of n_cols: about 4096 elements per step.
+
+    Wide steps along the row keep loads long and contiguous; short rows take several rows per
+    step instead, so each program still moves enough bytes to hide memory latency.
+    """
+    block_2 = BLOCK_2 or min(triton.next_power_of_2(n_cols), 4096)
+    return max(1, 4096 // block_2), block_2
 
 
 def _warps_for_tile(elements: int) -> int:
@@ -350,7 +360,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
         return online.reshape(x.shape)
     if BLOCK_SIZE is None and full * 4 > ROW_BYTES_ON_CHIP:
         if INTERPRET:
-            return online_softmax(x2.unsqueeze(0), 1, 4096).reshape(x.shape)
+            return online_softmax(x2.unsqueeze(0), *online_softmax_tiles(n_cols)).reshape(x.shape)
         _split_row_softmax(x2, y)
         return y.reshape(x.shape)
     block = max(full, BLOCK_SIZE or 0)
@@ -377,14 +387,18 @@ def _split_row_softmax(x2: torch.Tensor, y: torch.Tensor) -> None:
     props = _device_properties(x2.device.index or 0)
     args = (x2, y, stats, arrived, n_rows, n_cols, x2.stride(0), y.stride(0))
     compiled = softmax_split_row_kernel.warmup(*args, 1, CHUNK=chunk, SPLIT=split, num_warps=warps, grid=(1,))
-    resident = resident_programs(compiled, warps, props)
-    n_groups = max(1, min(n_rows, (resident * props.multi_processor_count) // split))
+    capacity = resident_programs(compiled, warps, props) * props.multi_processor_count
+    if capacity < split:  # a group that cannot all be resident at once would wait forever
+        raise RuntimeError(f"softmax_split_row_kernel: {split} programs per row do not fit on the device at once")
+    n_groups = min(n_rows, capacity // split)
     softmax_split_row_kernel[(n_groups * split,)](*args, n_groups, CHUNK=chunk, SPLIT=split, num_warps=warps)
 
 
 def resident_programs(compiled, num_warps: int, props) -> int:
     """How many programs of a compiled kernel one SM holds at once (registers, shared memory, threads)."""
     threads = num_warps * 32
+    if getattr(compiled, "n_regs", None) is None:
+        compiled._init_handles()  # triton 3.6 loads the binary (and learns n_regs) lazily
     by_regs = props.regs_per_multiprocessor // max(1, compiled.n_regs * threads)
     shared = compiled.metadata.shared
     by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
@@ -398,6 +412,6 @@ def row_softmax_flops(M: int, N: int) -> int:
 
 
 __all__ = [
-    "INTERPRET", "OnlineSoftmax", "naive_softmax", "naive_softmax_bytes", "online_softmax",
+    "INTERPRET", "OnlineSoftmax", "naive_softmax", "naive_softmax_bytes", "online_softmax", "online_softmax_tiles",
     "online_softmax_backward", "row_softmax", "softmax_bytes", "softmax_reference",
 ]
