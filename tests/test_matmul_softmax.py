@@ -58,8 +58,12 @@ CASES = {
     # (a tile of 1 live class): masks on both edges of the tile kernel and the rescale.
     "B,C past tile": (17, 32, 33, (16, 32, 16), "contiguous", 1.0),
     # 257 class tiles of 16 > the 256 tiles a rescale step covers (4096 // 16): the rescale's
-    # two loops take two steps, merging (max, sum) across steps. Too wide for the simple kernel.
-    "rescale 2 steps": (2, 16, 4100, (16, 16, 16), "contiguous", 1.0),
+    # two loops take two steps. Row 0's largest logit is in the last class, so its maximum grows
+    # in the second step and the first step's sum must be rescaled; row 1's is in the first
+    # class, so the second step must keep the first's maximum: at scale 4 the peak (~190) is
+    # ~180 above the second step's logits, so using the step's own maximum would overflow exp.
+    # Too wide for the simple kernel.
+    "rescale 2 steps": (2, 16, 4100, (16, 16, 16), "max at both ends", 4.0),
     # Strided x (row stride 2K, column stride 2) and transposed W (strides 1, K) read in place.
     "x strided": (24, 40, 70, (16, 32, 16), "x_strided", 1.0),
     "W transposed": (24, 40, 70, (16, 32, 16), "W_transposed", 1.0),
@@ -67,6 +71,19 @@ CASES = {
     # far tiles' factors exp(tile max - row max) underflow to 0.
     "extreme logits": (20, 32, 100, (16, 32, 16), "contiguous", 1000.0),
 }
+
+
+def build_inputs(B, K, C, dtype, layout, scale):
+    if layout != "max at both ends":
+        return matmul_softmax_inputs(B, K, C, dtype, layout=layout, scale=scale)
+    x, W = matmul_softmax_inputs(B, K, C, dtype, scale=scale)
+    # Row 0's logit on the last class, row 1's on the first: 3 |x_r|^2 / sqrt(K) ~ 3 scale^2 sqrt(K),
+    # while the other logits are ~ scale N(0, 1) (~ 3 scale^2 N(0, 1) for the cross terms).
+    W[:, -1] = (3 * x[0].float() / K ** 0.5).to(dtype)
+    W[:, 0] = (3 * x[1].float() / K ** 0.5).to(dtype)
+    x_ = x.float()
+    assert (x_ @ W.float()).argmax(dim=1).tolist() == [C - 1, 0], "the inputs no longer test both ends"
+    return x, W
 
 
 def correctness_params():
@@ -80,7 +97,7 @@ def correctness_params():
 
 @pytest.mark.parametrize("impl,dtype,B,K,C,tiles,layout,scale", list(correctness_params()))
 def test_matches_float64(impl, dtype, B, K, C, tiles, layout, scale):
-    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], layout=layout, scale=scale)
+    x, W = build_inputs(B, K, C, DTYPES[dtype], layout, scale)
     out = TRITON_IMPLS[impl](x, W, launch_for(impl, C, tiles))
     assert out.dtype == x.dtype
     ref64 = torch.softmax(x.double() @ W.double(), dim=-1)
