@@ -343,8 +343,8 @@ def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> M
     block_c = max(16, triton.next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
     block_b = _fill_sms(B, 1, block_b, _sm_count(device))
-    stage_bytes = 32 * 1024 // ((block_b + block_c) * _element_size(dtype))
-    block_k = max(16, min(64, 1 << (stage_bytes.bit_length() - 1)))
+    k_in_32_kib = 32 * 1024 // ((block_b + block_c) * _element_size(dtype))
+    block_k = max(16, min(64, 1 << (k_in_32_kib.bit_length() - 1)))
     warps = 4 if block_b * block_c <= 64 * 128 else 8
     return MatmulLaunch(block_b, block_c, block_k, group_b=1, num_warps=warps, num_stages=3)
 
@@ -601,3 +601,25 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     rescale_tiles_kernel[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
                                TILES=tiles, num_warps=4)
     return out
+
+
+# Each version of softmax(x @ W) under the name the tests and the benchmark give it.
+MATMUL_SOFTMAX_IMPLS = {
+    "torch": matmul_softmax_ref,
+    "triton_unfused": matmul_softmax_unfused,
+    "triton_fused_simple": matmul_softmax_fused_simple,
+    "triton_fused_tiled": matmul_softmax_fused_tiled,
+}
+
+
+def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
+    """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
+    extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
+    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the class tile its
+    wrapper picks."""
+    elt = _element_size(dtype)
+    if impl == "triton_fused_simple":
+        return matmul_softmax_fused_bytes(B, K, C, elt)
+    if impl == "triton_fused_tiled":
+        return matmul_softmax_tiled_bytes(B, K, C, elt, tiled_launch(B, C, dtype, torch.device(device)).block_c)
+    return matmul_softmax_unfused_bytes(B, K, C, elt)

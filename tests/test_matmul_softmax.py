@@ -12,17 +12,13 @@ import torch
 import triton
 
 from fused_softmax_matmul import (
-    SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul_softmax_fused_simple, matmul_softmax_fused_tiled,
-    matmul_softmax_ref, matmul_softmax_unfused, simple_launch, tiled_launch,
+    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul_softmax_fused_simple,
+    matmul_softmax_ref, simple_launch, tiled_launch,
 )
 from support import DEVICE, DTYPES, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
 
-# The Triton versions; the benchmark adds PyTorch and torch.compile beside them.
-TRITON_IMPLS = {
-    "triton_unfused": matmul_softmax_unfused,
-    "triton_fused_simple": matmul_softmax_fused_simple,
-    "triton_fused_tiled": matmul_softmax_fused_tiled,
-}
+# The versions under test: all but the PyTorch reference they are judged against.
+TRITON_IMPLS = {name: fn for name, fn in MATMUL_SOFTMAX_IMPLS.items() if name.startswith("triton_")}
 
 
 def launch_for(impl: str, C: int, tiles: tuple[int, int, int] | None) -> MatmulLaunch | None:
