@@ -13,12 +13,14 @@ bfloat16 inputs multiply in their own precision and accumulate in float32.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from online_softmax import INTERPRET, check_block, check_same, check_tensor
+from online_softmax import INTERPRET, check_block, check_same, check_tensor, row_softmax
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -186,3 +188,452 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
         num_warps=warps, num_stages=stages,
     )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax(x @ W): the classifier / LM head
+# ----------------------------------------------------------------------------------------------
+# x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
+#
+# Where the time goes. The product costs 2BKC flops; the softmax a handful of flops per logit but
+# a full pass over the (B, C) logits. With K = 4096 the product does 2K = 8192 flops per logit,
+# about 4096 flops per byte of a bf16 logit: far past an H100's ridge (~790 TFLOP/s over
+# ~3 TB/s, ~260 flops/byte). So at LM-head sizes the product dominates and every extra pass over
+# the logits costs about 4 bytes / 3 TB/s against 8192 flops / 790 TFLOP/s per logit, ~13 %.
+# At the small float32 sizes (B, C of 10 to 1024) nothing is big: the cost is kernel launches,
+# and one launch instead of PyTorch's two (cuBLAS, then softmax) is the whole of the gain.
+#
+# Three Triton versions:
+# * unfused: a Triton matmul writes the logits, ``row_softmax`` reads them and writes the
+#   probabilities (3 passes over (B, C)): the baseline that isolates what fusion buys.
+# * fused, simple (``matmul_softmax_simple_kernel``): one program owns a block of rows and all C
+#   classes, so the softmax happens in registers and only the probabilities are written (1 pass).
+#   It only works while a row block's C float32 logits fit on chip (``SIMPLE_MAX_CLASSES``).
+# * fused, tiled (``matmul_softmax_tile_kernel`` + ``rescale_tiles_kernel``): programs own
+#   (rows x class tile) tiles, so any C works. Each writes exp(logit - tile max) and its
+#   (tile max, tile sum); a light pass merges the tiles' (max, sum) pairs per row by the online
+#   softmax rule and rescales every tile by exp(tile max - row max) / row sum. When C fits one
+#   class tile the first kernel normalises directly and the second is skipped.
+#
+# Why the tiled kernel writes then rescales (3 passes over (B, C), like unfused) rather than
+# something cleverer: normalising needs every logit of a row, so the choices are (a) hold a whole
+# row block's logits on chip: at C = 128256 that is 64 rows x 128256 x 4 B = 32 MB, the size of
+# all of an H100's registers, and W (1 GB in bf16) would stream from memory once per row block;
+# (b) recompute the product in a second pass: +2BKC flops, +100 % at K = 4096; (c) write and
+# rescale: +2 passes of B x C x elt, +13 % at K = 4096 by the estimate above. (c) is cheapest
+# wherever the product matters. The extra scratch is the per-(row, tile) statistics,
+# B x C / BLOCK_C x 8 bytes (1/32 of a bf16 output with 128-wide tiles), not a (B, C) buffer.
+# So at LM-head sizes fusion saves the softmax kernel's own exp/max work and the split-row
+# machinery, not bytes; at small C the tiled kernel is one launch and writes once.
+
+
+def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    """Reference: cuBLAS product, logits written in x's dtype, then ``torch.softmax`` over classes.
+
+    x: (B, K), W: (K, C) -> (B, C). Bytes: the product reads x and W and writes B x C logits; the
+    softmax reads them and writes B x C probabilities.
+    """
+    return torch.softmax(x @ W, dim=-1)
+
+
+def matmul_softmax_unfused_bytes(B: int, K: int, C: int, element_size: int) -> int:
+    """Two kernels: x and W in, logits out, logits in, probabilities out (3 passes over B x C)."""
+    return (B * K + K * C + 3 * B * C) * element_size
+
+
+def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int:
+    """One kernel that keeps the logits on chip: x and W in, probabilities out (1 pass)."""
+    return (B * K + K * C + B * C) * element_size
+
+
+def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, block_c: int) -> int:
+    """What ``matmul_softmax_fused_tiled`` moves at least with class tiles of ``block_c``.
+
+    One tile: the fused minimum. Several: the unnormalised tiles are written, read and written
+    again (3 passes, as unfused), plus the float32 (max, sum) pair per row and tile, written once
+    and read once.
+    """
+    n_tiles = triton.cdiv(C, block_c)
+    if n_tiles == 1:
+        return matmul_softmax_fused_bytes(B, K, C, element_size)
+    return matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
+
+
+def matmul_softmax_flops(B: int, K: int, C: int) -> int:
+    """The product's 2BKC plus ~5 flops per logit for the softmax (max, subtract, exp, sum, divide)."""
+    return 2 * B * K * C + 5 * B * C
+
+
+@dataclass(frozen=True)
+class MatmulLaunch:
+    """Launch parameters of the matmul-shaped kernels; the wrappers choose them unless given.
+
+    block_b rows by block_c classes per program, block_k of the K dimension per step (powers of
+    two, at least 16: ``tl.dot``'s least); programs run in groups of group_b row blocks that walk
+    the class tiles together, so their x rows and W columns are read from L2 (see ``tile_coords``).
+    """
+
+    block_b: int
+    block_c: int
+    block_k: int
+    group_b: int = 8
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
+# 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
+# beside the operand tiles; twice that spills on an H100 (255 registers a thread at most).
+SIMPLE_MAX_CLASSES = 1024
+
+
+def check_matmul_softmax_inputs(x, W) -> None:
+    """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
+    check_tensor("x", x, 2)
+    check_tensor("W", W, 2)
+    check_same("x", x, "W", W)
+    if W.shape[0] != x.shape[1]:
+        raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
+
+
+def check_launch(launch) -> None:
+    if not isinstance(launch, MatmulLaunch):
+        raise TypeError(f"launch must be a MatmulLaunch, got {type(launch).__name__}")
+    check_block("launch.block_b", launch.block_b, 16, 256)
+    check_block("launch.block_c", launch.block_c, 16, 4096)
+    check_block("launch.block_k", launch.block_k, 16, 256)
+    check_block("launch.group_b", launch.group_b, 1, 64)
+    check_block("launch.num_warps", launch.num_warps, 1, 16)
+    if isinstance(launch.num_stages, bool) or not isinstance(launch.num_stages, int) or not 1 <= launch.num_stages <= 8:
+        raise ValueError(f"launch.num_stages must be an int from 1 to 8, got {launch.num_stages!r}")
+
+
+def _sm_count(device: torch.device) -> int | None:
+    """SMs of the device; None in the interpreter, where programs run one after another."""
+    if INTERPRET:
+        return None
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None) -> int:
+    """Halve the row block (down to tl.dot's 16) until there is about one program per SM.
+
+    At B = 1024, C = 100 a 64-row block gives 16 programs: 16 of 132 SMs do all the flops.
+    """
+    while sms is not None and block_b > 16 and triton.cdiv(B, block_b) * n_tiles_c < sms:
+        block_b //= 2
+    return block_b
+
+
+def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> MatmulLaunch:
+    """H100 choices for the Triton matmul and the tiled fused kernel (starting points to tune).
+
+    16-bit: 128 x 128 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
+    3 stages: a 64 KiB float32 accumulator (64 registers a thread) leaves room for the softmax
+    epilogue, and 3 x (128 + 128) x 64 x 2 B = 96 KiB of staged operands fits the 228 KiB of
+    shared memory. Float32: 64 x 128 x 32, 4 warps: tf32x3 splits each operand into two TF32
+    halves in registers, so the tile is halved to keep the same register budget; 3 stages of
+    (64 + 128) x 32 x 4 B = 72 KiB. A class tile narrower than 128 is used when C is smaller, so
+    small C runs as one tile and one launch.
+    """
+    block_c = max(16, min(128, triton.next_power_of_2(C)))
+    if dtype == torch.float32:
+        block_b, block_k, warps = 64, 32, 4
+    else:
+        block_b, block_k, warps = 128, 64, 8
+    block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, _sm_count(device))
+    if block_b * block_c <= 64 * 128:
+        warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
+    return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=3)
+
+
+def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> MatmulLaunch:
+    """H100 choices for the simple fused kernel: all C (padded to a power of two) in one tile.
+
+    Rows: as many as keep the accumulator within 64 KiB (<= 64 registers a thread over 8 warps),
+    at most 64, then fewer while that leaves SMs idle. block_k: what keeps one stage of operands
+    near 32 KiB, so 3 stages fit shared memory even at 1024 classes.
+    """
+    block_c = max(16, triton.next_power_of_2(C))
+    block_b = max(16, min(64, 16384 // block_c))
+    block_b = _fill_sms(B, 1, block_b, _sm_count(device))
+    k_in_32_kib = 32 * 1024 // ((block_b + block_c) * _element_size(dtype))
+    block_k = max(16, min(64, 1 << (k_in_32_kib.bit_length() - 1)))
+    warps = 4 if block_b * block_c <= 64 * 128 else 8
+    return MatmulLaunch(block_b, block_c, block_k, group_b=1, num_warps=warps, num_stages=3)
+
+
+def _element_size(dtype: torch.dtype) -> int:
+    return torch.empty((), dtype=dtype).element_size()
+
+
+@triton.jit
+def tile_coords(pid, n_tiles_b, n_tiles_c, GROUP_B: tl.constexpr):
+    """(row tile, class tile) of program pid, GROUP_B row tiles at a time sweeping the class tiles.
+
+    Consecutive programs share a class tile (W columns) across GROUP_B row blocks, and a group
+    reuses its GROUP_B row blocks of x across all class tiles: at the LM head (B = 8192, 128-row
+    tiles) W is read from memory B / (128 x GROUP_B) = 8 times instead of 64.
+    """
+    per_group = GROUP_B * n_tiles_c
+    first_b = (pid // per_group) * GROUP_B
+    group_size = tl.minimum(n_tiles_b - first_b, GROUP_B)
+    within = pid % per_group
+    return first_b + within % group_size, within // group_size
+
+
+@triton.jit
+def logits_tile(
+    x_ptr, w_ptr, rows, cols, B, K, C,
+    stride_xb, stride_xk, stride_wk, stride_wc,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """x[rows] @ W[:, cols] as a float32 (BLOCK_B, BLOCK_C) tile; rows/cols past B/C give 0."""
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < B
+    col_ok = cols < C
+    x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xb + ks[None, :] * stride_xk
+    w_ptrs = w_ptr + ks[:, None] * stride_wk + cols[None, :].to(tl.int64) * stride_wc
+    acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
+    for start in range(0, K, BLOCK_K):
+        k_ok = (start + ks) < K
+        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        if UPCAST:
+            acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
+        else:
+            acc = tl.dot(x, w, acc, input_precision=PRECISION)
+        x_ptrs += BLOCK_K * stride_xk
+        w_ptrs += BLOCK_K * stride_wk
+    return acc
+
+
+@triton.jit
+def matmul_kernel(
+    x_ptr, w_ptr, out_ptr, B, K, C,
+    stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
+    n_tiles_b, n_tiles_c,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype."""
+    tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
+    rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < B)[:, None] & (cols < C)[None, :])
+
+
+@triton.jit
+def matmul_softmax_simple_kernel(
+    x_ptr, w_ptr, out_ptr, B, K, C,
+    stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """softmax(x @ W) for BLOCK_B rows; BLOCK_C >= C, so each row's logits are all in registers."""
+    rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.arange(0, BLOCK_C)
+    col_ok = cols < C
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    # Padding classes must weigh nothing: -inf, not the 0 the masked product left there.
+    logits = tl.where(col_ok[None, :], acc, float("-inf"))
+    p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+    probs = p / tl.sum(p, axis=1)[:, None]
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
+    tl.store(o_ptrs, probs.to(out_ptr.dtype.element_ty), mask=(rows < B)[:, None] & col_ok[None, :])
+
+
+@triton.jit
+def matmul_softmax_tile_kernel(
+    x_ptr, w_ptr, out_ptr, stats_ptr, B, K, C,
+    stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
+    n_tiles_b, n_tiles_c,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One (rows, class tile) of exp(logit - tile max), and per row the tile's (max, sum).
+
+    stats: (2, B, n_tiles_c) float32, [0] the maxima, [1] the sums of exp(logit - max) taken in
+    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax.
+    """
+    tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
+    rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    row_ok = rows < B
+    col_ok = cols < C
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    logits = tl.where(col_ok[None, :], acc, float("-inf"))
+    tile_max = tl.max(logits, axis=1)
+    p = tl.exp(logits - tile_max[:, None])
+    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
+    tl.store(o_ptrs, p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    stat_ptrs = stats_ptr + rows.to(tl.int64) * n_tiles_c + tile_c
+    tl.store(stat_ptrs, tile_max, mask=row_ok)
+    tl.store(stat_ptrs + B * n_tiles_c, tl.sum(p, axis=1), mask=row_ok)
+
+
+@triton.jit
+def rescale_tiles_kernel(
+    out_ptr, stats_ptr, B, C, n_tiles_c, stride_ob, stride_oc,
+    BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+):
+    """Finish one row: merge its tiles' (max, sum) online, then scale each tile to probabilities.
+
+    A step covers TILES whole class tiles as a (TILES, BLOCK_C) block, so each tile's factor
+    exp(tile max - row max) / row sum costs one exp per tile, not one per element.
+    """
+    row = tl.program_id(0).to(tl.int64)
+    ts = tl.arange(0, TILES)
+    max_row = stats_ptr + row * n_tiles_c
+    sum_row = max_row + B * n_tiles_c
+    row_max = tl.max(tl.full((TILES,), float("-inf"), tl.float32), axis=0)
+    row_sum = tl.sum(tl.zeros((TILES,), tl.float32), axis=0)
+    for start in range(0, n_tiles_c, TILES):
+        t_ok = start + ts < n_tiles_c
+        tile_max = tl.load(max_row + start + ts, mask=t_ok, other=float("-inf"))
+        tile_sum = tl.load(sum_row + start + ts, mask=t_ok, other=0.0)
+        new_max = tl.maximum(row_max, tl.max(tile_max, axis=0))
+        row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tile_sum * tl.exp(tile_max - new_max), axis=0)
+        row_max = new_max
+
+    inv_sum = 1.0 / row_sum
+    js = tl.arange(0, BLOCK_C)
+    for start in range(0, n_tiles_c, TILES):
+        tiles = start + ts
+        t_ok = tiles < n_tiles_c
+        scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
+        cols = tiles[:, None] * BLOCK_C + js[None, :]
+        mask = t_ok[:, None] & (cols < C)
+        ptrs = out_ptr + row * stride_ob + cols.to(tl.int64) * stride_oc
+        p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+
+
+def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
+    B, K = x.shape
+    return (B, K, W.shape[1], *x.stride(), *W.stride(), *out.stride())
+
+
+def _precision_args(dtype: torch.dtype) -> dict:
+    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
+
+
+def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
+    n_tiles_b, n_tiles_c = triton.cdiv(B, launch.block_b), triton.cdiv(C, launch.block_c)
+    return n_tiles_b, n_tiles_c, (n_tiles_b * n_tiles_c,)
+
+
+def _launch_kwargs(launch: MatmulLaunch, grouped: bool = True) -> dict:
+    kwargs = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k,
+                  num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if grouped:
+        kwargs["GROUP_B"] = launch.group_b
+    return kwargs
+
+
+def _prepare(x, W, launch, choose) -> tuple[torch.Tensor, MatmulLaunch | None]:
+    """Check inputs and launch, allocate the (B, C) output; launch None means nothing to compute."""
+    check_matmul_softmax_inputs(x, W)
+    if launch is not None:
+        check_launch(launch)
+    B, C = x.shape[0], W.shape[1]
+    out = torch.empty((B, C), dtype=x.dtype, device=x.device)
+    if out.numel() == 0:
+        return out, None
+    return out, launch or choose(B, C, x.dtype, x.device)
+
+
+def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
+    """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
+
+    ``launch`` overrides the wrapper's tiles (``tiled_launch``).
+    """
+    out, launch = _prepare(x, W, launch, tiled_launch)
+    if launch is None:
+        return out
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
+    matmul_kernel[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+                        **_launch_kwargs(launch), **_precision_args(x.dtype))
+    return out
+
+
+def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
+    """softmax(x @ W) as two Triton kernels: ``matmul`` writes the logits, ``row_softmax`` reads them."""
+    return row_softmax(matmul(x, W, launch))
+
+
+def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
+    """softmax(x @ W) in one kernel with all C classes of a row block in registers.
+
+    x: (B, K), W: (K, C) -> (B, C) in x's dtype. C may be at most ``SIMPLE_MAX_CLASSES``
+    (ValueError otherwise, before anything is allocated or launched); a given ``launch`` must
+    have block_c >= C.
+    """
+    check_matmul_softmax_inputs(x, W)
+    C = W.shape[1]
+    if C > SIMPLE_MAX_CLASSES:
+        raise ValueError(f"C = {C} classes is more than matmul_softmax_fused_simple keeps on chip "
+                         f"(at most {SIMPLE_MAX_CLASSES}); use matmul_softmax_fused_tiled")
+    if launch is not None and isinstance(launch, MatmulLaunch) and launch.block_c < C:
+        raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
+    out, launch = _prepare(x, W, launch, simple_launch)
+    if launch is None:
+        return out
+    grid = (triton.cdiv(x.shape[0], launch.block_b),)
+    matmul_softmax_simple_kernel[grid](x, W, out, *_matmul_args(x, W, out),
+                                       **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
+    return out
+
+
+def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
+    """softmax(x @ W) for any C, with no (B, C) buffer but the output.
+
+    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile (C <= launch.block_c): one kernel
+    that normalises in registers. Several: unnormalised tiles plus a (2, B, tiles) float32 table
+    of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
+    """
+    out, launch = _prepare(x, W, launch, tiled_launch)
+    if launch is None:
+        return out
+    B, C = out.shape
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    if n_tiles_c == 1:
+        matmul_softmax_simple_kernel[(n_tiles_b,)](x, W, out, *_matmul_args(x, W, out),
+                                                    **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
+        return out
+    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
+    matmul_softmax_tile_kernel[grid](x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+                                     **_launch_kwargs(launch), **_precision_args(x.dtype))
+    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
+    tiles = min(triton.next_power_of_2(n_tiles_c), max(1, 4096 // launch.block_c))
+    rescale_tiles_kernel[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
+                               TILES=tiles, num_warps=4)
+    return out
+
+
+# Each version of softmax(x @ W) under the name the tests and the benchmark give it.
+MATMUL_SOFTMAX_IMPLS = {
+    "torch": matmul_softmax_ref,
+    "triton_unfused": matmul_softmax_unfused,
+    "triton_fused_simple": matmul_softmax_fused_simple,
+    "triton_fused_tiled": matmul_softmax_fused_tiled,
+}
+
+
+def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
+    """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
+    extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
+    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the class tile its
+    wrapper picks."""
+    elt = _element_size(dtype)
+    if impl == "triton_fused_simple":
+        return matmul_softmax_fused_bytes(B, K, C, elt)
+    if impl == "triton_fused_tiled":
+        return matmul_softmax_tiled_bytes(B, K, C, elt, tiled_launch(B, C, dtype, torch.device(device)).block_c)
+    return matmul_softmax_unfused_bytes(B, K, C, elt)

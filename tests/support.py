@@ -82,3 +82,21 @@ def assert_close(out: torch.Tensor, ref64: torch.Tensor, torch_out: torch.Tensor
     err = relative_error(out, ref64)
     assert err <= bound, (f"relative error {err:.3e} > {bound:.3e} (= {factor} x torch's {torch_err:.3e} "
                           f"+ {floor:.1e}); " + describe_mismatch(out, ref64, bound))
+
+
+def matmul_softmax_inputs(B, K, C, dtype, seed=0, scale=1.0, layout="contiguous"):
+    """x: (B, K) times ``scale``, W: (K, C) with entries of size 1/sqrt(K) (nn.Linear's scale),
+    so the logits are of size ``scale`` whatever K is.
+
+    layout "x_strided": x is every other column of a (B, 2K) tensor (row stride 2K, column
+    stride 2); "W_transposed": W is the transpose of a contiguous (C, K) tensor (strides 1, K).
+    """
+    if layout == "x_strided":
+        x = randn((B, 2 * K), dtype, seed, scale)[:, ::2]
+    else:
+        x = randn((B, K), dtype, seed, scale)
+    if layout == "W_transposed":
+        W = randn((C, K), dtype, seed + 1, max(K, 1) ** -0.5).t()
+    else:
+        W = randn((K, C), dtype, seed + 1, max(K, 1) ** -0.5)
+    return x, W
