@@ -382,6 +382,59 @@ def _flash_dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _flash_tile_ptrs(ptr, batch, rows, dims, stride_b, stride_row, stride_dim):
+    """Pointers to a (rows x head dims) tile of one batch element of a (batch, n, d) tensor."""
+    return ptr + batch * stride_b + rows[:, None] * stride_row + dims[None, :] * stride_dim
+
+
+@triton.jit
+def _flash_heavy_first(IS_CAUSAL: tl.constexpr):
+    """This program's query tile. Grids are (batch, tiles) and launch in order with batch
+    fastest; under causal masking the last query tiles see the most keys, so they go first and
+    the short ones fill in the tail instead of the long ones running alone at the end."""
+    tile = tl.program_id(1)
+    if IS_CAUSAL:
+        tile = tl.num_programs(1) - 1 - tile
+    return tile
+
+
+@triton.jit
+def _flash_key_range(query_start, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """(full_end, key_end) for the query tile at query_start: key tiles before full_end need no
+    mask, those from there to key_end do (the causal diagonal, the ragged last tile)."""
+    if IS_CAUSAL:
+        # Keys before query_start are seen by every query of the tile; the diagonal ends the stream.
+        full_end = tl.minimum(query_start, n_keys) // BLOCK_N * BLOCK_N
+        key_end = tl.minimum(n_keys, query_start + BLOCK_M)
+    else:
+        full_end = n_keys // BLOCK_N * BLOCK_N
+        key_end = n_keys
+    return full_end, key_end
+
+
+@triton.jit
+def _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED: tl.constexpr):
+    """The K and V rows of one key tile; keys past the end read as 0 where a mask is needed."""
+    if MASKED:
+        key_ok = keys < n_keys
+        k = tl.load(k_ptrs + start * stride_kn, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs + start * stride_vn, mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + start * stride_kn)
+        v = tl.load(v_ptrs + start * stride_vn)
+    return k, v
+
+
+@triton.jit
+def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
+    """(queries x keys) True where the query sees the key: the key exists and, if causal, j <= i."""
+    visible = (keys < n_keys)[None, :]
+    if IS_CAUSAL:
+        visible = visible & (keys[None, :] <= rows[:, None])
+    return visible
+
+
+@triton.jit
 def _flash_forward_tiles(
     acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, key_start, key_end, n_keys, qk_scale,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
@@ -390,19 +443,10 @@ def _flash_forward_tiles(
     """The online softmax over key tiles [key_start, key_end) for one query tile."""
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        if MASKED:
-            key_ok = keys < n_keys
-            k = tl.load(k_ptrs + start * stride_kn, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start * stride_vn, mask=key_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + start * stride_kn)
-            v = tl.load(v_ptrs + start * stride_vn)
+        k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
         s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST) * qk_scale
         if MASKED:
-            visible = key_ok[None, :]
-            if IS_CAUSAL:
-                visible = visible & (keys[None, :] <= rows[:, None])
-            s = tl.where(visible, s, float("-inf"))
+            s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s, float("-inf"))
         # Each row's first tile holds a key it sees (key 0, or for causal a key <= its own
         # index), so m_new is finite from the first tile on and exp2(-inf - m_new) = 0.
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -426,35 +470,29 @@ def flash_attention_forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one batch element against all the keys they see (grid: query tiles x batch)."""
-    query_start = tl.program_id(0) * BLOCK_M
-    batch = tl.program_id(1).to(tl.int64)
+    """One program: BLOCK_M queries of one batch element against all the keys they see (grid: batch x query tiles)."""
+    batch = tl.program_id(0).to(tl.int64)
+    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + batch * stride_qb + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
                 mask=row_ok[:, None], other=0.0)
     tile_keys = tl.arange(0, BLOCK_N)
-    k_ptrs = k_ptr + batch * stride_kb + tile_keys[:, None] * stride_kn + dims[None, :] * stride_kd
-    v_ptrs = v_ptr + batch * stride_vb + tile_keys[:, None] * stride_vn + dims[None, :] * stride_vd
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
 
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    if IS_CAUSAL:
-        # Keys before query_start are seen by every query here; the diagonal ends the stream.
-        full_end = tl.minimum(query_start, n_keys) // BLOCK_N * BLOCK_N
-        key_end = tl.minimum(n_keys, query_start + BLOCK_M)
-    else:
-        full_end = n_keys // BLOCK_N * BLOCK_N
-        key_end = n_keys
+    full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full_end,
                                      n_keys, qk_scale, BLOCK_N, False, IS_CAUSAL, PRECISION, UPCAST)
     acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
                                      n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
 
     out = acc / l[:, None]
-    tl.store(o_ptr + batch * stride_ob + rows[:, None] * stride_om + dims[None, :] * stride_od,
+    tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
     tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * 0.6931471805599453, mask=row_ok)
@@ -468,14 +506,14 @@ def flash_attention_backward_rowdot_kernel(
     stride_db, stride_dm,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
-    """D = rowsum(dO * O) for BLOCK_M queries (grid: query tiles x batch): the softmax Jacobian's row term."""
-    batch = tl.program_id(1).to(tl.int64)
-    rows = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
+    """D = rowsum(dO * O) for BLOCK_M queries (grid: batch x query tiles): the softmax Jacobian's row term."""
+    batch = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
-    o = tl.load(o_ptr + batch * stride_ob + rows[:, None] * stride_om + dims[None, :] * stride_od,
+    o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
                 mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(do_ptr + batch * stride_gb + rows[:, None] * stride_gm + dims[None, :] * stride_gd,
+    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
                  mask=row_ok[:, None], other=0.0).to(tl.float32)
     tl.store(delta_ptr + batch * stride_db + rows * stride_dm, tl.sum(o * do, axis=1), mask=row_ok)
 
@@ -527,20 +565,22 @@ def flash_attention_backward_dkdv_kernel(
 ):
     """One program owns BLOCK_N keys and their dK, dV, streaming the queries that see them.
 
-    Each key's gradient is summed by one program only, so no atomics (grid: key tiles x batch).
+    Each key's gradient is summed by one program only, so no atomics (grid: batch x key tiles).
     """
-    key_start = tl.program_id(0) * BLOCK_N
-    batch = tl.program_id(1).to(tl.int64)
+    # Under causal masking the first key tiles are seen by the most queries: the natural order
+    # already launches the longest programs first.
+    batch = tl.program_id(0).to(tl.int64)
+    key_start = tl.program_id(1) * BLOCK_N
     keys = key_start + tl.arange(0, BLOCK_N)
     key_ok = keys < n_keys
     dims = tl.arange(0, HEAD_DIM)
-    k = tl.load(k_ptr + batch * stride_kb + keys[:, None] * stride_kn + dims[None, :] * stride_kd,
+    k = tl.load(_flash_tile_ptrs(k_ptr, batch, keys, dims, stride_kb, stride_kn, stride_kd),
                 mask=key_ok[:, None], other=0.0)
-    v = tl.load(v_ptr + batch * stride_vb + keys[:, None] * stride_vn + dims[None, :] * stride_vd,
+    v = tl.load(_flash_tile_ptrs(v_ptr, batch, keys, dims, stride_vb, stride_vn, stride_vd),
                 mask=key_ok[:, None], other=0.0)
     tile_rows = tl.arange(0, BLOCK_M)
-    q_ptrs = q_ptr + batch * stride_qb + tile_rows[:, None] * stride_qm + dims[None, :] * stride_qd
-    do_ptrs = do_ptr + batch * stride_gb + tile_rows[:, None] * stride_gm + dims[None, :] * stride_gd
+    q_ptrs = _flash_tile_ptrs(q_ptr, batch, tile_rows, dims, stride_qb, stride_qm, stride_qd)
+    do_ptrs = _flash_tile_ptrs(do_ptr, batch, tile_rows, dims, stride_gb, stride_gm, stride_gd)
     lse_ptrs = lse_ptr + batch * stride_lb
     delta_ptrs = delta_ptr + batch * stride_db
 
@@ -563,9 +603,9 @@ def flash_attention_backward_dkdv_kernel(
                                BLOCK_M, False, PRECISION, UPCAST)
     # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
     dk = dk * sm_scale
-    tl.store(dk_ptr + batch * stride_dkb + keys[:, None] * stride_dkn + dims[None, :] * stride_dkd,
+    tl.store(_flash_tile_ptrs(dk_ptr, batch, keys, dims, stride_dkb, stride_dkn, stride_dkd),
              dk.to(dk_ptr.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(dv_ptr + batch * stride_dvb + keys[:, None] * stride_dvn + dims[None, :] * stride_dvd,
+    tl.store(_flash_tile_ptrs(dv_ptr, batch, keys, dims, stride_dvb, stride_dvn, stride_dvd),
              dv.to(dv_ptr.dtype.element_ty), mask=key_ok[:, None])
 
 
@@ -578,20 +618,11 @@ def _flash_dq_tiles(
     """dQ of one query tile from key tiles [key_start, key_end): dQ += dS K (scaled by the caller)."""
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
-        if MASKED:
-            key_ok = keys < n_keys
-            k = tl.load(k_ptrs + start * stride_kn, mask=key_ok[:, None], other=0.0)
-            v = tl.load(v_ptrs + start * stride_vn, mask=key_ok[:, None], other=0.0)
-        else:
-            k = tl.load(k_ptrs + start * stride_kn)
-            v = tl.load(v_ptrs + start * stride_vn)
+        k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
         s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASKED:
-            visible = key_ok[None, :]
-            if IS_CAUSAL:
-                visible = visible & (keys[None, :] <= rows[:, None])
-            p = tl.where(visible, p, 0.0)
+            p = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), p, 0.0)
         dp = _flash_dot(do, tl.trans(v), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         dq = _flash_dot(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
@@ -615,36 +646,31 @@ def flash_attention_backward_dq_kernel(
     """One program owns BLOCK_M queries and their dQ, streaming the keys they see like the forward.
 
     It recomputes S and dP that the dK/dV kernel also computed: two more products than one fused
-    kernel, bought back by needing no atomic adds into dQ (grid: query tiles x batch).
+    kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles).
     """
-    query_start = tl.program_id(0) * BLOCK_M
-    batch = tl.program_id(1).to(tl.int64)
+    batch = tl.program_id(0).to(tl.int64)
+    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(q_ptr + batch * stride_qb + rows[:, None] * stride_qm + dims[None, :] * stride_qd,
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
                 mask=row_ok[:, None], other=0.0)
-    do = tl.load(do_ptr + batch * stride_gb + rows[:, None] * stride_gm + dims[None, :] * stride_gd,
+    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
                  mask=row_ok[:, None], other=0.0)
     lse = tl.load(lse_ptr + batch * stride_lb + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
     delta = tl.load(delta_ptr + batch * stride_db + rows * stride_dm, mask=row_ok, other=0.0)
     tile_keys = tl.arange(0, BLOCK_N)
-    k_ptrs = k_ptr + batch * stride_kb + tile_keys[:, None] * stride_kn + dims[None, :] * stride_kd
-    v_ptrs = v_ptr + batch * stride_vb + tile_keys[:, None] * stride_vn + dims[None, :] * stride_vd
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
-    if IS_CAUSAL:
-        full_end = tl.minimum(query_start, n_keys) // BLOCK_N * BLOCK_N
-        key_end = tl.minimum(n_keys, query_start + BLOCK_M)
-    else:
-        full_end = n_keys // BLOCK_N * BLOCK_N
-        key_end = n_keys
+    full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full_end,
                          n_keys, qk_scale, BLOCK_N, False, IS_CAUSAL, PRECISION, UPCAST)
     dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
                          n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
     dq = dq * sm_scale
-    tl.store(dq_ptr + batch * stride_dqb + rows[:, None] * stride_dqm + dims[None, :] * stride_dqd,
+    tl.store(_flash_tile_ptrs(dq_ptr, batch, rows, dims, stride_dqb, stride_dqm, stride_dqd),
              dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -731,7 +757,7 @@ def flash_attention_forward(Q, K, V, is_causal: bool, launch: FlashLaunch):
     L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
     if O.numel() == 0:
         return O, L
-    grid = (triton.cdiv(n_queries, launch.block_m), batch)
+    grid = (batch, triton.cdiv(n_queries, launch.block_m))
     flash_attention_forward_kernel[grid](
         Q, K, V, O, L, n_queries, n_keys, d ** -0.5 * LOG2_E,
         *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
@@ -752,7 +778,7 @@ def flash_attention_backward(Q, K, V, O, L, dO, is_causal: bool, launches: dict[
     if batch == 0 or n_queries == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
     delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-    flash_attention_backward_rowdot_kernel[(triton.cdiv(n_queries, ROWDOT_BLOCK_M), batch)](
+    flash_attention_backward_rowdot_kernel[(batch, triton.cdiv(n_queries, ROWDOT_BLOCK_M))](
         O, dO, delta, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
         HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
     )
@@ -760,12 +786,12 @@ def flash_attention_backward(Q, K, V, O, L, dO, is_causal: bool, launches: dict[
     scales = (d ** -0.5, d ** -0.5 * LOG2_E)
     inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
     kv = launches["dkdv"]
-    flash_attention_backward_dkdv_kernel[(triton.cdiv(n_keys, kv.block_n), batch)](
+    flash_attention_backward_dkdv_kernel[(batch, triton.cdiv(n_keys, kv.block_n))](
         Q, K, V, dO, L, delta, dK, dV, n_queries, n_keys, *scales, *inputs, *dK.stride(), *dV.stride(),
         BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common,
     )
     qd = launches["dq"]
-    flash_attention_backward_dq_kernel[(triton.cdiv(n_queries, qd.block_m), batch)](
+    flash_attention_backward_dq_kernel[(batch, triton.cdiv(n_queries, qd.block_m))](
         Q, K, V, dO, L, delta, dQ, n_queries, n_keys, *scales, *inputs, *dQ.stride(),
         BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
     )
