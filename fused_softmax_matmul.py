@@ -444,14 +444,20 @@ def _flash_forward_tiles(
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
-        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST) * qk_scale
-        if MASKED:
-            s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s, float("-inf"))
+        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         # Each row's first tile holds a key it sees (key 0, or for causal a key <= its own
         # index), so m_new is finite from the first tile on and exp2(-inf - m_new) = 0.
-        m_new = tl.maximum(m, tl.max(s, axis=1))
+        if MASKED:
+            s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # Scaling the row maxima rather than the tile saves a pass over the logits: the
+            # scale rides in the one multiply-add before exp2 (rounding is monotone, so the
+            # scaled maximum is the maximum of the scaled logits).
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
         l = l * alpha + tl.sum(p, axis=1)
         acc = _flash_dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
         m = m_new
