@@ -133,6 +133,21 @@ def test_triton_default_launch(dtype, is_causal):
     check_against_float64("flash_triton", 2, *n, 64, DTYPES[dtype], is_causal, launches=None)
 
 
+# Query and key tiles of different heights, as the GPU launches use (128 x 64 forward, 32 x 128
+# dK/dV): the causal diagonal then spans several streamed tiles, or a streamed tile spans the
+# diagonal of several programs, and the unmasked range must start and end on the right tile.
+UNEQUAL_TILES = {
+    "tall-queries": {"forward": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1)},
+    "tall-keys": {"forward": FlashLaunch(16, 32, 4, 1), "dkdv": FlashLaunch(32, 16, 4, 1), "dq": FlashLaunch(16, 32, 4, 1)},
+}
+
+
+@pytest.mark.parametrize("launches", list(UNEQUAL_TILES.values()), ids=list(UNEQUAL_TILES))
+@pytest.mark.parametrize("n_queries,n_keys", [(75, 90), (90, 75)], ids=["75q-90k", "90q-75k"])
+def test_triton_unequal_tiles(launches, n_queries, n_keys):
+    check_against_float64("flash_triton", 1, n_queries, n_keys, 16, torch.float32, True, launches=launches)
+
+
 # ----------------------------------------------------------------------------------------------
 # Low precision: judged by PyTorch's own error at that precision
 # ----------------------------------------------------------------------------------------------
@@ -149,7 +164,7 @@ def test_low_precision(impl, dtype, is_causal):
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_benchmarked_shape_on_gpu(dtype):
+def test_gpu_sized_case(dtype):
     """The benchmark's sequence length and head (batch 2, not 16: the float64 autograd reference
     holds several 8192 x 8192 float64 matrices per batch element), checked before it is timed."""
     check_against_float64("flash_triton", 2, 8192, 8192, 64, DTYPES[dtype], True, launches=None)
@@ -249,6 +264,7 @@ BAD_INPUTS = [
     ("K-other-d", lambda: _with(1, _inputs(d=32)[1]), ValueError, "K must be .* d 16"),
     ("V-other-length", lambda: _with(2, _inputs(nk=9)[2]), ValueError, "V must have K's shape"),
     ("no-keys", lambda: (*_inputs(nk=0), False), ValueError, "K has no keys"),
+    ("d-0", lambda: (*_inputs(d=0), False), ValueError, "Q has d = 0"),
     ("is_causal-int", lambda: (*_inputs(), 1), TypeError, "is_causal must be a bool"),
 ]
 
@@ -283,3 +299,4 @@ TRITON_BAD_INPUTS = [
 def test_triton_bad_input(make_args, error, pattern):
     with pytest.raises(error, match=pattern):
         FlashAttentionTriton.apply(*make_args())
+
