@@ -637,3 +637,659 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
     if impl == "triton_fused_tiled":
         return matmul_softmax_tiled_bytes(B, K, C, elt, tiled_launch(B, C, dtype, torch.device(device)).block_c)
     return matmul_softmax_unfused_bytes(B, K, C, elt)
+
+
+# ==============================================================================================
+# Attention
+# ==============================================================================================
+# softmax(Q K^T / sqrt(d)) V: the softmax-matmul above with its logits computed on the fly from
+# Q and K. Materialised, it writes and reads an (n_queries, n_keys) matrix several times per
+# batch element, so its memory grows with the square of the sequence. FlashAttention-2 keeps one
+# tile of those logits on chip at a time: the forward saves only the output O and the row
+# log-sum-exp L, and the backward recomputes each tile of the softmax from L.
+#
+# Causal masking is top-left aligned (query i sees keys j <= i), as in
+# ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: with more queries than
+# keys, the queries past the last key see every key.
+
+# Imported here, not at the top, so that this section merges beside others appended to the file.
+from dataclasses import dataclass  # noqa: E402
+
+LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the GPU's native instruction
+
+# Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
+# takes) to 128 (above that one program's Q, K and V tiles no longer fit in shared memory).
+FLASH_HEAD_DIMS = (16, 32, 64, 128)
+
+
+def attention_reference(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """Materialised attention in Q's dtype (float64 included): the answer every kernel must give.
+
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d).
+    Per batch element, in elements: S = Q K^T reads (nq + nk) d and writes nq nk; the softmax
+    reads S and writes P (2 nq nk, more for its steps); P V reads nq nk + nk d and writes nq d.
+    """
+    S = attention_logits(Q, K, is_causal)
+    return torch.softmax(S, dim=-1) @ V
+
+
+def attention_logits(Q: torch.Tensor, K: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """S = Q K^T / sqrt(d), with -inf where a causal query may not see a key: (batch, nq, nk)."""
+    S = (Q @ K.transpose(-2, -1)) * Q.shape[-1] ** -0.5
+    if is_causal:
+        S = S.masked_fill(causal_mask(Q.shape[-2], K.shape[-2], Q.device), float("-inf"))
+    return S
+
+
+def attention_logsumexp(Q: torch.Tensor, K: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
+    """L = logsumexp over keys of S, (batch, n_queries): what the flash forwards save."""
+    return torch.logsumexp(attention_logits(Q, K, is_causal), dim=-1)
+
+
+def causal_mask(n_queries: int, n_keys: int, device, query_start: int = 0, key_start: int = 0) -> torch.Tensor:
+    """True where query i may NOT see key j (j > i), for the block starting at (query_start, key_start)."""
+    queries = torch.arange(query_start, query_start + n_queries, device=device)
+    keys = torch.arange(key_start, key_start + n_keys, device=device)
+    return keys[None, :] > queries[:, None]
+
+
+def attention_flops(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, mode: str = "fwd") -> int:
+    """Matmul flops: Q K^T and P V are 2 nq nk d each; causal does half of them.
+
+    The backward does five such products (S again, dV, dP, dQ, dK): 2.5x the forward.
+    ``mode`` is "fwd" or "fwd_bwd" (forward then backward: 3.5x the forward).
+    """
+    forward = 4 * batch * n_queries * n_keys * d // (2 if is_causal else 1)
+    return {"fwd": forward, "fwd_bwd": forward + 5 * forward // 2}[mode]
+
+
+def flash_attention_bytes(batch: int, n_queries: int, n_keys: int, d: int, element_size: int, mode: str = "fwd") -> int:
+    """The least a fused attention moves: no (nq, nk) tensor, each operand once.
+
+    Forward: Q, K, V in, O out, L (float32) out. Backward: Q, K, V, O, dO, L in, D = rowsum(dO O)
+    out and back in (float32), dQ, dK, dV out.
+    """
+    q, kv, rows = batch * n_queries * d, batch * n_keys * d, batch * n_queries
+    forward = (2 * q + 2 * kv) * element_size + 4 * rows
+    backward = (3 * q + 2 * kv + 2 * kv + q) * element_size + 3 * 4 * rows
+    return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
+
+
+def check_attention_inputs(Q, K, V, is_causal) -> None:
+    """The checks both flash attentions make before any work (ValueError/TypeError naming the argument)."""
+    check_tensor("Q", Q, 3)
+    check_tensor("K", K, 3)
+    check_tensor("V", V, 3)
+    check_same("Q", Q, "K", K)
+    check_same("Q", Q, "V", V)
+    if not isinstance(is_causal, bool):
+        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
+    if K.shape[0] != Q.shape[0] or K.shape[2] != Q.shape[2]:
+        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {Q.shape[0]} and d {Q.shape[2]}, "
+                         f"got K of shape {tuple(K.shape)}")
+    if V.shape != K.shape:
+        raise ValueError(f"V must have K's shape {tuple(K.shape)}, got {tuple(V.shape)}")
+    if K.shape[1] == 0:
+        raise ValueError("K has no keys (n_keys = 0): a softmax over no keys is undefined")
+    if Q.shape[2] == 0:
+        raise ValueError("Q has d = 0: the scale 1/sqrt(d) is undefined")
+
+
+# ----------------------------------------------------------------------------------------------
+# FlashAttention-2 in plain PyTorch
+# ----------------------------------------------------------------------------------------------
+# Key tiles of 128: each tile costs about a dozen PyTorch launches, so small tiles are slow;
+# the live (n_queries, 128) logits stay linear in the sequence length. Query tiles only decide
+# which queries a causal key tile can skip: 64 keeps that skipping fine-grained.
+FLASH_PYTORCH_KEY_TILE = 128
+FLASH_PYTORCH_QUERY_TILE = 64
+
+
+def _causal_first_query(key_start: int, query_tile: int) -> int:
+    """The start of the first query tile that sees a key at or after key_start (earlier ones see none)."""
+    return key_start // query_tile * query_tile
+
+
+def _key_tiles(n_queries: int, n_keys: int, is_causal: bool, key_tile: int, query_tile: int):
+    """(key start, key end, first query) of every key tile that some query sees."""
+    for start in range(0, n_keys, key_tile):
+        first_query = _causal_first_query(start, query_tile) if is_causal else 0
+        if first_query < n_queries:
+            yield start, min(start + key_tile, n_keys), first_query
+
+
+class FlashAttentionPytorch(torch.autograd.Function):
+    """``FlashAttentionPytorch.apply(Q, K, V, is_causal)``: FlashAttention-2 tiling in PyTorch.
+
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d).
+    The outer loop of FlashAttention-2 runs one program per query tile, each streaming the key
+    tiles with an online softmax. Those programs are independent, so here they run in lock-step:
+    each step takes one key tile against every query tile that sees it. Saves Q, K, V, O and
+    L: (batch, n_queries); 16-bit inputs are computed in float32.
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, is_causal=False):
+        check_attention_inputs(Q, K, V, is_causal)
+        work = torch.float32
+        batch, n_queries, d = Q.shape
+        n_keys = K.shape[1]
+        scale = d ** -0.5
+        q, k, v = Q.to(work), K.to(work), V.to(work)
+        m = torch.full((batch, n_queries), float("-inf"), dtype=work, device=Q.device)
+        l = torch.zeros((batch, n_queries), dtype=work, device=Q.device)
+        acc = torch.zeros((batch, n_queries, d), dtype=work, device=Q.device)
+        for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
+            s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
+            if is_causal:
+                s.masked_fill_(causal_mask(n_queries - q0, ke - ks, Q.device, q0, ks), float("-inf"))
+            m_old = m[:, q0:]
+            m_new = torch.maximum(m_old, s.amax(dim=-1))
+            # Every query of a tile taken here sees the tile's first key or an earlier one, so
+            # m_new is finite and exp(-inf - m_new) = 0 clears the empty start.
+            alpha = torch.exp(m_old - m_new)
+            p = torch.exp(s - m_new[..., None])
+            l[:, q0:] = l[:, q0:] * alpha + p.sum(dim=-1)
+            acc[:, q0:] = acc[:, q0:] * alpha[..., None] + p @ v[:, ks:ke]
+            m[:, q0:] = m_new
+        O = (acc / l[..., None]).to(Q.dtype)
+        L = (m + torch.log(l)).to(torch.float32)
+        ctx.save_for_backward(Q, K, V, O, L)
+        ctx.is_causal = is_causal
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, L = ctx.saved_tensors
+        is_causal = ctx.is_causal
+        work = torch.float32
+        batch, n_queries, d = Q.shape
+        n_keys = K.shape[1]
+        scale = d ** -0.5
+        q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
+        lse = L.to(work)
+        D = (do * O.to(work)).sum(dim=-1)  # rowsum(dO * O) = rowsum(P * dP), the softmax's Jacobian term
+        dq = torch.zeros_like(q)
+        dk = torch.zeros_like(k)
+        dv = torch.zeros_like(v)
+        # FlashAttention-2's backward: each key tile owns its dK, dV and streams the query tiles.
+        for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
+            s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
+            if is_causal:
+                s.masked_fill_(causal_mask(n_queries - q0, ke - ks, Q.device, q0, ks), float("-inf"))
+            p = torch.exp(s - lse[:, q0:, None])
+            dv[:, ks:ke] = p.transpose(1, 2) @ do[:, q0:]
+            dp = do[:, q0:] @ v[:, ks:ke].transpose(1, 2)
+            ds = p * (dp - D[:, q0:, None]) * scale
+            dq[:, q0:] += ds @ k[:, ks:ke]
+            dk[:, ks:ke] = ds.transpose(1, 2) @ q[:, q0:]
+        return dq.to(Q.dtype), dk.to(K.dtype), dv.to(V.dtype), None
+
+
+# ----------------------------------------------------------------------------------------------
+# FlashAttention-2 in Triton
+# ----------------------------------------------------------------------------------------------
+# Every kernel splits its stream of tiles in two: tiles that need no mask (all keys exist and,
+# when causal, every query of the program sees every key of the tile), then the few that do
+# (the causal diagonal and the ragged end). The mask costs a compare and a select per logit, so
+# keeping it off the bulk of the tiles matters on a GPU. Rows past the end of the queries are
+# harmless without a mask: they load zeros (and L = +inf in the backward, so their P is 0) and
+# are never stored. Logits are kept in base-2 units (scaled by log2(e)) so that each exponential
+# is one exp2.
+@triton.jit
+def _flash_dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b in float32; see ``dot_precision`` and ``upcast_dot_operands``."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
+def _flash_tile_ptrs(ptr, batch, rows, dims, stride_b, stride_row, stride_dim):
+    """Pointers to a (rows x head dims) tile of one batch element of a (batch, n, d) tensor."""
+    return ptr + batch * stride_b + rows[:, None] * stride_row + dims[None, :] * stride_dim
+
+
+@triton.jit
+def _flash_heavy_first(IS_CAUSAL: tl.constexpr):
+    """This program's query tile. Grids are (batch, tiles) and launch in order with batch
+    fastest; under causal masking the last query tiles see the most keys, so they go first and
+    the short ones fill in the tail instead of the long ones running alone at the end."""
+    tile = tl.program_id(1)
+    if IS_CAUSAL:
+        tile = tl.num_programs(1) - 1 - tile
+    return tile
+
+
+@triton.jit
+def _flash_key_range(query_start, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
+    """(full_end, key_end) for the query tile at query_start: key tiles before full_end need no
+    mask, those from there to key_end do (the causal diagonal, the ragged last tile)."""
+    if IS_CAUSAL:
+        # Keys before query_start are seen by every query of the tile; the diagonal ends the stream.
+        full_end = tl.minimum(query_start, n_keys) // BLOCK_N * BLOCK_N
+        key_end = tl.minimum(n_keys, query_start + BLOCK_M)
+    else:
+        full_end = n_keys // BLOCK_N * BLOCK_N
+        key_end = n_keys
+    return full_end, key_end
+
+
+@triton.jit
+def _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED: tl.constexpr):
+    """The K and V rows of one key tile; keys past the end read as 0 where a mask is needed."""
+    if MASKED:
+        key_ok = keys < n_keys
+        k = tl.load(k_ptrs + start * stride_kn, mask=key_ok[:, None], other=0.0)
+        v = tl.load(v_ptrs + start * stride_vn, mask=key_ok[:, None], other=0.0)
+    else:
+        k = tl.load(k_ptrs + start * stride_kn)
+        v = tl.load(v_ptrs + start * stride_vn)
+    return k, v
+
+
+@triton.jit
+def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
+    """(queries x keys) True where the query sees the key: the key exists and, if causal, j <= i."""
+    visible = (keys < n_keys)[None, :]
+    if IS_CAUSAL:
+        visible = visible & (keys[None, :] <= rows[:, None])
+    return visible
+
+
+@triton.jit
+def _flash_forward_tiles(
+    acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, key_start, key_end, n_keys, qk_scale,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """The online softmax over key tiles [key_start, key_end) for one query tile."""
+    for start in range(key_start, key_end, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
+        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        # Each row's first tile holds a key it sees (key 0, or for causal a key <= its own
+        # index), so m_new is finite from the first tile on and exp2(-inf - m_new) = 0.
+        if MASKED:
+            s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s * qk_scale, float("-inf"))
+            m_new = tl.maximum(m, tl.max(s, axis=1))
+            p = tl.math.exp2(s - m_new[:, None])
+        else:
+            # Scaling the row maxima rather than the tile saves a pass over the logits: the
+            # scale rides in the one multiply-add before exp2 (rounding is monotone, so the
+            # scaled maximum is the maximum of the scaled logits).
+            m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
+            p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        alpha = tl.math.exp2(m - m_new)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = _flash_dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def flash_attention_forward_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    n_queries, n_keys, qk_scale,
+    stride_qb, stride_qm, stride_qd,
+    stride_kb, stride_kn, stride_kd,
+    stride_vb, stride_vn, stride_vd,
+    stride_ob, stride_om, stride_od,
+    stride_lb, stride_lm,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One program: BLOCK_M queries of one batch element against all the keys they see (grid: batch x query tiles)."""
+    batch = tl.program_id(0).to(tl.int64)
+    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
+    rows = query_start + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_queries
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
+                mask=row_ok[:, None], other=0.0)
+    tile_keys = tl.arange(0, BLOCK_N)
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
+
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full_end,
+                                     n_keys, qk_scale, BLOCK_N, False, IS_CAUSAL, PRECISION, UPCAST)
+    acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
+                                     n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
+
+    out = acc / l[:, None]
+    tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
+             out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
+    # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
+    tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * 0.6931471805599453, mask=row_ok)
+
+
+@triton.jit
+def flash_attention_backward_rowdot_kernel(
+    o_ptr, do_ptr, delta_ptr, n_queries,
+    stride_ob, stride_om, stride_od,
+    stride_gb, stride_gm, stride_gd,
+    stride_db, stride_dm,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
+):
+    """D = rowsum(dO * O) for BLOCK_M queries (grid: batch x query tiles): the softmax Jacobian's row term."""
+    batch = tl.program_id(0).to(tl.int64)
+    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_queries
+    dims = tl.arange(0, HEAD_DIM)
+    o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
+                mask=row_ok[:, None], other=0.0).to(tl.float32)
+    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
+                 mask=row_ok[:, None], other=0.0).to(tl.float32)
+    tl.store(delta_ptr + batch * stride_db + rows * stride_dm, tl.sum(o * do, axis=1), mask=row_ok)
+
+
+@triton.jit
+def _flash_dkdv_tiles(
+    dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_gm, stride_lm, stride_dm,
+    query_start, query_end, n_queries, qk_scale,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dK and dV of one key tile from query tiles [query_start, query_end), in key-major layout.
+
+    With S^T = K Q^T (keys x queries) every product takes its operands as loaded:
+    dV += P^T dO, dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q (scaled by the caller).
+    """
+    for start in range(query_start, query_end, BLOCK_M):
+        rows = start + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_queries
+        q = tl.load(q_ptrs + start * stride_qm, mask=row_ok[:, None], other=0.0)
+        do = tl.load(do_ptrs + start * stride_gm, mask=row_ok[:, None], other=0.0)
+        # L = +inf past the last query makes those columns of P exactly 0.
+        lse = tl.load(lse_ptrs + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        delta = tl.load(delta_ptrs + rows * stride_dm, mask=row_ok, other=0.0)
+        sT = _flash_dot(k, tl.trans(q), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        pT = tl.math.exp2(sT * qk_scale - lse[None, :])
+        if MASKED:
+            pT = tl.where(keys[:, None] <= rows[None, :], pT, 0.0)
+        dv = _flash_dot(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
+        dpT = _flash_dot(v, tl.trans(do), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        dsT = pT * (dpT - delta[None, :])
+        dk = _flash_dot(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def flash_attention_backward_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    n_queries, n_keys, sm_scale, qk_scale,
+    stride_qb, stride_qm, stride_qd,
+    stride_kb, stride_kn, stride_kd,
+    stride_vb, stride_vn, stride_vd,
+    stride_gb, stride_gm, stride_gd,
+    stride_lb, stride_lm,
+    stride_db, stride_dm,
+    stride_dkb, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvn, stride_dvd,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One program owns BLOCK_N keys and their dK, dV, streaming the queries that see them.
+
+    Each key's gradient is summed by one program only, so no atomics (grid: batch x key tiles).
+    """
+    # Under causal masking the first key tiles are seen by the most queries: the natural order
+    # already launches the longest programs first.
+    batch = tl.program_id(0).to(tl.int64)
+    key_start = tl.program_id(1) * BLOCK_N
+    keys = key_start + tl.arange(0, BLOCK_N)
+    key_ok = keys < n_keys
+    dims = tl.arange(0, HEAD_DIM)
+    k = tl.load(_flash_tile_ptrs(k_ptr, batch, keys, dims, stride_kb, stride_kn, stride_kd),
+                mask=key_ok[:, None], other=0.0)
+    v = tl.load(_flash_tile_ptrs(v_ptr, batch, keys, dims, stride_vb, stride_vn, stride_vd),
+                mask=key_ok[:, None], other=0.0)
+    tile_rows = tl.arange(0, BLOCK_M)
+    q_ptrs = _flash_tile_ptrs(q_ptr, batch, tile_rows, dims, stride_qb, stride_qm, stride_qd)
+    do_ptrs = _flash_tile_ptrs(do_ptr, batch, tile_rows, dims, stride_gb, stride_gm, stride_gd)
+    lse_ptrs = lse_ptr + batch * stride_lb
+    delta_ptrs = delta_ptr + batch * stride_db
+
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    if IS_CAUSAL:
+        # Queries before key_start see none of these keys; from the tile holding query
+        # key_start + BLOCK_N - 1 on, every query sees all of them.
+        diagonal_start = key_start // BLOCK_M * BLOCK_M
+        full_start = tl.cdiv(key_start + BLOCK_N, BLOCK_M) * BLOCK_M
+        dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                                   stride_qm, stride_gm, stride_lm, stride_dm,
+                                   diagonal_start, tl.minimum(full_start, n_queries), n_queries, qk_scale,
+                                   BLOCK_M, True, PRECISION, UPCAST)
+    else:
+        full_start = 0
+    dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                               stride_qm, stride_gm, stride_lm, stride_dm,
+                               full_start, n_queries, n_queries, qk_scale,
+                               BLOCK_M, False, PRECISION, UPCAST)
+    # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
+    dk = dk * sm_scale
+    tl.store(_flash_tile_ptrs(dk_ptr, batch, keys, dims, stride_dkb, stride_dkn, stride_dkd),
+             dk.to(dk_ptr.dtype.element_ty), mask=key_ok[:, None])
+    tl.store(_flash_tile_ptrs(dv_ptr, batch, keys, dims, stride_dvb, stride_dvn, stride_dvd),
+             dv.to(dv_ptr.dtype.element_ty), mask=key_ok[:, None])
+
+
+@triton.jit
+def _flash_dq_tiles(
+    dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, key_start, key_end, n_keys, qk_scale,
+    BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dQ of one query tile from key tiles [key_start, key_end): dQ += dS K (scaled by the caller)."""
+    for start in range(key_start, key_end, BLOCK_N):
+        keys = start + tl.arange(0, BLOCK_N)
+        k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
+        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        p = tl.math.exp2(s * qk_scale - lse[:, None])
+        if MASKED:
+            p = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), p, 0.0)
+        dp = _flash_dot(do, tl.trans(v), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        dq = _flash_dot(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
+    return dq
+
+
+@triton.jit
+def flash_attention_backward_dq_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    n_queries, n_keys, sm_scale, qk_scale,
+    stride_qb, stride_qm, stride_qd,
+    stride_kb, stride_kn, stride_kd,
+    stride_vb, stride_vn, stride_vd,
+    stride_gb, stride_gm, stride_gd,
+    stride_lb, stride_lm,
+    stride_db, stride_dm,
+    stride_dqb, stride_dqm, stride_dqd,
+    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One program owns BLOCK_M queries and their dQ, streaming the keys they see like the forward.
+
+    It recomputes S and dP that the dK/dV kernel also computed: two more products than one fused
+    kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles).
+    """
+    batch = tl.program_id(0).to(tl.int64)
+    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
+    rows = query_start + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_queries
+    dims = tl.arange(0, HEAD_DIM)
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
+                mask=row_ok[:, None], other=0.0)
+    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
+                 mask=row_ok[:, None], other=0.0)
+    lse = tl.load(lse_ptr + batch * stride_lb + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    delta = tl.load(delta_ptr + batch * stride_db + rows * stride_dm, mask=row_ok, other=0.0)
+    tile_keys = tl.arange(0, BLOCK_N)
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
+
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
+    dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full_end,
+                         n_keys, qk_scale, BLOCK_N, False, IS_CAUSAL, PRECISION, UPCAST)
+    dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
+                         n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
+    dq = dq * sm_scale
+    tl.store(_flash_tile_ptrs(dq_ptr, batch, rows, dims, stride_dqb, stride_dqm, stride_dqd),
+             dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
+
+
+@dataclass(frozen=True)
+class FlashLaunch:
+    """One kernel's launch: queries per tile (block_m), keys per tile (block_n), warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def check(self, kernel: str) -> None:
+        check_block(f"{kernel}.block_m", self.block_m, 16, 256)
+        check_block(f"{kernel}.block_n", self.block_n, 16, 256)
+        check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
+
+
+FLASH_KERNELS = ("forward", "dkdv", "dq")
+
+
+def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """The wrapper's launch for each kernel on an H100, by head dimension and dtype.
+
+    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
+    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
+      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
+      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
+      registers a thread) and the fp32 accumulator fit beside each other without spilling.
+      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
+      228 KB of shared memory.
+    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
+      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
+    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
+      query tiles (32) so the transposed logits and dP beside them stay small.
+    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
+    """
+    if d not in FLASH_HEAD_DIMS:
+        raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
+    if dtype == torch.float32:
+        if d <= 64:
+            return {"forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2),
+                    "dq": FlashLaunch(64, 32, 4, 2)}
+        return {"forward": FlashLaunch(64, 32, 4, 2), "dkdv": FlashLaunch(16, 32, 4, 2),
+                "dq": FlashLaunch(32, 16, 4, 2)}
+    if d <= 32:
+        return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
+                "dq": FlashLaunch(128, 32, 8, 3)}
+    if d == 64:
+        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
+                "dq": FlashLaunch(128, 32, 8, 3)}
+    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
+            "dq": FlashLaunch(64, 32, 4, 2)}
+
+
+def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
+    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning)."""
+    chosen = flash_launches(d, dtype)
+    if launches is None:
+        return chosen
+    if not isinstance(launches, dict):
+        raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
+    for kernel, launch in launches.items():
+        if kernel not in FLASH_KERNELS:
+            raise ValueError(f"launches has unknown kernel {kernel!r}: the kernels are {FLASH_KERNELS}")
+        if not isinstance(launch, FlashLaunch):
+            raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
+        launch.check(f"launches[{kernel!r}]")
+        chosen[kernel] = launch
+    return chosen
+
+
+# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
+ROWDOT_BLOCK_M = 64
+
+
+def flash_attention_forward(Q, K, V, is_causal: bool, launch: FlashLaunch):
+    """O: (batch, n_queries, d) in Q's dtype and L: (batch, n_queries) float32, by the Triton kernel."""
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
+    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    if O.numel() == 0:
+        return O, L
+    grid = (batch, triton.cdiv(n_queries, launch.block_m))
+    flash_attention_forward_kernel[grid](
+        Q, K, V, O, L, n_queries, n_keys, d ** -0.5 * LOG2_E,
+        *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
+        HEAD_DIM=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, IS_CAUSAL=is_causal,
+        PRECISION=dot_precision(Q.dtype), UPCAST=upcast_dot_operands(Q.dtype),
+        num_warps=launch.num_warps, num_stages=launch.num_stages,
+    )
+    return O, L
+
+
+def flash_attention_backward(Q, K, V, O, L, dO, is_causal: bool, launches: dict[str, FlashLaunch]):
+    """dQ, dK, dV in the inputs' dtype: the rowsum kernel, then dK/dV over key tiles, then dQ over query tiles."""
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    if dO.dtype != Q.dtype:
+        dO = dO.to(Q.dtype)  # an upstream gradient of another dtype: the products need one operand type
+    if batch == 0 or n_queries == 0:
+        return dQ.zero_(), dK.zero_(), dV.zero_()
+    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    flash_attention_backward_rowdot_kernel[(batch, triton.cdiv(n_queries, ROWDOT_BLOCK_M))](
+        O, dO, delta, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
+        HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
+    )
+    common = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, PRECISION=dot_precision(Q.dtype), UPCAST=upcast_dot_operands(Q.dtype))
+    scales = (d ** -0.5, d ** -0.5 * LOG2_E)
+    inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
+    kv = launches["dkdv"]
+    flash_attention_backward_dkdv_kernel[(batch, triton.cdiv(n_keys, kv.block_n))](
+        Q, K, V, dO, L, delta, dK, dV, n_queries, n_keys, *scales, *inputs, *dK.stride(), *dV.stride(),
+        BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common,
+    )
+    qd = launches["dq"]
+    flash_attention_backward_dq_kernel[(batch, triton.cdiv(n_queries, qd.block_m))](
+        Q, K, V, dO, L, delta, dQ, n_queries, n_keys, *scales, *inputs, *dQ.stride(),
+        BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
+    )
+    return dQ, dK, dV
+
+
+class FlashAttentionTriton(torch.autograd.Function):
+    """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
+
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
+    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is three Triton kernels.
+    ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
+    choice (``flash_launches``), for tuning on a GPU.
+    """
+
+    @staticmethod
+    def forward(ctx, Q, K, V, is_causal=False, launches=None):
+        check_attention_inputs(Q, K, V, is_causal)
+        chosen = resolve_flash_launches(Q.shape[2], Q.dtype, launches)
+        O, L = flash_attention_forward(Q, K, V, is_causal, chosen["forward"])
+        ctx.save_for_backward(Q, K, V, O, L)
+        ctx.is_causal = is_causal
+        ctx.launches = chosen
+        return O
+
+    @staticmethod
+    def backward(ctx, dO):
+        Q, K, V, O, L = ctx.saved_tensors
+        dQ, dK, dV = flash_attention_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches)
+        return dQ, dK, dV, None, None
