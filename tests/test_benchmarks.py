@@ -99,9 +99,16 @@ PRECISION = BenchGroup(
 )
 # (dtype, float32 matmul precision): the precision setting only matters for float32.
 VARIANTS = [("float32", "highest"), ("float32", "high"), ("bfloat16", "n/a"), ("float16", "n/a")]
-PRECISION_D2 = [1024, 8192] if ON_GPU else [48]
-# The Triton rows use the block size that is fastest at these shapes on an H100 (see README).
-PRECISION_BLOCK = 64 if ON_GPU else 16
+if ON_GPU:
+    # d2 1024 and 8192 for every variant; bfloat16 also at every other d2 >= 256 of the spec grid,
+    # where the fused kernel must beat PyTorch too. Triton at every block size of the spec grid.
+    PRECISION_CASES = [(dt, p, d2) for dt, p in VARIANTS for d2 in (1024, 8192)] + [
+        ("bfloat16", "n/a", d2) for d2 in (256, 512, 2048, 4096)]
+    PRECISION_BLOCKS = SPEC_BLOCKS
+else:
+    PRECISION_CASES = [(dt, p, 48) for dt, p in VARIANTS]
+    PRECISION_BLOCKS = [16]
+PRECISION_IMPLS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) for b in PRECISION_BLOCKS]
 
 
 @pytest.fixture
@@ -112,13 +119,11 @@ def matmul_precision(request):
     torch.set_float32_matmul_precision(before)
 
 
-@pytest.mark.parametrize("impl", PRECISION.impls if ON_GPU else ("torch", "triton"))
-@pytest.mark.parametrize("d2", PRECISION_D2)
-@pytest.mark.parametrize("dtype,precision", VARIANTS)
-def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl):
+@pytest.mark.parametrize("impl,block", PRECISION_IMPLS)
+@pytest.mark.parametrize("dtype,precision,d2", PRECISION_CASES)
+def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl, block):
     matmul_precision(precision)
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
-    block = PRECISION_BLOCK if impl == "triton" else None
     row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, dtype=dtype, precision=precision, impl=impl, BLOCK=block)
     torch_dtype = DTYPES[dtype]
 

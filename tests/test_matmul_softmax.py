@@ -12,7 +12,7 @@ import torch
 import triton
 
 from fused_softmax_matmul import (
-    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul_softmax_fused_simple,
+    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul_softmax_fused_simple, matmul_softmax_fused_tiled,
     matmul_softmax_ref, simple_launch, tiled_launch,
 )
 from support import DEVICE, DTYPES, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
@@ -182,8 +182,11 @@ def test_benchmark_sizes_on_gpu(impl, B, K, C, dtype):
         pytest.skip("refused by design: test_simple_refuses_too_many_classes")
     x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype])
     out = TRITON_IMPLS[impl](x, W)
-    ref64 = torch.softmax(x.double() @ W.double(), dim=-1)
-    assert_close(out, ref64, matmul_softmax_ref(x, W))
+    # A float64 reference of the LM-head sizes would need 8 GB per (B, C) buffer: check up to
+    # 512 rows spread over the whole batch (every row block of the kernels is still launched).
+    rows = torch.arange(0, B, max(1, B // 512), device=x.device)
+    ref64 = torch.softmax(x[rows].double() @ W.double(), dim=-1)
+    assert_close(out[rows], ref64, matmul_softmax_ref(x, W)[rows])
 
 
 @needs_gpu
