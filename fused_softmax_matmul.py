@@ -39,6 +39,29 @@ def upcast_dot_operands(dtype: torch.dtype) -> bool:
     return INTERPRET and dtype == torch.bfloat16
 
 
+def round_to_tf32(dtype: torch.dtype) -> bool:
+    """Round float32 operands to TF32 in the kernel before a "tf32" product (compiled only).
+
+    A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
+    error towards zero, and the bias accumulates over d2; cuBLAS rounds to nearest first. Measured
+    on an H100 (4 x 512 x 1024 x 96): truncated, softmax(x) @ V had 2.7 x the error of torch under
+    'high'; rounded, the same. The interpreter multiplies in float32 and needs no rounding.
+    """
+    return not INTERPRET and dtype == torch.float32 and dot_precision(dtype) == "tf32"
+
+
+@triton.jit
+def _tf32_rounded(t):
+    """float32 t rounded to the nearest TF32 value (half away from zero); inf and NaN unchanged.
+
+    Adding half a TF32 unit (bit 12) to the bits carries into the kept bits exactly when the
+    dropped 13 bits are at least half a unit; clearing them then leaves the rounded magnitude.
+    """
+    bits = t.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(t) < float("inf"), rounded, t)
+
+
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
@@ -68,6 +91,26 @@ def softmax_matmul_flops(batch: int, d1: int, d2: int, d3: int) -> int:
 
 
 @triton.jit
+def _scale_rows(acc, alpha, TRANSPOSED: tl.constexpr):
+    """acc with each row of x's tile scaled by alpha: rows are acc's columns when TRANSPOSED."""
+    if TRANSPOSED:
+        out = acc * alpha[None, :]
+    else:  # (compiled Triton visits code after a constexpr-if's return, so no early return here)
+        out = acc * alpha[:, None]
+    return out
+
+
+@triton.jit
+def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+@triton.jit
 def fused_softmax_kernel(
     x_ptr, v_ptr, o_ptr,
     d1, d2, d3,
@@ -76,12 +119,18 @@ def fused_softmax_kernel(
     stride_ob, stride_o1, stride_o3,
     n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr, TRANSPOSED: tl.constexpr,
+    ROUND_TF32: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
     Programs that share rows of x differ only in their d3 tile and are numbered consecutively,
     so they run together and all but the first read x from L2.
+
+    TRANSPOSED computes the same tile as out^T = V^T @ softmax(x)^T: the product's M dimension is
+    then BLOCK_3 (64 to 512) instead of BLOCK_1, tall enough for Hopper's warpgroup MMA even when
+    the user's BLOCK_1 is 16 or 32. Row statistics then run along axis 0 of the (BLOCK_2,
+    BLOCK_1) tile of x^T, and the accumulator is (BLOCK_3, BLOCK_1).
     """
     tile = tl.program_id(0)
     batch = tl.program_id(1).to(tl.int64)
@@ -90,50 +139,77 @@ def fused_softmax_kernel(
     ks = tl.arange(0, BLOCK_2)
     row_ok = rows < d1
     col_ok = cols < d3
-    x_ptrs = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1 + ks[None, :] * stride_x2
-    v_ptrs = v_ptr + batch * stride_vb + ks[:, None].to(tl.int64) * stride_v2 + cols[None, :] * stride_v3
+    x_base = x_ptr + batch * stride_xb
+    v_base = v_ptr + batch * stride_vb
+    if TRANSPOSED:
+        x_ptrs = x_base + rows[None, :].to(tl.int64) * stride_x1 + ks[:, None] * stride_x2
+        v_ptrs = v_base + ks[None, :].to(tl.int64) * stride_v2 + cols[:, None] * stride_v3
+        acc = tl.zeros((BLOCK_3, BLOCK_1), tl.float32)
+    else:
+        x_ptrs = x_base + rows[:, None].to(tl.int64) * stride_x1 + ks[None, :] * stride_x2
+        v_ptrs = v_base + ks[:, None].to(tl.int64) * stride_v2 + cols[None, :] * stride_v3
+        acc = tl.zeros((BLOCK_1, BLOCK_3), tl.float32)
 
     m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_1,), tl.float32)
-    acc = tl.zeros((BLOCK_1, BLOCK_3), tl.float32)
     for start in range(0, d2, BLOCK_2):
         k_ok = (start + ks) < d2
-        x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=float("-inf")).to(tl.float32)
-        v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
+        if TRANSPOSED:
+            x = tl.load(x_ptrs, mask=k_ok[:, None] & row_ok[None, :], other=float("-inf")).to(tl.float32)
+            v = tl.load(v_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            if ROUND_TF32:
+                v = _tf32_rounded(v)
+            m_new = tl.maximum(m, tl.max(x, axis=0))
+        else:
+            x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=float("-inf")).to(tl.float32)
+            v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+            if ROUND_TF32:
+                v = _tf32_rounded(v)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
         if LAZY_RESCALE:
             # Rescale acc and l only when some row's max grew by more than 8 (a factor e^8 ~ 3e3):
             # until then exp(x - m) against the stale m stays below e^8, far inside every
             # dtype's range, and the final division uses the same m, so the result is unchanged.
             # (x > -inf) = (-inf > -inf + 8) is false, so rows of only -inf keep m = -inf.
             if tl.max((m_new > m + 8.0).to(tl.int32), axis=0) > 0:
-                # Another row's max may trigger this while this row has seen only -inf: its
-                # exp(-inf - -inf) would be NaN, so it keeps alpha = 1 (its l and acc are 0).
+                # A row still at -inf keeps alpha = 1 (exp(-inf - -inf) would be NaN).
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m - m_new), 1.0)
                 l = l * alpha
-                acc = acc * alpha[:, None]
+                acc = _scale_rows(acc, alpha, TRANSPOSED)
                 m = m_new
         else:
-            seen = m_new > float("-inf")
-            alpha = tl.where(seen, tl.exp(m - m_new), 1.0)
+            alpha = tl.where(m_new > float("-inf"), tl.exp(m - m_new), 1.0)
             l = l * alpha
-            acc = acc * alpha[:, None]
+            acc = _scale_rows(acc, alpha, TRANSPOSED)
             m = m_new
         # Until a row has seen a finite logit its m is -inf; exp(-inf - -inf) would be NaN.
-        p = tl.where((m > float("-inf"))[:, None], tl.exp(x - m[:, None]), 0.0).to(v.dtype)
-        # Sum the weights as rounded for the product, so they are normalised exactly as used.
-        l += tl.sum(p.to(tl.float32), axis=1)
-        if UPCAST:
-            acc = tl.dot(p.to(tl.float32), v.to(tl.float32), acc)
+        seen = m > float("-inf")
+        if TRANSPOSED:
+            p = tl.where(seen[None, :], tl.exp(x - m[None, :]), 0.0).to(v.dtype)
         else:
-            acc = tl.dot(p, v, acc, input_precision=PRECISION)
+            p = tl.where(seen[:, None], tl.exp(x - m[:, None]), 0.0).to(v.dtype)
+        if ROUND_TF32:
+            p = _tf32_rounded(p)
+        # The weights are summed as rounded for the product, so they are normalised exactly as used.
+        if TRANSPOSED:
+            l += tl.sum(p.to(tl.float32), axis=0)
+            acc = _dot_acc(v, p, acc, PRECISION, UPCAST)
+        else:
+            l += tl.sum(p.to(tl.float32), axis=1)
+            acc = _dot_acc(p, v, acc, PRECISION, UPCAST)
         x_ptrs += BLOCK_2 * stride_x2
         v_ptrs += BLOCK_2 * stride_v2
 
     # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
-    out = acc / l[:, None]
-    o_ptrs = o_ptr + batch * stride_ob + rows[:, None].to(tl.int64) * stride_o1 + cols[None, :] * stride_o3
-    tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    o_base = o_ptr + batch * stride_ob
+    if TRANSPOSED:
+        out = acc / l[None, :]
+        o_ptrs = o_base + rows[None, :].to(tl.int64) * stride_o1 + cols[:, None] * stride_o3
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=col_ok[:, None] & row_ok[None, :])
+    else:
+        out = acc / l[:, None]
+        o_ptrs = o_base + rows[:, None].to(tl.int64) * stride_o1 + cols[None, :] * stride_o3
+        tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
 def check_softmax_matmul_inputs(x, V) -> None:
@@ -147,23 +223,26 @@ def check_softmax_matmul_inputs(x, V) -> None:
         raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
 
 
-# The fastest (BLOCK_3, num_warps, num_stages, lazy rescale) per (dot input precision, BLOCK_1),
-# from a sweep on an H100 at the spec shape (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 =
-# BLOCK_2): BLOCK_3 in {64..512}, warps {4, 8}, stages {2, 3, 4}, lazy on/off (scratch sweep,
-# results in the README). "tf32x3" makes three tensor-core products per tile, so it prefers
-# narrower d3 tiles than plain "tf32"; 16-bit operands fit the widest tiles.
+# The fastest (BLOCK_3, num_warps, num_stages, lazy rescale, transposed) per (dot input
+# precision, BLOCK_1), from sweeps on an H100 at the spec shape (batch 16, d1 2048, d2 8192, d3
+# 512, BLOCK_1 = BLOCK_2): BLOCK_3 in {128, 256, 512}, warps {4, 8}, stages {2, 3, 4}, lazy on/off,
+# transposed on/off. Transposed (the product as V^T @ P^T, M = BLOCK_3) wins wherever BLOCK_1 is
+# too short for the warpgroup MMA: 3.7x at tf32x3 B = 64 (15.6 -> 4.2 ms). Plain "tf32" loses
+# 3 to 6x transposed (TF32 operands must be K-major, so P^T is relaid out every step).
 _FUSED_LAUNCHES = {
-    ("tf32x3", 16): (512, 4, 3, False), ("tf32x3", 32): (256, 8, 3, False), ("tf32x3", 64): (128, 4, 2, False),
-    ("tf32", 16): (512, 4, 3, True), ("tf32", 32): (512, 4, 2, True), ("tf32", 64): (128, 4, 2, False),
-    ("16bit", 16): (512, 4, 3, False), ("16bit", 32): (512, 4, 3, False), ("16bit", 64): (512, 8, 3, False),
+    ("tf32x3", 16): (512, 4, 3, False, False), ("tf32x3", 32): (128, 4, 3, False, True),
+    ("tf32x3", 64): (128, 8, 3, False, True),
+    ("tf32", 16): (512, 4, 3, True, False), ("tf32", 32): (512, 4, 2, True, False), ("tf32", 64): (128, 4, 2, False, False),
+    ("16bit", 16): (512, 4, 3, False, False), ("16bit", 32): (512, 4, 3, False, True),
+    ("16bit", 64): (512, 8, 3, False, True),
 }
 # Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
 # to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
 _SHARED_MEMORY_BUDGET = 227 * 1024
 
 
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> tuple[int, int, int, bool]:
-    """(BLOCK_3, num_warps, num_stages, lazy rescale) for a launch: the wrapper's choices beyond BLOCK_1/BLOCK_2.
+def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> tuple[int, int, int, bool, bool]:
+    """(BLOCK_3, num_warps, num_stages, lazy rescale, transposed) for a launch: the wrapper's choices beyond BLOCK_1/BLOCK_2.
 
     BLOCK_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x BLOCK_3) lives in
     registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
@@ -171,22 +250,27 @@ def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None 
     """
     block_2 = block_1 if block_2 is None else block_2
     kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    block_3, warps, stages, lazy = _FUSED_LAUNCHES.get((kind, block_1), (64, 8, 2, False))
+    block_3, warps, stages, lazy, transposed = _FUSED_LAUNCHES.get((kind, block_1), (64, 8, 2, False, False))
     block_3 = max(16, min(block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
     element_size = torch.empty((), dtype=dtype).element_size()
     per_stage = (block_1 * block_2 + block_2 * block_3) * element_size
     stages = max(1, min(stages, _SHARED_MEMORY_BUDGET // per_stage))
-    return block_3, warps, stages, lazy
+    if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
+        raise KernelCapacityError(
+            f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
+            f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
+    return block_3, warps, stages, lazy, transposed
 
 
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16, *,
-                  launch: tuple[int, int, int, bool] | None = None) -> torch.Tensor:
+                  launch: tuple[int, int, int, bool, bool] | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V without storing the softmax.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
     BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
     ``tl.dot`` takes) to 256. Strided and transposed inputs are read in place.
-    ``launch`` overrides the wrapper's (BLOCK_3, num_warps, num_stages, lazy rescale), for tuning.
+    ``launch`` overrides the wrapper's (BLOCK_3, num_warps, num_stages, lazy rescale, transposed)
+    (see ``fused_launch``), for tuning.
     """
     check_softmax_matmul_inputs(x, V)
     check_block("BLOCK_1", BLOCK_1, 16, 256)
@@ -198,14 +282,17 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
         return out
     if d2 == 0:
         return out.zero_()  # an empty softmax times an empty V: torch gives zeros
-    block_3, warps, stages, lazy = launch or fused_launch(d3, BLOCK_1, x.dtype, BLOCK_2)
+    if launch is not None and len(launch) == 4:
+        launch = (*launch, False)  # (BLOCK_3, warps, stages, lazy): the untransposed kernel
+    block_3, warps, stages, lazy, transposed = launch or fused_launch(d3, BLOCK_1, x.dtype, BLOCK_2)
     n_tiles_3 = triton.cdiv(d3, block_3)
     grid = (triton.cdiv(d1, BLOCK_1) * n_tiles_3, batch)
     fused_softmax_kernel[grid](
         x, V, out, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles_3,
         BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=block_3,
         PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=lazy,
-        num_warps=warps, num_stages=stages,
+        ROUND_TF32=round_to_tf32(x.dtype),
+        TRANSPOSED=transposed, num_warps=warps, num_stages=stages,
     )
     return out
 
@@ -859,16 +946,6 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # are never stored. Logits are kept in base-2 units (scaled by log2(e)) so that each exponential
 # is one exp2.
 @triton.jit
-def _flash_dot(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b in float32; see ``dot_precision`` and ``upcast_dot_operands``."""
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION)
-    return out
-
-
-@triton.jit
 def _flash_tile_ptrs(ptr, batch, rows, dims, stride_b, stride_row, stride_dim):
     """Pointers to a (rows x head dims) tile of one batch element of a (batch, n, d) tensor."""
     return ptr + batch * stride_b + rows[:, None] * stride_row + dims[None, :] * stride_dim
@@ -931,7 +1008,7 @@ def _flash_forward_tiles(
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
-        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        s = _dot_acc(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         # Each row's first tile holds a key it sees (key 0, or for causal a key <= its own
         # index), so m_new is finite from the first tile on and exp2(-inf - m_new) = 0.
         if MASKED:
@@ -946,7 +1023,7 @@ def _flash_forward_tiles(
             p = tl.math.exp2(s * qk_scale - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
-        acc = _flash_dot(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
         m = m_new
     return acc, m, l
 
@@ -1030,14 +1107,14 @@ def _flash_dkdv_tiles(
         # L = +inf past the last query makes those columns of P exactly 0.
         lse = tl.load(lse_ptrs + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
         delta = tl.load(delta_ptrs + rows * stride_dm, mask=row_ok, other=0.0)
-        sT = _flash_dot(k, tl.trans(q), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        sT = _dot_acc(k, tl.trans(q), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
         pT = tl.math.exp2(sT * qk_scale - lse[None, :])
         if MASKED:
             pT = tl.where(keys[:, None] <= rows[None, :], pT, 0.0)
-        dv = _flash_dot(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
-        dpT = _flash_dot(v, tl.trans(do), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        dv = _dot_acc(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
+        dpT = _dot_acc(v, tl.trans(do), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
         dsT = pT * (dpT - delta[None, :])
-        dk = _flash_dot(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
+        dk = _dot_acc(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
     return dk, dv
 
 
@@ -1112,13 +1189,13 @@ def _flash_dq_tiles(
     for start in range(key_start, key_end, BLOCK_N):
         keys = start + tl.arange(0, BLOCK_N)
         k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
-        s = _flash_dot(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        s = _dot_acc(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         p = tl.math.exp2(s * qk_scale - lse[:, None])
         if MASKED:
             p = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), p, 0.0)
-        dp = _flash_dot(do, tl.trans(v), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        dp = _dot_acc(do, tl.trans(v), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
-        dq = _flash_dot(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
+        dq = _dot_acc(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
     return dq
 
 

@@ -49,6 +49,58 @@ def attention_inputs(batch, n_queries, n_keys, d, dtype, seed=0, scale=1.0):
             randn((batch, n_keys, d), dtype, seed + 2))
 
 
+INF = float("inf")
+
+
+# ----------------------------------------------------------------------------------------------
+# Edge-case logits: exact shifts, masks, the ends of each dtype's range
+# ----------------------------------------------------------------------------------------------
+def dyadic_logits(shape, dtype, seed=0) -> torch.Tensor:
+    """Logits k / 8 with integer |k| <= 16: exact in every dtype, and after a shift by SHIFT[dtype]."""
+    k = torch.randint(-16, 17, shape, generator=generator(seed), device=DEVICE)
+    return (k / 8).to(dtype)
+
+
+# A constant that each dtype adds to k / 8 (|k| <= 16) exactly: the sum stays on the dtype's grid
+# (float32: spacing 1/16 and 1/8 either side of 2^20; float16: 1/32 and 1/16 either side of 64;
+# bfloat16: 1/32 and 1/16 either side of 8).
+SHIFT = {torch.float32: 2.0**20, torch.float16: 64.0, torch.bfloat16: 8.0}
+
+# Logits near the top of each dtype's range: 2 x BIG overflows float32, so x - max is -inf.
+BIG = {torch.float32: 3e38, torch.float16: 6e4, torch.bfloat16: 3e38}
+
+
+def masked_logits(shape, dtype, seed=0) -> torch.Tensor:
+    """Normal logits with about a third set to -inf (masked), and rows that test the edges.
+
+    Row 0 is masked over its first 20 columns: one or more whole tiles of only -inf before any
+    finite logit (the running max is -inf there, and exp(-inf - -inf) must not become NaN).
+    Row 1 is all -inf: torch gives NaN. Row 2 keeps only its last column: exactly 1 there.
+    """
+    x = randn(shape, dtype, seed)
+    x[torch.rand(shape, generator=generator(seed + 1), device=DEVICE) < 1 / 3] = -INF
+    x[..., 0, :20] = -INF
+    x[..., 1, :] = -INF
+    x[..., 2, :-1] = -INF
+    x[..., 2, -1] = 0.5
+    return x
+
+
+def extreme_logits(shape, dtype, seed=0) -> torch.Tensor:
+    """Normal logits with +-BIG[dtype] planted: the row max's subtraction overflows to -inf.
+
+    Row 0: one +BIG (probability 1) and one -BIG (x - max = -inf). Row 1: all -BIG (uniform).
+    Row 2: +BIG at both ends (1/2 each). Row 3: every other logit -BIG (weight 0).
+    """
+    big = BIG[dtype]
+    x = randn(shape, dtype, seed)
+    x[..., 0, 3], x[..., 0, 7] = big, -big
+    x[..., 1, :] = -big
+    x[..., 2, 0], x[..., 2, -1] = big, big
+    x[..., 3, ::2] = -big
+    return x
+
+
 # ----------------------------------------------------------------------------------------------
 # Accuracy: judged against float64, low precision by PyTorch's own error at that precision
 # ----------------------------------------------------------------------------------------------

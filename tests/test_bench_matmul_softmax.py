@@ -24,6 +24,7 @@ GROUP = BenchGroup(
     case=("B", "K", "C", "dtype"),
     impls=("torch", "compile", "triton_unfused", "triton_fused_simple", "triton_fused_tiled"),
     speedups={"speedup_vs_torch": "torch", "speedup_vs_unfused": "triton_unfused"},
+    plot=("bar", "speedup_vs_torch"),
 )
 
 if ON_GPU:

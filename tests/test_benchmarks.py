@@ -48,6 +48,7 @@ SOFTMAX_MATMUL = BenchGroup(
     impls=("torch", "compile", "triton"),
     csv_impls=("torch", "triton"),  # the specified table has PyTorch and Triton rows only
     sort=("d2", "_impl_order", "BLOCK"),
+    plot=("line", "d2"),
 )
 if ON_GPU:
     SPEC = dict(batch_size=16, d1=2048, d3=512)
@@ -96,6 +97,7 @@ PRECISION = BenchGroup(
              "forward_ms_std", "forward_peak_MiB", "gbps", "tflops"),
     case=("batch_size", "d1", "d2", "d3", "dtype", "precision"),
     impls=("torch", "compile", "triton"),
+    plot=("line", "d2"),
 )
 # (dtype, float32 matmul precision): the precision setting only matters for float32.
 VARIANTS = [("float32", "highest"), ("float32", "high"), ("bfloat16", "n/a"), ("float16", "n/a")]
@@ -147,6 +149,7 @@ SOFTMAX = BenchGroup(
     case=("M", "N", "dtype"),
     impls=("naive", "torch", "compile", "triton_row", "triton_online"),
     sort=("dtype", "M", "N", "_impl_order", "BLOCK_SIZE"),
+    plot=("bar", "pct_of_copy"),
 )
 if ON_GPU:
     ROW_SHAPES = [(8192, 8192, "float32"), (4096, 32768, "float32"), (32768, 4096, "float32"),

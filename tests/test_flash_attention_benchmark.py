@@ -24,6 +24,7 @@ BENCH = BenchGroup(
              "forward_ms_mean", "forward_ms_std", "forward_peak_MiB", "tflops"),
     case=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode"),
     impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton"),
+    plot=("line", "n_queries"),
 )
 
 
