@@ -20,7 +20,6 @@ import dataclasses
 import gc
 import math
 import os
-import platform
 import re
 import time
 from pathlib import Path
@@ -58,6 +57,10 @@ class BenchGroup:
     case: tuple[str, ...]
     impls: tuple[str, ...]
     speedups: dict = dataclasses.field(default_factory=dict)
+    # The group's plot beside its CSV: ("line", x column) draws time and peak memory against x,
+    # one line per implementation (and block size), one panel per other case value;
+    # ("bar", metric) draws metric per case, one bar per implementation. None: no plot.
+    plot: tuple[str, str] | None = None
     csv_impls: tuple[str, ...] | None = None
     sort: tuple[str, ...] | None = None  # default: case columns, then impl order
     warmup: int = 10
@@ -83,7 +86,27 @@ def _is_resource_limit(exc: BaseException) -> bool:
     text = f"{type(exc).__name__}: {exc}"
     # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
     # or an InterpreterError in interpreter mode. Kernels assert their resource limits this way.
-    return "static_assert" in text or "CompileTimeAssertion" in text or "out of memory" in text.lower()
+    return ("static_assert" in text or "CompileTimeAssertion" in text or "out of memory" in text.lower()
+            or _interpreter_static_assert(exc))
+
+
+def _interpreter_static_assert(exc: BaseException) -> bool:
+    """True when the interpreter's tl.static_assert raised somewhere in exc's chain.
+
+    The interpreter reports a failing static_assert as InterpreterError("AssertionError('msg')"),
+    the same text as a failing tl.device_assert (a bug, not a limit): only the frame that raised
+    tells them apart.
+    """
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        tb = exc.__traceback__
+        while tb is not None:
+            if tb.tb_frame.f_code.co_name == "_new_static_assert":  # triton/runtime/interpreter.py
+                return True
+            tb = tb.tb_next
+        exc = exc.__cause__ or exc.__context__
+    return False
 
 
 # ----------------------------------------------------------------------------------------------
@@ -116,6 +139,13 @@ def pytest_configure(config):
     storage = getattr(config.option, "benchmark_storage", None)
     if storage in ("file://./.benchmarks", None) and hasattr(config.option, "benchmark_storage"):
         config.option.benchmark_storage = f"file://./.benchmarks/{gpu_slug()}"
+    if _option_or(config, "bench_rounds", 1) < 1 or _option_or(config, "bench_warmup", 0) < 0:
+        raise pytest.UsageError("--bench-rounds must be at least 1 and --bench-warmup at least 0")
+
+
+def _option_or(config, name: str, default):
+    value = config.getoption(name)
+    return default if value is None else value
 
 
 def pytest_deselected(items):
@@ -337,8 +367,8 @@ def bench(benchmark, request):
             raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
         benchmark.group = group.name
         record = {"group": group.name, "test": request.node.nodeid, "row": dict(row), "status": "ok", "reason": ""}
-        warmup = config.getoption("bench_warmup") or (group.warmup if ON_GPU else 1)
-        rounds = config.getoption("bench_rounds") or (group.rounds if ON_GPU else 2)
+        warmup = _option_or(config, "bench_warmup", group.warmup if ON_GPU else 1)  # --bench-warmup 0 is honoured
+        rounds = _option_or(config, "bench_rounds", group.rounds if ON_GPU else 2)
         flush = config.getoption("l2_flush")
         fn = None
         try:
@@ -356,19 +386,19 @@ def bench(benchmark, request):
 
             benchmark.pedantic(timer.measured(fn), setup=(flush_l2 if scratch is not None else None),
                                rounds=rounds, warmup_rounds=warmup, iterations=1)
-            del scratch
+            scratch = None  # free the flush buffer before the next case
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
             record.update(status="failed", reason=reason)
-            config.bench_records.append(record)
-            del fn
+            if not benchmark.disabled:  # a run without numbers (--benchmark-disable) writes no CSV of failures alone
+                config.bench_records.append(record)
+            fn = None
             _free_memory()
             if _is_resource_limit(exc):
                 pytest.skip(f"{group.name} {row}: {reason}")
             raise
         stats = benchmark.stats
         if stats is None:  # benchmarks disabled (--benchmark-disable, or under xdist): ran once, no numbers
-            del fn
             return
         s = stats.stats
         mean_s = s.mean
@@ -387,7 +417,7 @@ def bench(benchmark, request):
         benchmark.extra_info.update(bytes_moved=bytes_moved, flops=flops, l2_flush=record["l2_flush"],
                                     mode="compiled" if ON_GPU else "interpreter")
         config.bench_records.append(record)
-        del fn
+        fn = None
         _free_memory()
 
     return run
@@ -458,7 +488,74 @@ def pytest_sessionfinish(session):
             if csv_df[col].dtype == object and all(isinstance(v, int) or _isnan(v) for v in csv_df[col]):
                 csv_df[col] = csv_df[col].astype("Int64")
         csv_df.to_csv(out_dir / group.csv, index=False, float_format="%.6g")
+        if group.plot is not None:
+            plot_group(group, df, (out_dir / group.csv).with_suffix(".png"))
     config.bench_out_dir = out_dir
+
+
+def _label(keys, values) -> str:
+    values = values if isinstance(values, tuple) else (values,)
+    values = [int(v) if isinstance(v, float) and not _isnan(v) and v.is_integer() else v for v in values]
+    return " ".join(f"{k}={v}" if k != "impl" else str(v) for k, v in zip(keys, values) if not _isnan(v))
+
+
+def plot_group(group: BenchGroup, df, path: Path) -> None:
+    """Draw the group's plot (see ``BenchGroup.plot``) into path; skipped without matplotlib."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    kind, what = group.plot
+    ok = df[df["status"] == "ok"]
+    variant = [c for c in ("BLOCK", "BLOCK_SIZE") if c in df and c not in group.case]
+    if kind == "line":
+        metrics = [m for m in ("forward_ms_mean", "forward_peak_MiB") if m in ok and ok[m].notna().any()]
+        facets = [c for c in group.case if c != what and df[c].nunique() > 1]
+        panels = list(ok.groupby(facets, dropna=False)) if facets else [((), ok)]
+        fig, axes = plt.subplots(len(metrics), len(panels), squeeze=False,
+                                 figsize=(5.5 * len(panels), 3.8 * len(metrics)))
+        for j, (key, panel) in enumerate(panels):
+            for i, metric in enumerate(metrics):
+                ax = axes[i][j]
+                for line_key, line in panel.groupby(["impl", *variant], dropna=False, sort=False):
+                    line = line.sort_values(what)
+                    ax.plot(line[what], line[metric], marker="o", label=_label(["impl", *variant], line_key))
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel(what)
+                ax.set_ylabel(metric)
+                ax.set_title(_label(facets, key) if facets else group.name, fontsize=9)
+                ax.grid(True, which="both", alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="best")
+    else:
+        cases = list(ok.groupby(list(group.case), dropna=False, sort=False))
+        impls = list(dict.fromkeys(_label(["impl", *variant], tuple(r)) for r in ok[["impl", *variant]].itertuples(index=False)))
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(cases) * max(1, len(impls)) / 3), 4.5))
+        width = 0.8 / max(1, len(impls))
+        for k, impl in enumerate(impls):
+            xs, ys = [], []
+            for c, (key, case) in enumerate(cases):
+                labels = [_label(["impl", *variant], tuple(r)) for r in case[["impl", *variant]].itertuples(index=False)]
+                if impl in labels:
+                    xs.append(c + k * width)
+                    ys.append(case[what].iloc[labels.index(impl)])
+            ax.bar(xs, ys, width, label=impl)
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
+        ax.set_xticklabels(["\n".join(map(str, key)) for key, _ in cases], fontsize=7)
+        ax.set_ylabel(what)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"{group.name}: {gpu_name()}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def gpu_name() -> str:
+    return torch.cuda.get_device_name() if ON_GPU else "interpreter (no GPU)"
 
 
 def pytest_terminal_summary(terminalreporter, config):

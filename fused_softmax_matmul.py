@@ -40,12 +40,15 @@ def upcast_dot_operands(dtype: torch.dtype) -> bool:
 
 
 def round_to_tf32(dtype: torch.dtype) -> bool:
-    """Round float32 operands to TF32 in the kernel before a "tf32" product (compiled only).
+    """Round the softmax weights to TF32 in the kernel before a "tf32" product (compiled only).
 
     A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
-    error towards zero, and the bias accumulates over d2; cuBLAS rounds to nearest first. Measured
-    on an H100 (4 x 512 x 1024 x 96): truncated, softmax(x) @ V had 2.7 x the error of torch under
-    'high'; rounded, the same. The interpreter multiplies in float32 and needs no rounding.
+    error towards zero. On the weights that bias does not cancel, since the row sum l adds them
+    untruncated: on an H100 (4 x 512 x 1024 x 96) softmax(x) @ V had 2.7 x the error of torch
+    under 'high' (cuBLAS rounds). Rounded weights, summed as rounded, remove it. V is left to
+    the tensor cores: rounding it too would pass every V tile through registers, which cost 4 x
+    the time, and its truncation's bias is about one TF32 unit, within torch's own error.
+    The interpreter multiplies in float32 and needs no rounding.
     """
     return not INTERPRET and dtype == torch.float32 and dot_precision(dtype) == "tf32"
 
@@ -157,14 +160,10 @@ def fused_softmax_kernel(
         if TRANSPOSED:
             x = tl.load(x_ptrs, mask=k_ok[:, None] & row_ok[None, :], other=float("-inf")).to(tl.float32)
             v = tl.load(v_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            if ROUND_TF32:
-                v = _tf32_rounded(v)
             m_new = tl.maximum(m, tl.max(x, axis=0))
         else:
             x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=float("-inf")).to(tl.float32)
             v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
-            if ROUND_TF32:
-                v = _tf32_rounded(v)
             m_new = tl.maximum(m, tl.max(x, axis=1))
         if LAZY_RESCALE:
             # Rescale acc and l only when some row's max grew by more than 8 (a factor e^8 ~ 3e3):
