@@ -384,8 +384,18 @@ def bench(benchmark, request):
             def flush_l2():
                 scratch.zero_()  # pedantic's setup must return None (or args): not the tensor
 
-            benchmark.pedantic(timer.measured(fn), setup=(flush_l2 if scratch is not None else None),
-                               rounds=rounds, warmup_rounds=warmup, iterations=1)
+            # A garbage collection inside a round stalls the launching Python past the spin and
+            # shows up as an outlier of several ms (seen in autograd fwd+bwd cases): collect
+            # first, then keep the collector off while rounds are timed.
+            gc.collect()
+            gc_was_enabled = gc.isenabled()
+            gc.disable()
+            try:
+                benchmark.pedantic(timer.measured(fn), setup=(flush_l2 if scratch is not None else None),
+                                   rounds=rounds, warmup_rounds=warmup, iterations=1)
+            finally:
+                if gc_was_enabled:
+                    gc.enable()
             scratch = None  # free the flush buffer before the next case
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
             reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]

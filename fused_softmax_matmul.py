@@ -45,10 +45,9 @@ def round_to_tf32(dtype: torch.dtype) -> bool:
     A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
     error towards zero. On the weights that bias does not cancel, since the row sum l adds them
     untruncated: on an H100 (4 x 512 x 1024 x 96) softmax(x) @ V had 2.7 x the error of torch
-    under 'high' (cuBLAS rounds). Rounded weights, summed as rounded, remove it. V is left to
-    the tensor cores: rounding it too would pass every V tile through registers, which cost 4 x
-    the time, and its truncation's bias is about one TF32 unit, within torch's own error.
-    The interpreter multiplies in float32 and needs no rounding.
+    under 'high' (cuBLAS rounds). Rounded weights, summed as rounded, remove it. V's truncation
+    bias is about one TF32 unit, within torch's own error; whether V is rounded too is a matter
+    of speed (``_round_v``). The interpreter multiplies in float32 and needs no rounding.
     """
     return not INTERPRET and dtype == torch.float32 and dot_precision(dtype) == "tf32"
 
@@ -123,7 +122,7 @@ def fused_softmax_kernel(
     n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr, TRANSPOSED: tl.constexpr,
-    ROUND_TF32: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ROUND_V: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
@@ -189,6 +188,8 @@ def fused_softmax_kernel(
             p = tl.where(seen[:, None], tl.exp(x - m[:, None]), 0.0).to(v.dtype)
         if ROUND_TF32:
             p = _tf32_rounded(p)
+        if ROUND_V:
+            v = _tf32_rounded(v)
         # The weights are summed as rounded for the product, so they are normalised exactly as used.
         if TRANSPOSED:
             l += tl.sum(p.to(tl.float32), axis=0)
@@ -226,12 +227,14 @@ def check_softmax_matmul_inputs(x, V) -> None:
 # precision, BLOCK_1), from sweeps on an H100 at the spec shape (batch 16, d1 2048, d2 8192, d3
 # 512, BLOCK_1 = BLOCK_2): BLOCK_3 in {128, 256, 512}, warps {4, 8}, stages {2, 3, 4}, lazy on/off,
 # transposed on/off. Transposed (the product as V^T @ P^T, M = BLOCK_3) wins wherever BLOCK_1 is
-# too short for the warpgroup MMA: 3.7x at tf32x3 B = 64 (15.6 -> 4.2 ms). Plain "tf32" loses
-# 3 to 6x transposed (TF32 operands must be K-major, so P^T is relaid out every step).
+# too short for the warpgroup MMA: 3.7x at tf32x3 B = 64 (15.6 -> 4.2 ms). Plain "tf32" on the
+# warpgroup MMA needs V through registers (``_round_v``): so B = 64 transposed runs 3.0 ms; B = 16
+# and 32 stay on the older MMA, reading V from shared memory (3.45 and 2.14 ms; transposed, with V
+# through registers, 5.3 and 3.3 ms).
 _FUSED_LAUNCHES = {
     ("tf32x3", 16): (512, 4, 3, False, False), ("tf32x3", 32): (128, 4, 3, False, True),
     ("tf32x3", 64): (128, 8, 3, False, True),
-    ("tf32", 16): (512, 4, 3, True, False), ("tf32", 32): (512, 4, 2, True, False), ("tf32", 64): (128, 4, 2, False, False),
+    ("tf32", 16): (512, 4, 3, True, False), ("tf32", 32): (512, 4, 2, True, False), ("tf32", 64): (128, 4, 2, True, True),
     ("16bit", 16): (512, 4, 3, False, False), ("16bit", 32): (512, 4, 3, False, True),
     ("16bit", 64): (512, 8, 3, False, True),
 }
@@ -259,6 +262,19 @@ def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None 
             f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
             f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
     return block_3, warps, stages, lazy, transposed
+
+
+def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
+    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
+    as a Hopper warpgroup MMA (M = BLOCK_3 when transposed, else BLOCK_1 >= 64).
+
+    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
+    fed as they are, softmax(x) @ V at the spec shape (d2 8192) took 6.7 ms at B = 64 on an H100.
+    Through registers (where rounding is nearly free) it took 3.0 ms, and its error fell from
+    1.6 x torch's to torch's. The smaller products (BLOCK_1 < 64, the older MMA) read V straight
+    from shared memory: there the detour cost 1.5 x the time (B = 16 and 32).
+    """
+    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
 
 
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16, *,
@@ -290,7 +306,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
         x, V, out, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles_3,
         BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=block_3,
         PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=lazy,
-        ROUND_TF32=round_to_tf32(x.dtype),
+        ROUND_TF32=round_to_tf32(x.dtype), ROUND_V=_round_v(x.dtype, BLOCK_1, transposed),
         TRANSPOSED=transposed, num_warps=warps, num_stages=stages,
     )
     return out

@@ -20,7 +20,7 @@ import torch
 from fused_softmax_matmul import dot_precision, fused_softmax, softmax_mult, upcast_dot_operands
 from online_softmax import INTERPRET, KernelCapacityError
 from support import (
-    DTYPES, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn, relative_error,
+    DTYPES, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
     softmax_matmul_inputs,
 )
 
