@@ -71,7 +71,7 @@ class BenchGroup:
 
 
 METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min",
-           "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak")
+           "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak", "rel_error")
 
 # Failures that say "this configuration does not fit this machine": the row stays empty, the test
 # is skipped with the reason. Anything else is a bug: the row stays empty and the test fails.
@@ -353,16 +353,18 @@ def _free_memory():
 
 @pytest.fixture
 def bench(benchmark, request):
-    """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None)``.
+    """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None, error=None)``.
 
     ``build()`` allocates the inputs and returns the zero-argument callable to time, so an
     allocation failure is recorded like any other. ``bytes_moved`` (the least traffic the
     implementation needs) and ``flops`` turn the time into GB/s, TFLOP/s and shares of the
     measured copy bandwidth and matmul rate (``dtype`` picks the matmul peak to compare with).
+    ``error(out)``, given the untimed first call's result, returns its error against a float64
+    reference, recorded as ``rel_error`` beside the times: speed and accuracy of one run.
     """
     config = request.config
 
-    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None):
+    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None):
         if row.get("impl", group.impls[0]) not in group.impls:
             raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
         benchmark.group = group.name
@@ -373,7 +375,9 @@ def bench(benchmark, request):
         fn = None
         try:
             fn = build()
-            fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
+            first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
+            rel_error = error(first) if error is not None else None
+            first = None
             peak, extra = peak_memory(fn)
             copy_gbps = copy_bandwidth_gbps()
             matmul_peak = matmul_peak_tflops(dtype) if (flops and dtype is not None) else None
@@ -418,6 +422,7 @@ def bench(benchmark, request):
             "forward_peak_MiB": peak, "forward_extra_MiB": extra,
             "gbps": bytes_moved / mean_s / 1e9 if bytes_moved else None,
             "tflops": flops / mean_s / 1e12 if flops else None,
+            "rel_error": rel_error,
         }
         metrics["pct_of_copy"] = 100 * metrics["gbps"] / copy_gbps if metrics["gbps"] else None
         metrics["pct_of_matmul_peak"] = 100 * metrics["tflops"] / matmul_peak if (matmul_peak and metrics["tflops"]) else None
@@ -578,7 +583,8 @@ def pytest_terminal_summary(terminalreporter, config):
     with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
         for name, (group, df) in tables.items():
             tr.write_sep("=", f"benchmark group {name} -> {config.bench_out_dir / group.csv}")
-            shown = [c for c in (*group.columns, "pct_of_copy", "status") if c in df and c not in ("status",)]
+            extra = [c for c in ("pct_of_copy", "rel_error") if c in df and df[c].notna().any()]
+            shown = [c for c in (*group.columns, *extra) if c in df]
             view = df[list(dict.fromkeys([*shown, "status"]))].copy()
             view[f"speedup_vs_{group.impls[0]}"] = speedup(df, group.case, group.impls[0])
             tr.write_line(view.to_string(index=False, float_format=lambda v: f"{v:.4g}"))

@@ -18,7 +18,7 @@ from fused_softmax_matmul import (
     fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
 from online_softmax import naive_softmax, naive_softmax_bytes, online_softmax, online_softmax_tiles, row_softmax, softmax_bytes
-from support import DTYPES, ON_GPU, row_softmax_inputs, softmax_matmul_inputs
+from support import DTYPES, ON_GPU, relative_error, row_softmax_inputs, softmax_matmul_inputs
 
 # torch.compile specialises on each shape; the default recompile limit (8) would silently fall back
 # to eager after a few shapes of one function, so raise it for the grids below.
@@ -64,6 +64,15 @@ SOFTMAX_MATMUL_CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch",
 ]
 
 
+def softmax_matmul_error(inputs: dict):
+    """error(out) for the bench fixture: ||out - ref|| / ||ref|| on the first batch entry, ref
+    computed in float64 from the inputs that ``build`` left in ``inputs``."""
+    def error(out: torch.Tensor) -> float:
+        x, V = inputs["x"][:1], inputs["V"][:1]
+        return relative_error(out[:1], torch.softmax(x.double(), dim=-1) @ V.double())
+    return error
+
+
 def softmax_matmul_impl(impl: str, block: int | None):
     if impl == "torch":
         return softmax_mult
@@ -77,14 +86,16 @@ def test_softmax_matmul(bench, d2, impl, B):
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl == "triton", BLOCK=B, impl=impl, dtype="float32")
 
+    inputs = {}
+
     def build():
-        x, V = softmax_matmul_inputs(batch, d1, d2, d3, torch.float32)
+        x, V = inputs["x"], inputs["V"] = softmax_matmul_inputs(batch, d1, d2, d3, torch.float32)
         fn = softmax_matmul_impl(impl, B)
         return lambda: fn(x, V)
 
     model = fused_softmax_bytes if impl == "triton" else softmax_mult_bytes
     bench(SOFTMAX_MATMUL, row, build, bytes_moved=model(batch, d1, d2, d3, 4),
-          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch.float32)
+          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch.float32, error=softmax_matmul_error(inputs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -128,15 +139,16 @@ def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2,
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, dtype=dtype, precision=precision, impl=impl, BLOCK=block)
     torch_dtype = DTYPES[dtype]
+    inputs = {}
 
     def build():
-        x, V = softmax_matmul_inputs(batch, d1, d2, d3, torch_dtype)
+        x, V = inputs["x"], inputs["V"] = softmax_matmul_inputs(batch, d1, d2, d3, torch_dtype)
         fn = softmax_matmul_impl(impl, block)
         return lambda: fn(x, V)
 
     model = fused_softmax_bytes if impl == "triton" else softmax_mult_bytes
     bench(PRECISION, row, build, bytes_moved=model(batch, d1, d2, d3, torch_dtype.itemsize),
-          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype)
+          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error(inputs))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -184,14 +196,18 @@ def row_softmax_impl(impl: str, block: int | None):
 @pytest.mark.parametrize("M,N,dtype,impl,BLOCK_SIZE", SOFTMAX_CASES)
 def test_softmax(bench, M, N, dtype, impl, BLOCK_SIZE):
     torch_dtype = DTYPES[dtype]
+    inputs = {}
 
     def build():
-        x = row_softmax_inputs(M, N, torch_dtype)
+        x = inputs["x"] = row_softmax_inputs(M, N, torch_dtype)
         fn = row_softmax_impl(impl, BLOCK_SIZE)
         return lambda: fn(x)
+
+    def error(out: torch.Tensor) -> float:  # on the first 64 rows: a float64 copy of all could be 16 GiB
+        return relative_error(out[:64], torch.softmax(inputs["x"][:64].double(), dim=-1))
 
     # The naive version is charged the traffic it really makes, the others the least possible,
     # so each GB/s says how well that implementation uses the memory system.
     size = torch_dtype.itemsize
     moved = naive_softmax_bytes(M, N, size) if impl == "naive" else softmax_bytes(M, N, size)
-    bench(SOFTMAX, dict(M=M, N=N, dtype=dtype, impl=impl, BLOCK_SIZE=BLOCK_SIZE), build, bytes_moved=moved)
+    bench(SOFTMAX, dict(M=M, N=N, dtype=dtype, impl=impl, BLOCK_SIZE=BLOCK_SIZE), build, bytes_moved=moved, error=error)
