@@ -322,8 +322,9 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 # about 4096 flops per byte of a bf16 logit: far past an H100's ridge (~790 TFLOP/s over
 # ~3 TB/s, ~260 flops/byte). So at LM-head sizes the product dominates and every extra pass over
 # the logits costs about 4 bytes / 3 TB/s against 8192 flops / 790 TFLOP/s per logit, ~13 %.
-# At the small float32 sizes (B, C of 10 to 1024) nothing is big: the cost is kernel launches,
-# and one launch instead of PyTorch's two (cuBLAS, then softmax) is the whole of the gain.
+# At the small float32 sizes (B, C of 10 to 1024) nothing is big: the cost is kernel launches
+# and latency. One launch instead of PyTorch's two (cuBLAS, then softmax) is one gain; the other
+# is spreading a long K over more SMs than there are row blocks (``split_k_kernel``).
 #
 # Three Triton versions:
 # * unfused: a Triton matmul writes the logits, ``row_softmax`` reads them and writes the
@@ -368,17 +369,25 @@ def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int
     return (B * K + K * C + B * C) * element_size
 
 
-def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, block_c: int) -> int:
+def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, block_c: int,
+                               split_k: int = 1, block_b: int = 16) -> int:
     """What ``matmul_softmax_fused_tiled`` moves at least with class tiles of ``block_c``.
 
-    One tile: the fused minimum. Several: the unnormalised tiles are written, read and written
-    again (3 passes, as unfused), plus the float32 (max, sum) pair per row and tile, written once
-    and read once.
+    One tile: the fused minimum, plus with K split the float32 partial tiles (split_k of them
+    per row block of block_b rows), written once and read once (at the small sizes where K is
+    split they stay in L2). Several tiles: the unnormalised tiles are written, read and written
+    again (3 passes, as unfused), plus the float32 (max, sum) pair per row and tile, written
+    once and read once.
     """
     n_tiles = triton.cdiv(C, block_c)
     if n_tiles == 1:
-        return matmul_softmax_fused_bytes(B, K, C, element_size)
+        return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, block_b, block_c, split_k)
     return matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
+
+
+def split_k_bytes(B: int, block_b: int, block_c: int, split_k: int) -> int:
+    """The float32 partial tiles of ``split_k_kernel``, written once and read once (0 unsplit)."""
+    return 2 * split_k * triton.cdiv(B, block_b) * block_b * block_c * 4 if split_k > 1 else 0
 
 
 def matmul_softmax_flops(B: int, K: int, C: int) -> int:
@@ -393,6 +402,8 @@ class MatmulLaunch:
     block_b rows by block_c classes per program, block_k of the K dimension per step (powers of
     two, at least 16: ``tl.dot``'s least); programs run in groups of group_b row blocks that walk
     the class tiles together, so their x rows and W columns are read from L2 (see ``tile_coords``).
+    split_k > 1 (only when C fits one class tile) cuts K into that many slices, one program each,
+    for shapes with too few row blocks to fill the GPU (see ``split_k_kernel``).
     """
 
     block_b: int
@@ -401,7 +412,16 @@ class MatmulLaunch:
     group_b: int = 8
     num_warps: int = 4
     num_stages: int = 3
+    split_k: int = 1
 
+
+# ``tiled_launch`` splits K when C fits one class tile and K is at least SPLIT_K_LEAST_STEPS
+# steps of block_k, into slices of at least SPLIT_K_SLICE_STEPS steps, with row blocks of at
+# least SPLIT_K_ROWS. From a sweep on an H100 (float32, row blocks 16/32/64 x 1 to 32 slices):
+# about one program per SM was fastest; 64 x 128 x 10 (4 K steps) ran fastest unsplit.
+SPLIT_K_LEAST_STEPS = 16
+SPLIT_K_SLICE_STEPS = 2
+SPLIT_K_ROWS = 32
 
 # The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
 # 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
@@ -426,8 +446,10 @@ def check_launch(launch) -> None:
     check_block("launch.block_k", launch.block_k, 16, 256)
     check_block("launch.group_b", launch.group_b, 1, 64)
     check_block("launch.num_warps", launch.num_warps, 1, 16)
-    if isinstance(launch.num_stages, bool) or not isinstance(launch.num_stages, int) or not 1 <= launch.num_stages <= 8:
-        raise ValueError(f"launch.num_stages must be an int from 1 to 8, got {launch.num_stages!r}")
+    for name, most in (("num_stages", 8), ("split_k", 256)):
+        value = getattr(launch, name)
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
+            raise ValueError(f"launch.{name} must be an int from 1 to {most}, got {value!r}")
 
 
 def _sm_count(device: torch.device) -> int | None:
@@ -437,17 +459,18 @@ def _sm_count(device: torch.device) -> int | None:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None) -> int:
-    """Halve the row block (down to tl.dot's 16) until there is about one program per SM.
+def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int = 16) -> int:
+    """Halve the row block (down to ``least``, at least tl.dot's 16) until there is about one
+    program per SM.
 
     At B = 1024, C = 100 a 64-row block gives 16 programs: 16 of 132 SMs do all the flops.
     """
-    while sms is not None and block_b > 16 and triton.cdiv(B, block_b) * n_tiles_c < sms:
+    while sms is not None and block_b > least and triton.cdiv(B, block_b) * n_tiles_c < sms:
         block_b //= 2
     return block_b
 
 
-def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> MatmulLaunch:
+def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
     """H100 choices for the Triton matmul and the tiled fused kernel (starting points to tune).
 
     16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
@@ -455,7 +478,7 @@ def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> Ma
     softmax epilogue. Float32: 64 x 128 x 32, 4 warps: tf32x3 splits each operand into two TF32
     halves in registers, so the tile is smaller to keep the register budget; 3 stages of
     (64 + 128) x 32 x 4 B = 72 KiB. A class tile narrower than the default is used when C is smaller, so
-    small C runs as one tile and one launch.
+    small C runs as one tile and one launch. Given K, a long K may be cut into slices (split_k).
     """
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 64, 128, 32, 4, 3
@@ -465,18 +488,27 @@ def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> Ma
         # 128 x 128 x 64, 3-stage start by 20 to 27 %, the best of ten launches tried.
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, triton.next_power_of_2(C)))
-    block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, _sm_count(device))
+    sms = _sm_count(device)
+    # One class tile and a long K: K slices fill the SMs better than thinner row blocks (at
+    # 1024 x 1024 x 100 on an H100, 32 rows x 4 slices: 18 us; 16 rows, unsplit: 33 us).
+    use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
+    block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
-    return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages)
+    split = 1
+    if use_split:
+        # About one program per SM, each slice at least SPLIT_K_SLICE_STEPS steps of block_k.
+        split = max(1, min(sms // triton.cdiv(B, block_b), K // (SPLIT_K_SLICE_STEPS * block_k)))
+    return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 
-def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device) -> MatmulLaunch:
+def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
     """H100 choices for the simple fused kernel: all C (padded to a power of two) in one tile.
 
     Rows: as many as keep the accumulator within 64 KiB (<= 64 registers a thread over 8 warps),
     at most 64, then fewer while that leaves SMs idle. block_k: what keeps one stage of operands
-    near 32 KiB, so 3 stages fit shared memory even at 1024 classes.
+    near 32 KiB, so 3 stages fit shared memory even at 1024 classes. K is not used: the simple
+    kernel does not split K.
     """
     block_c = max(16, triton.next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
@@ -508,20 +540,21 @@ def tile_coords(pid, n_tiles_b, n_tiles_c, GROUP_B: tl.constexpr):
 
 @triton.jit
 def logits_tile(
-    x_ptr, w_ptr, rows, cols, B, K, C,
+    x_ptr, w_ptr, rows, cols, B, C, k_start, k_end,
     stride_xb, stride_xk, stride_wk, stride_wc,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """x[rows] @ W[:, cols] as a float32 (BLOCK_B, BLOCK_C) tile; rows/cols past B/C give 0."""
-    ks = tl.arange(0, BLOCK_K)
+    """x[rows, k_start:k_end] @ W[k_start:k_end, cols] as a float32 (BLOCK_B, BLOCK_C) tile;
+    rows/cols past B/C give 0."""
+    ks = k_start + tl.arange(0, BLOCK_K)
     row_ok = rows < B
     col_ok = cols < C
     x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xb + ks[None, :] * stride_xk
     w_ptrs = w_ptr + ks[:, None] * stride_wk + cols[None, :].to(tl.int64) * stride_wc
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
-    for start in range(0, K, BLOCK_K):
-        k_ok = (start + ks) < K
+    for step in range(0, k_end - k_start, BLOCK_K):
+        k_ok = (step + ks) < k_end
         x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         if UPCAST:
@@ -545,10 +578,23 @@ def matmul_kernel(
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
                       BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=False)
+
+
+@triton.jit
+def store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX: tl.constexpr):
+    """Store a float32 tile of logits in out's dtype; with SOFTMAX (cols then hold every class)
+    their softmax over the classes instead."""
+    col_ok = cols < C
+    if SOFTMAX:
+        # Padding classes must weigh nothing: -inf, not the 0 the masked product left there.
+        logits = tl.where(col_ok[None, :], acc, float("-inf"))
+        p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
+        acc = p / tl.sum(p, axis=1)[:, None]
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
-    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < B)[:, None] & (cols < C)[None, :])
+    tl.store(o_ptrs, acc.to(out_ptr.dtype.element_ty), mask=(rows < B)[:, None] & col_ok[None, :])
 
 
 @triton.jit
@@ -561,15 +607,43 @@ def matmul_softmax_simple_kernel(
     """softmax(x @ W) for BLOCK_B rows; BLOCK_C >= C, so each row's logits are all in registers."""
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_C)
-    col_ok = cols < C
-    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
                       BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
-    # Padding classes must weigh nothing: -inf, not the 0 the masked product left there.
-    logits = tl.where(col_ok[None, :], acc, float("-inf"))
-    p = tl.exp(logits - tl.max(logits, axis=1)[:, None])
-    probs = p / tl.sum(p, axis=1)[:, None]
-    o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
-    tl.store(o_ptrs, probs.to(out_ptr.dtype.element_ty), mask=(rows < B)[:, None] & col_ok[None, :])
+    store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=True)
+
+
+@triton.jit
+def split_k_kernel(
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, B, K, C,
+    stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
+    n_splits, k_slice,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr,
+):
+    """One K slice of a row block's logits, all C classes in one tile (BLOCK_C >= C).
+
+    Each program writes its float32 partial tile to part (n_splits, row blocks x BLOCK_B,
+    BLOCK_C) and bumps its row block's count; the program that brings the count to n_splits
+    adds the partials in slice order, so the sum is the same whichever slice finishes last,
+    and stores the logits, or with SOFTMAX their softmax. The count's atomic is acquire-release:
+    a slice's partial is in memory before its count, and the last program reads all of them after.
+    """
+    tile_b = tl.program_id(0) // n_splits
+    part = tl.program_id(0) % n_splits
+    rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tl.arange(0, BLOCK_C)
+    k_start = part * k_slice
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, k_start, tl.minimum(k_start + k_slice, K),
+                      stride_xb, stride_xk, stride_wk, stride_wc, BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    tile_offsets = rows[:, None].to(tl.int64) * BLOCK_C + cols[None, :]
+    slice_size = (tl.num_programs(0) // n_splits).to(tl.int64) * (BLOCK_B * BLOCK_C)
+    tl.store(part_ptr + part * slice_size + tile_offsets, acc)
+    if tl.atomic_add(count_ptr + tile_b, 1) == n_splits - 1:
+        total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
+        for other in range(0, n_splits):
+            # .cg: from L2, where the other programs' stores are, never a stale L1 line.
+            total += tl.load(part_ptr + other * slice_size + tile_offsets, cache_modifier=".cg")
+        store_tile(total, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
 
 
 @triton.jit
@@ -590,7 +664,7 @@ def matmul_softmax_tile_kernel(
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok = rows < B
     col_ok = cols < C
-    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, K, C, stride_xb, stride_xk, stride_wk, stride_wc,
+    acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
                       BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     logits = tl.where(col_ok[None, :], acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
@@ -670,7 +744,25 @@ def _prepare(x, W, launch, choose) -> tuple[torch.Tensor, MatmulLaunch | None]:
     out = torch.empty((B, C), dtype=x.dtype, device=x.device)
     if out.numel() == 0:
         return out, None
-    return out, launch or choose(B, C, x.dtype, x.device)
+    launch = launch or choose(B, C, x.dtype, x.device, K=x.shape[1])
+    if launch.split_k > 1 and C > launch.block_c:
+        raise ValueError(f"launch.split_k = {launch.split_k} needs all C = {C} classes in one tile, "
+                         f"got launch.block_c = {launch.block_c}")
+    return out, launch
+
+
+def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool) -> None:
+    """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
+    partials of split x B x block_c (rows padded to the row block), a zeroed count per row block."""
+    B, K = x.shape
+    n_tiles_b = triton.cdiv(B, launch.block_b)
+    k_slice = max(launch.block_k, triton.cdiv(triton.cdiv(K, launch.split_k), launch.block_k) * launch.block_k)
+    n_splits = max(1, triton.cdiv(K, k_slice))
+    parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
+    counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
+    split_k_kernel[(n_tiles_b * n_splits,)](x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
+                                            **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype),
+                                            SOFTMAX=softmax)
 
 
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
@@ -680,6 +772,9 @@ def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None)
     """
     out, launch = _prepare(x, W, launch, tiled_launch)
     if launch is None:
+        return out
+    if launch.split_k > 1:
+        _launch_split_k(x, W, out, launch, softmax=False)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
     matmul_kernel[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
@@ -706,6 +801,8 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
                                   f"(at most {SIMPLE_MAX_CLASSES}); use matmul_softmax_fused_tiled")
     if launch is not None and isinstance(launch, MatmulLaunch) and launch.block_c < C:
         raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
+    if launch is not None and isinstance(launch, MatmulLaunch) and launch.split_k != 1:
+        raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
     out, launch = _prepare(x, W, launch, simple_launch)
     if launch is None:
         return out
@@ -719,7 +816,8 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     """softmax(x @ W) for any C, with no (B, C) buffer but the output.
 
     x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile (C <= launch.block_c): one kernel
-    that normalises in registers. Several: unnormalised tiles plus a (2, B, tiles) float32 table
+    that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
+    block does. Several: unnormalised tiles plus a (2, B, tiles) float32 table
     of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
     """
     out, launch = _prepare(x, W, launch, tiled_launch)
@@ -727,6 +825,9 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
         return out
     B, C = out.shape
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    if launch.split_k > 1:
+        _launch_split_k(x, W, out, launch, softmax=True)
+        return out
     if n_tiles_c == 1:
         matmul_softmax_simple_kernel[(n_tiles_b,)](x, W, out, *_matmul_args(x, W, out),
                                                     **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
@@ -753,14 +854,16 @@ MATMUL_SOFTMAX_IMPLS = {
 def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
     """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
     extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
-    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the class tile its
-    wrapper picks."""
+    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
+    wrapper picks. Where the wrapper splits K, the Triton versions also move their partials."""
     elt = _element_size(dtype)
     if impl == "triton_fused_simple":
         return matmul_softmax_fused_bytes(B, K, C, elt)
+    launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
     if impl == "triton_fused_tiled":
-        return matmul_softmax_tiled_bytes(B, K, C, elt, tiled_launch(B, C, dtype, torch.device(device)).block_c)
-    return matmul_softmax_unfused_bytes(B, K, C, elt)
+        return matmul_softmax_tiled_bytes(B, K, C, elt, launch.block_c, launch.split_k, launch.block_b)
+    partials = split_k_bytes(B, launch.block_b, launch.block_c, launch.split_k) if impl == "triton_unfused" else 0
+    return matmul_softmax_unfused_bytes(B, K, C, elt) + partials
 
 
 # ==============================================================================================

@@ -21,18 +21,19 @@ from support import DEVICE, DTYPES, UNIT_ROUNDOFF, assert_close, matmul_softmax_
 TRITON_IMPLS = {name: fn for name, fn in MATMUL_SOFTMAX_IMPLS.items() if name.startswith("triton_")}
 
 
-def launch_for(impl: str, C: int, tiles: tuple[int, int, int] | None) -> MatmulLaunch | None:
-    """A (block_b, block_c, block_k) override as each version takes it; None: the wrapper's choice.
+def launch_for(impl: str, C: int, tiles: tuple[int, ...] | None) -> MatmulLaunch | None:
+    """A (block_b, block_c, block_k[, split_k]) override as each version takes it; None: the
+    wrapper's choice.
 
-    The simple kernel holds all C classes in one tile, so it keeps the rows and K step of the
-    override but widens the class tile to cover C.
+    The simple kernel holds all C classes in one tile and never splits K, so it keeps the rows
+    and K step of the override but widens the class tile to cover C.
     """
     if tiles is None:
         return None
-    block_b, block_c, block_k = tiles
+    block_b, block_c, block_k, split_k = (*tiles, 1)[:4]
     if impl == "triton_fused_simple":
-        block_c = max(block_c, triton.next_power_of_2(C))
-    return MatmulLaunch(block_b, block_c, block_k)
+        block_c, split_k = max(block_c, triton.next_power_of_2(C)), 1
+    return MatmulLaunch(block_b, block_c, block_k, split_k=split_k)
 
 
 # B, K, C, tiles (block_b, block_c, block_k) or None, layout, logit scale: the code path each exercises.
@@ -63,6 +64,13 @@ CASES = {
     # Strided x (row stride 2K, column stride 2) and transposed W (strides 1, K) read in place.
     "x strided": (24, 40, 70, (16, 32, 16), "x_strided", 1.0),
     "W transposed": (24, 40, 70, (16, 32, 16), "W_transposed", 1.0),
+    # K split in 3 slices of 48 (the last holds 4) over 3 row blocks (the last holds 8 rows):
+    # split_k_kernel, in matmul (unfused) and in the tiled wrapper.
+    "split K": (40, 100, 50, (16, 64, 16, 3), "contiguous", 1.0),
+    # 8 slices asked of 3 K steps: 3 slices of one step each; C = 20 in a 32-wide tile.
+    "split K past its steps": (17, 37, 20, (16, 32, 16, 8), "contiguous", 1.0),
+    # Split K with logits of size ~1000: the partial sums are added before the maximum is taken.
+    "split K, extreme logits": (20, 64, 30, (16, 32, 16, 4), "contiguous", 1000.0),
     # Logits of size ~1000 (in fp16 range): exp overflows unless the maximum is subtracted, and
     # far tiles' factors exp(tile max - row max) underflow to 0.
     "extreme logits": (20, 32, 100, (16, 32, 16), "contiguous", 1000.0),
@@ -138,6 +146,7 @@ BAD_INPUTS = {
     "block_b not a power of two": (lambda: (*_good(), MatmulLaunch(24, 16, 16)), ValueError, "launch.block_b"),
     "block_k below tl.dot's 16": (lambda: (*_good(), MatmulLaunch(16, 16, 8)), ValueError, "launch.block_k"),
     "num_stages zero": (lambda: (*_good(), MatmulLaunch(16, 16, 16, num_stages=0)), ValueError, "launch.num_stages"),
+    "split_k zero": (lambda: (*_good(), MatmulLaunch(16, 16, 16, split_k=0)), ValueError, "launch.split_k"),
 }
 
 
@@ -148,6 +157,38 @@ def test_bad_input(case, impl):
     x, W, launch = build()
     with pytest.raises(error, match=text):
         TRITON_IMPLS[impl](x, W, launch)
+
+
+@pytest.mark.parametrize("impl", ["triton_unfused", "triton_fused_tiled"])
+def test_split_k_needs_one_class_tile(impl):
+    x, W = _good(C=40)
+    with pytest.raises(ValueError, match="launch.split_k = 2 needs all C = 40 classes in one tile"):
+        TRITON_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, split_k=2))
+
+
+def test_simple_refuses_split_k():
+    x, W = _good(C=40)
+    with pytest.raises(ValueError, match="launch.split_k must be 1 in the simple kernel"):
+        matmul_softmax_fused_simple(x, W, MatmulLaunch(16, 64, 16, split_k=2))
+
+
+# B, K, C, dtype -> (block_b, split_k) the tiled wrapper picks on a 132-SM H100.
+SPLIT_CHOICES = {
+    (64, 128, 10, "float32"): (16, 1),  # 4 K steps: too short to split
+    (256, 512, 50, "float32"): (32, 8),  # 8 row blocks x 8 slices of 2 steps
+    (1024, 1024, 100, "float32"): (32, 4),  # 32 row blocks x 4 slices
+    (4096, 4096, 32768, "bfloat16"): (128, 1),  # many class tiles: never split
+}
+
+
+@pytest.mark.parametrize("B,K,C,dtype", SPLIT_CHOICES)
+def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, dtype):
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
+    assert (launch.block_b, launch.split_k) == SPLIT_CHOICES[B, K, C, dtype]
+    check_launch(launch)
 
 
 def test_simple_refuses_narrow_class_tile():
@@ -165,7 +206,7 @@ BENCH_SIZES = [
 
 @pytest.mark.parametrize("B,K,C,dtype", BENCH_SIZES)
 def test_default_launches_are_valid(B, K, C, dtype):
-    check_launch(tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE)))
+    check_launch(tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K))
     if C <= SIMPLE_MAX_CLASSES:
         launch = simple_launch(B, C, DTYPES[dtype], torch.device(DEVICE))
         check_launch(launch)
