@@ -638,6 +638,9 @@ def split_k_kernel(
     tile_offsets = rows[:, None].to(tl.int64) * BLOCK_C + cols[None, :]
     slice_size = (tl.num_programs(0) // n_splits).to(tl.int64) * (BLOCK_B * BLOCK_C)
     tl.store(part_ptr + part * slice_size + tile_offsets, acc)
+    # One thread bumps the count; the barrier first has every thread's stores of the partial
+    # done, so the count's release covers them all (CUTLASS's semaphore does the same).
+    tl.debug_barrier()
     if tl.atomic_add(count_ptr + tile_b, 1) == n_splits - 1:
         total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
         for other in range(0, n_splits):
