@@ -369,25 +369,34 @@ def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int
     return (B * K + K * C + B * C) * element_size
 
 
-def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, block_c: int,
-                               split_k: int = 1, block_b: int = 16) -> int:
-    """What ``matmul_softmax_fused_tiled`` moves at least with class tiles of ``block_c``.
+def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch: MatmulLaunch) -> int:
+    """What ``matmul_softmax_fused_tiled`` moves at least with ``launch``'s tiles.
 
-    One tile: the fused minimum, plus with K split the float32 partial tiles (split_k of them
-    per row block of block_b rows), written once and read once (at the small sizes where K is
-    split they stay in L2). Several tiles: the unnormalised tiles are written, read and written
-    again (3 passes, as unfused), plus the float32 (max, sum) pair per row and tile, written
-    once and read once.
+    One class tile: the fused minimum, plus with K split the partials (``split_k_bytes``).
+    Several: the unnormalised tiles are written, read and written again (3 passes, as unfused),
+    plus the float32 (max, sum) pair per row and tile, written once and read once.
     """
-    n_tiles = triton.cdiv(C, block_c)
+    n_tiles = triton.cdiv(C, launch.block_c)
     if n_tiles == 1:
-        return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, block_b, block_c, split_k)
+        return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
     return matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
 
 
-def split_k_bytes(B: int, block_b: int, block_c: int, split_k: int) -> int:
-    """The float32 partial tiles of ``split_k_kernel``, written once and read once (0 unsplit)."""
-    return 2 * split_k * triton.cdiv(B, block_b) * block_b * block_c * 4 if split_k > 1 else 0
+def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
+    """(slice length, number of slices) for K cut into at most split_k slices of whole block_k
+    steps; fewer slices where K is short, at least one."""
+    k_slice = max(block_k, triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k)
+    return k_slice, max(1, triton.cdiv(K, k_slice))
+
+
+def split_k_bytes(B: int, K: int, launch: MatmulLaunch) -> int:
+    """The float32 partial tiles of ``split_k_kernel`` (one per slice and row block, rows padded
+    to the block), written once and read once; 0 unsplit. At the small sizes where the wrappers
+    split K they stay in L2."""
+    if launch.split_k == 1:
+        return 0
+    n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
+    return 2 * n_splits * triton.cdiv(B, launch.block_b) * launch.block_b * launch.block_c * 4
 
 
 def matmul_softmax_flops(B: int, K: int, C: int) -> int:
@@ -759,8 +768,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     partials of split x B x block_c (rows padded to the row block), a zeroed count per row block."""
     B, K = x.shape
     n_tiles_b = triton.cdiv(B, launch.block_b)
-    k_slice = max(launch.block_k, triton.cdiv(triton.cdiv(K, launch.split_k), launch.block_k) * launch.block_k)
-    n_splits = max(1, triton.cdiv(K, k_slice))
+    k_slice, n_splits = split_k_slices(K, launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
     counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     split_k_kernel[(n_tiles_b * n_splits,)](x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
@@ -802,10 +810,11 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
     if C > SIMPLE_MAX_CLASSES:
         raise KernelCapacityError(f"C = {C} classes is more than matmul_softmax_fused_simple keeps on chip "
                                   f"(at most {SIMPLE_MAX_CLASSES}); use matmul_softmax_fused_tiled")
-    if launch is not None and isinstance(launch, MatmulLaunch) and launch.block_c < C:
-        raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
-    if launch is not None and isinstance(launch, MatmulLaunch) and launch.split_k != 1:
-        raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
+    if isinstance(launch, MatmulLaunch):
+        if launch.block_c < C:
+            raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
+        if launch.split_k != 1:
+            raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
     out, launch = _prepare(x, W, launch, simple_launch)
     if launch is None:
         return out
@@ -826,11 +835,11 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     out, launch = _prepare(x, W, launch, tiled_launch)
     if launch is None:
         return out
-    B, C = out.shape
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=True)
         return out
+    B, C = out.shape
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if n_tiles_c == 1:
         matmul_softmax_simple_kernel[(n_tiles_b,)](x, W, out, *_matmul_args(x, W, out),
                                                     **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
@@ -864,8 +873,8 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
         return matmul_softmax_fused_bytes(B, K, C, elt)
     launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
     if impl == "triton_fused_tiled":
-        return matmul_softmax_tiled_bytes(B, K, C, elt, launch.block_c, launch.split_k, launch.block_b)
-    partials = split_k_bytes(B, launch.block_b, launch.block_c, launch.split_k) if impl == "triton_unfused" else 0
+        return matmul_softmax_tiled_bytes(B, K, C, elt, launch)
+    partials = split_k_bytes(B, K, launch) if impl == "triton_unfused" else 0
     return matmul_softmax_unfused_bytes(B, K, C, elt) + partials
 
 
