@@ -242,3 +242,11 @@ def test_no_spin_means_no_retries():
     scripted = ScriptedTimer([(0.002, 50.0)], spin_ms=0.0)  # the CPU timer: nothing to stall against
     scripted.timer.measured(lambda: None)()
     assert scripted.timer() == pytest.approx(0.002) and scripted.timer.stalled_rounds == 0
+
+
+def test_a_capped_spin_keeps_host_bound_rounds():
+    from conftest import SPIN_CAP_MS
+
+    scripted = ScriptedTimer([(0.06, 70.0)], spin_ms=SPIN_CAP_MS)  # Python enqueues for longer than any spin
+    scripted.timer.measured(lambda: None)()
+    assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0
