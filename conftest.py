@@ -72,6 +72,10 @@ class BenchGroup:
 
 METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min",
            "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak", "rel_error")
+# Every key the harness writes into a benchmark's extra_info beside the row's own keys. A row key
+# of one of these names would be overwritten in the JSON (a "mode" key once lost the attention
+# rows' fwd / fwd_bwd there), so the bench fixture refuses it.
+HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "bytes_moved", "flops", "l2_flush", "execution"}
 
 # Failures that say "this configuration does not fit this machine": the row stays empty, the test
 # is skipped with the reason. Anything else is a bug: the row stays empty and the test fails.
@@ -274,8 +278,10 @@ class EventTimer:
     spin (the host stalled: the OS, another thread) may have left the GPU idle inside the events;
     it is thrown away and run again, after ``before_retry`` (the L2 flush), at most
     ``MAX_RETRIES`` times, and counted in ``stalled_rounds``. A function whose enqueueing needs
-    more than the longest spin (SPIN_CAP_MS; a Python loop of small kernels) is host bound by
-    nature: its rounds are kept as they come.
+    more than the longest spin (SPIN_CAP_MS), or outlasts the spin on every try of one round, is
+    host bound by nature (a Python loop of many small kernels: once CUDA's launch queue is full,
+    each launch waits for the GPU, so the queueing time is the GPU's time): from then on its
+    rounds are kept as they come (``host_bound``).
     """
 
     MAX_RETRIES = 3
@@ -287,6 +293,7 @@ class EventTimer:
         self.spin_ms = spin_ms
         self.before_retry = before_retry
         self.stalled_rounds = 0
+        self.host_bound = spin_ms >= SPIN_CAP_MS
         if ON_GPU:
             self.start = torch.cuda.Event(enable_timing=True)
             self.end = torch.cuda.Event(enable_timing=True)
@@ -317,8 +324,10 @@ class EventTimer:
         def run():
             for attempt in range(self.MAX_RETRIES + 1):
                 seconds, enqueue_ms, result = self.timed_call(fn)
-                if not self.spin_ms or self.spin_ms >= SPIN_CAP_MS or enqueue_ms < self.spin_ms \
-                        or attempt == self.MAX_RETRIES:
+                if not self.spin_ms or self.host_bound or enqueue_ms < self.spin_ms:
+                    break
+                if attempt == self.MAX_RETRIES:
+                    self.host_bound = True
                     break
                 self.stalled_rounds += 1
                 result = None
@@ -401,6 +410,8 @@ def bench(benchmark, request):
     def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None):
         if row.get("impl", group.impls[0]) not in group.impls:
             raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
+        if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
+            raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
         record = {"group": group.name, "test": request.node.nodeid, "row": dict(row), "status": "ok", "reason": ""}
         warmup = _option_or(config, "bench_warmup", group.warmup if ON_GPU else 1)  # --bench-warmup 0 is honoured
@@ -459,15 +470,17 @@ def bench(benchmark, request):
             "forward_peak_MiB": peak, "forward_extra_MiB": extra,
             "gbps": bytes_moved / mean_s / 1e9 if bytes_moved else None,
             "tflops": flops / mean_s / 1e12 if flops else None,
-            "rel_error": rel_error, "stalled_rounds": timer.stalled_rounds,
+            "rel_error": rel_error,
+            "stalled_rounds": timer.stalled_rounds, "host_bound": timer.host_bound,
         }
         metrics["pct_of_copy"] = 100 * metrics["gbps"] / copy_gbps if metrics["gbps"] else None
         metrics["pct_of_matmul_peak"] = 100 * metrics["tflops"] / matmul_peak if (matmul_peak and metrics["tflops"]) else None
         record["metrics"] = metrics
         record["l2_flush"] = bool(flush and ON_GPU)
-        benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **metrics}.items()})
-        benchmark.extra_info.update(bytes_moved=bytes_moved, flops=flops, l2_flush=record["l2_flush"],
-                                    mode="compiled" if ON_GPU else "interpreter")
+        run_info = dict(bytes_moved=bytes_moved, flops=flops, l2_flush=record["l2_flush"],
+                        execution="compiled" if ON_GPU else "interpreter")
+        assert set(metrics) | set(run_info) <= HARNESS_KEYS
+        benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **metrics, **run_info}.items()})
         config.bench_records.append(record)
         fn = None
         _free_memory()

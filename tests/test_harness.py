@@ -118,9 +118,9 @@ def test_softmax_matmul_json(softmax_matmul_run):
                  for r in read_csv(tmp / "out" / "softmax_matmul_benchmark.csv")[1]}
     for b in benchmarks:
         extra = b["extra_info"]
-        for key in ("batch_size", "d1", "d2", "d3", "impl", "BLOCK", "forward_ms_mean", "bytes_moved", "flops", "mode"):
+        for key in ("batch_size", "d1", "d2", "d3", "impl", "BLOCK", "forward_ms_mean", "bytes_moved", "flops", "execution"):
             assert key in extra, f"{b['name']}: extra_info lacks {key}: {extra}"
-        assert extra["mode"] == "interpreter"
+        assert extra["execution"] == "interpreter"
         # The CSV, the extra_info and pytest-benchmark's own statistics are one measurement.
         assert extra["forward_ms_mean"] == pytest.approx(b["stats"]["mean"] * 1e3, rel=1e-9)
         key = (extra["d2"], "" if extra["BLOCK"] is None else str(extra["BLOCK"]))
@@ -134,7 +134,7 @@ PROBE_MODULE = '''
 import pytest, torch, triton, triton.language as tl
 from conftest import BenchGroup
 
-PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",), impls=("fits", "too_big", "broken"),
+PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",), impls=("fits", "too_big", "broken", "clash"),
                    columns=("n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"))
 
 
@@ -152,7 +152,10 @@ def test_probe(bench, n, impl, BLOCK):
         x = torch.empty(64)
         return lambda: fill_kernel[(1,)](x, BLOCK=BLOCK)
 
-    bench(PROBE, dict(n=n, impl=impl, BLOCK=BLOCK), build)
+    row = dict(n=n, impl=impl, BLOCK=BLOCK)
+    if impl == "clash":
+        row["execution"] = "a row key the harness writes itself"
+    bench(PROBE, row, build)
 '''
 
 
@@ -204,6 +207,13 @@ def test_other_errors_fail_the_run_and_keep_the_row(tmp_path):
                for line in proc.output.splitlines()), proc.output[-4000:]
 
 
+def test_a_row_key_the_harness_owns_is_refused(tmp_path):
+    proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "clash", 16)])
+    assert proc.returncode == 1 and "1 failed, 1 passed" in proc.output, proc.output[-4000:]
+    assert "row keys ['execution'] of group probe are the harness's own" in proc.output
+    assert [r["impl"] for r in rows] == ["fits"]
+
+
 class ScriptedTimer:
     """EventTimer's retry logic with scripted rounds: (seconds, ms spent enqueueing) per call."""
 
@@ -231,10 +241,14 @@ def test_a_round_the_host_stalled_is_run_again():
 def test_a_host_that_always_stalls_still_gives_a_number():
     from conftest import EventTimer
 
-    rounds = [(0.001 * (i + 1), 5.0) for i in range(EventTimer.MAX_RETRIES + 1)]
+    rounds = [(0.001 * (i + 1), 5.0) for i in range(EventTimer.MAX_RETRIES + 1)] + [(0.01, 5.0)]
     scripted = ScriptedTimer(rounds, spin_ms=1.0)
-    scripted.timer.measured(lambda: None)()
+    run = scripted.timer.measured(lambda: None)
+    run()
     assert scripted.timer() == pytest.approx(0.001 * (EventTimer.MAX_RETRIES + 1)), "the last try is kept"
+    assert scripted.timer.stalled_rounds == EventTimer.MAX_RETRIES and scripted.timer.host_bound
+    run()  # host bound from now on: the next slow round is kept at once
+    assert scripted.timer() == pytest.approx(0.001 * (EventTimer.MAX_RETRIES + 1) + 0.01)
     assert scripted.timer.stalled_rounds == EventTimer.MAX_RETRIES
 
 
@@ -249,4 +263,4 @@ def test_a_capped_spin_keeps_host_bound_rounds():
 
     scripted = ScriptedTimer([(0.06, 70.0)], spin_ms=SPIN_CAP_MS)  # Python enqueues for longer than any spin
     scripted.timer.measured(lambda: None)()
-    assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0
+    assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0 and scripted.timer.host_bound
