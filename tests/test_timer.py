@@ -1,0 +1,57 @@
+"""The timer's retry rule for rounds the host stalled, with scripted rounds (no GPU, no interpreter needed)."""
+
+from __future__ import annotations
+
+import pytest
+
+
+class ScriptedTimer:
+    """EventTimer's retry logic with scripted rounds: (seconds, ms spent enqueueing) per call."""
+
+    def __init__(self, rounds, spin_ms):
+        from conftest import EventTimer
+
+        class Timer(EventTimer):
+            def timed_call(inner, fn):  # noqa: N805 - the scripted round replaces the device's
+                seconds, enqueue_ms = rounds.pop(0)
+                return seconds, enqueue_ms, fn()
+
+        self.retries = []
+        self.timer = Timer("probe", spin_cycles=1, spin_ms=spin_ms, before_retry=lambda: self.retries.append(1))
+
+
+def test_a_round_the_host_stalled_is_run_again():
+    # Enqueueing 0.9 ms under a 1 ms spin is clean; 2.5 ms means the GPU may have waited inside the events.
+    scripted = ScriptedTimer([(0.001, 0.9), (0.004, 2.5), (0.001, 0.8)], spin_ms=1.0)
+    run = scripted.timer.measured(lambda: "out")
+    assert run() == "out" and scripted.timer() == pytest.approx(0.001)
+    assert run() == "out" and scripted.timer() == pytest.approx(0.002), "the stalled round's 4 ms is not counted"
+    assert scripted.timer.stalled_rounds == 1 and scripted.retries == [1], "the L2 flush runs again before the retry"
+
+
+def test_a_host_that_always_stalls_still_gives_a_number():
+    from conftest import EventTimer
+
+    rounds = [(0.001 * (i + 1), 5.0) for i in range(EventTimer.MAX_RETRIES + 1)] + [(0.01, 5.0)]
+    scripted = ScriptedTimer(rounds, spin_ms=1.0)
+    run = scripted.timer.measured(lambda: None)
+    run()
+    assert scripted.timer() == pytest.approx(0.001 * (EventTimer.MAX_RETRIES + 1)), "the last try is kept"
+    assert scripted.timer.stalled_rounds == EventTimer.MAX_RETRIES and scripted.timer.host_bound
+    run()  # host bound from now on: the next slow round is kept at once
+    assert scripted.timer() == pytest.approx(0.001 * (EventTimer.MAX_RETRIES + 1) + 0.01)
+    assert scripted.timer.stalled_rounds == EventTimer.MAX_RETRIES
+
+
+def test_no_spin_means_no_retries():
+    scripted = ScriptedTimer([(0.002, 50.0)], spin_ms=0.0)  # the CPU timer: nothing to stall against
+    scripted.timer.measured(lambda: None)()
+    assert scripted.timer() == pytest.approx(0.002) and scripted.timer.stalled_rounds == 0
+
+
+def test_a_capped_spin_keeps_host_bound_rounds():
+    from conftest import SPIN_CAP_MS
+
+    scripted = ScriptedTimer([(0.06, 70.0)], spin_ms=SPIN_CAP_MS)  # Python enqueues for longer than any spin
+    scripted.timer.measured(lambda: None)()
+    assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0 and scripted.timer.host_bound
