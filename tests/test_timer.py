@@ -4,13 +4,12 @@ from __future__ import annotations
 
 import pytest
 
+from conftest import SPIN_CAP_MS, EventTimer
 
 class ScriptedTimer:
     """EventTimer's retry logic with scripted rounds: (seconds, ms spent enqueueing) per call."""
 
     def __init__(self, rounds, spin_ms):
-        from conftest import EventTimer
-
         class Timer(EventTimer):
             def timed_call(inner, fn):  # noqa: N805 - the scripted round replaces the device's
                 seconds, enqueue_ms = rounds.pop(0)
@@ -30,8 +29,6 @@ def test_a_round_the_host_stalled_is_run_again():
 
 
 def test_a_host_that_always_stalls_still_gives_a_number():
-    from conftest import EventTimer
-
     rounds = [(0.001 * (i + 1), 5.0) for i in range(EventTimer.MAX_RETRIES + 1)] + [(0.01, 5.0)]
     scripted = ScriptedTimer(rounds, spin_ms=1.0)
     run = scripted.timer.measured(lambda: None)
@@ -50,8 +47,6 @@ def test_no_spin_means_no_retries():
 
 
 def test_a_capped_spin_keeps_host_bound_rounds():
-    from conftest import SPIN_CAP_MS
-
     scripted = ScriptedTimer([(0.06, 70.0)], spin_ms=SPIN_CAP_MS)  # Python enqueues for longer than any spin
     scripted.timer.measured(lambda: None)()
     assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0 and scripted.timer.host_bound
