@@ -76,6 +76,42 @@ def check_block(name: str, value, minimum: int, maximum: int = 1024) -> None:
 
 
 # ----------------------------------------------------------------------------------------------
+# Custom ops: how every public op reaches torch.compile, CUDA graphs and autograd
+# ----------------------------------------------------------------------------------------------
+OP_NAMESPACE = "softmax_kernels"
+
+
+def kernel_op(name: str, fake, mutates_args=()):
+    """Decorator: the launch function becomes the torch custom op ``softmax_kernels::name``.
+
+    Compiled, it is a ``torch.library.triton_op``: torch.compile traces through it to the Triton
+    launches (written ``wrap_triton(kernel)[grid](...)``) and can capture them in a CUDA graph. In
+    the interpreter it is an opaque ``torch.library.custom_op``: triton_op traces its body with
+    fake tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
+    empty outputs of the right shapes, dtypes and devices) is its meta implementation either way.
+    Autograd is registered on the returned op (``op.register_autograd``) by the caller.
+    """
+    def register(fn):
+        make = torch.library.custom_op if INTERPRET else torch.library.triton_op
+        op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(fn)
+        op.register_fake(fake)
+        return op
+    return register
+
+
+def needs_op(*tensors) -> bool:
+    """Whether a call must go through its custom op rather than launch its kernels directly.
+
+    Under torch.compile the op is what the compiler sees; with autograd recording, the op carries
+    the registered backward. A plain eager call skips torch's dispatcher, whose cost per call is
+    of the order of a kernel launch itself, so small softmaxes stay as cheap to call as torch's.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+
+
+# ----------------------------------------------------------------------------------------------
 # References
 # ----------------------------------------------------------------------------------------------
 def softmax_reference(x: torch.Tensor) -> torch.Tensor:
