@@ -23,11 +23,18 @@ import triton.language as tl
 from online_softmax import INTERPRET, KernelCapacityError, check_block, check_same, check_tensor, row_softmax
 
 
+@torch.compiler.assume_constant_result
+def _float32_matmul_precision() -> str:
+    # torch.compile cannot put a string-valued torch call in its graph; it takes the setting as a
+    # constant of the compiled code instead (as Inductor does for its own matmuls).
+    return torch.get_float32_matmul_precision()
+
+
 def dot_precision(dtype: torch.dtype) -> str:
     """The ``tl.dot`` input precision that matches PyTorch's float32 matmul setting."""
     if dtype != torch.float32:
         return "ieee"  # not used for 16-bit operands; tl.dot multiplies them exactly
-    return "tf32x3" if torch.get_float32_matmul_precision() == "highest" else "tf32"
+    return "tf32x3" if _float32_matmul_precision() == "highest" else "tf32"
 
 
 def upcast_dot_operands(dtype: torch.dtype) -> bool:
