@@ -431,7 +431,9 @@ class OnlineSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return online_softmax_backward(y, dy, *ctx.blocks), None, None
+        # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
+        # refuses tensor-metadata queries such as .layout inside a traced backward.
+        return _online_backward_3d(_as_3d(y), _as_3d(dy), *ctx.blocks).reshape(y.shape), None, None
 
 
 def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
@@ -702,14 +704,16 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tenso
     y = _empty_like_contiguous(x2)
     if y.numel() == 0:
         return y
-    n_rows, n_cols = x2.shape
-    launch = _row_launch(n_rows, n_cols, x2.stride(0), x2.dtype, _device_index(x2), BLOCK_SIZE)
+    # int(): under torch.compile with dynamic shapes these are symbols; the launch is chosen for
+    # (and the compiled graph guarded on) the concrete shape, as the cache needs plain ints.
+    n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
+    launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
     if launch.kernel == "online":
         return _online_forward(x2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
     if launch.kernel == "split":
         if not _aligned(x2):
             x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
-            launch = _row_launch(n_rows, n_cols, x2.stride(0), x2.dtype, _device_index(x2), BLOCK_SIZE)
+            launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
         stats = torch.empty((n_rows, launch.split, 2), dtype=torch.float32, device=x2.device)
         counters = _split_counters(x2.device)
         _jit(softmax_split_row_kernel, traced)[(launch.programs,)](
@@ -726,7 +730,7 @@ def _row_backward(y2: torch.Tensor, dy2: torch.Tensor, traced: bool) -> torch.Te
     dx = _empty_like_contiguous(y2)
     if dx.numel() == 0:
         return dx
-    n_rows, n_cols = y2.shape
+    n_rows, n_cols = int(y2.shape[0]), int(y2.shape[1])  # plain ints for the cache (see _row_forward)
     launch = _row_backward_launch(n_rows, n_cols, _device_index(y2))
     if launch.kernel == "online":
         return _online_backward(y2.unsqueeze(0), dy2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
