@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
+from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -682,7 +684,9 @@ def _split_counters(device: torch.device) -> torch.Tensor:
         props = _device_properties(index)
         # At most one group per resident program of one warp: the most groups any launch has.
         most_groups = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
-        counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
+        # A real buffer even when the first call is traced by torch.compile (fake tensors then).
+        with unset_fake_temporarily(), disable_proxy_modes_tracing():
+            counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
     return counters
 
 
@@ -693,10 +697,7 @@ def _device_index_of(device: torch.device) -> int:
 def _aligned(t: torch.Tensor) -> bool:
     """Whether t's data starts on 16 bytes, as the split kernel's capacity check compiled it for
     (a fake tensor under torch.compile has no address: the compiler's inputs are aligned)."""
-    try:
-        return t.data_ptr() % 16 == 0
-    except RuntimeError:
-        return True
+    return is_fake(t) or t.data_ptr() % 16 == 0
 
 
 def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tensor:

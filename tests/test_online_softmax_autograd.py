@@ -255,3 +255,22 @@ def test_split_row_gradient_on_gpu():
     dy = randn(x.shape, torch.float32, seed=53)
     assert_close(op_grad(row_softmax, x, dy), torch_softmax_grad(x, dy, torch.float64),
                  torch_softmax_grad(x, dy, torch.float32))
+
+
+def _refuse(what):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} called on the hot path")
+    return refuse
+
+
+# Long rows: the split-row kernel on a GPU, online tiles in the interpreter (kept small there).
+@pytest.mark.parametrize("shape", [(64, 1000), (64, 65536) if ON_GPU else (2, 40_000)], ids=["one-pass", "long rows"])
+def test_hot_path_does_no_setup(monkeypatch, shape):
+    """After a first call, a call of the same shape compiles nothing, queries no device property and
+    zeroes no counter: those live in caches (the split path's counters in a buffer the kernel resets)."""
+    x = randn(shape, torch.float32, seed=54)
+    first = row_softmax(x)
+    monkeypatch.setattr(osm.softmax_split_row_kernel, "warmup", _refuse("warmup"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", _refuse("get_device_properties"))
+    monkeypatch.setattr(torch, "zeros", _refuse("torch.zeros"))
+    assert torch.equal(row_softmax(x), first)
