@@ -17,8 +17,14 @@ Three Triton kernels, each for a different question:
   that are all resident at once; they swap their partial (max, sum) through a small workspace, so
   the input is still read only once. ``row_softmax`` picks it for long rows on a GPU.
 
-All kernels compute in float32 whatever the input dtype and write the input dtype. A row whose
-entries are all ``-inf`` gives NaN, as ``torch.softmax`` does.
+All kernels compute in float32 whatever the input dtype and write the input dtype. They give
+``torch.softmax``'s answer at the edges: -inf logits weigh 0 (whole tiles of them too), and a
+row of only -inf, or holding a NaN or +inf, is NaN.
+
+Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=True) traces it,
+CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
+per row), itself differentiable for second-order gradients. A plain eager call launches its
+kernels directly, with the launch choices cached per shape, dtype and device.
 """
 
 from __future__ import annotations
@@ -212,6 +218,15 @@ def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
 # Online softmax: BLOCK_1 rows x BLOCK_2 columns per step, any row length
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _row_tile(t, n_row_tiles, d1, BLOCK_1: tl.constexpr):
+    """Tile t of the online kernels: its batch element, its rows (a column, int64 for the
+    offsets) and which of them exist."""
+    batch = (t // n_row_tiles).to(tl.int64)
+    rows = (t % n_row_tiles) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    return batch, rows[:, None].to(tl.int64), rows < d1
+
+
+@triton.jit
 def online_softmax_kernel(
     x_ptr, y_ptr,
     d1, d2, n_row_tiles, n_tiles,
@@ -225,11 +240,9 @@ def online_softmax_kernel(
     pid, pid + grid, ... so a grid capped at CUDA's limit covers any number of tiles.
     """
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        batch = (t // n_row_tiles).to(tl.int64)
-        rows = (t % n_row_tiles) * BLOCK_1 + tl.arange(0, BLOCK_1)
-        row_ok = rows < d1
-        x_rows = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1
-        y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
+        batch, rows, row_ok = _row_tile(t, n_row_tiles, d1, BLOCK_1)
+        x_rows = x_ptr + batch * stride_xb + rows * stride_x1
+        y_rows = y_ptr + batch * stride_yb + rows * stride_y1
 
         # Pass 1: running max m and running sum l of exp(x - m), rescaled when m grows.
         m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
@@ -268,12 +281,10 @@ def online_softmax_backward_kernel(
 ):
     """dx = y * (dy - sum(dy * y)) per row, over the same tiles as the forward."""
     for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
-        batch = (t // n_row_tiles).to(tl.int64)
-        rows = (t % n_row_tiles) * BLOCK_1 + tl.arange(0, BLOCK_1)
-        row_ok = rows < d1
-        y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
-        g_rows = dy_ptr + batch * stride_gb + rows[:, None].to(tl.int64) * stride_g1
-        d_rows = dx_ptr + batch * stride_db + rows[:, None].to(tl.int64) * stride_d1
+        batch, rows, row_ok = _row_tile(t, n_row_tiles, d1, BLOCK_1)
+        y_rows = y_ptr + batch * stride_yb + rows * stride_y1
+        g_rows = dy_ptr + batch * stride_gb + rows * stride_g1
+        d_rows = dx_ptr + batch * stride_db + rows * stride_d1
 
         dot = tl.zeros((BLOCK_1,), tl.float32)
         for start in range(0, d2, BLOCK_2):
@@ -303,33 +314,29 @@ def _online_grid(batch: int, d1: int, BLOCK_1: int) -> tuple[int, int, tuple[int
     return n_row_tiles, n_tiles, (min(n_tiles, GRID_0_LIMIT),)
 
 
-def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
-    """Launch the online kernel on a 3-D x (validated by the caller); y is contiguous."""
-    y = _empty_like_contiguous(x)
-    if y.numel() == 0:
-        return y
-    batch, d1, d2 = x.shape
+def _online_launch(kernel, inputs, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+    """Launch an online kernel (forward or backward) on 3-D inputs of one shape, validated by the
+    caller; each is read through its strides (autograd's gradient of a sum is a stride-0
+    expansion). Returns the contiguous output, allocated here."""
+    out = _empty_like_contiguous(inputs[0])
+    if out.numel() == 0:
+        return out
+    batch, d1, d2 = out.shape
     n_row_tiles, n_tiles, grid = _online_grid(batch, d1, BLOCK_1)
-    _jit(online_softmax_kernel, traced)[grid](
-        x, y, d1, d2, n_row_tiles, n_tiles, *x.stride(), *y.stride(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
+    strides = [s for t in (*inputs, out) for s in t.stride()]
+    _jit(kernel, traced)[grid](
+        *inputs, out, d1, d2, n_row_tiles, n_tiles, *strides, BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
         num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
     )
-    return y
+    return out
+
+
+def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+    return _online_launch(online_softmax_kernel, (x,), BLOCK_1, BLOCK_2, traced)
 
 
 def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
-    """Launch the online backward kernel on 3-D y and dy of one shape; dy is read through its strides
-    (autograd's gradient of a sum is a stride-0 expansion)."""
-    dx = _empty_like_contiguous(y)
-    if dx.numel() == 0:
-        return dx
-    batch, d1, d2 = y.shape
-    n_row_tiles, n_tiles, grid = _online_grid(batch, d1, BLOCK_1)
-    _jit(online_softmax_backward_kernel, traced)[grid](
-        y, dy, dx, d1, d2, n_row_tiles, n_tiles, *y.stride(), *dy.stride(), *dx.stride(),
-        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
-    )
-    return dx
+    return _online_launch(online_softmax_backward_kernel, (y, dy), BLOCK_1, BLOCK_2, traced)
 
 
 def _online_fake(x, BLOCK_1, BLOCK_2):

@@ -71,6 +71,16 @@ def test_masked_tiles_nan_and_inf_as_torch(kernel, dtype):
     assert (out[0, 3, 3 * STEP + 1] == 1).all() and (out[0, 3, :3 * STEP] == 0).all()
 
 
+def torch_grads(x, dy):
+    """torch autograd's gradient of softmax(x) . dy in float64 (the reference) and float32 (its error)."""
+    grads = []
+    for dtype in (torch.float64, torch.float32):
+        leaf = x.to(dtype).requires_grad_()
+        torch.softmax(leaf, dim=-1).backward(dy.to(dtype))
+        grads.append(leaf.grad)
+    return grads
+
+
 @pytest.mark.parametrize("op", ["online_softmax", "OnlineSoftmax.apply", "row_softmax"])
 def test_masked_rows_gradient_as_torch(op):
     """Backward through masked tiles: weight-0 logits get gradient 0, a NaN row gets NaN, as torch."""
@@ -80,12 +90,7 @@ def test_masked_rows_gradient_as_torch(op):
           "row_softmax": row_softmax}[op]
     leaf = x.clone().requires_grad_()
     fn(leaf).backward(dy)
-    grads = []
-    for dtype in (torch.float64, torch.float32):
-        ref = x.to(dtype).requires_grad_()
-        torch.softmax(ref, dim=-1).backward(dy.to(dtype))
-        grads.append(ref.grad)
-    assert_close(leaf.grad, *grads)
+    assert_close(leaf.grad, *torch_grads(x, dy))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -146,12 +151,7 @@ def test_online_softmax_batch_past_65535_on_gpu():
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     dy = randn(x.shape, torch.float32, seed=66)
     out.backward(dy)
-    refs = []
-    for dtype in (torch.float64, torch.float32):
-        ref = x.to(dtype).requires_grad_()
-        torch.softmax(ref, dim=-1).backward(dy.to(dtype))
-        refs.append(ref.grad)
-    assert_close(leaf.grad, *refs)
+    assert_close(leaf.grad, *torch_grads(x, dy))
 
 
 # ----------------------------------------------------------------------------------------------
