@@ -159,17 +159,17 @@ def test_online_softmax_batch_past_65535_on_gpu():
 # ----------------------------------------------------------------------------------------------
 @needs_gpu
 def test_split_row_masked_chunks_nan_and_inf_on_gpu():
-    """200_000 columns: 16 programs per row of 16384 columns (chunk 12 ragged, 13 to 15 past the
+    """200_000 columns: 32 programs per row of 8192 columns (chunk 24 ragged, 25 to 31 past the
     row). Whole chunks of -inf first, in the middle and last; rows of only -inf; NaN inside a chunk
     of -inf; +inf: each as torch."""
     n = 200_000
-    chunk = 16384
+    chunk = 8192
     launch = osm._row_launch(9, n, n, torch.float32, torch.cuda.current_device(), 0)
-    assert (launch.kernel, launch.block, launch.split) == ("split", chunk, 16)
+    assert (launch.kernel, launch.block, launch.split) == ("split", chunk, 32)
     x = randn((9, n), torch.float32, seed=67, scale=3.0)
     x[0, :chunk] = -INF  # first chunk
     x[1, 5 * chunk:6 * chunk] = -INF  # a middle chunk
-    x[2, 12 * chunk:] = -INF  # the last, ragged chunk
+    x[2, 24 * chunk:] = -INF  # the last, ragged chunk
     x[3, :] = -INF  # NaN
     x[4, :] = -INF
     x[4, 7 * chunk + 5] = NAN  # NaN in a chunk of only -inf: max -inf there, the sum must carry it
