@@ -665,9 +665,11 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 # kernel resets them). One buffer per (device, stream): launches on one stream run one after
 # another, so they never share counters at the same time; two streams get two buffers. A buffer
 # first made during CUDA-graph capture comes from the graph's memory pool and its zero fill is
-# part of the graph, which is harmless (the kernel leaves it zero anyway). Under torch.compile the
-# buffer is fixed when the graph is traced: two compiled calls running at once on two streams
-# would share it, so don't run the compiled split path concurrently on several streams.
+# part of the graph, which is harmless (the kernel leaves it zero anyway). What is not covered:
+# a CUDA graph keeps the buffer of the stream it was captured on, and torch.compile the buffer
+# of the stream it traced on, so two graphs captured on one stream (torch.cuda.graph's default),
+# or two compiled calls, replayed at the same time on different streams would share counters and
+# could hang. Replay graphs that hold the split path on one stream, or capture them on different ones.
 _SPLIT_COUNTERS: dict = {}
 
 
