@@ -37,8 +37,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
-from torch._subclasses.fake_tensor import is_fake, unset_fake_temporarily
-from torch.fx.experimental.proxy_tensor import disable_proxy_modes_tracing
+from torch._subclasses.fake_tensor import is_fake
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -666,10 +665,10 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 # another, so they never share counters at the same time; two streams get two buffers. A buffer
 # first made during CUDA-graph capture comes from the graph's memory pool and its zero fill is
 # part of the graph, which is harmless (the kernel leaves it zero anyway). What is not covered:
-# a CUDA graph keeps the buffer of the stream it was captured on, and torch.compile the buffer
-# of the stream it traced on, so two graphs captured on one stream (torch.cuda.graph's default),
-# or two compiled calls, replayed at the same time on different streams would share counters and
-# could hang. Replay graphs that hold the split path on one stream, or capture them on different ones.
+# a CUDA graph keeps the buffer of the stream it was captured on, so two graphs captured on one
+# stream (torch.cuda.graph's default) and replayed at the same time on different streams would
+# share counters and could hang: replay such graphs on one stream, or capture them on different
+# ones. torch.compile's graphs are not concerned: they zero counters of their own per call.
 _SPLIT_COUNTERS: dict = {}
 
 
@@ -685,22 +684,15 @@ def resident_programs(compiled, num_warps: int, props) -> int:
     return max(0, min(by_regs, by_smem, by_threads))
 
 
-def _split_counters(device: torch.device) -> torch.Tensor:
-    index = _device_index_of(device)
+def _split_counters(device: torch.device, index: int) -> torch.Tensor:
     key = (index, torch.cuda.current_stream(index).cuda_stream)
     counters = _SPLIT_COUNTERS.get(key)
     if counters is None:
         props = _device_properties(index)
         # At most one group per resident program of one warp: the most groups any launch has.
         most_groups = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
-        # A real buffer even when the first call is traced by torch.compile (fake tensors then).
-        with unset_fake_temporarily(), disable_proxy_modes_tracing():
-            counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
+        counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
     return counters
-
-
-def _device_index_of(device: torch.device) -> int:
-    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -725,7 +717,13 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tenso
             x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
             launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
         stats = torch.empty((n_rows, launch.split, 2), dtype=torch.float32, device=x2.device)
-        counters = _split_counters(x2.device)
+        if is_fake(x2):
+            # torch.compile is tracing this body: a cached buffer would enter its graph as a
+            # constant that the kernel mutates, so the graph zeroes its own counters per call
+            # instead (a fill kernel, which a CUDA graph replays).
+            counters = torch.zeros(2 * (launch.programs // launch.split), dtype=torch.int32, device=x2.device)
+        else:
+            counters = _split_counters(x2.device, _device_index(x2))
         _jit(softmax_split_row_kernel, traced)[(launch.programs,)](
             x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), launch.programs // launch.split,
             CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps)
