@@ -17,18 +17,27 @@ Three Triton kernels, each for a different question:
   that are all resident at once; they swap their partial (max, sum) through a small workspace, so
   the input is still read only once. ``row_softmax`` picks it for long rows on a GPU.
 
-All kernels compute in float32 whatever the input dtype and write the input dtype. A row whose
-entries are all ``-inf`` gives NaN, as ``torch.softmax`` does.
+All kernels compute in float32 whatever the input dtype and write the input dtype. They give
+``torch.softmax``'s answer at the edges: -inf logits weigh 0 (whole tiles of them too), and a
+row of only -inf, or holding a NaN or +inf, is NaN.
+
+Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=True) traces it,
+CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
+per row), itself differentiable for second-order gradients. A plain eager call launches its
+kernels directly, with the launch choices cached per shape, dtype and device.
 """
 
 from __future__ import annotations
 
 import functools
+import math
 import os
+from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
+from torch._subclasses.fake_tensor import is_fake
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -43,13 +52,21 @@ class KernelCapacityError(ValueError):
     """A valid input this kernel cannot hold on this device (a size past what fits on chip)."""
 
 
-def check_tensor(name: str, t, ndim: int | tuple[int, ...]) -> None:
+# For check_tensor: any number of dimensions from one up (softmax over the last of them).
+ANY_RANK = range(1, 1 << 16)
+
+
+def check_tensor(name: str, t, ndim: int | tuple[int, ...] | range) -> None:
     """Raise TypeError/ValueError, naming ``name``, unless ``t`` is a usable kernel input."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if t.layout != torch.strided:
+        # The kernels read memory through strides; a sparse tensor has none to read.
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: convert it with .to_dense()")
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in ranks:
-        raise ValueError(f"{name} must have {' or '.join(map(str, ranks))} dimensions, got shape {tuple(t.shape)}")
+        want = f"at least {ranks.start}" if isinstance(ranks, range) else " or ".join(map(str, ranks))
+        raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")
     if INTERPRET:
@@ -65,6 +82,15 @@ def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> No
         raise TypeError(f"{name_b} has dtype {b.dtype} but {name_a} has {a.dtype}: they must match")
     if a.device != b.device:
         raise ValueError(f"{name_b} is on {b.device} but {name_a} is on {a.device}: they must be on one device")
+
+
+def check_tiles(BLOCK_1, BLOCK_2) -> None:
+    """online_softmax's tiles: powers of two, BLOCK_2 up to 4096, and a tile Triton can hold."""
+    check_block("BLOCK_1", BLOCK_1, 1)
+    check_block("BLOCK_2", BLOCK_2, 1, 4096)
+    if BLOCK_1 * BLOCK_2 > tl.TRITON_MAX_TENSOR_NUMEL:
+        raise ValueError(f"BLOCK_1 * BLOCK_2 must be at most {tl.TRITON_MAX_TENSOR_NUMEL} elements (Triton's largest "
+                         f"block), got {BLOCK_1} * {BLOCK_2} = {BLOCK_1 * BLOCK_2}")
 
 
 def check_block(name: str, value, minimum: int, maximum: int = 1024) -> None:
@@ -145,131 +171,263 @@ def softmax_bytes(M: int, N: int, element_size: int) -> int:
 
 
 # ----------------------------------------------------------------------------------------------
+# Launch helpers shared by every kernel here
+# ----------------------------------------------------------------------------------------------
+# CUDA's limit on grid axis 0. Every kernel here loops over its work items with a stride of the
+# grid, so a grid capped at this limit still covers any number of rows or tiles.
+GRID_0_LIMIT = 2**31 - 1
+
+
+def _jit(kernel, traced: bool):
+    """The kernel as launched: seen by torch.compile inside an op body, called directly otherwise.
+
+    ``wrap_triton`` is what lets a triton_op's trace see the launch; outside a trace it only adds
+    host time, and the interpreter's kernels are not JIT functions it accepts.
+    """
+    return torch.library.wrap_triton(kernel) if traced and not INTERPRET else kernel
+
+
+@functools.lru_cache(maxsize=None)
+def _device_properties(index: int):
+    return torch.cuda.get_device_properties(index)
+
+
+def _device_index(t: torch.Tensor) -> int:
+    return -1 if t.device.type != "cuda" else (t.device.index if t.device.index is not None else 0)
+
+
+def _softmax_double_backward(y, dy, ddx, backward):
+    """Gradients of dx = y * (dy - sum(y * dy)) (the softmax backward) given ddx, the gradient of dx.
+
+    dx is linear in dy with softmax's symmetric Jacobian, so d/d(dy) is the same backward
+    applied to ddx (``backward``, the Triton op, differentiable in turn); d/dy is
+    ddx * (dy - sum(y * dy)) - dy * sum(y * ddx), in float32 whatever the dtype.
+    """
+    grad_dy = backward(y, ddx)
+    yf, dyf, ddxf = y.float(), dy.float(), ddx.float()
+    grad_y = ddxf * (dyf - (yf * dyf).sum(-1, keepdim=True)) - dyf * (yf * ddxf).sum(-1, keepdim=True)
+    return grad_y.to(y.dtype), grad_dy
+
+
+def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+
+
+# ----------------------------------------------------------------------------------------------
 # Online softmax: BLOCK_1 rows x BLOCK_2 columns per step, any row length
 # ----------------------------------------------------------------------------------------------
 @triton.jit
+def _row_tile(t, n_row_tiles, d1, BLOCK_1: tl.constexpr):
+    """Tile t of the online kernels: its batch element, its rows (a column, int64 for the
+    offsets) and which of them exist."""
+    batch = (t // n_row_tiles).to(tl.int64)
+    rows = (t % n_row_tiles) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    return batch, rows[:, None].to(tl.int64), rows < d1
+
+
+@triton.jit
 def online_softmax_kernel(
     x_ptr, y_ptr,
-    d1, d2,
+    d1, d2, n_row_tiles, n_tiles,
     stride_xb, stride_x1, stride_x2,
     stride_yb, stride_y1, stride_y2,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr,
 ):
-    """Softmax over d2 for a BLOCK_1-row tile of one batch element (grid: row tiles x batch)."""
-    rows = tl.program_id(0) * BLOCK_1 + tl.arange(0, BLOCK_1)
-    batch = tl.program_id(1).to(tl.int64)
-    row_ok = rows < d1
-    x_rows = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1
-    y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
+    """Softmax over d2 for BLOCK_1-row tiles; tile t is rows (t % n_row_tiles) of batch element t // n_row_tiles.
 
-    # Pass 1: running max m and running sum l of exp(x - m), rescaled when m grows.
-    m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
-    l = tl.zeros((BLOCK_1,), tl.float32)
-    for start in range(0, d2, BLOCK_2):
-        cols = start + tl.arange(0, BLOCK_2)
-        mask = row_ok[:, None] & (cols[None, :] < d2)
-        x = tl.load(x_rows + cols[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
-        m_new = tl.maximum(m, tl.max(x, axis=1))
-        # While a row has seen only -inf, m_new is -inf and exp(-inf - -inf) would be NaN:
-        # such a row has nothing to sum yet, so keep l at 0 instead.
-        seen = m_new > float("-inf")
-        alpha = tl.where(seen, tl.exp(m - m_new), 1.0)
-        p = tl.where(seen[:, None], tl.exp(x - m_new[:, None]), 0.0)
-        l = l * alpha + tl.sum(p, axis=1)
-        m = m_new
+    The batch is folded into grid axis 0 (axis 1 stops at 65535), and each program takes tiles
+    pid, pid + grid, ... so a grid capped at CUDA's limit covers any number of tiles.
+    """
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        batch, rows, row_ok = _row_tile(t, n_row_tiles, d1, BLOCK_1)
+        x_rows = x_ptr + batch * stride_xb + rows * stride_x1
+        y_rows = y_ptr + batch * stride_yb + rows * stride_y1
 
-    # Pass 2: normalise. A row of only -inf keeps m = -inf, so exp(x - m) is NaN there: torch's answer.
-    inv_l = 1.0 / l
-    for start in range(0, d2, BLOCK_2):
-        cols = start + tl.arange(0, BLOCK_2)
-        mask = row_ok[:, None] & (cols[None, :] < d2)
-        x = tl.load(x_rows + cols[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
-        y = tl.exp(x - m[:, None]) * inv_l[:, None]
-        tl.store(y_rows + cols[None, :] * stride_y2, y.to(y_ptr.dtype.element_ty), mask=mask)
+        # Pass 1: running max m and running sum l of exp(x - m), rescaled when m grows.
+        m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
+        l = tl.zeros((BLOCK_1,), tl.float32)
+        for start in range(0, d2, BLOCK_2):
+            cols = start + tl.arange(0, BLOCK_2)
+            mask = row_ok[:, None] & (cols[None, :] < d2)
+            x = tl.load(x_rows + cols[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
+            m_new = tl.maximum(m, tl.max(x, axis=1))
+            # A -inf logit weighs 0 whatever the max, also while a row has seen only -inf (then
+            # exp(-inf - -inf) would be NaN, in this tile or in the rescale). NaN and +inf logits
+            # still reach l as NaN, so their row comes out NaN, as torch's does.
+            alpha = tl.where(m_new == m, 1.0, tl.exp(m - m_new))
+            p = tl.where(x == float("-inf"), 0.0, tl.exp(x - m_new[:, None]))
+            l = l * alpha + tl.sum(p, axis=1)
+            m = m_new
+
+        # Pass 2: normalise. A row of only -inf keeps m = -inf and l = 0: exp(x - m) is NaN, torch's answer.
+        inv_l = 1.0 / l
+        for start in range(0, d2, BLOCK_2):
+            cols = start + tl.arange(0, BLOCK_2)
+            mask = row_ok[:, None] & (cols[None, :] < d2)
+            x = tl.load(x_rows + cols[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
+            y = tl.exp(x - m[:, None]) * inv_l[:, None]
+            tl.store(y_rows + cols[None, :] * stride_y2, y.to(y_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def online_softmax_backward_kernel(
     y_ptr, dy_ptr, dx_ptr,
-    d1, d2,
+    d1, d2, n_row_tiles, n_tiles,
     stride_yb, stride_y1, stride_y2,
     stride_gb, stride_g1, stride_g2,
     stride_db, stride_d1, stride_d2,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr,
 ):
-    """dx = y * (dy - sum(dy * y)) per row, in the same BLOCK_1 x BLOCK_2 tiles as the forward."""
-    rows = tl.program_id(0) * BLOCK_1 + tl.arange(0, BLOCK_1)
-    batch = tl.program_id(1).to(tl.int64)
-    row_ok = rows < d1
-    y_rows = y_ptr + batch * stride_yb + rows[:, None].to(tl.int64) * stride_y1
-    g_rows = dy_ptr + batch * stride_gb + rows[:, None].to(tl.int64) * stride_g1
-    d_rows = dx_ptr + batch * stride_db + rows[:, None].to(tl.int64) * stride_d1
+    """dx = y * (dy - sum(dy * y)) per row, over the same tiles as the forward."""
+    for t in range(tl.program_id(0), n_tiles, tl.num_programs(0)):
+        batch, rows, row_ok = _row_tile(t, n_row_tiles, d1, BLOCK_1)
+        y_rows = y_ptr + batch * stride_yb + rows * stride_y1
+        g_rows = dy_ptr + batch * stride_gb + rows * stride_g1
+        d_rows = dx_ptr + batch * stride_db + rows * stride_d1
 
-    dot = tl.zeros((BLOCK_1,), tl.float32)
-    for start in range(0, d2, BLOCK_2):
-        cols = start + tl.arange(0, BLOCK_2)
-        mask = row_ok[:, None] & (cols[None, :] < d2)
-        y = tl.load(y_rows + cols[None, :] * stride_y2, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_rows + cols[None, :] * stride_g2, mask=mask, other=0.0).to(tl.float32)
-        dot += tl.sum(y * g, axis=1)
-    for start in range(0, d2, BLOCK_2):
-        cols = start + tl.arange(0, BLOCK_2)
-        mask = row_ok[:, None] & (cols[None, :] < d2)
-        y = tl.load(y_rows + cols[None, :] * stride_y2, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_rows + cols[None, :] * stride_g2, mask=mask, other=0.0).to(tl.float32)
-        dx = y * (g - dot[:, None])
-        tl.store(d_rows + cols[None, :] * stride_d2, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+        dot = tl.zeros((BLOCK_1,), tl.float32)
+        for start in range(0, d2, BLOCK_2):
+            cols = start + tl.arange(0, BLOCK_2)
+            mask = row_ok[:, None] & (cols[None, :] < d2)
+            y = tl.load(y_rows + cols[None, :] * stride_y2, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(g_rows + cols[None, :] * stride_g2, mask=mask, other=0.0).to(tl.float32)
+            dot += tl.sum(y * g, axis=1)
+        for start in range(0, d2, BLOCK_2):
+            cols = start + tl.arange(0, BLOCK_2)
+            mask = row_ok[:, None] & (cols[None, :] < d2)
+            y = tl.load(y_rows + cols[None, :] * stride_y2, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(g_rows + cols[None, :] * stride_g2, mask=mask, other=0.0).to(tl.float32)
+            dx = y * (g - dot[:, None])
+            tl.store(d_rows + cols[None, :] * stride_d2, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
 
-def _as_3d(name: str, x: torch.Tensor) -> torch.Tensor:
-    check_tensor(name, x, 3)
-    return x
+def _warps_for_tile(elements: int) -> int:
+    # About 8 to 16 fp32 values per thread keeps loads wide without spilling.
+    return max(1, min(16, elements // 256))
+
+
+def _online_grid(batch: int, d1: int, BLOCK_1: int) -> tuple[int, int, tuple[int]]:
+    # A few integer operations: cheaper to redo per call than to look up in a cache.
+    n_row_tiles = triton.cdiv(d1, BLOCK_1)
+    n_tiles = batch * n_row_tiles
+    return n_row_tiles, n_tiles, (min(n_tiles, GRID_0_LIMIT),)
+
+
+def _online_launch(kernel, inputs, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+    """Launch an online kernel (forward or backward) on 3-D inputs of one shape, validated by the
+    caller; each is read through its strides (autograd's gradient of a sum is a stride-0
+    expansion). Returns the contiguous output, allocated here."""
+    out = _empty_like_contiguous(inputs[0])
+    if out.numel() == 0:
+        return out
+    batch, d1, d2 = out.shape
+    n_row_tiles, n_tiles, grid = _online_grid(batch, d1, BLOCK_1)
+    strides = [s for t in (*inputs, out) for s in t.stride()]
+    _jit(kernel, traced)[grid](
+        *inputs, out, d1, d2, n_row_tiles, n_tiles, *strides, BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
+        num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
+    )
+    return out
+
+
+def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+    return _online_launch(online_softmax_kernel, (x,), BLOCK_1, BLOCK_2, traced)
+
+
+def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+    return _online_launch(online_softmax_backward_kernel, (y, dy), BLOCK_1, BLOCK_2, traced)
+
+
+def _online_fake(x, BLOCK_1, BLOCK_2):
+    return _empty_like_contiguous(x)
+
+
+@kernel_op("online_softmax", _online_fake)
+def _online_softmax_op(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
+    return _online_forward(x, BLOCK_1, BLOCK_2, traced=True)
+
+
+def _online_backward_fake(y, dy, BLOCK_1, BLOCK_2):
+    return _empty_like_contiguous(y)
+
+
+@kernel_op("online_softmax_backward", _online_backward_fake)
+def _online_softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
+    return _online_backward(y, dy, BLOCK_1, BLOCK_2, traced=True)
+
+
+def _save_output_and_blocks(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.blocks = tuple(inputs[1:])
+
+
+def _online_softmax_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return _online_backward_3d(y, dy, *ctx.blocks), None, None
+
+
+def _save_backward_inputs(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.blocks = tuple(inputs[2:])
+
+
+def _online_softmax_backward_grad(ctx, ddx):
+    y, dy = ctx.saved_tensors
+    grad_y, grad_dy = _softmax_double_backward(y, dy, ddx, lambda y, g: _online_backward_3d(y, g, *ctx.blocks))
+    return grad_y, grad_dy, None, None
+
+
+_online_softmax_op.register_autograd(_online_softmax_grad, setup_context=_save_output_and_blocks)
+_online_softmax_backward_op.register_autograd(_online_softmax_backward_grad, setup_context=_save_backward_inputs)
+
+
+def _online_backward_3d(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
+    if needs_op(y, dy):
+        return _online_softmax_backward_op(y, dy, BLOCK_1, BLOCK_2)
+    return _online_backward(y, dy, BLOCK_1, BLOCK_2, traced=False)
+
+
+def _as_3d(x: torch.Tensor) -> torch.Tensor:
+    """(batch, d1, d2) view of x: leading dimensions folded into batch; 1-D and 2-D get batch 1."""
+    if x.dim() == 1:
+        return x.reshape(1, 1, x.shape[0])
+    return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
 
 
 def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
-    """Softmax over the last dimension of x: (batch, d1, d2), by the online algorithm.
+    """Softmax over the last dimension of x, by the online algorithm.
 
-    BLOCK_1 rows by BLOCK_2 columns per step (powers of two; BLOCK_2 up to 4096). Strided inputs are read in
-    place; the output is contiguous, in x's dtype.
+    x: (batch, d1, d2), or any rank >= 1 (dimensions before the last two fold into batch).
+    BLOCK_1 rows by BLOCK_2 columns per step (powers of two; BLOCK_2 up to 4096, the tile at most
+    Triton's largest block). Strided inputs are read in place; the output is contiguous, in x's
+    dtype. Differentiable (Triton backward, and twice), and traceable by torch.compile.
     """
-    _as_3d("x", x)
-    check_block("BLOCK_1", BLOCK_1, 1)
-    check_block("BLOCK_2", BLOCK_2, 1, 4096)
-    batch, d1, d2 = x.shape
-    y = torch.empty((batch, d1, d2), dtype=x.dtype, device=x.device)
-    if y.numel() == 0:
-        return y
-    grid = (triton.cdiv(d1, BLOCK_1), batch)
-    online_softmax_kernel[grid](
-        x, y, d1, d2, *x.stride(), *y.stride(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
-        num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
-    )
-    return y
+    check_tensor("x", x, ANY_RANK)
+    check_tiles(BLOCK_1, BLOCK_2)
+    x3 = _as_3d(x)
+    if needs_op(x3):
+        y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
+    else:
+        y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
+    return y.reshape(x.shape)
 
 
 def online_softmax_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
-    """Gradient of softmax given its output y and the incoming gradient dy, both (batch, d1, d2)."""
-    _as_3d("y", y)
-    _as_3d("dy", dy)
+    """Gradient of softmax given its output y and the incoming gradient dy, both of one shape (rank >= 1)."""
+    check_tensor("y", y, ANY_RANK)
+    check_tensor("dy", dy, ANY_RANK)
     check_same("y", y, "dy", dy)
     if dy.shape != y.shape:
         raise ValueError(f"dy must have the shape of y {tuple(y.shape)}, got {tuple(dy.shape)}")
-    check_block("BLOCK_1", BLOCK_1, 1)
-    check_block("BLOCK_2", BLOCK_2, 1, 4096)
-    batch, d1, d2 = y.shape
-    dx = torch.empty_like(y, memory_format=torch.contiguous_format)
-    if dx.numel() == 0:
-        return dx
-    grid = (triton.cdiv(d1, BLOCK_1), batch)
-    online_softmax_backward_kernel[grid](
-        y, dy, dx, d1, d2, *y.stride(), *dy.stride(), *dx.stride(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
-        num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
-    )
-    return dx
+    check_tiles(BLOCK_1, BLOCK_2)
+    return _online_backward_3d(_as_3d(y), _as_3d(dy), BLOCK_1, BLOCK_2).reshape(y.shape)
 
 
 class OnlineSoftmax(torch.autograd.Function):
-    """``OnlineSoftmax.apply(x, BLOCK_1, BLOCK_2)``: online softmax with a Triton backward."""
+    """``OnlineSoftmax.apply(x, BLOCK_1, BLOCK_2)``: online softmax with a Triton backward.
+
+    The backward is differentiable itself (``create_graph=True`` gives correct second-order terms).
+    """
 
     @staticmethod
     def forward(ctx, x, BLOCK_1=16, BLOCK_2=16):
@@ -281,7 +439,9 @@ class OnlineSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        return online_softmax_backward(y, dy, *ctx.blocks), None, None
+        # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
+        # refuses tensor-metadata queries such as .layout inside a traced backward.
+        return _online_backward_3d(_as_3d(y), _as_3d(dy), *ctx.blocks).reshape(y.shape), None, None
 
 
 def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
@@ -294,11 +454,6 @@ def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, 
     return max(1, 4096 // block_2), block_2
 
 
-def _warps_for_tile(elements: int) -> int:
-    # About 8 to 16 fp32 values per thread keeps loads wide without spilling.
-    return max(1, min(16, elements // 256))
-
-
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
 # ----------------------------------------------------------------------------------------------
@@ -307,7 +462,10 @@ def softmax_row_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
     BLOCK_SIZE: tl.constexpr,
 ):
-    """Each program walks rows pid, pid + grid, ...; a whole row sits in registers."""
+    """Each program walks rows pid, pid + grid, ...; a whole row sits in registers.
+
+    A row of only -inf has max -inf and gives NaN, as torch; a NaN or +inf logit makes the sum NaN.
+    """
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
@@ -318,55 +476,86 @@ def softmax_row_kernel(
 
 
 @triton.jit
+def softmax_row_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_y, stride_g, stride_gc, stride_d,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """dx = y * (dy - sum(y * dy)) with a whole row of y and dy in registers, rows as the forward."""
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + r * stride_g + cols * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        dx = y * (g - tl.sum(y * g, axis=0))
+        tl.store(dx_ptr + r * stride_d + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
 def softmax_split_row_kernel(
-    x_ptr, y_ptr, stats_ptr, arrived_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
+    x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr,
 ):
-    """SPLIT programs share a row, each holding CHUNK columns in registers.
+    """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
-    Each publishes its chunk's (max, sum), counts itself in ``arrived[row]`` and waits until all
-    SPLIT have arrived; then each combines the SPLIT pairs and writes its chunk. Programs only
-    wait on programs of their own group, and the wrapper launches no more programs than fit on
-    the device at once, so every wait ends.
+    Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
+    waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
+    done); then each combines the SPLIT pairs and writes its chunk. Programs only wait on their
+    own group, and the wrapper launches no more programs than fit on the device at once, so
+    every wait ends. The counters start at zero and the kernel leaves them at zero, so one
+    cached buffer serves every launch, a CUDA graph's replays included.
     """
     pid = tl.program_id(0)
     group = pid // SPLIT
     part = pid % SPLIT
+    arrived = counters_ptr + 2 * group
+    departed = arrived + 1
     cols = part * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
     parts = tl.arange(0, SPLIT)
+    target = 0
     for row in range(group, n_rows, n_groups):
+        target += SPLIT
         x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
-        # A chunk of only -inf contributes nothing (and must not contribute NaN).
-        s = tl.where(m > float("-inf"), tl.sum(tl.exp(x - m), axis=0), 0.0)
-        slot = stats_ptr + (row * SPLIT + part) * 2
+        # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
+        # contributes (max -inf, sum 0) and no NaN, while a NaN or +inf logit still makes the
+        # sum NaN, so its whole row comes out NaN as torch's does.
+        s = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - m)), axis=0)
+        slot = stats_ptr + (tl.cast(row, tl.int64) * SPLIT + part) * 2
         tl.store(slot, m)
         tl.store(slot + 1, s)
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
-        tl.atomic_add(arrived_ptr + row, 1, sem="release")
-        while tl.atomic_add(arrived_ptr + row, 0, sem="acquire") < SPLIT:
+        tl.atomic_add(arrived, 1, sem="release")
+        while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
         # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-        ms = tl.load(stats_ptr + (row * SPLIT + parts) * 2, cache_modifier=".cg")
-        ss = tl.load(stats_ptr + (row * SPLIT + parts) * 2 + 1, cache_modifier=".cg")
+        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, cache_modifier=".cg")
+        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, cache_modifier=".cg")
         row_max = tl.max(ms, axis=0)
+        # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
         y = tl.exp(x - row_max) / row_sum
         tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    # Reset the group's counters for the next launch. The last program of the group to get here
+    # does it: every other one has passed its last wait, so none still reads ``arrived``.
+    tl.debug_barrier()
+    if tl.atomic_add(departed, 1, sem="acq_rel") == SPLIT - 1:
+        tl.atomic_xchg(arrived, 0, sem="relaxed")
+        tl.atomic_xchg(departed, 0, sem="relaxed")
 
 
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
+# 8192 columns over 8 warps (32 values per thread): within 1 point of the best of a sweep of
+# chunks 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
+# 1024 x 65536 (90 %); small programs let several groups share each SM.
 SPLIT_CHUNK = 8192
-
-
-@functools.lru_cache(maxsize=None)
-def _device_properties(index: int):
-    return torch.cuda.get_device_properties(index)
+# Tiles of the online kernels where row_softmax's rows are too long for one program.
+LONG_ROW_TILES = (1, 4096)
 
 
 def _row_warps(block: int) -> int:
@@ -374,74 +563,113 @@ def _row_warps(block: int) -> int:
     return max(4, min(32, block // 512))
 
 
-def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
-    """Softmax over the last dimension of x (any rank >= 1), reading x once.
+@dataclass(frozen=True)
+class RowLaunch:
+    """How row_softmax (or its backward) runs on one shape.
 
-    BLOCK_SIZE=None lets the wrapper choose: the whole row in one program when it fits
-    (``softmax_row_kernel``), else the row split over resident programs
-    (``softmax_split_row_kernel``; in interpreter mode, where programs run one after another and
-    cannot wait for each other, the online kernel instead). A given BLOCK_SIZE (a power of two)
-    forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
-    the row, and the one-pass kernel otherwise.
+    kernel: "row" (a whole row per program, ``block`` columns), "online" (tiles of one row by
+    ``block`` columns) or "split" (``split`` programs of ``block`` columns per row, ``programs``
+    of them in all, resident at once).
     """
-    check_tensor("x", x, tuple(range(1, 9)))
-    if BLOCK_SIZE is not None:
-        check_block("BLOCK_SIZE", BLOCK_SIZE, 8, 1 << 17)
-    n_cols = x.shape[-1]
-    x2 = x.reshape(-1, n_cols) if n_cols else x.reshape(0, 0)
-    if x2.stride(-1) != 1:
-        x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
-    y = torch.empty(x2.shape, dtype=x.dtype, device=x.device)
-    n_rows = x2.shape[0]
-    if y.numel() == 0:
-        return y.reshape(x.shape)
-    full = triton.next_power_of_2(n_cols)
-    if BLOCK_SIZE is not None and BLOCK_SIZE < full:
-        online = online_softmax(x2.unsqueeze(0), 1, BLOCK_SIZE)
-        return online.reshape(x.shape)
-    if BLOCK_SIZE is None and full * 4 > ROW_BYTES_ON_CHIP:
-        if INTERPRET:
-            return online_softmax(x2.unsqueeze(0), *online_softmax_tiles(n_cols)).reshape(x.shape)
-        _split_row_softmax(x2, y)
-        return y.reshape(x.shape)
-    block = max(full, BLOCK_SIZE or 0)
-    warps = _row_warps(block)
+
+    kernel: str
+    block: int
+    warps: int
+    programs: int
+    split: int = 1
+
+    def check(self) -> RowLaunch:
+        if self.kernel not in ("row", "online", "split"):
+            raise ValueError(f"RowLaunch.kernel must be 'row', 'online' or 'split', got {self.kernel!r}")
+        for name in ("block", "warps", "programs", "split"):
+            value = getattr(self, name)
+            if value < 1 or (name != "programs" and value & (value - 1)):
+                raise ValueError(f"RowLaunch.{name} must be a positive power of two, got {value}")
+        return self
+
+
+def _row_grid(n_rows: int, block: int, warps: int, device_index: int) -> int:
     if INTERPRET:
-        grid = (min(n_rows, 4),)
-    elif block >= 2048:
+        return min(n_rows, 4)
+    if block >= 2048:
         # One program per row: on an H100 this beat every persistent grid (1 to 16 programs per
         # SM) by 3 to 8 points of copy bandwidth for rows of 8 KiB and more; the hardware
         # scheduler balances the tail better than a fixed row-per-program split.
-        grid = (n_rows,)
-    else:
-        # Short rows: a few resident programs per SM, each looping over rows, save launch work.
-        sms = _device_properties(x.device.index or 0).multi_processor_count
-        per_sm = max(1, 2048 // (warps * 32))
-        grid = (min(n_rows, sms * per_sm),)
-    softmax_row_kernel[grid](x2, y, n_rows, n_cols, x2.stride(0), y.stride(0), BLOCK_SIZE=block, num_warps=warps)
-    return y.reshape(x.shape)
+        return min(n_rows, GRID_0_LIMIT)
+    # Short rows: a few resident programs per SM, each looping over rows, save launch work.
+    per_sm = max(1, 2048 // (warps * 32))
+    return min(n_rows, _device_properties(device_index).multi_processor_count * per_sm)
 
 
-def _split_row_softmax(x2: torch.Tensor, y: torch.Tensor, chunk: int | None = None, warps: int | None = None) -> None:
-    n_rows, n_cols = x2.shape
-    # 8192 columns over 8 warps (32 values per thread): within 1 point of the best of a sweep of
-    # chunks 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
-    # 1024 x 65536 (90 %); small programs let several groups share each SM.
-    chunk = chunk or SPLIT_CHUNK
+@functools.lru_cache(maxsize=4096)
+def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
+                BLOCK_SIZE: int) -> RowLaunch:
+    """row_softmax's forward launch for one shape, dtype and device (BLOCK_SIZE 0: the wrapper's choice)."""
+    full = triton.next_power_of_2(n_cols)
+    if BLOCK_SIZE and BLOCK_SIZE < full:
+        return RowLaunch("online", BLOCK_SIZE, _warps_for_tile(BLOCK_SIZE), n_rows).check()
+    if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
+        if INTERPRET:  # programs run one after another there and cannot wait for each other
+            return RowLaunch("online", LONG_ROW_TILES[1], _warps_for_tile(LONG_ROW_TILES[1]), n_rows).check()
+        return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
+    block = max(full, BLOCK_SIZE)
+    warps = _row_warps(block)
+    return RowLaunch("row", block, warps, _row_grid(n_rows, block, warps, device_index)).check()
+
+
+@functools.lru_cache(maxsize=4096)
+def _row_backward_launch(n_rows: int, n_cols: int, device_index: int) -> RowLaunch:
+    """The backward holds two rows (y and dy): one program per row while both fit, else online tiles."""
+    full = triton.next_power_of_2(n_cols)
+    if 2 * full * 4 > ROW_BYTES_ON_CHIP:
+        return RowLaunch("online", LONG_ROW_TILES[1], _warps_for_tile(LONG_ROW_TILES[1]), n_rows).check()
+    warps = _row_warps(full)
+    return RowLaunch("row", full, warps, _row_grid(n_rows, full, warps, device_index)).check()
+
+
+def _int_stand_in(v: int) -> int:
+    # Triton compiles one variant per (value == 1, value % 16 == 0) of each int argument; a
+    # stand-in with the same two answers compiles the variant the launch will run.
+    return 1 if v == 1 else 16 if v % 16 == 0 else 3
+
+
+def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int) -> RowLaunch:
+    chunk = SPLIT_CHUNK
     split = triton.next_power_of_2(triton.cdiv(n_cols, chunk))
     chunk = triton.next_power_of_2(triton.cdiv(n_cols, split))
-    warps = warps or max(1, min(32, chunk // 1024))
-    stats = torch.empty((n_rows, split, 2), dtype=torch.float32, device=x2.device)
-    arrived = torch.zeros(n_rows, dtype=torch.int32, device=x2.device)
-    props = _device_properties(x2.device.index or 0)
-    args = (x2, y, stats, arrived, n_rows, n_cols, x2.stride(0), y.stride(0))
-    compiled = softmax_split_row_kernel.warmup(*args, 1, CHUNK=chunk, SPLIT=split, num_warps=warps, grid=(1,))
-    capacity = resident_programs(compiled, warps, props) * props.multi_processor_count
-    if capacity < split:  # a group that cannot all be resident at once would wait forever
+    warps = max(1, min(32, chunk // 1024))
+    props = _device_properties(device_index)
+
+    def capacity(n_groups: int) -> int:
+        ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
+        compiled = softmax_split_row_kernel.warmup(
+            dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
+            CHUNK=chunk, SPLIT=split, num_warps=warps, grid=(1,))
+        return resident_programs(compiled, warps, props) * props.multi_processor_count
+
+    most = capacity(n_rows)
+    if most < split:  # a group that cannot all be resident at once would wait forever
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
-                                  f"resident at once, but the device holds {capacity}")
-    n_groups = min(n_rows, capacity // split)
-    softmax_split_row_kernel[(n_groups * split,)](*args, n_groups, CHUNK=chunk, SPLIT=split, num_warps=warps)
+                                  f"resident at once, but the device holds {most}")
+    n_groups = min(n_rows, most // split)
+    if _int_stand_in(n_groups) != _int_stand_in(n_rows):  # another compiled variant: check it too
+        n_groups = min(n_groups, capacity(n_groups) // split)
+    if n_groups < 1:
+        raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
+                                  f"resident at once, and the device cannot hold them")
+    return RowLaunch("split", chunk, warps, n_groups * split, split).check()
+
+
+# Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
+# kernel resets them). One buffer per (device, stream): launches on one stream run one after
+# another, so they never share counters at the same time; two streams get two buffers. A buffer
+# first made during CUDA-graph capture comes from the graph's memory pool and its zero fill is
+# part of the graph, which is harmless (the kernel leaves it zero anyway). What is not covered:
+# a CUDA graph keeps the buffer of the stream it was captured on, so two graphs captured on one
+# stream (torch.cuda.graph's default) and replayed at the same time on different streams would
+# share counters and could hang: replay such graphs on one stream, or capture them on different
+# ones. torch.compile's graphs are not concerned: they zero counters of their own per call.
+_SPLIT_COUNTERS: dict = {}
 
 
 def resident_programs(compiled, num_warps: int, props) -> int:
@@ -454,6 +682,132 @@ def resident_programs(compiled, num_warps: int, props) -> int:
     by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
     by_threads = props.max_threads_per_multi_processor // threads
     return max(0, min(by_regs, by_smem, by_threads))
+
+
+def _split_counters(device: torch.device, index: int) -> torch.Tensor:
+    key = (index, torch.cuda.current_stream(index).cuda_stream)
+    counters = _SPLIT_COUNTERS.get(key)
+    if counters is None:
+        props = _device_properties(index)
+        # At most one group per resident program of one warp: the most groups any launch has.
+        most_groups = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
+        counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
+    return counters
+
+
+def _aligned(t: torch.Tensor) -> bool:
+    """Whether t's data starts on 16 bytes, as the split kernel's capacity check compiled it for
+    (a fake tensor under torch.compile has no address: the compiler's inputs are aligned)."""
+    return is_fake(t) or t.data_ptr() % 16 == 0
+
+
+def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tensor:
+    """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose."""
+    y = _empty_like_contiguous(x2)
+    if y.numel() == 0:
+        return y
+    # int(): under torch.compile with dynamic shapes these are symbols; the launch is chosen for
+    # (and the compiled graph guarded on) the concrete shape, as the cache needs plain ints.
+    n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
+    launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
+    if launch.kernel == "online":
+        return _online_forward(x2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
+    if launch.kernel == "split":
+        if not _aligned(x2):
+            x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
+            launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
+        stats = torch.empty((n_rows, launch.split, 2), dtype=torch.float32, device=x2.device)
+        if is_fake(x2):
+            # torch.compile is tracing this body: a cached buffer would enter its graph as a
+            # constant that the kernel mutates, so the graph zeroes its own counters per call
+            # instead (a fill kernel, which a CUDA graph replays).
+            counters = torch.zeros(2 * (launch.programs // launch.split), dtype=torch.int32, device=x2.device)
+        else:
+            counters = _split_counters(x2.device, _device_index(x2))
+        _jit(softmax_split_row_kernel, traced)[(launch.programs,)](
+            x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), launch.programs // launch.split,
+            CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps)
+        return y
+    _jit(softmax_row_kernel, traced)[(launch.programs,)](
+        x2, y, n_rows, n_cols, x2.stride(0), y.stride(0), BLOCK_SIZE=launch.block, num_warps=launch.warps)
+    return y
+
+
+def _row_backward(y2: torch.Tensor, dy2: torch.Tensor, traced: bool) -> torch.Tensor:
+    """dx for 2-D y2 (contiguous, row_softmax's output) and dy2 of its shape, any strides."""
+    dx = _empty_like_contiguous(y2)
+    if dx.numel() == 0:
+        return dx
+    n_rows, n_cols = int(y2.shape[0]), int(y2.shape[1])  # plain ints for the cache (see _row_forward)
+    launch = _row_backward_launch(n_rows, n_cols, _device_index(y2))
+    if launch.kernel == "online":
+        return _online_backward(y2.unsqueeze(0), dy2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
+    _jit(softmax_row_backward_kernel, traced)[(launch.programs,)](
+        y2, dy2, dx, n_rows, n_cols, y2.stride(0), dy2.stride(0), dy2.stride(1), dx.stride(0),
+        BLOCK_SIZE=launch.block, num_warps=launch.warps)
+    return dx
+
+
+def _row_fake(x2, BLOCK_SIZE):
+    return _empty_like_contiguous(x2)
+
+
+@kernel_op("row_softmax", _row_fake)
+def _row_softmax_op(x2: torch.Tensor, BLOCK_SIZE: int) -> torch.Tensor:
+    return _row_forward(x2, BLOCK_SIZE, traced=True)
+
+
+def _row_backward_fake(y2, dy2):
+    return _empty_like_contiguous(y2)
+
+
+@kernel_op("row_softmax_backward", _row_backward_fake)
+def _row_softmax_backward_op(y2: torch.Tensor, dy2: torch.Tensor) -> torch.Tensor:
+    return _row_backward(y2, dy2, traced=True)
+
+
+def _row_backward_2d(y2: torch.Tensor, dy2: torch.Tensor) -> torch.Tensor:
+    if needs_op(y2, dy2):
+        return _row_softmax_backward_op(y2, dy2)
+    return _row_backward(y2, dy2, traced=False)
+
+
+def _row_softmax_grad(ctx, dy2):
+    (y2,) = ctx.saved_tensors
+    return _row_backward_2d(y2, dy2), None
+
+
+def _row_softmax_backward_grad(ctx, ddx):
+    y2, dy2 = ctx.saved_tensors
+    return _softmax_double_backward(y2, dy2, ddx, _row_backward_2d)
+
+
+_row_softmax_op.register_autograd(_row_softmax_grad, setup_context=_save_output_and_blocks)
+_row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_context=_save_backward_inputs)
+
+
+def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
+    """Softmax over the last dimension of x (any rank >= 1), reading x once.
+
+    BLOCK_SIZE=None lets the wrapper choose: the whole row in one program when it fits
+    (``softmax_row_kernel``), else the row split over resident programs
+    (``softmax_split_row_kernel``; in interpreter mode, where programs run one after another and
+    cannot wait for each other, the online kernel instead). A given BLOCK_SIZE (a power of two)
+    forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
+    the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
+    traceable by torch.compile.
+    """
+    check_tensor("x", x, ANY_RANK)
+    if BLOCK_SIZE is not None:
+        check_block("BLOCK_SIZE", BLOCK_SIZE, 8, 1 << 17)
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    if x2.stride(-1) != 1:
+        x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
+    if needs_op(x2):
+        y = _row_softmax_op(x2, BLOCK_SIZE or 0)
+    else:
+        y = _row_forward(x2, BLOCK_SIZE or 0, traced=False)
+    return y.reshape(x.shape)
 
 
 def row_softmax_flops(M: int, N: int) -> int:

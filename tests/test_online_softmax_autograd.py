@@ -1,0 +1,281 @@
+"""Every public op of online_softmax.py as a caller uses it: autograd, double backward,
+torch.compile(fullgraph=True), CUDA graphs, and the host-side caches.
+
+Gradients are judged against torch autograd in float64 on the same (rounded) inputs, allowed
+PyTorch's own error at the input's precision (``support.assert_close``). In the interpreter the
+ops are opaque custom ops, so torch.compile there checks the op's schema, fake implementation
+and autograd registration (backend aot_eager: no code generation, cheap); on a GPU the ops are
+triton_ops that the default backend traces into, checked by the GPU-only tests.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import online_softmax as osm
+from online_softmax import OnlineSoftmax, online_softmax, online_softmax_backward, row_softmax
+from support import DEVICE, DTYPES, ON_GPU, assert_close, needs_gpu, randn
+
+# name -> softmax over the last dimension, and the path it takes at the shapes below.
+OPS = {
+    "online_softmax 2x8": lambda x: online_softmax(x, 2, 8),  # several row tiles and column steps
+    "OnlineSoftmax.apply 4x16": lambda x: OnlineSoftmax.apply(x, 4, 16),  # the course's autograd Function
+    "row_softmax": row_softmax,  # one program per row, forward and backward (softmax_row_*_kernel)
+    "row_softmax BLOCK_SIZE=8": lambda x: row_softmax(x, 8),  # forced online tiles of 1 x 8
+}
+
+
+def torch_softmax_grad(x, dy, dtype):
+    leaf = x.detach().to(dtype).requires_grad_()
+    return torch.autograd.grad(torch.softmax(leaf, dim=-1), leaf, dy.to(dtype))[0]
+
+
+def op_grad(op, x, dy):
+    leaf = x.detach().clone().requires_grad_()
+    out = op(leaf)
+    assert out.grad_fn is not None, "the output carries no history: the gradient would be dropped"
+    out.backward(dy)
+    assert leaf.grad.dtype == x.dtype and leaf.grad.shape == x.shape
+    return leaf.grad
+
+
+# ----------------------------------------------------------------------------------------------
+# First-order gradients against float64
+# ----------------------------------------------------------------------------------------------
+# Odd shapes of every rank: ragged row tiles and column steps, a 1-D row, leading dims folded.
+GRAD_SHAPES = {"3-D 2x5x37": (2, 5, 37), "1-D 19": (19,), "2-D 7x13": (7, 13), "4-D 2x1x3x21": (2, 1, 3, 21)}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape", list(GRAD_SHAPES.values()), ids=list(GRAD_SHAPES))
+@pytest.mark.parametrize("op", OPS)
+def test_gradient_matches_float64(op, shape, dtype):
+    x = randn(shape, DTYPES[dtype], seed=len(shape), scale=2.0)
+    dy = randn(shape, DTYPES[dtype], seed=30)
+    grad = op_grad(OPS[op], x, dy)
+    assert_close(grad, torch_softmax_grad(x, dy, torch.float64), torch_softmax_grad(x, dy, x.dtype))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_gradient_of_a_sum(op):
+    """y.sum().backward() hands the backward a stride-0 expansion of a scalar: read through its strides."""
+    x = randn((3, 4, 11), torch.float32, seed=31, scale=2.0)
+    leaf = x.clone().requires_grad_()
+    (OPS[op](leaf) * torch.arange(11, device=DEVICE)).sum().backward()
+    dy = torch.arange(11, device=DEVICE, dtype=torch.float32).expand(x.shape)
+    assert_close(leaf.grad, torch_softmax_grad(x, dy, torch.float64), torch_softmax_grad(x, dy, torch.float32))
+
+
+def test_row_softmax_long_row_gradient():
+    """17000 columns: the forward holds a row, but two rows (y and dy) no longer fit one program:
+    the backward runs in online tiles of 1 x 4096."""
+    assert osm._row_backward_launch(2, 17000, -1 if not ON_GPU else 0).kernel == "online"
+    x = randn((2, 17000), torch.float32, seed=32, scale=3.0)
+    dy = randn((2, 17000), torch.float32, seed=33)
+    assert_close(op_grad(row_softmax, x, dy), torch_softmax_grad(x, dy, torch.float64),
+                 torch_softmax_grad(x, dy, torch.float32))
+
+
+def test_online_softmax_backward_any_rank():
+    """online_softmax_backward takes y and dy of any one shape, as online_softmax takes x."""
+    x = randn((2, 2, 3, 9), torch.float32, seed=34)
+    dy = randn(x.shape, torch.float32, seed=35)
+    dx = online_softmax_backward(torch.softmax(x, dim=-1), dy, 2, 4)
+    assert_close(dx, torch_softmax_grad(x, dy, torch.float64), torch_softmax_grad(x, dy, torch.float32))
+
+
+# ----------------------------------------------------------------------------------------------
+# Double backward: the backward ops are differentiable (d/dy by formula, d/d(dy) by the kernel)
+# ----------------------------------------------------------------------------------------------
+def second_order(op, x, dy, w, dtype):
+    """Gradients of <w, d op(x)/dx . dy> with respect to x and dy: the terms a Hessian-vector
+    product or a gradient penalty needs; zeros there would mean a silently dropped term."""
+    leaf = x.detach().to(dtype).requires_grad_()
+    dy = dy.detach().to(dtype).requires_grad_()
+    (gx,) = torch.autograd.grad(op(leaf), leaf, dy, create_graph=True)
+    return torch.autograd.grad((gx * w.to(dtype)).sum(), (leaf, dy))
+
+
+@pytest.mark.parametrize("op", OPS)
+def test_double_backward_matches_float64(op):
+    shape = (2, 3, 13)
+    x, dy, w = (randn(shape, torch.float32, seed=s, scale=2.0) for s in (36, 37, 38))
+    got = second_order(OPS[op], x, dy, w, torch.float32)
+    ref = second_order(lambda t: torch.softmax(t, dim=-1), x, dy, w, torch.float64)
+    ref32 = second_order(lambda t: torch.softmax(t, dim=-1), x, dy, w, torch.float32)
+    for name, g, r, r32 in zip(("d/dx", "d/d(dy)"), got, ref, ref32):
+        assert g.abs().max() > 0, f"{name}: second-order term is zero"
+        assert_close(g, r, r32)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile(fullgraph=True): the public ops trace with no graph break, forward and backward
+# ----------------------------------------------------------------------------------------------
+def softmax_backward_reference(y, dy):
+    return y * (dy - (y * dy).sum(dim=-1, keepdim=True))
+
+
+# name -> (op, its definition in torch ops). The backward op is fed y = dy = x: not a softmax
+# output, but the formula holds for any y, so the compiled graph holds the kernel alone.
+COMPILE_OPS = dict({name: (op, lambda x: torch.softmax(x, dim=-1)) for name, op in OPS.items()}, **{
+    "online_softmax_backward": (lambda x: online_softmax_backward(x, x, 2, 8), lambda x: softmax_backward_reference(x, x)),
+})
+
+
+def compiled_and_grad(fn, x, dy):
+    leaf = x.detach().clone().requires_grad_()
+    y = fn(leaf)
+    y.backward(dy)
+    return y.detach(), leaf.grad
+
+
+@pytest.mark.parametrize("op", COMPILE_OPS)
+def test_compiles_fullgraph_with_backward(op):
+    """aot_eager in the interpreter (the op stays opaque; no code generation), the default backend
+    on a GPU (the triton_op's launches traced into the graph). Output and gradient as accurate as
+    torch's against float64."""
+    torch._dynamo.reset()
+    fn, reference = COMPILE_OPS[op]
+    compiled = torch.compile(fn, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager", dynamic=False)
+    x = randn((2, 3, 21), torch.float32, seed=39, scale=2.0)
+    dy = randn(x.shape, torch.float32, seed=40)
+    y, grad = compiled_and_grad(compiled, x, dy)
+    y64, grad64 = compiled_and_grad(reference, x.double(), dy.double())
+    y32, grad32 = compiled_and_grad(reference, x, dy)
+    assert_close(y, y64, y32)
+    assert_close(grad, grad64, grad32)
+
+
+def test_no_grad_call_launches_directly():
+    """A plain eager call skips the dispatcher (no history); one that autograd records goes through
+    the op and carries its backward."""
+    x = randn((2, 5), torch.float32, seed=41)
+    assert row_softmax(x).grad_fn is None and online_softmax(x, 2, 4).grad_fn is None
+    x.requires_grad_()
+    assert row_softmax(x).grad_fn is not None and online_softmax(x, 2, 4).grad_fn is not None
+    with torch.no_grad():
+        assert row_softmax(x).grad_fn is None
+
+
+# ----------------------------------------------------------------------------------------------
+# Host cost: launch choices are cached, not recomputed per call
+# ----------------------------------------------------------------------------------------------
+def test_row_launch_is_cached():
+    x = randn((5, 33), torch.float32, seed=42)
+    row_softmax(x)
+    before = osm._row_launch.cache_info()
+    row_softmax(x)
+    after = osm._row_launch.cache_info()
+    assert after.hits == before.hits + 1 and after.misses == before.misses
+
+
+# ----------------------------------------------------------------------------------------------
+# On a GPU: compiled graphs, CUDA graphs, the split-row kernel's counters
+# ----------------------------------------------------------------------------------------------
+# name -> (op, shape): the row_softmax shapes cover the one-pass kernel and the split-row kernel.
+GPU_OPS = {
+    "online_softmax": (lambda x: online_softmax(x, *osm.online_softmax_tiles(x.shape[-1])), (4, 64, 1000)),
+    "OnlineSoftmax.apply": (lambda x: OnlineSoftmax.apply(x, 16, 64), (4, 64, 1000)),
+    "row_softmax one-pass": (row_softmax, (512, 1000)),
+    "row_softmax split": (row_softmax, (64, 65536)),
+    "online_softmax_backward": (lambda x: online_softmax_backward(x, x, 16, 64), (4, 64, 1000)),
+}
+
+
+def gpu_reference(op, x):
+    """What GPU_OPS[op] computes, in torch ops: float64 reference and x.dtype's own error."""
+    fn = (lambda t: softmax_backward_reference(t, t)) if op == "online_softmax_backward" else (
+        lambda t: torch.softmax(t, dim=-1))
+    return fn(x.double()), fn(x)
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", GPU_OPS)
+def test_cuda_graph_replay_equals_eager(op):
+    """Captured once, replayed on new inputs: the same answer as an eager call, every replay (the
+    split kernel's cached counters must come back to zero after each launch, or the next hangs)."""
+    fn, shape = GPU_OPS[op]
+    static_x = randn(shape, torch.float32, seed=43, scale=2.0)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(2):
+            fn(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_y = fn(static_x)
+    for seed in (44, 45, 46):
+        static_x.copy_(randn(shape, torch.float32, seed=seed, scale=2.0))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, fn(static_x.clone())), f"replay with seed {seed}"
+    for counters in osm._SPLIT_COUNTERS.values():
+        assert (counters == 0).all()
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", GPU_OPS)
+def test_reduce_overhead_compile(op):
+    """torch.compile(mode="reduce-overhead", fullgraph=True): compiled and replayed from a CUDA graph."""
+    torch._dynamo.reset()
+    fn, shape = GPU_OPS[op]
+    compiled = torch.compile(fn, fullgraph=True, mode="reduce-overhead")
+    for seed in (47, 48, 49):
+        x = randn(shape, torch.float32, seed=seed, scale=2.0)
+        assert_close(compiled(x).clone(), *gpu_reference(op, x))
+
+
+@needs_gpu
+@pytest.mark.parametrize("op", GPU_OPS)
+def test_compile_dynamic_shapes(op):
+    """A second shape makes torch.compile mark dimensions dynamic; the ops still trace and agree."""
+    torch._dynamo.reset()
+    fn, shape = GPU_OPS[op]
+    compiled = torch.compile(fn, fullgraph=True)
+    for rows in (shape[-2], shape[-2] + 3):
+        x = randn(shape[:-2] + (rows, shape[-1]), torch.float32, seed=50, scale=2.0)
+        assert_close(compiled(x), *gpu_reference(op, x))
+
+
+@needs_gpu
+def test_split_row_counters_reset_by_the_kernel():
+    """The split path allocates no zeroed counter per call: one buffer per (device, stream), zero after each launch."""
+    x = randn((64, 65536), torch.float32, seed=51)
+    assert osm._row_launch(64, 65536, 65536, torch.float32, x.device.index, 0).kernel == "split"
+    row_softmax(x)
+    buffers = {key: id(c) for key, c in osm._SPLIT_COUNTERS.items()}
+    for _ in range(3):
+        assert_close(row_softmax(x), torch.softmax(x.double(), -1), torch.softmax(x, -1))
+    torch.cuda.synchronize()
+    assert {key: id(c) for key, c in osm._SPLIT_COUNTERS.items()} == buffers, "a new counter buffer per call"
+    assert all((c == 0).all() for c in osm._SPLIT_COUNTERS.values())
+
+
+@needs_gpu
+def test_split_row_gradient_on_gpu():
+    """Long rows: split-row forward, online-tile backward, against float64."""
+    x = randn((8, 65536), torch.float32, seed=52, scale=3.0)
+    dy = randn(x.shape, torch.float32, seed=53)
+    assert_close(op_grad(row_softmax, x, dy), torch_softmax_grad(x, dy, torch.float64),
+                 torch_softmax_grad(x, dy, torch.float32))
+
+
+def _refuse(what):
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"{what} called on the hot path")
+    return refuse
+
+
+# Long rows: the split-row kernel on a GPU, online tiles in the interpreter (kept small there).
+@pytest.mark.parametrize("shape", [(64, 1000), (64, 65536) if ON_GPU else (2, 40_000)], ids=["one-pass", "long rows"])
+def test_hot_path_does_no_setup(monkeypatch, shape):
+    """After a first call, a call of the same shape compiles nothing, queries no device property and
+    zeroes no counter: those live in caches (the split path's counters in a buffer the kernel resets)."""
+    x = randn(shape, torch.float32, seed=54)
+    first = row_softmax(x)
+    monkeypatch.setattr(osm.softmax_split_row_kernel, "warmup", _refuse("warmup"))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", _refuse("get_device_properties"))
+    monkeypatch.setattr(torch, "zeros", _refuse("torch.zeros"))
+    assert torch.equal(row_softmax(x), first)

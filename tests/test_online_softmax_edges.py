@@ -1,0 +1,210 @@
+"""Edge cases of the row softmaxes: masked tiles and rows, NaN and +inf, any rank, grids past
+CUDA's limits, and inputs refused before any launch.
+
+Every answer is torch.softmax's, NaN where torch's is NaN (``support.assert_close`` requires the
+same NaN pattern and float64 accuracy elsewhere). The interpreter runs the online kernel and the
+one-pass row kernel; the split-row kernel and the CUDA limits exist only on a GPU (``needs_gpu``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import online_softmax as osm
+from online_softmax import OnlineSoftmax, online_softmax, online_softmax_backward, row_softmax
+from support import assert_close, needs_gpu, randn
+
+INF = float("inf")
+NAN = float("nan")
+
+# Rows of 37 columns read in column steps of 8: tiles [0, 8), [8, 16), ..., [32, 37) (ragged last).
+D2, STEP = 37, 8
+
+
+def planted_rows(dtype=torch.float32) -> torch.Tensor:
+    """(2, 12, 37) logits; row r of each batch element is the case below (batch 1 shifted by 3).
+
+    Whole tiles of -inf first, in the middle, last (the ragged one), and all but one tile;
+    a row of only -inf (NaN, as torch); NaN inside a tile of -inf (before any finite logit, where
+    a running max that skips NaN would drop it); NaN among finite logits; +inf once, twice in two
+    tiles, and beside -inf (torch gives NaN for every row holding NaN or +inf).
+    """
+    x = randn((2, 12, D2), torch.float32, seed=60, scale=3.0)
+    x[:, 0, :STEP] = -INF  # first tile masked
+    x[:, 1, 2 * STEP:3 * STEP] = -INF  # a middle tile masked
+    x[:, 2, 4 * STEP:] = -INF  # the ragged last tile masked
+    x[:, 3, :] = -INF
+    x[:, 3, 3 * STEP + 1] = 0.25  # one live logit in the fourth tile: exactly 1 there
+    x[:, 4, :] = -INF  # all -inf: NaN
+    x[:, 5, :2 * STEP] = -INF
+    x[:, 5, 3] = NAN  # NaN among -inf, in the first tile
+    x[:, 6, 20] = NAN  # NaN among finite logits
+    x[:, 7, 30] = INF
+    x[:, 8, 1], x[:, 8, 33] = INF, INF  # +inf in the first and the last tile
+    x[:, 9, :] = -INF
+    x[:, 9, 12] = INF  # +inf among -inf: torch gives NaN (inf - inf)
+    x[:, 10, :STEP] = -INF
+    x[:, 10, 4 * STEP:] = -INF  # first and last tiles masked, middle live
+    x[1] = x[1].roll(3, dims=0)  # rows land in other row tiles of the online kernel
+    return x.to(dtype)
+
+
+# name -> softmax over the last dimension of a 3-D x: the kernel and tiling it exercises.
+KERNELS = {
+    "online 4x8": lambda x: online_softmax(x, 4, STEP),  # row tiles of 4, column steps of 8
+    "online 1x8": lambda x: online_softmax(x, 1, STEP),
+    "online 16x64": lambda x: online_softmax(x, 16, 64),  # one tile holds everything
+    "row_softmax one-pass": row_softmax,  # softmax_row_kernel: the whole row in one program
+    "row_softmax BLOCK_SIZE=8": lambda x: row_softmax(x, STEP),  # online tiles of 1 x 8
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16], ids=["float32", "float16"])
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_masked_tiles_nan_and_inf_as_torch(kernel, dtype):
+    x = planted_rows(dtype)
+    want = torch.softmax(x, dim=-1)
+    assert torch.isnan(want[0, 4:10]).all() and not torch.isnan(want[0, [0, 1, 2, 3, 10, 11]]).any()
+    out = KERNELS[kernel](x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), want)
+    assert (out[0, 3, 3 * STEP + 1] == 1).all() and (out[0, 3, :3 * STEP] == 0).all()
+
+
+def torch_grads(x, dy):
+    """torch autograd's gradient of softmax(x) . dy in float64 (the reference) and float32 (its error)."""
+    grads = []
+    for dtype in (torch.float64, torch.float32):
+        leaf = x.to(dtype).requires_grad_()
+        torch.softmax(leaf, dim=-1).backward(dy.to(dtype))
+        grads.append(leaf.grad)
+    return grads
+
+
+@pytest.mark.parametrize("op", ["online_softmax", "OnlineSoftmax.apply", "row_softmax"])
+def test_masked_rows_gradient_as_torch(op):
+    """Backward through masked tiles: weight-0 logits get gradient 0, a NaN row gets NaN, as torch."""
+    x = planted_rows()[:, [0, 1, 2, 4, 10]]
+    dy = randn(x.shape, torch.float32, seed=61)
+    fn = {"online_softmax": lambda t: online_softmax(t, 4, STEP), "OnlineSoftmax.apply": lambda t: OnlineSoftmax.apply(t, 4, STEP),
+          "row_softmax": row_softmax}[op]
+    leaf = x.clone().requires_grad_()
+    fn(leaf).backward(dy)
+    assert_close(leaf.grad, *torch_grads(x, dy))
+
+
+# ----------------------------------------------------------------------------------------------
+# Any rank >= 1
+# ----------------------------------------------------------------------------------------------
+RANK_SHAPES = {"1-D": (13,), "2-D": (5, 13), "4-D": (2, 3, 2, 13), "5-D": (1, 2, 1, 3, 13),
+               "9-D": (1, 2, 1, 1, 2, 1, 1, 3, 13), "10-D": (2,) + (1,) * 8 + (13,)}
+
+
+@pytest.mark.parametrize("op", ["online_softmax", "row_softmax"])
+@pytest.mark.parametrize("shape", list(RANK_SHAPES.values()), ids=list(RANK_SHAPES))
+def test_any_rank(op, shape):
+    x = randn(shape, torch.float32, seed=len(shape), scale=2.0)
+    out = online_softmax(x, 2, 8) if op == "online_softmax" else row_softmax(x)
+    assert out.shape == x.shape
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+def test_online_softmax_rank_4_strided():
+    """A 4-D view that cannot fold its leading dimensions in place: the wrapper's reshape copies it."""
+    x = randn((3, 4, 6, 10), torch.float32, seed=62).transpose(0, 1)
+    out = online_softmax(x, 4, 8)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Grids: the batch folded into axis 0, programs looping past the grid's cap
+# ----------------------------------------------------------------------------------------------
+def test_online_grid_folds_batch_into_axis_0():
+    """The online grid is one axis of batch x row tiles, whatever the batch (axis 1 stops at 65535)."""
+    _, n_tiles, grid = osm._online_grid(70_000, 33, 16)
+    assert n_tiles == 70_000 * 3 and grid == (n_tiles,)
+    _, n_tiles, grid = osm._online_grid(2**20, 2**14, 1)
+    assert n_tiles == 2**34 and grid == (osm.GRID_0_LIMIT,)
+
+
+@pytest.mark.parametrize("op", ["forward", "backward"])
+def test_online_programs_loop_past_the_grid_cap(monkeypatch, op):
+    """With the grid capped below the tile count (as at CUDA's 2^31 - 1), each program takes
+    several tiles of several batch elements: 3 programs for 2 x 3 row tiles here."""
+    monkeypatch.setattr(osm, "GRID_0_LIMIT", 3)
+    assert osm._online_grid(2, 9, 4) == (3, 6, (3,))
+    x = randn((2, 9, 21), torch.float32, seed=63, scale=2.0)
+    if op == "forward":
+        assert_close(online_softmax(x, 4, 8), torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    else:
+        y, dy = torch.softmax(x, dim=-1), randn(x.shape, torch.float32, seed=64)
+        dx = online_softmax_backward(y, dy, 4, 8)
+        ref = [(t * (g - (t * g).sum(-1, keepdim=True))) for t, g in ((y.double(), dy.double()), (y, dy))]
+        assert_close(dx, *ref)
+
+
+@needs_gpu
+def test_online_softmax_batch_past_65535_on_gpu():
+    x = randn((70_000, 3, 5), torch.float32, seed=65, scale=2.0)
+    leaf = x.clone().requires_grad_()
+    out = online_softmax(leaf, 4, 8)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    dy = randn(x.shape, torch.float32, seed=66)
+    out.backward(dy)
+    assert_close(leaf.grad, *torch_grads(x, dy))
+
+
+# ----------------------------------------------------------------------------------------------
+# The split-row kernel (GPU only): masked chunks, NaN, +inf
+# ----------------------------------------------------------------------------------------------
+@needs_gpu
+def test_split_row_masked_chunks_nan_and_inf_on_gpu():
+    """200_000 columns: 32 programs per row of 8192 columns (chunk 24 ragged, 25 to 31 past the
+    row). Whole chunks of -inf first, in the middle and last; rows of only -inf; NaN inside a chunk
+    of -inf; +inf: each as torch."""
+    n = 200_000
+    chunk = 8192
+    launch = osm._row_launch(9, n, n, torch.float32, torch.cuda.current_device(), 0)
+    assert (launch.kernel, launch.block, launch.split) == ("split", chunk, 32)
+    x = randn((9, n), torch.float32, seed=67, scale=3.0)
+    x[0, :chunk] = -INF  # first chunk
+    x[1, 5 * chunk:6 * chunk] = -INF  # a middle chunk
+    x[2, 24 * chunk:] = -INF  # the last, ragged chunk
+    x[3, :] = -INF  # NaN
+    x[4, :] = -INF
+    x[4, 7 * chunk + 5] = NAN  # NaN in a chunk of only -inf: max -inf there, the sum must carry it
+    x[5, 100] = INF
+    x[6, :] = -INF
+    x[6, 3 * chunk] = 2.0  # one live logit: exactly 1
+    x[7, 42] = NAN
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    assert out[6, 3 * chunk] == 1 and torch.isnan(out[[3, 4, 5, 7]]).all()
+
+
+@needs_gpu
+def test_online_and_row_kernels_nan_and_inf_compiled():
+    """The planted rows through every kernel compiled (the interpreter's NumPy max propagates NaN;
+    a GPU's max skips it): the same NaN rows as torch."""
+    x = planted_rows()
+    for name, fn in KERNELS.items():
+        assert_close(fn(x), torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+# ----------------------------------------------------------------------------------------------
+# Mixed devices, refused before any launch
+# ----------------------------------------------------------------------------------------------
+@needs_gpu
+def test_cpu_and_cuda_tensors_mixed():
+    y = torch.softmax(randn((2, 3, 5), torch.float32, seed=68), dim=-1)
+    with pytest.raises(ValueError, match=r"dy is on cpu"):
+        online_softmax_backward(y, y.cpu())
+    with pytest.raises(ValueError, match=r"y is on cpu"):
+        online_softmax_backward(y.cpu(), y)
+
+
+def test_sparse_input_refused_by_name():
+    x = randn((4, 6), torch.float32, seed=69).to_sparse()
+    for fn in (row_softmax, online_softmax, OnlineSoftmax.apply):
+        with pytest.raises(TypeError, match=r"x must be a dense \(strided\) tensor, got layout torch\.sparse_coo"):
+            fn(x)
