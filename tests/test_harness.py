@@ -164,7 +164,7 @@ def test_tables_rebuild_byte_identical(softmax_matmul_run, tmp_path):
 # Failing configurations: a resource limit is recorded and skipped, a bug fails the run
 # ----------------------------------------------------------------------------------------------
 PROBE_MODULE = '''
-import time
+import os, time
 import pytest, torch, triton, triton.language as tl
 from conftest import BenchGroup
 
@@ -187,7 +187,12 @@ def test_probe(bench, n, impl, BLOCK):
             open("sleeping", "w").close()
             time.sleep(120)
         x = torch.empty(64)
-        return lambda: fill_kernel[(1,)](x, BLOCK=BLOCK)
+        delay = float(os.environ.get("PROBE_DELAY_S", "0"))  # a deliberately slowed kernel
+
+        def fill():
+            time.sleep(delay)
+            return fill_kernel[(1,)](x, BLOCK=BLOCK)
+        return fill
 
     row = dict(n=n, impl=impl, BLOCK=BLOCK)
     if impl == "clash":
@@ -274,6 +279,18 @@ def test_compare_of_two_runs_sees_one_machine(tmp_path):
     assert proc.returncode == 0, proc.output[-4000:]
     assert "Comparing against benchmarks from" in proc.output, proc.output[-4000:]
     assert "machine_info is different" not in proc.output, proc.output[-4000:]
+
+
+def test_the_gate_fails_on_a_slowed_kernel(tmp_path):
+    """The tox gate's options against a baseline in pytest-benchmark's storage layout, from another directory."""
+    cases = [(1, "fits", 16)]
+    baseline = tmp_path / "baseline"
+    proc = run_pytest([*write_probe(tmp_path, cases), f"--benchmark-storage=file://{baseline}", "--benchmark-save=base"],
+                      cwd=tmp_path, pythonpath=ROOT)
+    assert proc.returncode == 0 and len(list(baseline.glob("*/0001_base.json"))) == 1, proc.output[-4000:]
+    proc = run_pytest([*write_probe(tmp_path, cases), f"--benchmark-storage=file://{baseline}", "--benchmark-compare=*/0001",
+                       "--benchmark-compare-fail=median:5%"], cwd=tmp_path, pythonpath=ROOT, PROBE_DELAY_S="0.2")
+    assert proc.returncode != 0 and "Performance has regressed" in proc.output, proc.output[-4000:]
 
 
 # ----------------------------------------------------------------------------------------------
