@@ -703,6 +703,9 @@ def _free_memory():
 # Compiled and graph-replayed forms of an op (issue 13's triton_compiled and triton_graph rows)
 # ----------------------------------------------------------------------------------------------
 _COMPILED_OPS: dict = {}
+# Each shape of a grid is a recompile of one function: past Dynamo's default limit (8) it would
+# silently run eager under the compiled row's name. A higher limit, and an error beyond it.
+_DYNAMO_LIMITS = {"recompile_limit": 256, "cache_size_limit": 256, "fail_on_recompile_limit_hit": True}
 
 
 def compiled_op(fn):
@@ -710,6 +713,11 @@ def compiled_op(fn):
 
     Inductor on a GPU; aot_eager in the interpreter, where Inductor would compile C++ for every
     shape and user Triton kernels do not run compiled."""
+    for name, value in _DYNAMO_LIMITS.items():
+        try:
+            setattr(torch._dynamo.config, name, value)
+        except AttributeError:  # a torch without this setting
+            pass
     key = fn
     if key not in _COMPILED_OPS:
         _COMPILED_OPS[key] = torch.compile(fn, fullgraph=True, dynamic=False,
@@ -762,38 +770,44 @@ def bench(benchmark, request):
         if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
             raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
-        record = config.bench_run
         try:
-            measured = measure_case(config, request.node.nodeid, group, build, dtype, error, flops)
+            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-            if record is not None:
-                record.add(group, failure={"group": group.name, "test": request.node.nodeid,
-                                           "row": {k: _jsonable(v) for k, v in row.items()}, "reason": reason,
-                                           "resource_limit": is_resource_limit(exc)})
-            _free_memory()
-            if is_resource_limit(exc):
-                pytest.skip(f"{group.name} {row}: {reason}")
+            record_failure(config, group, request.node.nodeid, row, exc)
             raise
-        if benchmark.disabled:  # --benchmark-disable, or under xdist: the case ran once, no numbers
-            _free_memory()
-            return
-        timing, extra = measured
-        replay = ReplayTimer(config.getoption("timer"), timing.seconds)
-        benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
-        benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
-        extra.update(bytes_moved=bytes_moved, flops=flops, stalled_rounds=timing.stalled_rounds,
-                     host_bound=timing.host_bound, **run_info(config))
-        assert set(extra) <= HARNESS_KEYS
-        benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **extra}.items()})
-        if record is not None:
-            record.add(group, benchmark=benchmark.stats.as_dict(include_data=False))
+        if not benchmark.disabled:  # --benchmark-disable, or under xdist: the case ran once, no numbers
+            record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops})
         _free_memory()
 
     return run
 
 
-def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error, flops) -> tuple[Timing, dict]:
+def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Exception) -> None:
+    """An empty row with its reason; a configuration that does not fit the machine skips its test, the rest fail it."""
+    reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+    limit = is_resource_limit(exc)
+    if config.bench_run is not None:
+        config.bench_run.add(group, failure={"group": group.name, "test": nodeid, "reason": reason, "resource_limit": limit,
+                                             "row": {k: _jsonable(v) for k, v in row.items()}})
+    _free_memory()
+    if limit:
+        pytest.skip(f"{group.name} {row}: {reason}")
+
+
+def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timing", extra: dict) -> None:
+    """The measured rounds into pytest-benchmark's statistics, the row's keys and measured values
+    into its extra_info, and the finished row onto disk."""
+    replay = ReplayTimer(config.getoption("timer"), timing.seconds)
+    benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
+    benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
+    extra = {**extra, "stalled_rounds": timing.stalled_rounds, "host_bound": timing.host_bound, **run_info(config)}
+    assert set(extra) <= HARNESS_KEYS
+    benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **extra}.items()})
+    if config.bench_run is not None:
+        config.bench_run.add(group, benchmark=benchmark.stats.as_dict(include_data=False))
+
+
+def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
     """Build, check, measure: (the rounds, the measured values that are not times)."""
     fn = build()
     first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
@@ -806,16 +820,17 @@ def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error, fl
     rounds = _option_or(config, "bench_rounds", group.rounds if ON_GPU else 2)
     peak, extra_mib = peak_memory(fn)
     copy_bandwidth_gbps()
-    if flops and dtype is not None:
-        matmul_peak_tflops(dtype)
     launch_floor_us()
+    has_flops = dtype is not None
+    if has_flops:
+        matmul_peak_tflops(dtype)
     scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") \
         if (config.getoption("l2_flush") and ON_GPU) else None
     flush = (lambda: scratch.zero_()) if scratch is not None else None
     timing = measure(fn, rounds, warmup, timer=config.getoption("timer"), flush=flush, label=nodeid,
                      disable_gc=bool(bs.options["disable_gc"]))
     extra = {"forward_peak_MiB": peak, "forward_extra_MiB": extra_mib, "rel_error": rel_error,
-             "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if (flops and dtype is not None) else None}
+             "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
     return timing, extra
 
 
