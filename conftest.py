@@ -325,8 +325,13 @@ class RunRecord:
             self.path.unlink(missing_ok=True)
 
 
+def timer_name(config) -> str:
+    """The timer the rounds came from, as the JSON records it: the interpreter's is the wall clock."""
+    return config.getoption("timer") if ON_GPU else "perf_counter"
+
+
 def run_info(config) -> dict:
-    return {"timer": config.getoption("timer"), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
+    return {"timer": timer_name(config), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
             "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
 
 
@@ -626,10 +631,8 @@ def measure(fn, rounds: int, warmup: int, timer: str = "events", flush=None, lab
     """
     if timer == "do_bench":
         return Timing([ms * 1e-3 for ms in triton.testing.do_bench(fn, return_mode="all")])
-    if timer == "cudagraph":
-        with torch.cuda.stream(torch.cuda.Stream()):  # do_bench_cudagraph cannot capture on the default stream
-            times = triton.testing.do_bench_cudagraph(fn, return_mode="all")
-        return Timing([ms * 1e-3 for ms in times])
+    if timer == "cudagraph":  # captures on a stream of its own
+        return Timing([ms * 1e-3 for ms in triton.testing.do_bench_cudagraph(fn, return_mode="all")])
     if timer != "events":
         raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
     spin_cycles, spin_ms = spin_cycles_for(fn)
@@ -797,7 +800,7 @@ def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Excep
 def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timing", extra: dict) -> None:
     """The measured rounds into pytest-benchmark's statistics, the row's keys and measured values
     into its extra_info, and the finished row onto disk."""
-    replay = ReplayTimer(config.getoption("timer"), timing.seconds)
+    replay = ReplayTimer(timer_name(config), timing.seconds)
     benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
     benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
     extra = {**extra, "stalled_rounds": timing.stalled_rounds, "host_bound": timing.host_bound, **run_info(config)}

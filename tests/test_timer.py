@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, derive_metrics
+from conftest import REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, committed_dir, derive_metrics
 
 class ScriptedTimer:
     """EventTimer's retry logic with scripted rounds: (seconds, ms spent enqueueing) per call."""
@@ -87,3 +87,9 @@ def test_replayed_rounds_reach_the_reading_exactly():
     assert timer() - start == 0.5 and timer.__name__ == "events"
     timer.next_round()
     assert timer() == 0.75 and timer.seconds == []
+
+
+def test_each_gpu_kind_keeps_its_own_tables():
+    assert committed_dir(REFERENCE_GPU) == ROOT / "outputs", "the committed tables are the H100's"
+    assert committed_dir("NVIDIA_A100_SXM4_80GB") == ROOT / "outputs" / "NVIDIA_A100_SXM4_80GB"
+    assert committed_dir("interpreter") == ROOT / "outputs" / "cpu"
