@@ -301,7 +301,7 @@ class RunRecord:
         self.groups: dict[str, dict] = {}
         self.path = out / f"{RUN_JSON}.part"
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
-        self._write({"run": run_info(config)})
+        self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info()})
 
     def _write(self, obj: dict) -> None:
         self.file.write(json.dumps(obj, default=str, sort_keys=True) + "\n")
@@ -345,6 +345,7 @@ def read_part(path: Path) -> dict:
             continue
         if "run" in line:
             data["bench_run"] = {**line["run"], "complete": False}
+            data["machine_info"] = line.get("machine_info", {})
         if "group" in line:
             data["bench_groups"][line["group"]["name"]] = line["group"]
         if "benchmark" in line:
@@ -352,7 +353,6 @@ def read_part(path: Path) -> dict:
         if "failed_case" in line:
             data["failed_cases"].append(line["failed_case"])
         data["ceilings"] = line.get("ceilings", data["ceilings"])
-    data["machine_info"] = {"gpu": {"name": data.get("bench_run", {}).get("gpu", "?")}}
     return data
 
 
