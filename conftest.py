@@ -273,7 +273,7 @@ def _bench_items(session) -> list:
 def pytest_collection_finish(session):
     """Open the run's record before any benchmark runs: a directory that cannot be written stops the run here."""
     config = session.config
-    if hasattr(config, "workerinput") or not _bench_items(session):
+    if hasattr(config, "workerinput") or config.option.collectonly or not _bench_items(session):
         return
     bs = getattr(config, "_benchmarksession", None)
     if bs is None or bs.disabled or bs.skip:
