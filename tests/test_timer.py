@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, committed_dir, derive_metrics
+import torch
+
+from conftest import (
+    REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, committed_dir, compiled_op, derive_metrics,
+)
+from support import DEVICE
 
 class ScriptedTimer:
     """EventTimer's retry logic with scripted rounds: (seconds, ms spent enqueueing) per call."""
@@ -93,3 +98,30 @@ def test_each_gpu_kind_keeps_its_own_tables():
     assert committed_dir(REFERENCE_GPU) == ROOT / "outputs", "the committed tables are the H100's"
     assert committed_dir("NVIDIA_A100_SXM4_80GB") == ROOT / "outputs" / "NVIDIA_A100_SXM4_80GB"
     assert committed_dir("interpreter") == ROOT / "outputs" / "cpu"
+
+
+# ----------------------------------------------------------------------------------------------
+# compiled_op: the triton_compiled rows' torch.compile(fullgraph=True)
+# ----------------------------------------------------------------------------------------------
+@torch.library.custom_op("harness_probe::twice", mutates_args=())
+def twice(x: torch.Tensor) -> torch.Tensor:
+    return x * 2
+
+
+@twice.register_fake
+def _(x):
+    return torch.empty_like(x)
+
+
+def test_compiled_op_traces_an_op_whole():
+    x = torch.arange(4.0, device=DEVICE)
+    assert torch.equal(compiled_op(lambda t: twice(t) + 1)(x), x * 2 + 1)
+
+
+def test_compiled_op_refuses_a_graph_break():
+    def breaks(t):
+        torch._dynamo.graph_break()
+        return t + 1
+
+    with pytest.raises(Exception, match="(?i)graph.?break"):  # never a silent eager fallback
+        compiled_op(breaks)(torch.ones(2, device=DEVICE))
