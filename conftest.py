@@ -40,7 +40,6 @@ import pytest  # noqa: E402
 import triton  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-_GROUPS: dict = {}
 MiB = 2**20
 L2_FLUSH_BYTES = 256 * MiB  # several times any current L2 (H100: 50 MB), as triton's do_bench does
 # The committed tables in outputs/ are this GPU kind's; other kinds write to outputs/<their slug>/.
@@ -80,9 +79,6 @@ class BenchGroup:
     warmup: int = 10
     rounds: int = 100
     spec: bool = False
-
-    def __post_init__(self):
-        _GROUPS[self.name] = self  # the session-end hook finds a group's CSV layout by its name
 
     def csv_columns(self) -> list[str]:
         return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
