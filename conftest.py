@@ -1,4 +1,4 @@
-"""The one harness: device detection, the benchmark timer fixture, machine info and the CSV hook.
+"""The one harness: device detection, the benchmark timer, the run's JSON and the tables built from it.
 
 Device detection happens here, at import, before any test module imports a kernel: without a
 GPU, Triton must run in interpreter mode, and Triton reads TRITON_INTERPRET when a kernel is
@@ -7,10 +7,12 @@ decorated.
 A benchmark is a parametrized test that calls the ``bench`` fixture with its ``BenchGroup`` (the
 group's CSV, columns and baselines, declared once as data in the test module), the row that
 identifies the case, and a function that builds the inputs and returns the callable to time.
-The fixture times that callable with CUDA events through pytest-benchmark (so its JSON, compare
-and compare-fail see the numbers), measures peak memory, and keeps one record per case — measured
-or failed, with the reason. At the end of the session one hook writes every group's CSV from
-those records and prints a summary with speed-ups.
+The fixture measures the callable with the chosen timer (``--timer``), hands the rounds to
+pytest-benchmark (so its JSON, compare and compare-fail see them), and appends the finished row
+to ``benchmark.json.part`` in the outputs directory at once. At the end of the session the run's
+JSON (pytest-benchmark's own, plus the machine's ceilings, the failed cases and the groups'
+layouts) is written atomically as ``benchmark.json``, and every CSV and plot is built from that
+file alone: ``python conftest.py rebuild JSON`` builds the same bytes from any saved JSON.
 """
 
 from __future__ import annotations
@@ -18,9 +20,13 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import json
 import math
 import os
 import re
+import signal
+import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -34,9 +40,14 @@ import pytest  # noqa: E402
 import triton  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent
-_GROUPS: dict = {}
 MiB = 2**20
 L2_FLUSH_BYTES = 256 * MiB  # several times any current L2 (H100: 50 MB), as triton's do_bench does
+# The committed tables in outputs/ are this GPU kind's; other kinds write to outputs/<their slug>/.
+REFERENCE_GPU = "NVIDIA_H100_80GB_HBM3"
+# The code that ran, where the tree was copied without .git: "<commit>" or "<commit>-dirty".
+COMMIT_ENV = "SOFTMAX_KERNELS_COMMIT"
+RUN_JSON = "benchmark.json"
+TIMERS = ("events", "do_bench", "cudagraph")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -49,6 +60,8 @@ class BenchGroup:
     ``case`` names the row keys that identify one problem across implementations; ``speedups``
     maps a CSV column to the implementation it divides by (speed-up = baseline time / this time);
     ``csv_impls`` limits the CSV to some implementations (the others still land in the JSON).
+    ``spec``: the CSV's columns are fixed by the project's specification, so the harness adds
+    neither ``host_us`` nor ``failure`` to it.
     """
 
     name: str
@@ -65,33 +78,52 @@ class BenchGroup:
     sort: tuple[str, ...] | None = None  # default: case columns, then impl order
     warmup: int = 10
     rounds: int = 100
+    spec: bool = False
 
-    def __post_init__(self):
-        _GROUPS[self.name] = self  # the session-end hook finds a group's CSV layout by its name
+    def csv_columns(self) -> list[str]:
+        return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
+
+    def layout(self) -> dict:
+        """The group as plain JSON data: the run's JSON carries it, so tables rebuild from the file alone."""
+        return json.loads(json.dumps(dataclasses.asdict(self)))
+
+    @classmethod
+    def from_layout(cls, layout: dict) -> "BenchGroup":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: (tuple(v) if isinstance(v, list) else v) for k, v in layout.items() if k in fields}
+        return cls(**kw)
 
 
+# Columns derived from pytest-benchmark's stats and the ceilings (derive_metrics), and measured
+# values the harness stores in extra_info beside the row's own keys.
 METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min",
-           "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak", "rel_error")
-# Every key the harness writes into a benchmark's extra_info beside the row's own keys. A row key
-# of one of these names would be overwritten in the JSON (a "mode" key once lost the attention
-# rows' fwd / fwd_bwd there), so the bench fixture refuses it.
-HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "bytes_moved", "flops", "l2_flush", "execution"}
+           "forward_peak_MiB", "forward_extra_MiB", "gbps", "tflops", "pct_of_copy", "pct_of_matmul_peak",
+           "rel_error", "host_us")
+# Every key the harness writes into a benchmark's extra_info. A row key of one of these names
+# would be overwritten in the JSON, so the bench fixture refuses it.
+HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "bytes_moved", "flops", "matmul_peak_key",
+                                     "l2_flush", "execution", "timer", "gpu", "failure"}
 
-# Failures that say "this configuration does not fit this machine": the row stays empty, the test
-# is skipped with the reason. Anything else is a bug: the row stays empty and the test fails.
+# Failures that say "this configuration does not fit this machine": the row stays empty with its
+# reason in the failure column, the test is skipped. Anything else is a bug: the test fails.
 RESOURCE_ERRORS = (torch.OutOfMemoryError, triton.runtime.errors.OutOfResources)
+RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can't allocate memory",
+                  "exceeds triton maximum tensor numel")  # the last: Triton's tile-size limit
 
 
-def _is_resource_limit(exc: BaseException) -> bool:
+class GraphUnavailable(RuntimeError):
+    """CUDA graphs need a GPU: a graph row in the interpreter does not fit the machine."""
+
+
+def is_resource_limit(exc: BaseException) -> bool:
     from online_softmax import KernelCapacityError  # after TRITON_INTERPRET is settled above
 
-    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError)):
+    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, GraphUnavailable)):
         return True
-    text = f"{type(exc).__name__}: {exc}"
+    text = f"{type(exc).__name__}: {exc}".lower()
     # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
     # or an InterpreterError in interpreter mode. Kernels assert their resource limits this way.
-    return ("static_assert" in text or "CompileTimeAssertion" in text or "out of memory" in text.lower()
-            or _interpreter_static_assert(exc))
+    return any(t.lower() in text for t in RESOURCE_TEXTS) or _interpreter_static_assert(exc)
 
 
 def _interpreter_static_assert(exc: BaseException) -> bool:
@@ -121,11 +153,15 @@ def pytest_addoption(parser):
     group.addoption("--l2-flush", action=argparse.BooleanOptionalAction, default=True,
                     help="flush the L2 cache before every timed round (default: on; --no-l2-flush to turn off)")
     group.addoption("--outputs-dir", default=None,
-                    help="where the CSVs go (default: outputs/ on a GPU, outputs/cpu/ in interpreter mode)")
+                    help="where the run's JSON, CSVs and plots go (default: outputs/ for the H100, "
+                         "outputs/<GPU>/ for another GPU, outputs/cpu/ in interpreter mode)")
     group.addoption("--bench-rounds", type=int, default=None,
                     help="timed rounds per case (default: each group's own; 2 in interpreter mode)")
     group.addoption("--bench-warmup", type=int, default=None,
                     help="warm-up rounds per case (default: each group's own; 1 in interpreter mode)")
+    group.addoption("--timer", choices=TIMERS, default="events",
+                    help="events (default): CUDA events around each call, GPU kept busy while it is queued; "
+                         "do_bench / cudagraph: triton.testing's timers, to cross-check a figure (GPU only)")
 
 
 def gpu_slug() -> str:
@@ -135,16 +171,64 @@ def gpu_slug() -> str:
 
 
 def pytest_configure(config):
-    config.addinivalue_line("markers", "gpu: needs a GPU running compiled Triton")
-    config.bench_records = []
+    config.addinivalue_line("markers", "slow: a long benchmark case (LM-head sizes, attention at length 16384)")
+    config.bench_run = None
     config.bench_deselected = False
-    # pytest-benchmark reads its storage in its own (trylast) pytest_configure, after this one:
-    # keep each GPU kind's saved runs apart unless the user chose a storage.
-    storage = getattr(config.option, "benchmark_storage", None)
-    if storage in ("file://./.benchmarks", None) and hasattr(config.option, "benchmark_storage"):
-        config.option.benchmark_storage = f"file://./.benchmarks/{gpu_slug()}"
+    # pytest-benchmark reads its options in its own (trylast) pytest_configure, after this one.
+    if hasattr(config.option, "benchmark_storage"):
+        # Keep each GPU kind's saved runs apart unless the user chose a storage.
+        if config.option.benchmark_storage in ("file://./.benchmarks", None):
+            config.option.benchmark_storage = f"file://./.benchmarks/{gpu_slug()}"
+        _check_baseline_kind(config.option.benchmark_storage)
+        # A collection inside a round stalls the launching Python: rounds run with the collector
+        # off, through pytest-benchmark's own option so the JSON's options say so.
+        config.option.benchmark_disable_gc = True
     if _option_or(config, "bench_rounds", 1) < 1 or _option_or(config, "bench_warmup", 0) < 0:
         raise pytest.UsageError("--bench-rounds must be at least 1 and --bench-warmup at least 0")
+    if config.getoption("timer") != "events" and not ON_GPU:
+        raise pytest.UsageError(f"--timer {config.getoption('timer')} needs a GPU (triton.testing's timers do not run "
+                                "in the interpreter); the interpreter has only --timer events (the wall clock)")
+    if not hasattr(config, "workerinput"):
+        _check_json_writable(config)
+        _install_sigterm()
+
+
+def _check_baseline_kind(storage: str) -> None:
+    """Refuse to compare against a committed baseline of another GPU kind (every case would differ)."""
+    path = Path(storage.removeprefix("file://")).resolve()
+    baselines = ROOT / "outputs" / "baseline"
+    if path.is_relative_to(baselines) and path != baselines:
+        kind = path.relative_to(baselines).parts[0]
+        if kind != gpu_slug():
+            raise pytest.UsageError(f"--benchmark-storage {storage} holds the {kind} baseline; this machine is {gpu_slug()}")
+
+
+def _check_json_writable(config) -> None:
+    path = getattr(config.option, "benchmark_json", None)
+    if path is not None:
+        _check_writable_dir(Path(path).resolve().parent, f"--benchmark-json {path}")
+
+
+def _check_writable_dir(path: Path, what: str) -> None:
+    """Fail before any benchmark runs, not at the end of the run when the numbers would be lost."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = path / f".write-probe-{os.getpid()}"
+        probe.write_bytes(b"")
+        probe.unlink()
+    except OSError as exc:
+        raise pytest.UsageError(f"{what}: cannot write into {path}: {exc.strerror or exc}") from None
+
+
+def _install_sigterm():
+    """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept."""
+    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise KeyboardInterrupt("SIGTERM")
+
+    try:
+        signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (pytest run inside another program): leave it be
+        pass
 
 
 def _option_or(config, name: str, default):
@@ -157,83 +241,198 @@ def pytest_deselected(items):
         items[0].config.bench_deselected = True
 
 
+def committed_dir(slug: str | None = None) -> Path:
+    """Where a whole run of this GPU kind keeps its tables."""
+    slug = slug or gpu_slug()
+    if slug == "interpreter":
+        return ROOT / "outputs" / "cpu"
+    return ROOT / "outputs" if slug == REFERENCE_GPU else ROOT / "outputs" / slug
+
+
 def outputs_dir(config) -> Path:
-    """GPU results go to outputs/; interpreter and partial runs never overwrite them."""
+    """The H100's whole runs go to outputs/; partial runs, other GPU kinds and the interpreter never overwrite them."""
     chosen = config.getoption("outputs_dir")
-    committed = ROOT / "outputs"
     if chosen:
         path = Path(chosen).resolve()
-        if not ON_GPU and path == committed:
-            raise pytest.UsageError("interpreter-mode benchmarks may not write into outputs/, which holds GPU results")
+        if path == ROOT / "outputs" and gpu_slug() != REFERENCE_GPU:
+            raise pytest.UsageError(f"outputs/ holds the {REFERENCE_GPU} tables; a run on {gpu_slug()} may not write there")
         return path
-    if not ON_GPU:
-        return committed / "cpu"
-    partial = config.bench_deselected or any("::" in a for a in config.args)
-    return committed / "partial" if partial else committed
+    base = committed_dir()
+    partial = ON_GPU and (config.bench_deselected or any("::" in a for a in config.args))
+    return base / "partial" if partial else base
+
+
+def _bench_items(session) -> list:
+    return [i for i in session.items if "bench" in getattr(i, "fixturenames", ())]
+
+
+def pytest_collection_finish(session):
+    """Open the run's record before any benchmark runs: a directory that cannot be written stops the run here."""
+    config = session.config
+    if hasattr(config, "workerinput") or config.option.collectonly or not _bench_items(session):
+        return
+    bs = getattr(config, "_benchmarksession", None)
+    if bs is None or bs.disabled or bs.skip:
+        return
+    out = outputs_dir(config)
+    _check_writable_dir(out, f"--outputs-dir {out}")
+    config.bench_run = RunRecord(out, config)
 
 
 # ----------------------------------------------------------------------------------------------
-# Machine ceilings, measured once per run
+# The run's record: each finished row reaches disk at once
 # ----------------------------------------------------------------------------------------------
-_CEILINGS: dict = {}
+class RunRecord:
+    """``OUT/benchmark.json.part``: one JSON line per finished row, flushed and fsynced as it lands.
+
+    A crash or SIGKILL leaves it behind with every row measured so far; ``python conftest.py
+    rebuild OUT/benchmark.json.part`` turns it into tables marked partial. A session that ends
+    (even by SIGTERM or Ctrl-C) writes the whole JSON beside it and removes it.
+    """
+
+    def __init__(self, out: Path, config):
+        self.out = out
+        self.config = config
+        self.failed: list[dict] = []
+        self.groups: dict[str, dict] = {}
+        self.path = out / f"{RUN_JSON}.part"
+        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
+        self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info()})
+
+    def _write(self, obj: dict) -> None:
+        self.file.write(json.dumps(obj, default=str, sort_keys=True) + "\n")
+        self.file.flush()
+        os.fsync(self.file.fileno())
+
+    def add(self, group: BenchGroup, benchmark: dict | None = None, failure: dict | None = None) -> None:
+        line: dict = {"ceilings": CEILINGS.as_dict()}
+        if group.name not in self.groups:
+            self.groups[group.name] = line["group"] = group.layout()
+        if benchmark is not None:
+            line["benchmark"] = benchmark
+        if failure is not None:
+            self.failed.append(failure)
+            line["failed_case"] = failure
+        self._write(line)
+
+    def close(self, remove: bool) -> None:
+        self.file.close()
+        if remove:
+            self.path.unlink(missing_ok=True)
 
 
-def _time_ms(fn, reps: int) -> float:
-    """Median time of fn in ms: CUDA events on a GPU, the wall clock on CPU."""
-    fn()
-    times = []
-    for _ in range(reps):
-        if ON_GPU:
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            fn()
-            end.record()
-            end.synchronize()
-            times.append(start.elapsed_time(end))
-        else:
-            t0 = time.perf_counter()
-            fn()
-            times.append((time.perf_counter() - t0) * 1e3)
-    return sorted(times)[len(times) // 2]
+def timer_name(config) -> str:
+    """The timer the rounds came from, as the JSON records it: the interpreter's is the wall clock."""
+    return config.getoption("timer") if ON_GPU else "perf_counter"
+
+
+def run_info(config) -> dict:
+    return {"timer": timer_name(config), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
+            "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
+
+
+def read_part(path: Path) -> dict:
+    """A run JSON (marked incomplete) from the lines of a ``.part`` file; a torn last line is dropped."""
+    data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {}}
+    for text in path.read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if "run" in line:
+            data["bench_run"] = {**line["run"], "complete": False}
+            data["machine_info"] = line.get("machine_info", {})
+        if "group" in line:
+            data["bench_groups"][line["group"]["name"]] = line["group"]
+        if "benchmark" in line:
+            data["benchmarks"].append(line["benchmark"])
+        if "failed_case" in line:
+            data["failed_cases"].append(line["failed_case"])
+        data["ceilings"] = line.get("ceilings", data["ceilings"])
+    return data
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine ceilings, measured once per run with the harness's one timing primitive
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Ceilings:
+    """What the machine can do, measured in the run: the yardsticks of gbps, tflops and host_us."""
+
+    copy_GBps: float | None = None
+    matmul_TFLOPs: dict = dataclasses.field(default_factory=dict)  # "dtype|precision" -> rate
+    cycles_per_ms: float | None = None
+    launch_floor_us: float | None = None  # host time to launch an empty Triton kernel
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Ceilings":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in fields})
+
+
+CEILINGS = Ceilings()
+
+
+def median_ms(fn, rounds: int) -> float:
+    return 1e3 * statistics.median(measure(fn, rounds=rounds, warmup=1).seconds)
 
 
 def copy_bandwidth_gbps() -> float:
     """Device-to-device copy bandwidth, bytes read + written per second / 1e9 (the memory ceiling)."""
-    if "copy" not in _CEILINGS:
+    if CEILINGS.copy_GBps is None:
         n = (1 << 30 if ON_GPU else 1 << 26) // 4
         src = torch.empty(n, dtype=torch.float32, device="cuda" if ON_GPU else "cpu").uniform_()
         dst = torch.empty_like(src)
-        ms = _time_ms(lambda: dst.copy_(src), 20 if ON_GPU else 5)
-        _CEILINGS["copy"] = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
+        ms = median_ms(lambda: dst.copy_(src), 20 if ON_GPU else 5)
+        CEILINGS.copy_GBps = 2 * src.numel() * 4 / (ms * 1e-3) / 1e9
         del src, dst
-    return _CEILINGS["copy"]
+    return CEILINGS.copy_GBps
+
+
+def matmul_peak_key(dtype: torch.dtype) -> str:
+    return f"{dtype}|{torch.get_float32_matmul_precision()}"
 
 
 def matmul_peak_tflops(dtype: torch.dtype) -> float | None:
     """cuBLAS rate on a large square product in dtype under the current float32 precision (GPU only)."""
     if not ON_GPU:
         return None
-    key = ("matmul", dtype, torch.get_float32_matmul_precision())
-    if key not in _CEILINGS:
+    key = matmul_peak_key(dtype)
+    if key not in CEILINGS.matmul_TFLOPs:
         n = 8192
         a = torch.randn(n, n, device="cuda", dtype=dtype)
         b = torch.randn(n, n, device="cuda", dtype=dtype)
-        ms = _time_ms(lambda: a @ b, 10)
-        _CEILINGS[key] = 2 * n**3 / (ms * 1e-3) / 1e12
+        CEILINGS.matmul_TFLOPs[key] = 2 * n**3 / (median_ms(lambda: a @ b, 10) * 1e-3) / 1e12
         del a, b
-    return _CEILINGS[key]
+    return CEILINGS.matmul_TFLOPs[key]
 
 
-def pytest_benchmark_update_machine_info(config, machine_info):
-    info = {
-        "mode": "compiled" if ON_GPU else "interpreter (TRITON_INTERPRET=1)",
-        "torch": torch.__version__,
-        "triton": triton.__version__,
-        "l2_flush": bool(config.getoption("l2_flush")),
-        "gpu_clock_cycles_per_ms": _CEILINGS.get("cycles_per_ms"),
-        "copy_bandwidth_GBps": _CEILINGS.get("copy"),
-        "matmul_peaks_TFLOPs": {f"{k[1]}|{k[2]}": v for k, v in _CEILINGS.items() if isinstance(k, tuple)},
-    }
+@triton.jit
+def empty_kernel(x_ptr):
+    pass
+
+
+def launch_floor_us() -> float:
+    """Host time of one empty Triton launch: what no Triton op can go below (issue 13's floor)."""
+    if CEILINGS.launch_floor_us is None:
+        x = torch.empty(1, device="cuda" if ON_GPU else "cpu")
+        empty_kernel[(1,)](x)  # the first launch compiles
+        CEILINGS.launch_floor_us = host_us(lambda: empty_kernel[(1,)](x))
+    return CEILINGS.launch_floor_us
+
+
+def pytest_benchmark_update_machine_info(config, machine_info):  # noqa: ARG001 - hook signature
+    """Identity only (what the machine and software are): measured values live in the JSON's
+    ``ceilings``, so --benchmark-compare of two runs on one machine sees equal machine_info."""
+    cpu = machine_info.get("cpu")
+    if isinstance(cpu, dict):
+        for volatile in ("hz_actual", "hz_actual_friendly"):  # the clock of the moment, not the machine
+            cpu.pop(volatile, None)
+    info = {"mode": "compiled" if ON_GPU else "interpreter (TRITON_INTERPRET=1)",
+            "torch": torch.__version__, "triton": triton.__version__}
     if ON_GPU:
         props = torch.cuda.get_device_properties(0)
         info.update(
@@ -241,6 +440,8 @@ def pytest_benchmark_update_machine_info(config, machine_info):
             capability=f"{props.major}.{props.minor}", cuda=torch.version.cuda, driver=_driver_version(),
             l2_MiB=getattr(props, "L2_cache_size", 0) / MiB,
         )
+    else:
+        info["name"] = "interpreter (no GPU)"
     machine_info["gpu"] = info
 
 
@@ -255,23 +456,33 @@ def _driver_version() -> str | None:
         return None
 
 
-def pytest_benchmark_update_json(config, benchmarks, output_json):
-    # A case that failed never reaches pytest-benchmark's list: keep its reason beside the numbers.
-    output_json["failed_cases"] = [r for r in config.bench_records if r["status"] != "ok"]
+def pytest_benchmark_update_commit_info(config, commit_info):  # noqa: ARG001 - hook signature
+    """The code that ran: SOFTMAX_KERNELS_COMMIT wins over .git (a copied tree may carry a stale one, or none)."""
+    given = os.environ.get(COMMIT_ENV, "").strip()
+    if given:
+        commit, dirty = given.removesuffix("-dirty"), given.endswith("-dirty")
+        commit_info.update(id=commit, dirty=dirty, source=f"environment variable {COMMIT_ENV}")
+        commit_info.pop("error", None)
+
+
+def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG001 - hook signature
+    run = config.bench_run
+    output_json["ceilings"] = CEILINGS.as_dict()
+    output_json["failed_cases"] = list(run.failed) if run else []
+    output_json["bench_groups"] = dict(run.groups) if run else {}
+    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config)}
 
 
 # ----------------------------------------------------------------------------------------------
-# The timer and the bench fixture
+# The timing primitive
 # ----------------------------------------------------------------------------------------------
 class EventTimer:
-    """A pytest-benchmark timer that reports device time measured by CUDA events.
+    """Device time of one call, measured by CUDA events (the wall clock without a GPU).
 
-    pytest-benchmark only ever uses end minus start of a timer. ``measured(fn)`` wraps the target:
-    it records events around the call alone, waits for them, and adds the elapsed time to a float64
-    running total, which the timer returns. So each round's duration is exactly the events'
-    reading: no launch gap, synchronisation or Python between rounds is counted. Short deltas
+    ``measured(fn)`` wraps the target: it records events around the call alone, waits for them,
+    and adds the elapsed time to a float64 running total, which ``__call__`` returns. Short deltas
     are summed in float64 rather than read against one aging reference event, whose float32
-    milliseconds would lose resolution. Without a GPU the wall clock is used the same way.
+    milliseconds would lose resolution.
 
     Before each round the GPU spins for ``spin_ms`` while Python enqueues fn's kernels, so the
     start event fires with them already queued. A round whose enqueueing took longer than the
@@ -281,7 +492,8 @@ class EventTimer:
     more than the longest spin (SPIN_CAP_MS), or outlasts the spin on every try of one round, is
     host bound by nature (a Python loop of many small kernels: once CUDA's launch queue is full,
     each launch waits for the GPU, so the queueing time is the GPU's time): from then on its
-    rounds are kept as they come (``host_bound``).
+    rounds are kept as they come (``host_bound``). The NVTX range, named by ``label`` (the
+    test's node id), opens after the spin, so a profiler's range holds the call alone.
     """
 
     MAX_RETRIES = 3
@@ -308,16 +520,16 @@ class EventTimer:
             result = fn()
             seconds = time.perf_counter() - t0
             return seconds, seconds * 1e3, result
-        torch.cuda.nvtx.range_push(self.label)
         t0 = time.perf_counter()
         if self.spin_cycles:
             torch.cuda._sleep(self.spin_cycles)
+        torch.cuda.nvtx.range_push(self.label)
         self.start.record()
         result = fn()
         self.end.record()
+        torch.cuda.nvtx.range_pop()
         enqueue_ms = (time.perf_counter() - t0) * 1e3
         self.end.synchronize()
-        torch.cuda.nvtx.range_pop()
         return self.start.elapsed_time(self.end) * 1e-3, enqueue_ms, result
 
     def measured(self, fn):
@@ -342,30 +554,122 @@ class EventTimer:
 SPIN_CAP_MS = 50.0
 
 
-def spin_cycles_for(fn) -> tuple[int, float]:
-    """(GPU clock cycles, ms) to spin before each timed round: twice the CPU time fn takes to
-    enqueue its work plus 0.1 ms for the timer's own calls (at least 0.2 ms, at most
-    SPIN_CAP_MS), so the GPU never waits on the launching Python.
-
-    At 0.05 ms (the floor before) the enqueueing of one Triton launch with the events, ~0.05 ms,
-    overran the spin in up to 93 of the 100 rounds of a case in an H100 run (7689b67)."""
-    if not ON_GPU:
-        return 0, 0.0
-    if "cycles_per_ms" not in _CEILINGS:
+def clock_cycles_per_ms() -> float:
+    if CEILINGS.cycles_per_ms is None:
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         torch.cuda._sleep(1_000_000)  # warm the clock up first
         start.record()
         torch.cuda._sleep(10_000_000)
         end.record()
         end.synchronize()
-        _CEILINGS["cycles_per_ms"] = 10_000_000 / start.elapsed_time(end)
-    torch.cuda.synchronize()
+        CEILINGS.cycles_per_ms = 10_000_000 / start.elapsed_time(end)
+    return CEILINGS.cycles_per_ms
+
+
+def host_ms_once(fn) -> float:
+    _sync()
     t0 = time.perf_counter()
     fn()
     host_ms = (time.perf_counter() - t0) * 1e3
-    torch.cuda.synchronize()
-    spin_ms = min(SPIN_CAP_MS, max(0.2, 2 * host_ms + 0.1))
-    return int(_CEILINGS["cycles_per_ms"] * spin_ms), spin_ms
+    _sync()
+    return host_ms
+
+
+def spin_cycles_for(fn) -> tuple[int, float]:
+    """(GPU clock cycles, ms) to spin before each timed round: twice the CPU time fn takes to
+    enqueue its work plus 0.1 ms for the timer's own calls (at least 0.2 ms, at most
+    SPIN_CAP_MS), so the GPU never waits on the launching Python. At 0.05 ms, queueing one
+    Triton launch with its events (~0.05 ms on the H100 machine) overran the spin in most rounds."""
+    if not ON_GPU:
+        return 0, 0.0
+    spin_ms = min(SPIN_CAP_MS, max(0.2, 2 * host_ms_once(fn) + 0.1))
+    return int(clock_cycles_per_ms() * spin_ms), spin_ms
+
+
+HOST_US_TARGET_MS = 5.0  # enough queued calls for the clock's resolution and the loop's noise to vanish
+HOST_US_MAX_CALLS = 100  # well under CUDA's launch queue, so enqueueing never waits for the GPU
+
+
+def host_us(fn) -> float:
+    """Host time to enqueue one call of fn, in microseconds, with the GPU kept busy.
+
+    The GPU spins while n calls are queued back to back, so no launch waits for the GPU and the
+    host's cost alone is timed. In the interpreter there is no queue: one call's wall time.
+    """
+    if not ON_GPU:
+        return host_ms_once(fn) * 1e3
+    once_ms = host_ms_once(fn)
+    n = max(1, min(HOST_US_MAX_CALLS, int(HOST_US_TARGET_MS / max(once_ms, 1e-3))))
+    spin_ms = 2 * n * once_ms + 1.0
+    torch.cuda._sleep(int(clock_cycles_per_ms() * spin_ms))
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    seconds = time.perf_counter() - t0
+    _sync()
+    return seconds / n * 1e6
+
+
+@dataclasses.dataclass
+class Timing:
+    seconds: list
+    stalled_rounds: int = 0
+    host_bound: bool = False
+
+
+def measure(fn, rounds: int, warmup: int, timer: str = "events", flush=None, label: str = "",
+            disable_gc: bool = True) -> Timing:
+    """Seconds per round of fn: the harness's one timing primitive (benchmarks, ceilings, sweeps).
+
+    ``events``: EventTimer rounds, ``flush`` (the L2 flush) before each, ``warmup`` rounds first.
+    ``do_bench`` / ``cudagraph``: triton.testing's timers, every sample they took (their own
+    warm-up and repetitions, in ms of GPU time; do_bench flushes L2 itself).
+    """
+    if timer == "do_bench":
+        return Timing([ms * 1e-3 for ms in triton.testing.do_bench(fn, return_mode="all")])
+    if timer == "cudagraph":  # captures on a stream of its own
+        return Timing([ms * 1e-3 for ms in triton.testing.do_bench_cudagraph(fn, return_mode="all")])
+    if timer != "events":
+        raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
+    spin_cycles, spin_ms = spin_cycles_for(fn)
+    timed = EventTimer(label, spin_cycles, spin_ms, before_retry=flush)
+    run = timed.measured(fn)
+    seconds = []
+    gc.collect()
+    gc_was_enabled = gc.isenabled()
+    if disable_gc:
+        gc.disable()
+    try:
+        for i in range(warmup + rounds):
+            if flush is not None:
+                flush()
+            before = timed.total
+            run()
+            if i >= warmup:
+                seconds.append(timed.total - before)
+    finally:
+        if gc_was_enabled:
+            gc.enable()
+    return Timing(seconds, timed.stalled_rounds, timed.host_bound)
+
+
+class ReplayTimer:
+    """Hands rounds measured by ``measure`` to pytest-benchmark, one per call of ``next_round``.
+
+    pytest-benchmark has no public way to take durations measured elsewhere; it reads a timer
+    before and after each round, so the timer's reading advances by exactly the measured round.
+    """
+
+    def __init__(self, name: str, seconds: list):
+        self.__name__ = name  # pytest-benchmark records the timer's __name__ in the JSON's options
+        self.seconds = list(seconds)
+        self.total = 0.0
+
+    def __call__(self) -> float:
+        return self.total
+
+    def next_round(self):
+        self.total += self.seconds.pop(0)
 
 
 def _sync():
@@ -394,6 +698,58 @@ def _free_memory():
         torch.cuda.empty_cache()
 
 
+# ----------------------------------------------------------------------------------------------
+# Compiled and graph-replayed forms of an op (issue 13's triton_compiled and triton_graph rows)
+# ----------------------------------------------------------------------------------------------
+_COMPILED_OPS: dict = {}
+# Each shape of a grid is a recompile of one function: past Dynamo's default limit (8) it would
+# silently run eager under the compiled row's name. A higher limit, and an error beyond it.
+_DYNAMO_LIMITS = {"recompile_limit": 256, "cache_size_limit": 256, "fail_on_recompile_limit_hit": True}
+
+
+def compiled_op(fn):
+    """fn under torch.compile(fullgraph=True): a graph break is an error, not a silent fallback.
+
+    Inductor on a GPU; aot_eager in the interpreter, where Inductor would compile C++ for every
+    shape and user Triton kernels do not run compiled."""
+    for name, value in _DYNAMO_LIMITS.items():
+        try:
+            setattr(torch._dynamo.config, name, value)
+        except AttributeError:  # a torch without this setting
+            pass
+    key = fn
+    if key not in _COMPILED_OPS:
+        _COMPILED_OPS[key] = torch.compile(fn, fullgraph=True, dynamic=False,
+                                           backend="inductor" if ON_GPU else "aot_eager")
+    return _COMPILED_OPS[key]
+
+
+def graph_replay(fn):
+    """A zero-argument callable replaying one captured call of fn (itself zero-argument) from a CUDA graph.
+
+    The capture's output tensors are the replay's: each replay writes into them again."""
+    if not ON_GPU:
+        raise GraphUnavailable("CUDA graphs need a GPU (interpreter mode)")
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):  # warm-up outside the capture: compilation, allocator pools
+        for _ in range(2):
+            fn()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn()
+
+    def replay():
+        graph.replay()
+        return out
+
+    return replay
+
+
+# ----------------------------------------------------------------------------------------------
+# The bench fixture: measure, hand the rounds to pytest-benchmark, record
+# ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def bench(benchmark, request):
     """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None, error=None)``.
@@ -413,79 +769,68 @@ def bench(benchmark, request):
         if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
             raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
-        record = {"group": group.name, "test": request.node.nodeid, "row": dict(row), "status": "ok", "reason": ""}
-        warmup = _option_or(config, "bench_warmup", group.warmup if ON_GPU else 1)  # --bench-warmup 0 is honoured
-        rounds = _option_or(config, "bench_rounds", group.rounds if ON_GPU else 2)
-        flush = config.getoption("l2_flush")
-        fn = None
         try:
-            fn = build()
-            first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
-            rel_error = error(first) if error is not None else None
-            first = None
-            peak, extra = peak_memory(fn)
-            copy_gbps = copy_bandwidth_gbps()
-            matmul_peak = matmul_peak_tflops(dtype) if (flops and dtype is not None) else None
-            scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") if (flush and ON_GPU) else None
-
-            def flush_l2():
-                scratch.zero_()  # pedantic's setup must return None (or args): not the tensor
-
-            spin_cycles, spin_ms = spin_cycles_for(fn)
-            timer = EventTimer(f"{group.name}:{row.get('impl', '')}", spin_cycles, spin_ms,
-                               before_retry=flush_l2 if scratch is not None else None)
-            benchmark._timer = timer  # pytest-benchmark has no public way to set a fixture's timer
-
-            # A garbage collection inside a round stalls the launching Python past the spin and
-            # shows up as an outlier of several ms (seen in autograd fwd+bwd cases): collect
-            # first, then keep the collector off while rounds are timed.
-            gc.collect()
-            gc_was_enabled = gc.isenabled()
-            gc.disable()
-            try:
-                benchmark.pedantic(timer.measured(fn), setup=(flush_l2 if scratch is not None else None),
-                                   rounds=rounds, warmup_rounds=warmup, iterations=1)
-            finally:
-                if gc_was_enabled:
-                    gc.enable()
-            scratch = None  # free the flush buffer before the next case
+            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error)
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
-            reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
-            record.update(status="failed", reason=reason)
-            if not benchmark.disabled:  # a run without numbers (--benchmark-disable) writes no CSV of failures alone
-                config.bench_records.append(record)
-            fn = None
-            _free_memory()
-            if _is_resource_limit(exc):
-                pytest.skip(f"{group.name} {row}: {reason}")
+            record_failure(config, group, request.node.nodeid, row, exc)
             raise
-        stats = benchmark.stats
-        if stats is None:  # benchmarks disabled (--benchmark-disable, or under xdist): ran once, no numbers
-            return
-        s = stats.stats
-        mean_s = s.mean
-        metrics = {
-            "forward_ms_mean": s.mean * 1e3, "forward_ms_std": s.stddev * 1e3,
-            "forward_ms_median": s.median * 1e3, "forward_ms_min": s.min * 1e3,
-            "forward_peak_MiB": peak, "forward_extra_MiB": extra,
-            "gbps": bytes_moved / mean_s / 1e9 if bytes_moved else None,
-            "tflops": flops / mean_s / 1e12 if flops else None,
-            "rel_error": rel_error,
-            "stalled_rounds": timer.stalled_rounds, "host_bound": timer.host_bound,
-        }
-        metrics["pct_of_copy"] = 100 * metrics["gbps"] / copy_gbps if metrics["gbps"] else None
-        metrics["pct_of_matmul_peak"] = 100 * metrics["tflops"] / matmul_peak if (matmul_peak and metrics["tflops"]) else None
-        record["metrics"] = metrics
-        record["l2_flush"] = bool(flush and ON_GPU)
-        run_info = dict(bytes_moved=bytes_moved, flops=flops, l2_flush=record["l2_flush"],
-                        execution="compiled" if ON_GPU else "interpreter")
-        assert set(metrics) | set(run_info) <= HARNESS_KEYS
-        benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **metrics, **run_info}.items()})
-        config.bench_records.append(record)
-        fn = None
+        if not benchmark.disabled:  # --benchmark-disable, or under xdist: the case ran once, no numbers
+            record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops})
         _free_memory()
 
     return run
+
+
+def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Exception) -> None:
+    """An empty row with its reason; a configuration that does not fit the machine skips its test, the rest fail it."""
+    reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
+    limit = is_resource_limit(exc)
+    if config.bench_run is not None:
+        config.bench_run.add(group, failure={"group": group.name, "test": nodeid, "reason": reason, "resource_limit": limit,
+                                             "row": {k: _jsonable(v) for k, v in row.items()}})
+    _free_memory()
+    if limit:
+        pytest.skip(f"{group.name} {row}: {reason}")
+
+
+def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timing", extra: dict) -> None:
+    """The measured rounds into pytest-benchmark's statistics, the row's keys and measured values
+    into its extra_info, and the finished row onto disk."""
+    replay = ReplayTimer(timer_name(config), timing.seconds)
+    benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
+    benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
+    extra = {**extra, "stalled_rounds": timing.stalled_rounds, "host_bound": timing.host_bound, **run_info(config)}
+    assert set(extra) <= HARNESS_KEYS
+    benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **extra}.items()})
+    if config.bench_run is not None:
+        config.bench_run.add(group, benchmark=benchmark.stats.as_dict(include_data=False))
+
+
+def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
+    """Build, check, measure: (the rounds, the measured values that are not times)."""
+    fn = build()
+    first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
+    rel_error = error(first) if error is not None else None
+    first = None
+    bs = config._benchmarksession
+    if bs.disabled:
+        return Timing([]), {}
+    warmup = _option_or(config, "bench_warmup", group.warmup if ON_GPU else 1)  # --bench-warmup 0 is honoured
+    rounds = _option_or(config, "bench_rounds", group.rounds if ON_GPU else 2)
+    peak, extra_mib = peak_memory(fn)
+    copy_bandwidth_gbps()
+    launch_floor_us()
+    has_flops = dtype is not None
+    if has_flops:
+        matmul_peak_tflops(dtype)
+    scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") \
+        if (config.getoption("l2_flush") and ON_GPU) else None
+    flush = (lambda: scratch.zero_()) if scratch is not None else None
+    timing = measure(fn, rounds, warmup, timer=config.getoption("timer"), flush=flush, label=nodeid,
+                     disable_gc=bool(bs.options["disable_gc"]))
+    extra = {"forward_peak_MiB": peak, "forward_extra_MiB": extra_mib, "rel_error": rel_error,
+             "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
+    return timing, extra
 
 
 def _jsonable(v):
@@ -494,18 +839,135 @@ def _jsonable(v):
     return str(v)
 
 
+def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
+    """The table's numbers from pytest-benchmark's stats (seconds), the row's cost model
+    (bytes_moved, flops, matmul_peak_key) and the machine's measured ceilings. Pure."""
+    mean = stats["mean"]
+    bytes_moved, flops = model.get("bytes_moved"), model.get("flops")
+    gbps = bytes_moved / mean / 1e9 if bytes_moved else None
+    tflops = flops / mean / 1e12 if flops else None
+    peak = ceilings.matmul_TFLOPs.get(model.get("matmul_peak_key") or "")
+    return {
+        "forward_ms_mean": mean * 1e3, "forward_ms_std": stats["stddev"] * 1e3,
+        "forward_ms_median": stats["median"] * 1e3, "forward_ms_min": stats["min"] * 1e3,
+        "gbps": gbps, "tflops": tflops,
+        "pct_of_copy": 100 * gbps / ceilings.copy_GBps if (gbps and ceilings.copy_GBps) else None,
+        "pct_of_matmul_peak": 100 * tflops / peak if (tflops and peak) else None,
+    }
+
+
 # ----------------------------------------------------------------------------------------------
-# Session end: CSVs and summary
+# Session end: the run's JSON, then the tables built from it
 # ----------------------------------------------------------------------------------------------
-def group_table(group: BenchGroup, records: list[dict]):
-    """Every record of a group as one DataFrame: row keys, metrics, speed-ups, status and reason."""
+_INTERRUPTED: list = []
+
+
+def pytest_keyboard_interrupt(excinfo):  # noqa: ARG001 - hook signature
+    _INTERRUPTED.append(True)  # Ctrl-C, or SIGTERM (see _install_sigterm)
+
+
+def pytest_sessionstart(session):
+    session.config.bench_session = session
+
+
+def run_complete(config) -> bool:
+    """False for a run that did not reach its end: interrupted, or stopped early (-x, --maxfail)."""
+    session = getattr(config, "bench_session", None)
+    return not _INTERRUPTED and not (session is not None and (session.shouldstop or session.shouldfail))
+
+
+def pytest_sessionfinish(session):
+    """Write the run's JSON and its tables (pytest-benchmark's own saving has run before this)."""
+    config = session.config
+    run = getattr(config, "bench_run", None)
+    if run is None:
+        return
+    bs = config._benchmarksession
+    if not bs.benchmarks and not run.failed:
+        run.close(remove=True)
+        return
+    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
+                                                      machine_info=bs.get_machine_info(), commit_info=commit_info)
+    config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
+    out = run.out
+    if not run_complete(config) and out == committed_dir():  # never replace whole committed tables
+        out = out / "partial"
+    config.bench_written = write_run(data, out)
+    run.close(remove=True)
+    config.bench_run = None
+
+
+def write_run(data: dict, out: Path) -> list[Path]:
+    """The run's JSON (atomically: a temporary file renamed), then its tables, built from the file's bytes."""
+    out.mkdir(parents=True, exist_ok=True)
+    complete = data.get("bench_run", {}).get("complete", True)
+    path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return [path, *write_tables(json.loads(path.read_text(encoding="utf-8")), out)]
+
+
+def table_path(out: Path, group: BenchGroup, complete: bool, suffix: str = ".csv") -> Path:
+    name = Path(group.csv).with_suffix(suffix).name
+    return out / (name if complete else name.replace(suffix, f".partial{suffix}"))
+
+
+def write_tables(data: dict, out: Path) -> list[Path]:
+    """Every group's CSV and plot from a run's JSON (a whole one, a saved one, or a .part's lines).
+
+    A run that did not end on its own writes ``NAME.partial.csv``: its tables say so, and a whole
+    table beside them stays as it was."""
+    complete = data.get("bench_run", {}).get("complete", True)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (group, df) in tables_from_json(data).items():
+        csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
+        csv_df = csv_df[group.csv_columns()].copy()
+        for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
+            if csv_df[col].dtype == object and all(isinstance(v, int) and not isinstance(v, bool) or _isnan(v)
+                                                   for v in csv_df[col]):
+                csv_df[col] = csv_df[col].astype("Int64")
+        path = table_path(out, group, complete)
+        tmp = path.with_name(path.name + ".tmp")
+        csv_df.to_csv(tmp, index=False, float_format="%.6g")
+        os.replace(tmp, path)
+        written.append(path)
+        if group.plot is not None:
+            png = table_path(out, group, complete, ".png")
+            if plot_group(group, df, png, data.get("machine_info", {}).get("gpu", {}).get("name", "?")):
+                written.append(png)
+    return written
+
+
+def tables_from_json(data: dict) -> dict:
+    """{group name: (BenchGroup, DataFrame)} from a run's JSON: row keys from extra_info, times from
+    stats, derived metrics from stats, cost model and ceilings, failed cases as empty rows."""
+    ceilings = Ceilings.from_dict(data.get("ceilings"))
+    layouts = data.get("bench_groups") or {}
+    records: dict[str, list] = {}
+    for b in data.get("benchmarks", []):
+        if b.get("group") not in layouts:
+            continue
+        extra = b["extra_info"]
+        metrics = derive_metrics(b["stats"], extra, ceilings)
+        row = {**extra, **metrics, "failure": None}
+        records.setdefault(b["group"], []).append(row)
+    for f in data.get("failed_cases", []):
+        if f["group"] in layouts:
+            records.setdefault(f["group"], []).append({**f["row"], "failure": f["reason"]})
+    return {name: (group, group_table(group, rows))
+            for name in layouts if (group := BenchGroup.from_layout(layouts[name])) and (rows := records.get(name))}
+
+
+def group_table(group: BenchGroup, rows: list[dict]):
+    """Every row of a group as one DataFrame: row keys, metrics, speed-ups and failure, in the group's order."""
     import pandas as pd
 
-    rows = []
-    for r in records:
-        rows.append({**r["row"], **(r.get("metrics") or {}), "status": r["status"], "reason": r["reason"]})
     df = pd.DataFrame(rows)
-    for col in set(group.columns) | set(METRICS):
+    for col in {*group.columns, *METRICS, "failure"}:
         if col not in df:
             df[col] = None
     impl_col = "impl" if "impl" in df else None
@@ -536,45 +998,25 @@ def _isnan(v) -> bool:
         return False
 
 
-def pytest_sessionfinish(session):
-    config = session.config
-    if hasattr(config, "workerinput") or not config.bench_records:
-        return
-    out_dir = outputs_dir(config)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    config.bench_tables = {}
-    for name in dict.fromkeys(r["group"] for r in config.bench_records):
-        group = _GROUPS[name]
-        df = group_table(group, [r for r in config.bench_records if r["group"] == name])
-        config.bench_tables[name] = (group, df)
-        csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
-        csv_df = csv_df[list(group.columns)].copy()
-        for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
-            if csv_df[col].dtype == object and all(isinstance(v, int) or _isnan(v) for v in csv_df[col]):
-                csv_df[col] = csv_df[col].astype("Int64")
-        csv_df.to_csv(out_dir / group.csv, index=False, float_format="%.6g")
-        if group.plot is not None:
-            plot_group(group, df, (out_dir / group.csv).with_suffix(".png"))
-    config.bench_out_dir = out_dir
-
-
 def _label(keys, values) -> str:
     values = values if isinstance(values, tuple) else (values,)
     values = [int(v) if isinstance(v, float) and not _isnan(v) and v.is_integer() else v for v in values]
     return " ".join(f"{k}={v}" if k != "impl" else str(v) for k, v in zip(keys, values) if not _isnan(v))
 
 
-def plot_group(group: BenchGroup, df, path: Path) -> None:
-    """Draw the group's plot (see ``BenchGroup.plot``) into path; skipped without matplotlib."""
+def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
+    """Draw the group's plot (see ``BenchGroup.plot``) into path; False without matplotlib or rows to draw."""
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return
+        return False
     kind, what = group.plot
-    ok = df[df["status"] == "ok"]
+    ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
+    if ok.empty:
+        return False
     variant = [c for c in ("BLOCK", "BLOCK_SIZE") if c in df and c not in group.case]
     if kind == "line":
         metrics = [m for m in ("forward_ms_mean", "forward_peak_MiB") if m in ok and ok[m].notna().any()]
@@ -613,32 +1055,63 @@ def plot_group(group: BenchGroup, df, path: Path) -> None:
         ax.set_ylabel(what)
         ax.legend(fontsize=7)
         ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{group.name}: {gpu_name()}", fontsize=10)
+    fig.suptitle(f"{group.name}: {gpu}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    tmp = path.with_name(path.name + ".tmp")
+    # No date or version in the file: a rebuild from the same JSON gives the same bytes.
+    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
     plt.close(fig)
-
-
-def gpu_name() -> str:
-    return torch.cuda.get_device_name() if ON_GPU else "interpreter (no GPU)"
+    os.replace(tmp, path)
+    return True
 
 
 def pytest_terminal_summary(terminalreporter, config):
-    tables = getattr(config, "bench_tables", None)
-    if not tables:
+    written = getattr(config, "bench_written", None)
+    if not written:
         return
     import pandas as pd
 
     tr = terminalreporter
+    data = json.loads(written[0].read_text(encoding="utf-8"))
+    if not data.get("bench_run", {}).get("complete", True):
+        tr.write_sep("=", f"interrupted: partial tables in {written[0].parent}", red=True)
     with pd.option_context("display.width", 250, "display.max_columns", 40, "display.max_rows", 500):
-        for name, (group, df) in tables.items():
-            tr.write_sep("=", f"benchmark group {name} -> {config.bench_out_dir / group.csv}")
-            extra = [c for c in ("pct_of_copy", "rel_error") if c in df and df[c].notna().any()]
-            shown = [c for c in (*group.columns, *extra) if c in df]
-            view = df[list(dict.fromkeys([*shown, "status"]))].copy()
+        for name, (group, df) in tables_from_json(data).items():
+            path = table_path(written[0].parent, group, data.get("bench_run", {}).get("complete", True))
+            tr.write_sep("=", f"benchmark group {name} -> {path}")
+            extra = [c for c in ("pct_of_copy", "rel_error", "host_us") if c in df and df[c].notna().any()]
+            shown = [c for c in ("impl", *group.columns, *extra) if c in df]
+            view = df[list(dict.fromkeys(shown))].copy()
             view[f"speedup_vs_{group.impls[0]}"] = speedup(df, group.case, group.impls[0])
             tr.write_line(view.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
-            failed = df[df["status"] != "ok"]
-            for _, r in failed.iterrows():
+            for _, r in df[df["failure"].notna()].iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
-                tr.write_line(f"FAILED CONFIG {keys}: {r['reason']}", red=True)
+                tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: python conftest.py rebuild JSON [--outputs-dir DIR]
+# ----------------------------------------------------------------------------------------------
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rebuild = sub.add_parser("rebuild", help="the CSVs and plots of a saved run, from its JSON alone")
+    rebuild.add_argument("json", type=Path, help="a run's JSON (benchmark.json, a --benchmark-save or "
+                                                 "--benchmark-json file) or a benchmark.json.part")
+    rebuild.add_argument("--outputs-dir", type=Path, default=None, help="default: the JSON's directory")
+    args = parser.parse_args(argv)
+    if not args.json.is_file():
+        parser.error(f"json: {args.json} is not a file")
+    if args.json.name.endswith(".part"):
+        data = read_part(args.json)
+    else:
+        data = json.loads(args.json.read_text(encoding="utf-8"))
+    if not data.get("bench_groups"):
+        parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
+    for path in write_tables(data, args.outputs_dir or args.json.parent):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -2,7 +2,7 @@
 
 It adds one setting, ``launcher_site_packages``: the environment also sees the site-packages of
 the Python that runs tox. The gpu environment needs it because a CUDA build of torch often lives
-in a virtual environment (on the lent GPU machines, /opt/torch/.venv), and tox builds every
+in a virtual environment (such as /opt/torch/.venv), and tox builds every
 environment from the *base* interpreter: ``system_site_packages`` then shows the base's packages,
 not that environment's torch. So ``python3 -m tox -e gpu`` sees what ``python3 -m pytest`` sees,
 and nothing has to be downloaded.

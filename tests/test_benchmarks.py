@@ -13,7 +13,7 @@ import functools
 import pytest
 import torch
 
-from conftest import BenchGroup
+from conftest import BenchGroup, compiled_op, graph_replay
 from fused_softmax_matmul import (
     fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -45,10 +45,11 @@ SOFTMAX_MATMUL = BenchGroup(
     csv="softmax_matmul_benchmark.csv",
     columns=("batch_size", "d1", "d2", "d3", "triton", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"),
     case=("batch_size", "d1", "d2", "d3"),
-    impls=("torch", "compile", "triton"),
+    impls=("torch", "compile", "triton", "triton_compiled", "triton_graph"),
     csv_impls=("torch", "triton"),  # the specified table has PyTorch and Triton rows only
     sort=("d2", "_impl_order", "BLOCK"),
     plot=("line", "d2"),
+    spec=True,
 )
 if ON_GPU:
     SPEC = dict(batch_size=16, d1=2048, d3=512)
@@ -59,9 +60,12 @@ else:  # interpreter: ~3 ms per program per step, so a handful of programs and s
     SPEC_D2 = [32, 80]
     SPEC_BLOCKS = [16, 32]
 
+# The Triton op as a caller may also run it: under torch.compile(fullgraph=True), and replayed
+# from a CUDA graph (which removes the host's launch cost); at the largest block size.
+CALLER_FORMS = ("triton_compiled", "triton_graph")
 SOFTMAX_MATMUL_CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
     (d2, "triton", b) for d2 in SPEC_D2 for b in SPEC_BLOCKS
-]
+] + [(d2, impl, SPEC_BLOCKS[-1]) for d2 in SPEC_D2 for impl in CALLER_FORMS]
 
 
 def softmax_matmul_error(inputs: dict):
@@ -78,22 +82,28 @@ def softmax_matmul_impl(impl: str, block: int | None):
         return softmax_mult
     if impl == "compile":
         return compiled(softmax_mult)
-    return functools.partial(fused_softmax, BLOCK_1=block, BLOCK_2=block)
+    fused = functools.partial(fused_softmax, BLOCK_1=block, BLOCK_2=block)
+    return compiled_op(fused) if impl == "triton_compiled" else fused
+
+
+def callable_for(impl: str, fn, *args):
+    """The zero-argument call to time; triton_graph rows replay it from a CUDA graph."""
+    call = functools.partial(fn, *args)
+    return graph_replay(call) if impl.endswith("_graph") else call
 
 
 @pytest.mark.parametrize("d2,impl,B", SOFTMAX_MATMUL_CASES)
 def test_softmax_matmul(bench, d2, impl, B):
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
-    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl == "triton", BLOCK=B, impl=impl, dtype="float32")
+    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl.startswith("triton"), BLOCK=B, impl=impl, dtype="float32")
 
     inputs = {}
 
     def build():
         x, V = inputs["x"], inputs["V"] = softmax_matmul_inputs(batch, d1, d2, d3, torch.float32)
-        fn = softmax_matmul_impl(impl, B)
-        return lambda: fn(x, V)
+        return callable_for(impl, softmax_matmul_impl(impl, B), x, V)
 
-    model = fused_softmax_bytes if impl == "triton" else softmax_mult_bytes
+    model = fused_softmax_bytes if impl.startswith("triton") else softmax_mult_bytes
     bench(SOFTMAX_MATMUL, row, build, bytes_moved=model(batch, d1, d2, d3, 4),
           flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch.float32, error=softmax_matmul_error(inputs))
 
@@ -107,7 +117,7 @@ PRECISION = BenchGroup(
     columns=("batch_size", "d1", "d2", "d3", "dtype", "precision", "impl", "BLOCK", "forward_ms_mean",
              "forward_ms_std", "forward_peak_MiB", "gbps", "tflops"),
     case=("batch_size", "d1", "d2", "d3", "dtype", "precision"),
-    impls=("torch", "compile", "triton"),
+    impls=("torch", "compile", "triton", *CALLER_FORMS),
     plot=("line", "d2"),
 )
 # (dtype, float32 matmul precision): the precision setting only matters for float32.
@@ -121,7 +131,8 @@ if ON_GPU:
 else:
     PRECISION_CASES = [(dt, p, 48) for dt, p in VARIANTS]
     PRECISION_BLOCKS = [16]
-PRECISION_IMPLS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) for b in PRECISION_BLOCKS]
+PRECISION_IMPLS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) for b in PRECISION_BLOCKS] + [
+    (impl, PRECISION_BLOCKS[-1]) for impl in CALLER_FORMS]
 
 
 @pytest.fixture
@@ -143,10 +154,9 @@ def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2,
 
     def build():
         x, V = inputs["x"], inputs["V"] = softmax_matmul_inputs(batch, d1, d2, d3, torch_dtype)
-        fn = softmax_matmul_impl(impl, block)
-        return lambda: fn(x, V)
+        return callable_for(impl, softmax_matmul_impl(impl, block), x, V)
 
-    model = fused_softmax_bytes if impl == "triton" else softmax_mult_bytes
+    model = fused_softmax_bytes if impl.startswith("triton") else softmax_mult_bytes
     bench(PRECISION, row, build, bytes_moved=model(batch, d1, d2, d3, torch_dtype.itemsize),
           flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error(inputs))
 
@@ -159,7 +169,7 @@ SOFTMAX = BenchGroup(
     csv="softmax_benchmark.csv",
     columns=("M", "N", "dtype", "impl", "BLOCK_SIZE", "forward_ms_mean", "forward_ms_std", "gbps", "pct_of_copy"),
     case=("M", "N", "dtype"),
-    impls=("naive", "torch", "compile", "triton_row", "triton_online"),
+    impls=("naive", "torch", "compile", "triton_row", "triton_online", *CALLER_FORMS),
     sort=("dtype", "M", "N", "_impl_order", "BLOCK_SIZE"),
     plot=("bar", "pct_of_copy"),
 )
@@ -172,7 +182,7 @@ else:
     STUDY_SHAPE, STUDY_BLOCKS = (6, 100, "float32"), [32]
 
 SOFTMAX_CASES = [(*shape, impl, None) for shape in ROW_SHAPES
-                 for impl in ("naive", "torch", *COMPILE, "triton_row", "triton_online")] + [
+                 for impl in ("naive", "torch", *COMPILE, "triton_row", "triton_online", *CALLER_FORMS)] + [
     (*STUDY_SHAPE, impl, b) for impl in ("triton_row", "triton_online") for b in STUDY_BLOCKS
 ]
 
@@ -186,6 +196,8 @@ def row_softmax_impl(impl: str, block: int | None):
         return compiled(functools.partial(torch.softmax, dim=-1))
     if impl == "triton_row":
         return functools.partial(row_softmax, BLOCK_SIZE=block)
+    if impl in CALLER_FORMS:  # the row kernel, each wrapper's own block size
+        return compiled_op(row_softmax) if impl == "triton_compiled" else row_softmax
 
     def online(x):
         return online_softmax(x.unsqueeze(0), *online_softmax_tiles(x.shape[-1], block))[0]
@@ -200,8 +212,7 @@ def test_softmax(bench, M, N, dtype, impl, BLOCK_SIZE):
 
     def build():
         x = inputs["x"] = row_softmax_inputs(M, N, torch_dtype)
-        fn = row_softmax_impl(impl, BLOCK_SIZE)
-        return lambda: fn(x)
+        return callable_for(impl, row_softmax_impl(impl, BLOCK_SIZE), x)
 
     def error(out: torch.Tensor) -> float:  # on the first 64 rows: a float64 copy of all could be 16 GiB
         return relative_error(out[:64], torch.softmax(inputs["x"][:64].double(), dim=-1))

@@ -11,7 +11,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup
+from conftest import BenchGroup, compiled_op, graph_replay
 from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes,
 )
@@ -23,7 +23,7 @@ BENCH = BenchGroup(
     columns=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode", "impl",
              "forward_ms_mean", "forward_ms_std", "forward_peak_MiB", "tflops"),
     case=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode"),
-    impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton"),
+    impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton", "triton_compiled", "triton_graph"),
     plot=("line", "n_queries"),
 )
 
@@ -49,12 +49,14 @@ BENCH_IMPLS = {
     "sdpa_compile": sdpa_compiled,
     "flash_pytorch": FlashAttentionPytorch.apply,
     "flash_triton": FlashAttentionTriton.apply,
+    "triton_graph": FlashAttentionTriton.apply,  # replayed from a CUDA graph below
 }
 
 if ON_GPU:
     BENCH_CASES = [
         # float32 sweep: where the materialised reference runs out of memory its row stays empty.
-        *[(8, n, n, 64, "float32", True, "fwd") for n in (256, 512, 1024, 2048, 4096, 8192, 16384)],
+        *[(8, n, n, 64, "float32", True, "fwd") for n in (256, 512, 1024, 2048, 4096, 8192)],
+        pytest.param(8, 16384, 16384, 64, "float32", True, "fwd", marks=pytest.mark.slow),
         (16, 8192, 8192, 64, "bfloat16", True, "fwd"),
         (16, 8192, 8192, 64, "bfloat16", True, "fwd_bwd"),
     ]
@@ -69,16 +71,17 @@ else:
 def test_flash_attention_benchmark(bench, batch, n_queries, n_keys, d, dtype, is_causal, mode, impl):
     def build():
         Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype])
-        fn = BENCH_IMPLS[impl]
+        fn = compiled_op(FlashAttentionTriton.apply) if impl == "triton_compiled" else BENCH_IMPLS[impl]
         if mode == "fwd":
-            return lambda: fn(Q, K, V, is_causal)
+            call = lambda: fn(Q, K, V, is_causal)  # noqa: E731
+            return graph_replay(call) if impl == "triton_graph" else call
         leaves = [t.requires_grad_() for t in (Q, K, V)]
         dO = randn((batch, n_queries, d), DTYPES[dtype], seed=7)  # one fixed upstream gradient
 
         def forward_backward():
             # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
             return torch.autograd.grad(fn(*leaves, is_causal), leaves, dO)
-        return forward_backward
+        return graph_replay(forward_backward) if impl == "triton_graph" else forward_backward
 
     bench(BENCH, dict(batch=batch, n_queries=n_queries, n_keys=n_keys, d=d, dtype=dtype, is_causal=is_causal,
                       mode=mode, impl=impl),

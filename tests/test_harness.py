@@ -10,9 +10,11 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -20,16 +22,29 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def run_pytest(args: list[str], cwd: Path, pythonpath: Path | None = None) -> subprocess.CompletedProcess:
-    """Benchmarks on (-p no:xdist), no cache files, in interpreter mode, whatever the outer run uses."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_"))}
+def child_env(pythonpath: Path | None = None, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_", "COV_", "SOFTMAX_KERNELS_"))}
     env["TRITON_INTERPRET"] = "1"
     if pythonpath is not None:
         env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(pythonpath), env.get("PYTHONPATH")]))
-    cmd = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "--benchmark-only", "-rs", *args]
-    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=300)
+    return {**env, **extra}
+
+
+PYTEST = [sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "--benchmark-only", "-rs"]
+
+
+def run_pytest(args: list[str], cwd: Path, pythonpath: Path | None = None, **env) -> subprocess.CompletedProcess:
+    """Benchmarks on (-p no:xdist), no cache files, in interpreter mode, whatever the outer run uses."""
+    proc = subprocess.run([*PYTEST, *args], cwd=cwd, env=child_env(pythonpath, **env), capture_output=True,
+                          text=True, timeout=300)
     proc.output = proc.stdout + proc.stderr
     return proc
+
+
+def rebuild(json_path: Path, out: Path) -> subprocess.CompletedProcess:
+    """The documented command: python conftest.py rebuild JSON --outputs-dir DIR."""
+    return subprocess.run([sys.executable, str(ROOT / "conftest.py"), "rebuild", str(json_path), "--outputs-dir", str(out)],
+                          cwd=ROOT, env=child_env(), capture_output=True, text=True, timeout=120)
 
 
 INTERPRETER_PROBE = """
@@ -77,7 +92,9 @@ def softmax_matmul_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("softmax_matmul")
     # Run from tmp with the test file's absolute path: rootdir and tox.ini's [pytest] stay the
     # repository's, while the default .benchmarks storage (relative to the cwd) lands in tmp.
-    proc = run_pytest([str(ROOT / "tests" / "test_benchmarks.py") + "::test_softmax_matmul",
+    # The caller forms (triton_compiled, triton_graph) are the kernels' business, not the harness's:
+    # test_benchmarks.py runs them.
+    proc = run_pytest([str(ROOT / "tests" / "test_benchmarks.py") + "::test_softmax_matmul", "-k", "not triton_",
                        "--outputs-dir", str(tmp / "out"), "--benchmark-json", str(tmp / "run.json")], cwd=tmp)
     assert proc.returncode == 0, proc.output[-4000:]
     return tmp, proc
@@ -90,7 +107,7 @@ def test_softmax_matmul_csv(softmax_matmul_run):
     # The cases that ran, from the JSON (the child's grid is the interpreter's, wherever this runs):
     # one CSV row per (d2, impl, B) of PyTorch and Triton (compile is JSON-only), in the order d2,
     # then PyTorch before Triton, then block size.
-    params = [b["params"] for b in json.loads((tmp / "run.json").read_text())["benchmarks"]]
+    params = [b["params"] for b in json.loads((tmp / "out" / "benchmark.json").read_text())["benchmarks"]]
     expected = sorted(((p["d2"], p["impl"] == "triton", p["B"]) for p in params if p["impl"] in ("torch", "triton")),
                       key=lambda k: (k[0], k[1], k[2] or 0))
     assert len({d2 for d2, _, _ in expected}) >= 2 and {t for _, t, _ in expected} == {False, True}, expected
@@ -105,12 +122,16 @@ def test_softmax_matmul_csv(softmax_matmul_run):
 
 def test_softmax_matmul_json(softmax_matmul_run):
     tmp, _ = softmax_matmul_run
-    data = json.loads((tmp / "run.json").read_text())
+    data = json.loads((tmp / "out" / "benchmark.json").read_text())
     info = data["machine_info"]["gpu"]
     assert info["mode"].startswith("interpreter"), info
-    assert {"torch", "triton", "l2_flush", "copy_bandwidth_GBps"} <= info.keys(), info
-    assert info["copy_bandwidth_GBps"] > 0, "the copy ceiling is measured during the run, before the JSON is written"
-    assert data["failed_cases"] == []
+    # Identity only: a measured value in machine_info makes every compare warn.
+    assert set(info) == {"mode", "name", "torch", "triton"}, info
+    assert "hz_actual" not in data["machine_info"].get("cpu", {})
+    assert data["ceilings"]["copy_GBps"] > 0, "the copy ceiling is measured during the run, before the JSON is written"
+    assert data["ceilings"]["launch_floor_us"] > 0
+    assert data["failed_cases"] == [] and data["bench_run"]["complete"] is True
+    assert data["bench_groups"]["softmax_matmul"]["spec"] is True
 
     benchmarks = data["benchmarks"]
     assert benchmarks and {b["group"] for b in benchmarks} == {"softmax_matmul"}
@@ -118,23 +139,36 @@ def test_softmax_matmul_json(softmax_matmul_run):
                  for r in read_csv(tmp / "out" / "softmax_matmul_benchmark.csv")[1]}
     for b in benchmarks:
         extra = b["extra_info"]
-        for key in ("batch_size", "d1", "d2", "d3", "impl", "BLOCK", "forward_ms_mean", "bytes_moved", "flops", "execution"):
+        for key in ("batch_size", "d1", "d2", "d3", "impl", "BLOCK", "bytes_moved", "flops", "execution", "host_us"):
             assert key in extra, f"{b['name']}: extra_info lacks {key}: {extra}"
-        assert extra["execution"] == "interpreter"
-        # The CSV, the extra_info and pytest-benchmark's own statistics are one measurement.
-        assert extra["forward_ms_mean"] == pytest.approx(b["stats"]["mean"] * 1e3, rel=1e-9)
+        assert extra["execution"] == "interpreter" and extra["host_us"] > 0
+        assert b["options"]["disable_gc"] is True and b["options"]["timer"] == "perf_counter", b["options"]
+        # The CSV is built from pytest-benchmark's own statistics.
         key = (extra["d2"], "" if extra["BLOCK"] is None else str(extra["BLOCK"]))
-        assert csv_means[key] == pytest.approx(extra["forward_ms_mean"], rel=1e-5)
+        assert csv_means[key] == pytest.approx(b["stats"]["mean"] * 1e3, rel=1e-5)
+    # --benchmark-json is pytest-benchmark's file; it carries the same additions.
+    assert json.loads((tmp / "run.json").read_text())["bench_groups"].keys() == {"softmax_matmul"}
+
+
+def test_tables_rebuild_byte_identical(softmax_matmul_run, tmp_path):
+    tmp, _ = softmax_matmul_run
+    for source in (tmp / "out" / "benchmark.json", tmp / "run.json"):  # the run's record, pytest-benchmark's file
+        out = tmp_path / source.stem
+        proc = rebuild(source, out)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        for name in ("softmax_matmul_benchmark.csv", "softmax_matmul_benchmark.png"):
+            assert (out / name).read_bytes() == (tmp / "out" / name).read_bytes(), f"{name} rebuilt from {source.name} differs"
 
 
 # ----------------------------------------------------------------------------------------------
 # Failing configurations: a resource limit is recorded and skipped, a bug fails the run
 # ----------------------------------------------------------------------------------------------
 PROBE_MODULE = '''
+import os, time
 import pytest, torch, triton, triton.language as tl
 from conftest import BenchGroup
 
-PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",), impls=("fits", "too_big", "broken", "clash"),
+PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",), impls=("fits", "too_big", "broken", "clash", "sleepy"),
                    columns=("n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"))
 
 
@@ -149,8 +183,16 @@ def test_probe(bench, n, impl, BLOCK):
     def build():
         if impl == "broken":
             raise ValueError("a bug in the probe")
+        if impl == "sleepy":  # tells the test it is running, then waits to be stopped
+            open("sleeping", "w").close()
+            time.sleep(120)
         x = torch.empty(64)
-        return lambda: fill_kernel[(1,)](x, BLOCK=BLOCK)
+        delay = float(os.environ.get("PROBE_DELAY_S", "0"))  # a deliberately slowed kernel
+
+        def fill():
+            time.sleep(delay)
+            return fill_kernel[(1,)](x, BLOCK=BLOCK)
+        return fill
 
     row = dict(n=n, impl=impl, BLOCK=BLOCK)
     if impl == "clash":
@@ -159,23 +201,32 @@ def test_probe(bench, n, impl, BLOCK):
 '''
 
 
-def run_probe(tmp_path: Path, cases: list[tuple]) -> tuple[subprocess.CompletedProcess, list[dict]]:
-    """Run a throwaway benchmark module under the project's harness (loaded with -p conftest)."""
+PROBE_COLUMNS = ["n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB", "host_us", "failure"]
+
+
+def write_probe(tmp_path: Path, cases: list[tuple]) -> list[str]:
+    """A throwaway benchmark module under the project's harness (loaded with -p conftest): its pytest args."""
     (tmp_path / "test_probe.py").write_text(textwrap.dedent(PROBE_MODULE).replace("CASES", repr(cases)))
-    proc = run_pytest(["-p", "conftest", "test_probe.py", "--outputs-dir", "out", "--benchmark-save", "probe"],
-                      cwd=tmp_path, pythonpath=ROOT)
+    return ["-p", "conftest", "test_probe.py", "--outputs-dir", "out"]
+
+
+def run_probe(tmp_path: Path, cases: list[tuple], *args, **env) -> tuple[subprocess.CompletedProcess, list[dict]]:
+    proc = run_pytest([*write_probe(tmp_path, cases), "--benchmark-save", "probe", *args],
+                      cwd=tmp_path, pythonpath=ROOT, **env)
     assert "group probe ->" in proc.output, f"the harness did not run:\n{proc.output[-4000:]}"
     columns, rows = read_csv(tmp_path / "out" / "probe.csv")
-    assert columns == ["n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"]
+    assert columns == PROBE_COLUMNS
     return proc, rows
 
 
 def assert_measured(row: dict):
     assert float(row["forward_ms_mean"]) > 0 and float(row["forward_ms_std"]) >= 0, row
+    assert float(row["host_us"]) > 0 and row["failure"] == "", row
 
 
-def assert_empty(row: dict):
-    assert row["forward_ms_mean"] == row["forward_ms_std"] == row["forward_peak_MiB"] == "", row
+def assert_empty(row: dict, reason: str):
+    assert row["forward_ms_mean"] == row["forward_ms_std"] == row["forward_peak_MiB"] == row["host_us"] == "", row
+    assert reason in row["failure"], row
 
 
 def test_static_assert_is_a_recorded_limit(tmp_path):
@@ -183,7 +234,7 @@ def test_static_assert_is_a_recorded_limit(tmp_path):
     assert proc.returncode == 0, f"a configuration past a kernel's limit must not fail the run:\n{proc.output[-4000:]}"
     assert [(r["n"], r["impl"], r["BLOCK"]) for r in rows] == [("1", "fits", "16"), ("1", "too_big", "64"), ("2", "fits", "32")]
     assert_measured(rows[0])
-    assert_empty(rows[1])
+    assert_empty(rows[1], "BLOCK past the probe limit")
     assert_measured(rows[2])  # the case after the failure was still measured
     failed = [line for line in proc.output.splitlines() if line.startswith("FAILED CONFIG")]
     assert len(failed) == 1 and "n=1, impl=too_big" in failed[0] and "BLOCK past the probe limit" in failed[0], failed
@@ -202,7 +253,7 @@ def test_other_errors_fail_the_run_and_keep_the_row(tmp_path):
     assert proc.returncode == 1, proc.output[-4000:]
     assert "1 failed, 1 passed" in proc.output
     assert_measured(rows[0])
-    assert_empty(rows[1])
+    assert_empty(rows[1], "ValueError: a bug in the probe")
     assert any(line.startswith("FAILED CONFIG n=1, impl=broken: ValueError: a bug in the probe")
                for line in proc.output.splitlines()), proc.output[-4000:]
 
@@ -212,3 +263,87 @@ def test_a_row_key_the_harness_owns_is_refused(tmp_path):
     assert proc.returncode == 1 and "1 failed, 1 passed" in proc.output, proc.output[-4000:]
     assert "row keys ['execution'] of group probe are the harness's own" in proc.output
     assert [r["impl"] for r in rows] == ["fits"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The JSON: clean compare, the code that ran
+# ----------------------------------------------------------------------------------------------
+def test_compare_of_two_runs_sees_one_machine(tmp_path):
+    cases = [(1, "fits", 16)]
+    proc, _ = run_probe(tmp_path, cases, SOFTMAX_KERNELS_COMMIT="0123abc-dirty")
+    assert proc.returncode == 0, proc.output[-4000:]
+    saved = json.loads(next((tmp_path / ".benchmarks" / "interpreter").glob("*/0001_probe.json")).read_text())
+    assert saved["commit_info"]["id"] == "0123abc" and saved["commit_info"]["dirty"] is True, saved["commit_info"]
+    proc = run_pytest([*write_probe(tmp_path, cases), "--benchmark-compare=0001", "--benchmark-compare-fail=median:1000%"],
+                      cwd=tmp_path, pythonpath=ROOT)
+    assert proc.returncode == 0, proc.output[-4000:]
+    assert "Comparing against benchmarks from" in proc.output, proc.output[-4000:]
+    assert "machine_info is different" not in proc.output, proc.output[-4000:]
+
+
+def test_the_gate_fails_on_a_slowed_kernel(tmp_path):
+    """The tox gate's options against a baseline in pytest-benchmark's storage layout, from another directory."""
+    cases = [(1, "fits", 16)]
+    baseline = tmp_path / "baseline"
+    proc = run_pytest([*write_probe(tmp_path, cases), f"--benchmark-storage=file://{baseline}", "--benchmark-save=base"],
+                      cwd=tmp_path, pythonpath=ROOT)
+    assert proc.returncode == 0 and len(list(baseline.glob("*/0001_base.json"))) == 1, proc.output[-4000:]
+    proc = run_pytest([*write_probe(tmp_path, cases), f"--benchmark-storage=file://{baseline}", "--benchmark-compare=*/0001",
+                       "--benchmark-compare-fail=median:5%"], cwd=tmp_path, pythonpath=ROOT, PROBE_DELAY_S="0.2")
+    assert proc.returncode != 0 and "Performance has regressed" in proc.output, proc.output[-4000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# Nothing lost, nothing overwritten
+# ----------------------------------------------------------------------------------------------
+def start_probe(tmp_path: Path, cases: list[tuple]) -> subprocess.Popen:
+    """A probe run in the background, returned once its sleepy case is running (the others measured)."""
+    proc = subprocess.Popen([*PYTEST, *write_probe(tmp_path, cases)], cwd=tmp_path, env=child_env(ROOT),
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 240
+    while not (tmp_path / "sleeping").exists():
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
+        time.sleep(0.2)
+    return proc
+
+
+def test_sigterm_keeps_the_measured_rows(tmp_path):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "probe.csv").write_text("a whole table from an earlier run\n")
+    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "fits", 32), (3, "sleepy", 16), (4, "fits", 16)])
+    proc.send_signal(signal.SIGTERM)
+    output = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 2, output[-4000:]  # pytest's "interrupted"
+    assert (out / "probe.csv").read_text() == "a whole table from an earlier run\n", "a partial run replaced a whole table"
+    columns, rows = read_csv(out / "probe.partial.csv")
+    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1", "2"], rows
+    for r in rows:
+        assert_measured(r)
+    data = json.loads((out / "benchmark.partial.json").read_text())
+    assert data["bench_run"]["complete"] is False and len(data["benchmarks"]) == 2
+    assert not (out / "benchmark.json.part").exists() and not (out / "benchmark.json").exists()
+    assert "interrupted: partial tables" in output
+
+
+def test_a_killed_run_leaves_its_rows_on_disk(tmp_path):
+    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "sleepy", 16)])
+    proc.kill()  # SIGKILL: no handler runs, only what already reached the disk remains
+    proc.communicate(timeout=60)
+    part = tmp_path / "out" / "benchmark.json.part"
+    result = rebuild(part, tmp_path / "rebuilt")
+    assert result.returncode == 0, result.stdout + result.stderr
+    columns, rows = read_csv(tmp_path / "rebuilt" / "probe.partial.csv")
+    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1"]
+    assert_measured(rows[0])
+
+
+@pytest.mark.parametrize("option", ["--outputs-dir", "--benchmark-json"])
+def test_an_unwritable_destination_fails_before_any_benchmark(tmp_path, option):
+    (tmp_path / "a_file").write_text("")
+    target = tmp_path / "a_file" / ("sub" if option == "--outputs-dir" else "run.json")
+    args = [a for a in write_probe(tmp_path, [(1, "sleepy", 16)]) if a not in ("--outputs-dir", "out")]
+    proc = run_pytest([*args, option, str(target)], cwd=tmp_path, pythonpath=ROOT)
+    assert proc.returncode == 4, proc.output[-4000:]  # pytest's usage error
+    assert f"{option} " in proc.output and "cannot write into" in proc.output, proc.output[-4000:]
+    assert not (tmp_path / "sleeping").exists(), "a benchmark ran before the check"
