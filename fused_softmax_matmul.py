@@ -1452,18 +1452,21 @@ def flash_attention_backward_dkdv_kernel(
                                    stride_qm, stride_gm, stride_lm, stride_dm,
                                    diagonal_start, tl.minimum(full_start, n_queries), n_queries, qk_scale,
                                    BLOCK_M, True, True, PRECISION, UPCAST)
-    else:
-        full_start = 0
     # Whole query tiles up to the ragged last one need no mask; that one (unless the diagonal
     # already took it) masks its missing queries.
     ragged_start = n_queries // BLOCK_M * BLOCK_M
+    if IS_CAUSAL:
+        ragged_from = tl.maximum(full_start, ragged_start)
+    else:
+        full_start = 0
+        ragged_from = ragged_start
     dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
                                stride_qm, stride_gm, stride_lm, stride_dm,
                                full_start, ragged_start, n_queries, qk_scale,
                                BLOCK_M, False, False, PRECISION, UPCAST)
     dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
                                stride_qm, stride_gm, stride_lm, stride_dm,
-                               tl.maximum(full_start, ragged_start), n_queries, n_queries, qk_scale,
+                               ragged_from, n_queries, n_queries, qk_scale,
                                BLOCK_M, True, False, PRECISION, UPCAST)
     # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
     dk = dk * sm_scale
