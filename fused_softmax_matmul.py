@@ -1183,8 +1183,8 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # (the causal diagonal and the ragged end). The mask costs a compare and a select per logit, so
 # keeping it off the bulk of the tiles matters on a GPU. Rows past the end of the queries are
 # never stored, so the forward and dQ let them compute on zeros; the dK/dV kernel sums over
-# queries, so it masks them in the ragged last query tile. Logits are kept in base-2 units (scaled by log2(e)) so that each exponential
-# is one exp2.
+# queries, so it masks them in the ragged last query tile. Logits are kept in base-2 units
+# (scaled by log2(e)) so that each exponential is one exp2.
 #
 # Float scalar arguments are cast to float32 on entry: torch.compile's Inductor re-launches user
 # kernels with Python floats typed fp64, and an fp64 scale would make tl.dot's accumulator fp64.
