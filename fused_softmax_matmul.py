@@ -1023,14 +1023,15 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     check_same("Q", Q, "K", K)
     check_same("Q", Q, "V", V)
     is_causal = causal_flag(is_causal)
-    if K.shape[0] != Q.shape[0] or K.shape[2] != Q.shape[2]:
-        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {Q.shape[0]} and d {Q.shape[2]}, "
-                         f"got K of shape {tuple(K.shape)}")
-    if V.shape != K.shape:
-        raise ValueError(f"V must have K's shape {tuple(K.shape)}, got {tuple(V.shape)}")
-    if K.shape[1] == 0:
+    batch, _, d = Q.shape
+    k_shape = tuple(K.shape)
+    if k_shape[0] != batch or k_shape[2] != d:
+        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {batch} and d {d}, got K of shape {k_shape}")
+    if tuple(V.shape) != k_shape:
+        raise ValueError(f"V must have K's shape {k_shape}, got {tuple(V.shape)}")
+    if k_shape[1] == 0:
         raise ValueError("K has no keys (n_keys = 0): a softmax over no keys is undefined")
-    if Q.shape[2] == 0:
+    if d == 0:
         raise ValueError("Q has d = 0: the scale 1/sqrt(d) is undefined")
     return is_causal
 
@@ -1196,7 +1197,7 @@ FLASH_MAX_PROGRAMS = 2**31 - 1
 
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
     """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
-    tiles = triton.cdiv(n_rows, block)
+    tiles = -(-n_rows // block)  # triton.cdiv, a constexpr_function on triton 3.9, costs ~4 us a host call
     if batch * tiles > FLASH_MAX_PROGRAMS:
         raise ValueError(f"batch {batch} x {tiles} tiles of {block} rows is {batch * tiles} programs, past CUDA's "
                          f"grid limit of {FLASH_MAX_PROGRAMS}: split the batch")
