@@ -984,6 +984,9 @@ def causal_flag(is_causal) -> bool:
         return is_causal
     if np is not None and isinstance(is_causal, np.bool_):
         return bool(is_causal)
+    if np is not None and isinstance(is_causal, np.ndarray) and torch.compiler.is_compiling():
+        raise TypeError("is_causal must be a Python bool under torch.compile, which traces numpy values (a "
+                        "numpy.bool_ too) as tensors: pass bool(is_causal)")
     raise TypeError(f"is_causal must be a bool (or numpy.bool_), got {_type_name(is_causal)}")
 
 
@@ -1613,6 +1616,8 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) ->
     The dict returned is shared between calls when ``launches`` is None: read it, never change it.
     """
     if launches is None:
+        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
+            return _flash_launches.__wrapped__(d, dtype)
         return _flash_launches(d, dtype)
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")

@@ -595,3 +595,64 @@ def test_more_tiles_than_grid_axis_1_takes(n_queries, n_keys):
     """65537 tiles of 16 (queries, or keys in the dK/dV kernel): more than CUDA's 65535 on grid
     axis 1, which the one-axis grids never use."""
     check_against_float64("flash_triton", 1, n_queries, n_keys, 16, torch.float32, True, launches=SMALL_TILES)
+
+
+def run_with_grads_of(apply, Q, K, V, dO, is_causal):
+    """(O, dQ, dK, dV) of apply(Q, K, V, is_causal) on fresh leaves."""
+    leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V)]
+    O = apply(*leaves, is_causal)
+    return (O.detach(), *torch.autograd.grad(O, leaves, dO))
+
+
+class _StandInKernel:
+    """A PyTorch stand-in for one flash kernel, launched as ``kernel[grid](*args, **constexprs)``.
+
+    It writes what the kernel writes (positions as in the kernels' signatures), so that the
+    autograd Function around it runs end to end where Dynamo cannot trace an interpreted kernel.
+    """
+
+    def __init__(self, which):
+        self.which = which
+
+    def __getitem__(self, grid):
+        return self.launch
+
+    def launch(self, *args, **constexprs):
+        causal = constexprs.get("IS_CAUSAL", False)
+        if self.which == "forward":
+            Q, K, V, O, L = args[:5]
+            o, lse = fsm.flash_pytorch_forward(Q, K, V, causal)
+            O.copy_(o)
+            L.copy_(lse)
+        elif self.which == "rowdot":
+            O, dO, delta = args[:3]
+            delta.copy_((O * dO).sum(-1))
+        else:
+            Q, K, V, dO, L = args[:5]
+            O, _ = fsm.flash_pytorch_forward(Q, K, V, causal)
+            dq, dk, dv = fsm.flash_pytorch_backward(Q, K, V, O, L, dO, causal)
+            if self.which == "dkdv":
+                args[6].copy_(dk)
+                args[7].copy_(dv)
+            else:
+                args[6].copy_(dq)
+
+
+def test_function_body_traces_with_no_graph_break(monkeypatch):
+    """torch.compile(apply, fullgraph=True) over the Function's own code (input checks, cached
+    launches, grids, saved tensors, both methods), each kernel replaced by a PyTorch stand-in:
+    the CPU half of test_compiled_fullgraph_matches_eager. A numpy bool, which torch.compile
+    traces as a tensor, gets an error saying to pass a Python bool."""
+    for name, which in (("forward", "forward"), ("backward_rowdot", "rowdot"), ("backward_dkdv", "dkdv"),
+                        ("backward_dq", "dq")):
+        monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
+    torch._dynamo.reset()
+    compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")
+    Q, K, V = (t.cpu() for t in attention_inputs(2, 21, 19, 16, torch.float32))
+    dO = randn(Q.shape, torch.float32, 7).cpu()
+    got = run_with_grads_of(compiled, Q, K, V, dO, True)
+    want = reference_with_grads(Q, K, V, dO, True, torch.float32)
+    for name, g, w in zip(("O", "dQ", "dK", "dV"), got, want):
+        torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+    with pytest.raises(Exception, match="must be a Python bool under torch.compile"):
+        compiled(Q, K, V, np.bool_(True))
