@@ -1207,6 +1207,23 @@ def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
     return (batch * tiles,)
 
 
+# Within one batch element the kernels address rows x row stride + columns x column stride in
+# 32 bits (Triton types sizes and strides below 2^31 as int32; the batch offset is 64-bit): one
+# batch element may span fewer than 2^31 elements, or the offsets would wrap.
+FLASH_MAX_OFFSET = 2**31 - 1
+
+
+def check_flash_offsets(**tensors) -> None:
+    """ValueError, naming the tensor, if one batch element of a (batch, n, d) tensor spans past FLASH_MAX_OFFSET."""
+    for name, t in tensors.items():
+        _, n, d = t.shape
+        _, stride_row, stride_dim = t.stride()
+        span = (n - 1) * stride_row + (d - 1) * stride_dim
+        if span > FLASH_MAX_OFFSET:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
+                             f"batch element, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
+
+
 @triton.jit
 def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """(batch element, tile) of this program; the batch index is int64 for the offsets.
@@ -1661,6 +1678,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         fwd = chosen["forward"]
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+        check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         if O.numel() > 0:
             flash_attention_forward_kernel[flash_grid(batch, n_queries, fwd.block_m)](
                 Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E,
@@ -1686,6 +1704,7 @@ class FlashAttentionTriton(torch.autograd.Function):
             return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
         if dO.dtype != Q.dtype:
             dO = dO.to(Q.dtype)  # an upstream gradient of another dtype: the products need one operand type
+        check_flash_offsets(dO=dO)
         # dO may be any strided view (y.sum()'s gradient is an expanded, stride-0 tensor): the
         # kernels read it through its strides.
         delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)

@@ -658,3 +658,14 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
         torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
     with pytest.raises(Exception, match="must be a Python bool under torch.compile"):
         compiled(Q, K, V, np.bool_(True))
+
+
+def test_offsets_past_32_bits_are_refused():
+    """One batch element spanning 2^31 elements would wrap the kernels' 32-bit offsets: an error
+    naming the tensor (checked on meta tensors: no memory behind them)."""
+    fsm.check_flash_offsets(Q=torch.empty((4, 2**21, 1024), device="meta"))  # 2^31 - 1 at most: fine
+    with pytest.raises(ValueError, match=r"K of shape \(1, 2097153, 1024\) .* past the kernels' 32-bit offsets"):
+        fsm.check_flash_offsets(K=torch.empty((1, 2**21 + 1, 1024), device="meta"))
+    wide = torch.empty((1, 4096, 2**20), device="meta")[..., :64]  # 64 columns of rows 2^20 apart: 2^32 span
+    with pytest.raises(ValueError, match="dO of shape"):
+        fsm.check_flash_offsets(dO=wide)
