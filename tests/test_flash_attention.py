@@ -583,6 +583,26 @@ def test_cuda_graph_replay_matches_eager(is_causal):
 
 
 @needs_gpu
+def test_reduce_overhead_matches_float64():
+    """torch.compile(mode="reduce-overhead"): Inductor's CUDA graphs of the forward and the
+    backward, replayed from the third call on; the replayed results judged like eager ones."""
+    torch._dynamo.reset()
+    Q, K, V = attention_inputs(2, 300, 500, 64, torch.bfloat16)
+    dO = randn(Q.shape, torch.bfloat16, 7)
+    apply = torch.compile(FlashAttentionTriton.apply, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):  # warm-up, record, replay
+        ours = [t.clone() for t in run_with_grads_of(apply, Q, K, V, dO, True)]
+    exact = reference_with_grads(Q, K, V, dO, True, torch.float64)
+    torchs = reference_with_grads(Q, K, V, dO, True, Q.dtype)
+    L64 = attention_logsumexp(Q.double(), K.double(), True)
+    for name, out, ref64, torch_out in zip(("O", "dQ", "dK", "dV"), ours, exact, torchs):
+        try:
+            assert_close(out, ref64, torch_out, algorithm_error=0.0 if name == "O" else recompute_error(L64))
+        except AssertionError as e:
+            raise AssertionError(f"reduce-overhead {name}: {e}") from None
+
+
+@needs_gpu
 @pytest.mark.parametrize("impl", list(IMPLS))
 def test_cpu_tensor_mixed_with_cuda(impl):
     """One input left on the CPU: an error naming it, not a crash inside a kernel."""
