@@ -896,10 +896,21 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
 #
 # Causal masking is top-left aligned (query i sees keys j <= i), as in
 # ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: with more queries than
-# keys, the queries past the last key see every key.
+# keys, the queries past the last key see every key. Every query sees key 0, so masking alone
+# never leaves a row without a key; a row whose visible logits are all -inf (from -inf inputs)
+# gets output 0 and L = -inf, as SDPA gives. NaN or +inf among the logits a row sees make that
+# row NaN, as in SDPA. What a causal row cannot see never reaches it, except that 0 x NaN = NaN
+# when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
+# there too: its math backend makes every row NaN).
 
 # Imported here, not at the top, so that this section merges beside others appended to the file.
+import functools  # noqa: E402
 from dataclasses import dataclass  # noqa: E402
+
+try:  # numpy's bool is accepted for is_causal; numpy itself is optional
+    import numpy as np  # noqa: E402
+except ImportError:  # pragma: no cover
+    np = None
 
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the GPU's native instruction
 
@@ -914,6 +925,7 @@ def attention_reference(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_ca
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d).
     Per batch element, in elements: S = Q K^T reads (nq + nk) d and writes nq nk; the softmax
     reads S and writes P (2 nq nk, more for its steps); P V reads nq nk + nk d and writes nq d.
+    (A row whose logits are all -inf gives NaN here; SDPA and the flash versions give 0.)
     """
     S = attention_logits(Q, K, is_causal)
     return torch.softmax(S, dim=-1) @ V
@@ -961,24 +973,77 @@ def flash_attention_bytes(batch: int, n_queries: int, n_keys: int, d: int, eleme
     return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
 
 
-def check_attention_inputs(Q, K, V, is_causal) -> None:
-    """The checks both flash attentions make before any work (ValueError/TypeError naming the argument)."""
-    check_tensor("Q", Q, 3)
-    check_tensor("K", K, 3)
-    check_tensor("V", V, 3)
+def _type_name(value) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def causal_flag(is_causal) -> bool:
+    """is_causal as a Python bool: a bool or a numpy bool (what comparisons of numpy values give)."""
+    if isinstance(is_causal, bool):
+        return is_causal
+    if np is not None and isinstance(is_causal, np.bool_):
+        return bool(is_causal)
+    if np is not None and isinstance(is_causal, np.ndarray) and torch.compiler.is_compiling():
+        raise TypeError("is_causal must be a Python bool under torch.compile, which traces numpy values (a "
+                        "numpy.bool_ too) as tensors: pass bool(is_causal)")
+    raise TypeError(f"is_causal must be a bool (or numpy.bool_), got {_type_name(is_causal)}")
+
+
+# The plain-PyTorch version computes in float32 (float64 for float64 inputs) on any device.
+FLASH_PYTORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+
+
+def _check_dense(name: str, t) -> None:
+    if isinstance(t, torch.Tensor) and t.layout != torch.strided:
+        raise ValueError(f"{name} has layout {t.layout}: only dense (strided) tensors are supported")
+
+
+def _check_any_device(name: str, t) -> None:
+    """FlashAttentionPytorch's rule for one input: a dense 3-d floating tensor on any device."""
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
+    _check_dense(name, t)
+    if t.dim() != 3:
+        raise ValueError(f"{name} must have 3 dimensions, got shape {tuple(t.shape)}")
+    if t.dtype not in FLASH_PYTORCH_DTYPES:
+        raise TypeError(f"{name} must be float32, float16, bfloat16 or float64, got {t.dtype}")
+
+
+def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
+    """The checks both flash attentions make before any work; returns is_causal as a bool.
+
+    ``kernels``: the inputs go to the Triton kernels, so they must be on the device Triton runs
+    on (CUDA compiled, CPU in the interpreter); otherwise (plain PyTorch) any one device will do.
+    Errors are TypeError/ValueError naming the argument.
+    """
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if kernels:
+            _check_dense(name, t)
+            check_tensor(name, t, 3)
+        else:
+            _check_any_device(name, t)
     check_same("Q", Q, "K", K)
     check_same("Q", Q, "V", V)
-    if not isinstance(is_causal, bool):
-        raise TypeError(f"is_causal must be a bool, got {type(is_causal).__name__}")
-    if K.shape[0] != Q.shape[0] or K.shape[2] != Q.shape[2]:
-        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {Q.shape[0]} and d {Q.shape[2]}, "
-                         f"got K of shape {tuple(K.shape)}")
-    if V.shape != K.shape:
-        raise ValueError(f"V must have K's shape {tuple(K.shape)}, got {tuple(V.shape)}")
-    if K.shape[1] == 0:
+    is_causal = causal_flag(is_causal)
+    batch, _, d = Q.shape
+    k_shape = tuple(K.shape)
+    if k_shape[0] != batch or k_shape[2] != d:
+        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {batch} and d {d}, got K of shape {k_shape}")
+    if tuple(V.shape) != k_shape:
+        raise ValueError(f"V must have K's shape {k_shape}, got {tuple(V.shape)}")
+    if k_shape[1] == 0:
         raise ValueError("K has no keys (n_keys = 0): a softmax over no keys is undefined")
-    if Q.shape[2] == 0:
+    if d == 0:
         raise ValueError("Q has d = 0: the scale 1/sqrt(d) is undefined")
+    return is_causal
+
+
+def _differentiates_twice() -> bool:
+    """Inside a backward: whether autograd records it (create_graph=True), i.e. a second
+    derivative may be taken through its result. A compiled backward never records (torch.compile
+    refuses double backward itself)."""
+    return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1004,42 +1069,100 @@ def _key_tiles(n_queries: int, n_keys: int, is_causal: bool, key_tile: int, quer
             yield start, min(start + key_tile, n_keys), first_query
 
 
+def _flash_work_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def flash_pytorch_forward(q, k, v, is_causal: bool):
+    """O and L of FlashAttention-2's tiling, in q's dtype. q: (batch, nq, d), k, v: (batch, nk, d).
+
+    The outer loop of FlashAttention-2 runs one program per query tile, each streaming the key
+    tiles with an online softmax. Those programs are independent, so here they run in lock-step:
+    each step takes one key tile against every query tile that sees it. Differentiable when
+    autograd records (the backward's second-derivative path recomputes O and L this way).
+    """
+    batch, n_queries, d = q.shape
+    n_keys = k.shape[1]
+    scale = d ** -0.5
+    m = torch.full((batch, n_queries), float("-inf"), dtype=q.dtype, device=q.device)
+    l = torch.zeros((batch, n_queries), dtype=q.dtype, device=q.device)
+    acc = torch.zeros((batch, n_queries, d), dtype=q.dtype, device=q.device)
+    for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
+        s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
+        if is_causal:
+            s.masked_fill_(causal_mask(n_queries - q0, ke - ks, q.device, q0, ks), float("-inf"))
+        m_old = m[:, q0:]
+        # The running maximum only keeps exp() in range: O and L do not depend on it, so it
+        # carries no gradient (detached, the recorded graph stays free of in-place hazards).
+        m_new = torch.maximum(m_old, s.detach().amax(dim=-1))
+        # A row whose logits so far are all -inf (from -inf in the inputs) subtracts 0 instead:
+        # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN.
+        m_sub = m_new.masked_fill(m_new == float("-inf"), 0.0)
+        alpha = torch.exp(m_old - m_sub)
+        p = torch.exp(s - m_sub[..., None])
+        l[:, q0:] = l[:, q0:] * alpha + p.sum(dim=-1)
+        acc[:, q0:] = acc[:, q0:] * alpha[..., None] + p @ v[:, ks:ke]
+        m[:, q0:] = m_new
+    # A row with no finite logit has l = 0 and acc = 0: its output is 0 and L = -inf, as SDPA.
+    O = acc / l.masked_fill(l == 0, 1.0)[..., None]
+    L = m + torch.log(l)
+    return O, L
+
+
+def flash_pytorch_backward(q, k, v, O, L, do, is_causal: bool):
+    """dQ, dK, dV of FlashAttention-2's backward, in q's dtype, from the forward's O and L."""
+    batch, n_queries, d = q.shape
+    n_keys = k.shape[1]
+    scale = d ** -0.5
+    D = (do * O).sum(dim=-1)  # rowsum(dO * O) = rowsum(P * dP), the softmax's Jacobian term
+    # Rows with no finite logit have L = -inf; +inf makes their P = exp(S - L) exactly 0.
+    lse = L.masked_fill(L == float("-inf"), float("inf"))
+    dq = torch.zeros_like(q)
+    dk = torch.zeros_like(k)
+    dv = torch.zeros_like(v)
+    # Each key tile owns its dK, dV and streams the query tiles that see it.
+    for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
+        s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
+        if is_causal:
+            s.masked_fill_(causal_mask(n_queries - q0, ke - ks, q.device, q0, ks), float("-inf"))
+        p = torch.exp(s - lse[:, q0:, None])
+        dv[:, ks:ke] = p.transpose(1, 2) @ do[:, q0:]
+        dp = do[:, q0:] @ v[:, ks:ke].transpose(1, 2)
+        ds = p * (dp - D[:, q0:, None]) * scale
+        dq[:, q0:] += ds @ k[:, ks:ke]
+        dk[:, ks:ke] = ds.transpose(1, 2) @ q[:, q0:]
+    return dq, dk, dv
+
+
+def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
+    """dQ, dK, dV whose own derivatives are right (the backward under create_graph=True).
+
+    The O and L a forward saved were computed where autograd does not record, so a second
+    derivative through them would miss their dependence on Q, K and V. Here they are recomputed
+    (one more tiled forward) where autograd records, and the backward's arithmetic is recorded too.
+    """
+    work = _flash_work_dtype(Q.dtype)
+    q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
+    O, L = flash_pytorch_forward(q, k, v, is_causal)
+    dq, dk, dv = flash_pytorch_backward(q, k, v, O, L, do, is_causal)
+    return dq.to(Q.dtype), dk.to(K.dtype), dv.to(V.dtype)
+
+
 class FlashAttentionPytorch(torch.autograd.Function):
     """``FlashAttentionPytorch.apply(Q, K, V, is_causal)``: FlashAttention-2 tiling in PyTorch.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d).
-    The outer loop of FlashAttention-2 runs one program per query tile, each streaming the key
-    tiles with an online softmax. Those programs are independent, so here they run in lock-step:
-    each step takes one key tile against every query tile that sees it. Saves Q, K, V, O and
-    L: (batch, n_queries); 16-bit inputs are computed in float32.
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any
+    device (one for all three), float32, float16, bfloat16 or float64. Saves Q, K, V, O and
+    L: (batch, n_queries); 16-bit inputs are computed in float32 (L too), float64 in float64.
+    Twice differentiable (``flash_pytorch_gradients_twice_differentiable``).
     """
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False):
-        check_attention_inputs(Q, K, V, is_causal)
-        work = torch.float32
-        batch, n_queries, d = Q.shape
-        n_keys = K.shape[1]
-        scale = d ** -0.5
-        q, k, v = Q.to(work), K.to(work), V.to(work)
-        m = torch.full((batch, n_queries), float("-inf"), dtype=work, device=Q.device)
-        l = torch.zeros((batch, n_queries), dtype=work, device=Q.device)
-        acc = torch.zeros((batch, n_queries, d), dtype=work, device=Q.device)
-        for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
-            s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
-            if is_causal:
-                s.masked_fill_(causal_mask(n_queries - q0, ke - ks, Q.device, q0, ks), float("-inf"))
-            m_old = m[:, q0:]
-            m_new = torch.maximum(m_old, s.amax(dim=-1))
-            # Every query of a tile taken here sees the tile's first key or an earlier one, so
-            # m_new is finite and exp(-inf - m_new) = 0 clears the empty start.
-            alpha = torch.exp(m_old - m_new)
-            p = torch.exp(s - m_new[..., None])
-            l[:, q0:] = l[:, q0:] * alpha + p.sum(dim=-1)
-            acc[:, q0:] = acc[:, q0:] * alpha[..., None] + p @ v[:, ks:ke]
-            m[:, q0:] = m_new
-        O = (acc / l[..., None]).to(Q.dtype)
-        L = (m + torch.log(l)).to(torch.float32)
+        is_causal = check_attention_inputs(Q, K, V, is_causal, kernels=False)
+        work = _flash_work_dtype(Q.dtype)
+        O, L = flash_pytorch_forward(Q.to(work), K.to(work), V.to(work), is_causal)
+        O = O.to(Q.dtype)
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
         return O
@@ -1047,28 +1170,12 @@ class FlashAttentionPytorch(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dO):
         Q, K, V, O, L = ctx.saved_tensors
-        is_causal = ctx.is_causal
-        work = torch.float32
-        batch, n_queries, d = Q.shape
-        n_keys = K.shape[1]
-        scale = d ** -0.5
+        if _differentiates_twice():
+            dQ, dK, dV = flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal)
+            return dQ, dK, dV, None
+        work = L.dtype
         q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
-        lse = L.to(work)
-        D = (do * O.to(work)).sum(dim=-1)  # rowsum(dO * O) = rowsum(P * dP), the softmax's Jacobian term
-        dq = torch.zeros_like(q)
-        dk = torch.zeros_like(k)
-        dv = torch.zeros_like(v)
-        # FlashAttention-2's backward: each key tile owns its dK, dV and streams the query tiles.
-        for ks, ke, q0 in _key_tiles(n_queries, n_keys, is_causal, FLASH_PYTORCH_KEY_TILE, FLASH_PYTORCH_QUERY_TILE):
-            s = (q[:, q0:] @ k[:, ks:ke].transpose(1, 2)) * scale
-            if is_causal:
-                s.masked_fill_(causal_mask(n_queries - q0, ke - ks, Q.device, q0, ks), float("-inf"))
-            p = torch.exp(s - lse[:, q0:, None])
-            dv[:, ks:ke] = p.transpose(1, 2) @ do[:, q0:]
-            dp = do[:, q0:] @ v[:, ks:ke].transpose(1, 2)
-            ds = p * (dp - D[:, q0:, None]) * scale
-            dq[:, q0:] += ds @ k[:, ks:ke]
-            dk[:, ks:ke] = ds.transpose(1, 2) @ q[:, q0:]
+        dq, dk, dv = flash_pytorch_backward(q, k, v, O.to(work), L, do, ctx.is_causal)
         return dq.to(Q.dtype), dk.to(K.dtype), dv.to(V.dtype), None
 
 
@@ -1079,24 +1186,64 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # when causal, every query of the program sees every key of the tile), then the few that do
 # (the causal diagonal and the ragged end). The mask costs a compare and a select per logit, so
 # keeping it off the bulk of the tiles matters on a GPU. Rows past the end of the queries are
-# harmless without a mask: they load zeros (and L = +inf in the backward, so their P is 0) and
-# are never stored. Logits are kept in base-2 units (scaled by log2(e)) so that each exponential
-# is one exp2.
+# never stored, so the forward and dQ let them compute on zeros; the dK/dV kernel sums over
+# queries, so it masks them in the ragged last query tile. Logits are kept in base-2 units
+# (scaled by log2(e)) so that each exponential is one exp2.
+#
+# Float scalar arguments are cast to float32 on entry: torch.compile's Inductor re-launches user
+# kernels with Python floats typed fp64, and an fp64 scale would make tl.dot's accumulator fp64.
+#
+# Grids are one axis of batch x tiles programs: CUDA caps grid axes 1 and 2 at 65535, which one
+# long sequence reaches (65535 query tiles of 64 are 4M queries); axis 0 takes 2^31 - 1.
+FLASH_MAX_PROGRAMS = 2**31 - 1
+
+
+def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
+    """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
+    tiles = -(-n_rows // block)  # triton.cdiv, a constexpr_function on triton 3.9, costs ~4 us a host call
+    if batch * tiles > FLASH_MAX_PROGRAMS:
+        raise ValueError(f"batch {batch} x {tiles} tiles of {block} rows is {batch * tiles} programs, past CUDA's "
+                         f"grid limit of {FLASH_MAX_PROGRAMS}: split the batch")
+    return (batch * tiles,)
+
+
+# Within one batch element the kernels address rows x row stride + columns x column stride in
+# 32 bits (Triton types sizes and strides below 2^31 as int32; the batch offset is 64-bit): one
+# batch element may span fewer than 2^31 elements, or the offsets would wrap.
+FLASH_MAX_OFFSET = 2**31 - 1
+
+
+def check_flash_offsets(**tensors) -> None:
+    """ValueError, naming the tensor, if one batch element of a (batch, n, d) tensor spans past FLASH_MAX_OFFSET."""
+    for name, t in tensors.items():
+        _, n, d = t.shape
+        _, stride_row, stride_dim = t.stride()
+        span = (n - 1) * stride_row + (d - 1) * stride_dim
+        if span > FLASH_MAX_OFFSET:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
+                             f"batch element, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
+
+
+@triton.jit
+def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """(batch element, tile) of this program; the batch index is int64 for the offsets.
+
+    Programs launch in order of their id, batch fastest. With HEAVY_FIRST (the query tiles of a
+    causal kernel) the last tiles, which see the most keys, go first, so the short ones fill in
+    the tail instead of the long ones running alone at the end.
+    """
+    pid = tl.program_id(0)
+    batch = pid % n_batch
+    tile = pid // n_batch
+    if HEAVY_FIRST:
+        tile = tl.cdiv(n_rows, BLOCK) - 1 - tile
+    return batch.to(tl.int64), tile
+
+
 @triton.jit
 def _flash_tile_ptrs(ptr, batch, rows, dims, stride_b, stride_row, stride_dim):
     """Pointers to a (rows x head dims) tile of one batch element of a (batch, n, d) tensor."""
     return ptr + batch * stride_b + rows[:, None] * stride_row + dims[None, :] * stride_dim
-
-
-@triton.jit
-def _flash_heavy_first(IS_CAUSAL: tl.constexpr):
-    """This program's query tile. Grids are (batch, tiles) and launch in order with batch
-    fastest; under causal masking the last query tiles see the most keys, so they go first and
-    the short ones fill in the tail instead of the long ones running alone at the end."""
-    tile = tl.program_id(1)
-    if IS_CAUSAL:
-        tile = tl.num_programs(1) - 1 - tile
-    return tile
 
 
 @triton.jit
@@ -1136,6 +1283,14 @@ def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
 
 
 @triton.jit
+def _flash_load_lse(lse_ptrs, offsets, row_ok):
+    """L of these rows in base 2, +inf where P must come out 0: rows past the end, and rows with
+    no finite logit (L = -inf, where S - L would be -inf + inf = NaN; their output is 0)."""
+    lse = tl.load(lse_ptrs + offsets, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    return tl.where(lse == float("-inf"), float("inf"), lse)
+
+
+@triton.jit
 def _flash_forward_tiles(
     acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, key_start, key_end, n_keys, qk_scale,
     BLOCK_N: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
@@ -1146,19 +1301,23 @@ def _flash_forward_tiles(
         keys = start + tl.arange(0, BLOCK_N)
         k, v = _flash_load_key_tile(k_ptrs, v_ptrs, start, stride_kn, stride_vn, keys, n_keys, MASKED)
         s = _dot_acc(q, tl.trans(k), tl.zeros((q.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
-        # Each row's first tile holds a key it sees (key 0, or for causal a key <= its own
-        # index), so m_new is finite from the first tile on and exp2(-inf - m_new) = 0.
         if MASKED:
             s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s * qk_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
-            p = tl.math.exp2(s - m_new[:, None])
         else:
             # Scaling the row maxima rather than the tile saves a pass over the logits: the
             # scale rides in the one multiply-add before exp2 (rounding is monotone, so the
             # scaled maximum is the maximum of the scaled logits).
             m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-            p = tl.math.exp2(s * qk_scale - m_new[:, None])
-        alpha = tl.math.exp2(m - m_new)
+        # Every row sees a key in its first tile, but -inf inputs can still make all of a row's
+        # logits so far -inf, in any tile: such a row subtracts 0, so that exp2(-inf - 0) = 0
+        # where exp2(-inf - -inf) would be NaN. (A per-row select, not per logit.)
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        if MASKED:
+            p = tl.math.exp2(s - m_sub[:, None])
+        else:
+            p = tl.math.exp2(s * qk_scale - m_sub[:, None])
+        alpha = tl.math.exp2(m - m_sub)
         l = l * alpha + tl.sum(p, axis=1)
         acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
         m = m_new
@@ -1168,7 +1327,7 @@ def _flash_forward_tiles(
 @triton.jit
 def flash_attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    n_queries, n_keys, qk_scale,
+    n_batch, n_queries, n_keys, qk_scale,
     stride_qb, stride_qm, stride_qd,
     stride_kb, stride_kn, stride_kd,
     stride_vb, stride_vn, stride_vd,
@@ -1178,8 +1337,9 @@ def flash_attention_forward_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one batch element against all the keys they see (grid: batch x query tiles)."""
-    batch = tl.program_id(0).to(tl.int64)
-    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, IS_CAUSAL)
+    query_start = tile * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
@@ -1198,7 +1358,8 @@ def flash_attention_forward_kernel(
     acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
                                      n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
 
-    out = acc / l[:, None]
+    # A row with no finite logit has l = 0 (and acc = 0): output 0 and L = -inf, as SDPA gives.
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
@@ -1207,15 +1368,15 @@ def flash_attention_forward_kernel(
 
 @triton.jit
 def flash_attention_backward_rowdot_kernel(
-    o_ptr, do_ptr, delta_ptr, n_queries,
+    o_ptr, do_ptr, delta_ptr, n_batch, n_queries,
     stride_ob, stride_om, stride_od,
     stride_gb, stride_gm, stride_gd,
     stride_db, stride_dm,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
 ):
     """D = rowsum(dO * O) for BLOCK_M queries (grid: batch x query tiles): the softmax Jacobian's row term."""
-    batch = tl.program_id(0).to(tl.int64)
-    rows = tl.program_id(1) * BLOCK_M + tl.arange(0, BLOCK_M)
+    batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, False)
+    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
     o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
@@ -1229,28 +1390,36 @@ def flash_attention_backward_rowdot_kernel(
 def _flash_dkdv_tiles(
     dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_gm, stride_lm, stride_dm,
     query_start, query_end, n_queries, qk_scale,
-    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    BLOCK_M: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dK and dV of one key tile from query tiles [query_start, query_end), in key-major layout.
 
     With S^T = K Q^T (keys x queries) every product takes its operands as loaded:
     dV += P^T dO, dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q (scaled by the caller).
+    MASKED tiles (the causal diagonal, the ragged last query tile) zero P^T and dS^T where a
+    query does not see the key or does not exist: a padding query's zeros times an infinite key
+    are NaN, which would otherwise reach dK and dV.
     """
     for start in range(query_start, query_end, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries
         q = tl.load(q_ptrs + start * stride_qm, mask=row_ok[:, None], other=0.0)
         do = tl.load(do_ptrs + start * stride_gm, mask=row_ok[:, None], other=0.0)
-        # L = +inf past the last query makes those columns of P exactly 0.
-        lse = tl.load(lse_ptrs + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        lse = _flash_load_lse(lse_ptrs, rows * stride_lm, row_ok)
         delta = tl.load(delta_ptrs + rows * stride_dm, mask=row_ok, other=0.0)
         sT = _dot_acc(k, tl.trans(q), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
         pT = tl.math.exp2(sT * qk_scale - lse[None, :])
         if MASKED:
-            pT = tl.where(keys[:, None] <= rows[None, :], pT, 0.0)
+            keep = row_ok[None, :]
+            if IS_CAUSAL:
+                keep = keep & (keys[:, None] <= rows[None, :])
+            pT = tl.where(keep, pT, 0.0)
         dv = _dot_acc(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
         dpT = _dot_acc(v, tl.trans(do), tl.zeros((k.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
         dsT = pT * (dpT - delta[None, :])
+        if MASKED:
+            dsT = tl.where(keep, dsT, 0.0)
         dk = _dot_acc(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
     return dk, dv
 
@@ -1258,7 +1427,7 @@ def _flash_dkdv_tiles(
 @triton.jit
 def flash_attention_backward_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    n_queries, n_keys, sm_scale, qk_scale,
+    n_batch, n_queries, n_keys, sm_scale, qk_scale,
     stride_qb, stride_qm, stride_qd,
     stride_kb, stride_kn, stride_kd,
     stride_vb, stride_vn, stride_vd,
@@ -1274,10 +1443,12 @@ def flash_attention_backward_dkdv_kernel(
 
     Each key's gradient is summed by one program only, so no atomics (grid: batch x key tiles).
     """
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
     # Under causal masking the first key tiles are seen by the most queries: the natural order
     # already launches the longest programs first.
-    batch = tl.program_id(0).to(tl.int64)
-    key_start = tl.program_id(1) * BLOCK_N
+    batch, tile = _flash_program(n_batch, n_keys, BLOCK_N, False)
+    key_start = tile * BLOCK_N
     keys = key_start + tl.arange(0, BLOCK_N)
     key_ok = keys < n_keys
     dims = tl.arange(0, HEAD_DIM)
@@ -1301,13 +1472,23 @@ def flash_attention_backward_dkdv_kernel(
         dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
                                    stride_qm, stride_gm, stride_lm, stride_dm,
                                    diagonal_start, tl.minimum(full_start, n_queries), n_queries, qk_scale,
-                                   BLOCK_M, True, PRECISION, UPCAST)
+                                   BLOCK_M, True, True, PRECISION, UPCAST)
+    # Whole query tiles up to the ragged last one need no mask; that one (unless the diagonal
+    # already took it) masks its missing queries.
+    ragged_start = n_queries // BLOCK_M * BLOCK_M
+    if IS_CAUSAL:
+        ragged_from = tl.maximum(full_start, ragged_start)
     else:
         full_start = 0
+        ragged_from = ragged_start
     dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
                                stride_qm, stride_gm, stride_lm, stride_dm,
-                               full_start, n_queries, n_queries, qk_scale,
-                               BLOCK_M, False, PRECISION, UPCAST)
+                               full_start, ragged_start, n_queries, qk_scale,
+                               BLOCK_M, False, False, PRECISION, UPCAST)
+    dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
+                               stride_qm, stride_gm, stride_lm, stride_dm,
+                               ragged_from, n_queries, n_queries, qk_scale,
+                               BLOCK_M, True, False, PRECISION, UPCAST)
     # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
     dk = dk * sm_scale
     tl.store(_flash_tile_ptrs(dk_ptr, batch, keys, dims, stride_dkb, stride_dkn, stride_dkd),
@@ -1339,7 +1520,7 @@ def _flash_dq_tiles(
 @triton.jit
 def flash_attention_backward_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
-    n_queries, n_keys, sm_scale, qk_scale,
+    n_batch, n_queries, n_keys, sm_scale, qk_scale,
     stride_qb, stride_qm, stride_qd,
     stride_kb, stride_kn, stride_kd,
     stride_vb, stride_vn, stride_vd,
@@ -1355,8 +1536,10 @@ def flash_attention_backward_dq_kernel(
     It recomputes S and dP that the dK/dV kernel also computed: two more products than one fused
     kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles).
     """
-    batch = tl.program_id(0).to(tl.int64)
-    query_start = _flash_heavy_first(IS_CAUSAL) * BLOCK_M
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, IS_CAUSAL)
+    query_start = tile * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
@@ -1364,7 +1547,7 @@ def flash_attention_backward_dq_kernel(
                 mask=row_ok[:, None], other=0.0)
     do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
                  mask=row_ok[:, None], other=0.0)
-    lse = tl.load(lse_ptr + batch * stride_lb + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    lse = _flash_load_lse(lse_ptr + batch * stride_lb, rows * stride_lm, row_ok)
     delta = tl.load(delta_ptr + batch * stride_db + rows * stride_dm, mask=row_ok, other=0.0)
     tile_keys = tl.arange(0, BLOCK_N)
     k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
@@ -1402,7 +1585,13 @@ FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
 def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension and dtype.
+    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
+    return dict(_flash_launches(d, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
 
     Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
     * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
@@ -1439,10 +1628,14 @@ def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
 
 
 def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
-    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning)."""
-    chosen = flash_launches(d, dtype)
+    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
+
+    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
+    """
     if launches is None:
-        return chosen
+        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
+            return _flash_launches.__wrapped__(d, dtype)
+        return _flash_launches(d, dtype)
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
     for kernel, launch in launches.items():
@@ -1451,61 +1644,16 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) ->
         if not isinstance(launch, FlashLaunch):
             raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
         launch.check(f"launches[{kernel!r}]")
-        chosen[kernel] = launch
-    return chosen
+    return {**_flash_launches(d, dtype), **launches}
 
 
 # The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
 ROWDOT_BLOCK_M = 64
 
 
-def flash_attention_forward(Q, K, V, is_causal: bool, launch: FlashLaunch):
-    """O: (batch, n_queries, d) in Q's dtype and L: (batch, n_queries) float32, by the Triton kernel."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
-    O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
-    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-    if O.numel() == 0:
-        return O, L
-    grid = (batch, triton.cdiv(n_queries, launch.block_m))
-    flash_attention_forward_kernel[grid](
-        Q, K, V, O, L, n_queries, n_keys, d ** -0.5 * LOG2_E,
-        *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
-        HEAD_DIM=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, IS_CAUSAL=is_causal,
-        PRECISION=dot_precision(Q.dtype), UPCAST=upcast_dot_operands(Q.dtype),
-        num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )
-    return O, L
-
-
-def flash_attention_backward(Q, K, V, O, L, dO, is_causal: bool, launches: dict[str, FlashLaunch]):
-    """dQ, dK, dV in the inputs' dtype: the rowsum kernel, then dK/dV over key tiles, then dQ over query tiles."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
-    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-    if dO.dtype != Q.dtype:
-        dO = dO.to(Q.dtype)  # an upstream gradient of another dtype: the products need one operand type
-    if batch == 0 or n_queries == 0:
-        return dQ.zero_(), dK.zero_(), dV.zero_()
-    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-    flash_attention_backward_rowdot_kernel[(batch, triton.cdiv(n_queries, ROWDOT_BLOCK_M))](
-        O, dO, delta, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
-        HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
-    )
-    common = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, PRECISION=dot_precision(Q.dtype), UPCAST=upcast_dot_operands(Q.dtype))
-    scales = (d ** -0.5, d ** -0.5 * LOG2_E)
-    inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
-    kv = launches["dkdv"]
-    flash_attention_backward_dkdv_kernel[(batch, triton.cdiv(n_keys, kv.block_n))](
-        Q, K, V, dO, L, delta, dK, dV, n_queries, n_keys, *scales, *inputs, *dK.stride(), *dV.stride(),
-        BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common,
-    )
-    qd = launches["dq"]
-    flash_attention_backward_dq_kernel[(batch, triton.cdiv(n_queries, qd.block_m))](
-        Q, K, V, dO, L, delta, dQ, n_queries, n_keys, *scales, *inputs, *dQ.stride(),
-        BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
-    )
-    return dQ, dK, dV
+def _flash_kernel_args(dtype: torch.dtype) -> dict:
+    """The constexprs every flash kernel takes from the dtype: tl.dot's precision and the interpreter's upcast."""
+    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -1514,14 +1662,30 @@ class FlashAttentionTriton(torch.autograd.Function):
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
     dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is three Triton kernels.
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
-    choice (``flash_launches``), for tuning on a GPU.
+    choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
+    themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
+    CUDA graph captures them. A backward taken with create_graph=True (for a second derivative)
+    is computed by the recorded PyTorch tiling (``flash_pytorch_gradients_twice_differentiable``):
+    the kernels' gradients would carry no history.
     """
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, launches=None):
-        check_attention_inputs(Q, K, V, is_causal)
-        chosen = resolve_flash_launches(Q.shape[2], Q.dtype, launches)
-        O, L = flash_attention_forward(Q, K, V, is_causal, chosen["forward"])
+        is_causal = check_attention_inputs(Q, K, V, is_causal)
+        batch, n_queries, d = Q.shape
+        n_keys = K.shape[1]
+        chosen = resolve_flash_launches(d, Q.dtype, launches)
+        fwd = chosen["forward"]
+        O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
+        L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+        check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
+        if O.numel() > 0:
+            flash_attention_forward_kernel[flash_grid(batch, n_queries, fwd.block_m)](
+                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E,
+                *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
+                HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
+                num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype),
+            )
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
         ctx.launches = chosen
@@ -1530,5 +1694,34 @@ class FlashAttentionTriton(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dO):
         Q, K, V, O, L = ctx.saved_tensors
-        dQ, dK, dV = flash_attention_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches)
+        if _differentiates_twice():
+            dQ, dK, dV = flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal)
+            return dQ, dK, dV, None, None
+        batch, n_queries, d = Q.shape
+        n_keys = K.shape[1]
+        dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+        if batch == 0 or n_queries == 0:
+            return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
+        if dO.dtype != Q.dtype:
+            dO = dO.to(Q.dtype)  # an upstream gradient of another dtype: the products need one operand type
+        check_flash_offsets(dO=dO)
+        # dO may be any strided view (y.sum()'s gradient is an expanded, stride-0 tensor): the
+        # kernels read it through its strides.
+        delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+        flash_attention_backward_rowdot_kernel[flash_grid(batch, n_queries, ROWDOT_BLOCK_M)](
+            O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
+            HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
+        )
+        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E)
+        inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
+        common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
+        kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
+        flash_attention_backward_dkdv_kernel[flash_grid(batch, n_keys, kv.block_n)](
+            Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride(),
+            BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common,
+        )
+        flash_attention_backward_dq_kernel[flash_grid(batch, n_queries, qd.block_m)](
+            Q, K, V, dO, L, delta, dQ, *sizes_and_scales, *inputs, *dQ.stride(),
+            BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
+        )
         return dQ, dK, dV, None, None
