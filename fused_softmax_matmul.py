@@ -1549,8 +1549,8 @@ class FlashAttentionTriton(torch.autograd.Function):
 #   dx_c = G @ W                cuBLAS
 #   dW  += G^T @ x_c            cuBLAS (addmm into dW)
 #
-# so memory beyond the inputs and the gradients is the buffer, sized from a byte budget
-# (``LCE_CHUNK_BYTES``), never from BT. For a scalar loss (reduction "mean" or "sum") the
+# so memory beyond the inputs and the gradients is the buffer, sized from V and H
+# (``linear_cross_entropy_launch``), never from BT. For a scalar loss (reduction "mean" or "sum") the
 # gradient's factor is known in the forward (1 / number of rows not ignored, counted on the
 # device, or 1), so dx and dW are computed there and the backward only multiplies them by the
 # upstream gradient, a 0-d tensor, on the device: three products in all, the least possible.
@@ -1562,21 +1562,21 @@ class FlashAttentionTriton(torch.autograd.Function):
 # at cuBLAS's 780 TFLOP/s on an H100. The row kernel reads the logits twice and writes them once:
 # 2.1 GB each way at 8192 x 128256 bfloat16, 1.4 ms at 3 TB/s if the second read comes from L2
 # (it goes back to front, the most recently read tiles first), 2.1 ms if none of it does: a row
-# is 256 KB, and a thousand rows in flight are more than the 50 MB of L2. The upstream-gradient multiply is one pass over dW (2 GB, ~0.7 ms). What a chunk
-# costs beyond its share of the products is re-reading W for the logits and dx products and
-# reading and writing dW for its update: 4 V H bytes per chunk against 6 rows V H flops, i.e.
-# 1.5 rows / element_size flops per byte, which passes an H100's ridge (~260 flop/B) from about
-# 350 rows in bfloat16: ``linear_cross_entropy_launch`` aims for ~1000.
+# is 256 KB, and a thousand rows in flight are more than the 50 MB of L2. The upstream-gradient
+# multiply is one pass over dW (2 GB read and written, ~0.7 ms). What a chunk costs beyond its
+# share of the products is re-reading W for the logits and dx products, and reading and writing
+# dW for its update: the dW update alone does 2 rows V H flops on 2 V H element_size bytes, i.e.
+# rows / element_size flops per byte, past an H100's ridge (~260 flop/B) from about 520 rows in
+# bfloat16. Wherever the products stay past the ridge those bytes hide under their flops.
 
 # Imported here, not at the top, so that this section merges beside others appended to the file.
 from online_softmax import kernel_op, needs_op  # noqa: E402
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
-# Bytes of the reused logits buffer: at V = 128256 in bfloat16 that is 1024 rows (dW's update
-# then has K = 1024, ~2x the rows an H100 needs to stay compute bound, see above) and 250 MiB, a
-# quarter of dW itself; at V = 32768 it is 4096 rows.
-LCE_CHUNK_BYTES = 256 * 2**20
+# Rows per chunk, at least: dW's update then has depth 1024, twice what keeps it compute bound in
+# bfloat16 on an H100 (see above). At V = 128256 in bfloat16 the buffer is 250 MiB, a quarter of dW.
+LCE_MIN_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
 LCE_ROW_MULTIPLE = 128
 
@@ -1608,18 +1608,17 @@ class LinearCrossEntropyLaunch:
         check_block("launch.num_warps", self.num_warps, 1, 16)
 
 
-def linear_cross_entropy_launch(BT: int, V: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
-    """Rows per chunk from the buffer's byte budget; the row kernel streams 8 KiB tiles of a row.
+def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
+    """Rows per chunk; the row kernel streams 8 KiB tiles of a row.
 
-    A few integer operations, so not cached (torch.compile traces it as plain arithmetic).
-
-    The chunk depends on V and the dtype (the buffer's row size), not on H: what makes a chunk
-    cheap is its product's depth over the dW update (rows), see the section's header. At
-    least LCE_ROW_MULTIPLE rows even when V is so large that they exceed the budget.
+    LCE_MIN_ROWS rows, or H / 4 where that is more: the buffer (rows x V) is then at most a
+    quarter of dW (V x H), which the op returns anyway, or LCE_MIN_ROWS x V. Larger chunks only
+    save re-reads of W and dW that the products already hide (see the section's header); never
+    more than BT. A few integer operations, so not cached (torch.compile traces them as constants).
     """
     element_size = dtype.itemsize
-    rows = LCE_CHUNK_BYTES // (V * element_size) // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE
-    rows = max(1, min(BT, max(rows, LCE_ROW_MULTIPLE)))
+    rows = max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE)
+    rows = max(1, min(BT, rows))
     block_v = min(triton.next_power_of_2(V), 8192 // element_size)
     return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
 
@@ -1893,7 +1892,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
     BT, V = x.shape[0], W.shape[0]
     if launch is None:
-        launch = linear_cross_entropy_launch(BT, V, x.dtype)
+        launch = linear_cross_entropy_launch(BT, V, x.shape[1], x.dtype)
     elif not isinstance(launch, LinearCrossEntropyLaunch):
         raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
     else:

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from fused_softmax_matmul import (
-    LCE_CHUNK_BYTES, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, linear_cross_entropy, linear_cross_entropy_launch,
+    LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, linear_cross_entropy, linear_cross_entropy_launch,
     linear_cross_entropy_ref,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn
@@ -212,19 +212,22 @@ def test_bad_inputs(name):
         linear_cross_entropy(**args)
 
 
-def test_launch_is_bounded_by_the_budget_not_by_BT():
-    for BT, V, dtype in [(8192, 128256, torch.bfloat16), (4096, 32768, torch.bfloat16),
-                         (16384, 151936, torch.bfloat16), (16384, 151936, torch.float32), (100, 50, torch.float32)]:
-        launch = linear_cross_entropy_launch(BT, V, dtype)
+def test_launch_is_bounded_by_V_and_H_not_by_BT():
+    for BT, H, V, dtype in [(8192, 4096, 128256, torch.bfloat16), (4096, 4096, 32768, torch.bfloat16),
+                            (16384, 2048, 151936, torch.bfloat16), (16384, 8192, 151936, torch.float32),
+                            (100, 32, 50, torch.float32)]:
+        launch = linear_cross_entropy_launch(BT, V, H, dtype)
         rows = launch.chunk_rows
         assert 1 <= rows <= BT
         assert rows == BT or rows % LCE_ROW_MULTIPLE == 0
-        assert rows * V * dtype.itemsize <= max(LCE_CHUNK_BYTES, LCE_ROW_MULTIPLE * V * dtype.itemsize)
+        # the buffer: at most a quarter of dW, or LCE_MIN_ROWS rows
+        assert rows * V <= max(LCE_MIN_ROWS * V, V * H // 4)
         assert launch.block_v * dtype.itemsize <= 8192
         launch.check()
-    assert linear_cross_entropy_launch(8192, 128256, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_launch(8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_launch(8192, 128256, 16384, torch.bfloat16).chunk_rows == 4096
     # A batch 16x larger keeps the same buffer: memory grows with x, never with BT x V.
-    assert linear_cross_entropy_launch(16 * 8192, 128256, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_launch(16 * 8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU version of this check uses the default backend (test_compiles_on_gpu)")
@@ -272,7 +275,7 @@ def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     extra = torch.cuda.max_memory_allocated() - before
     for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref32, theirs):
         assert relative(out, ref) <= 2 * relative(torch_out, ref) + 1e-6, name
-    launch = linear_cross_entropy_launch(BT, V, torch.bfloat16)
+    launch = linear_cross_entropy_launch(BT, V, H, torch.bfloat16)
     # loss_and_grads clones x and W (inputs of the call), so count them too
     allowed = 2 * (x.numel() + W.numel()) * 2 + launch.chunk_rows * V * 2 + 64 * 2**20
     assert extra <= allowed, f"{extra / 2**20:.0f} MiB above the inputs, allowed {allowed / 2**20:.0f}"
