@@ -1664,11 +1664,31 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
                          f"(V = W.shape[0]) nor ignore_index = {ignore_index}")
 
 
+def round_bf16_by_hand(dtype: torch.dtype) -> bool:
+    """In the interpreter, a float32 -> bfloat16 cast truncates (compiled Triton rounds to nearest
+    even): there the kernel rounds its bfloat16 stores itself, so the interpreter's errors are
+    the GPU's. Truncation doubled the gradient's rounding error there (seen in the tests)."""
+    return INTERPRET and dtype == torch.bfloat16
+
+
+@triton.jit
+def _bf16_nearest_even(t):
+    """float32 t rounded to the nearest bfloat16 (ties to even), still as float32; inf and NaN kept.
+
+    Adding 0x7FFF plus the lowest kept bit to the bits carries into the kept 16 exactly when the
+    dropped half is above half a unit, or at half with the kept part odd; clearing the dropped
+    half then leaves the rounded value, which a truncating cast keeps exactly.
+    """
+    bits = t.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(t) < float("inf"), rounded, t)
+
+
 @triton.jit
 def linear_cross_entropy_rows_kernel(
     logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr,
     V, ignore_index, stride_lr, stride_t, stride_f,
-    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr,
+    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
     """One program per row of the chunk's logits (rows, V).
 
@@ -1715,6 +1735,8 @@ def linear_cross_entropy_rows_kernel(
             z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
             p = tl.math.exp2((z - lse) * 1.4426950408889634)
             g = (p - tl.where(offs == target, 1.0, 0.0)) * factor
+            if ROUND_BF16:
+                g = _bf16_nearest_even(g)
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
@@ -1739,7 +1761,8 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse,
         torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
             logits, target[start:end], chunk_factor if grad else lse, loss_rows[start:end], lse[start:end],
             V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
-            BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, num_warps=num_warps,
+            BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
+            num_warps=num_warps,
         )
         if dx is not None:
             torch.mm(logits, W, out=dx[start:end])

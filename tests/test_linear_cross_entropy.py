@@ -56,10 +56,13 @@ def upstream_for(reduction, BT):
     return w
 
 
+# Three chunks (8, 8, 5 rows) over two vocabulary tiles, for the small shape (21, 32, 101).
+SMALL_LAUNCH = LinearCrossEntropyLaunch(8, 64, 4)
+
 # (BT, H, V, chunk rows, block_v): what each exercises
 SHAPES = [
-    (37, 32, 101, 16, 32),   # 3 chunks, the last of 5 rows; V = 3 tiles of 32 + 5 (masked tail)
-    (24, 48, 300, 32, 128),  # one chunk larger than BT; V = 2 tiles + 44
+    (21, 32, 101, 8, 64),    # 3 chunks, the last of 5 rows; V = a tile of 64 + 37 (masked tail)
+    (24, 48, 300, 32, 256),  # one chunk larger than BT; V = a tile + 44
     (24, 16, 7, 8, 16),      # V smaller than one tile
 ]
 
@@ -86,11 +89,11 @@ def test_matches_float64_within_torch_error(BT, H, V, rows, block_v, dtype, redu
 
 def test_float32_matches_torch_reference():
     """float32: the loss the benchmark's torch row computes (float32 logits) and its gradients, closely."""
-    x, W, target = linear_cross_entropy_inputs(37, 32, 101, torch.float32)
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
     for reduction in ("mean", "sum", "none"):
-        upstream = upstream_for(reduction, 37)
+        upstream = upstream_for(reduction, 21)
         ours = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream,
-                              launch=LinearCrossEntropyLaunch(16, 32, 4))
+                              launch=SMALL_LAUNCH)
         ref = loss_and_grads(linear_cross_entropy_ref, x, W, target, reduction, upstream)
         for out, want in zip(ours, ref):
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
@@ -132,8 +135,8 @@ def test_empty_batch(reduction):
 
 def test_without_gradients_and_with_one():
     """No autograd: the loss alone (no gradient pass). Only W trainable: dW alone, x gets none."""
-    x, W, target = linear_cross_entropy_inputs(37, 32, 101, torch.float32)
-    launch = LinearCrossEntropyLaunch(16, 32, 4)
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
+    launch = SMALL_LAUNCH
     with torch.no_grad():
         loss = linear_cross_entropy(x.requires_grad_(), W, target, launch=launch)
     assert loss.grad_fn is None
@@ -149,11 +152,11 @@ def test_without_gradients_and_with_one():
 
 def test_strided_inputs():
     """x a column-strided view, W a transposed one: the products take any strides."""
-    x, W, target = linear_cross_entropy_inputs(37, 32, 101, torch.float32)
-    xs = torch.stack([x, x], dim=2).reshape(37, 64)[:, ::2]
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
+    xs = torch.stack([x, x], dim=2).reshape(21, 64)[:, ::2]
     Ws = W.t().contiguous().t()
     assert not xs.is_contiguous() and not Ws.is_contiguous()
-    ours = loss_and_grads(linear_cross_entropy, xs, Ws, target, "sum", 1.0, launch=LinearCrossEntropyLaunch(16, 32, 4))
+    ours = loss_and_grads(linear_cross_entropy, xs, Ws, target, "sum", 1.0, launch=SMALL_LAUNCH)
     ref = loss_and_grads(linear_cross_entropy_ref, x, W, target, "sum", 1.0)
     for out, want in zip(ours, ref):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
@@ -161,7 +164,7 @@ def test_strided_inputs():
 
 @pytest.mark.parametrize("bad", [-1, 101, 10**6])
 def test_target_out_of_range_is_a_clear_error(bad):
-    x, W, target = linear_cross_entropy_inputs(37, 32, 101, torch.float32)
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
     target[11] = bad
     with pytest.raises(ValueError, match=rf"target\[11\] = {bad} is not a class index in \[0, 101\)"):
         linear_cross_entropy(x, W, target)
