@@ -15,6 +15,8 @@ Inputs come from the builder of test_linear_cross_entropy.py, so every timed sha
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import importlib
 
 import pytest
@@ -22,14 +24,16 @@ import torch
 import torch.nn.functional as F
 
 from conftest import BenchGroup
-from fused_softmax_matmul import linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_ref
+from fused_softmax_matmul import (
+    linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
+)
 from support import DTYPES, ON_GPU, relative_error
 from test_linear_cross_entropy import linear_cross_entropy_inputs
 
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "dtype", "mode", "impl", "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
+    columns=("BT", "H", "V", "dtype", "mode", "impl", "chunk_rows", "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
              "tflops", "rel_error", "speedup_vs_torch"),
     case=("BT", "H", "V", "dtype", "mode"),
     impls=("torch", "compile", "liger", "cce", "triton"),
@@ -40,12 +44,14 @@ GROUP = BenchGroup(
 if ON_GPU:
     # Llama 3 (8192 tokens, H 4096, V 128256), a 32k vocabulary, Qwen 2's 151936 at H 2048.
     SIZES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
-    IMPLS = GROUP.impls
+    # The Triton rows at the launch's own chunk (None) and at 256 and 4096 rows per chunk: what
+    # the buffer's size (memory) buys in time.
+    VARIANTS = [*((impl, None) for impl in GROUP.impls), ("triton", 256), ("triton", 4096)]
 else:
     # Interpreter smoke run: a ragged vocabulary, one chunk. torch.compile is left out, as in the
     # matmul_softmax group: inductor compiling C++ on 2 shared cores outlasts the rest of the run.
     SIZES = [(64, 32, 300, "float32")]
-    IMPLS = tuple(impl for impl in GROUP.impls if impl != "compile")
+    VARIANTS = [(impl, None) for impl in GROUP.impls if impl != "compile"]
 MODES = ("fwd", "fwd_bwd")
 
 
@@ -114,11 +120,19 @@ def _unavailable(benchmark, request, row: dict, reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("impl,rows", VARIANTS, ids=[f"{impl}-{rows}" if rows else impl for impl, rows in VARIANTS])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("BT,H,V,dtype", SIZES)
-def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl):
-    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl)
+def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl, rows):
+    fn = IMPL_FUNCTIONS[impl]
+    chunk_rows = None
+    if impl == "triton":
+        launch = linear_cross_entropy_launch(BT, V, H, DTYPES[dtype])
+        if rows is not None:
+            launch = dataclasses.replace(launch, chunk_rows=rows)
+        chunk_rows = launch.chunk_rows
+        fn = functools.partial(linear_cross_entropy, launch=launch)
+    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, chunk_rows=chunk_rows)
     if impl in PEER_MODULES:
         _, reason = _peer(PEER_MODULES[impl], "__name__")
         if reason is not None:
@@ -127,7 +141,6 @@ def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, 
 
     def build():
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
-        fn = IMPL_FUNCTIONS[impl]
         if mode == "fwd":
             return lambda: fn(x, W, target)
         x.requires_grad_()
