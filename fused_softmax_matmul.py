@@ -1745,7 +1745,8 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse,
     """The chunk loop shared by the forward and the reduction="none" backward.
 
     factor: a float32 tensor of the gradient's per-row factor (0-d: one for all rows), or None
-    for the loss alone. dx / dW: where the gradients go, or None where not wanted.
+    for the loss alone. loss_rows: where each row's loss goes, None when lse_given (the
+    backward). dx / dW: where the gradients go, or None where not wanted.
     """
     BT = x.shape[0]
     V = W.shape[0]
@@ -1757,9 +1758,13 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse,
         x_c = x[start:end]
         logits = buffer[: end - start]
         torch.mm(x_c, W.t(), out=logits)
-        chunk_factor = factor if factor is None or factor.dim() == 0 else factor[start:end]
+        target_c = target[start:end]
+        # Pointers a mode never touches get target_c, which the kernel only reads: no argument
+        # the kernel writes is passed twice (torch.compile tracks each written tensor).
+        chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
+        chunk_loss = target_c if lse_given else loss_rows[start:end]
         torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
-            logits, target[start:end], chunk_factor if grad else lse, loss_rows[start:end], lse[start:end],
+            logits, target_c, chunk_factor, chunk_loss, lse[start:end],
             V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
             BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
             num_warps=num_warps,
@@ -1833,7 +1838,7 @@ def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torc
     logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
     dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
     dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
-    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse, lse, dloss.float(),
+    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse, None, dloss.float(),
                 dx if grad_x else None, dW if grad_W else None, lse_given=True)
     return dx, dW
 
