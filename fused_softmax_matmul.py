@@ -1595,17 +1595,22 @@ def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -
 
 @dataclass(frozen=True)
 class LinearCrossEntropyLaunch:
-    """Rows per chunk (the buffer is chunk_rows x V), and the row kernel's vocabulary tile and warps."""
+    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps,
+    and its programs: 0 for one per row, n for n programs taking every n-th row (fewer rows in
+    flight, so a row's second read is likelier to find it in L2)."""
 
     chunk_rows: int
     block_v: int
     num_warps: int
+    programs: int = 0
 
     def check(self) -> None:
         if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
             raise ValueError(f"launch.chunk_rows must be a positive int, got {self.chunk_rows!r}")
         check_block("launch.block_v", self.block_v, 16, 16384)
         check_block("launch.num_warps", self.num_warps, 1, 16)
+        if isinstance(self.programs, bool) or not isinstance(self.programs, int) or self.programs < 0:
+            raise ValueError(f"launch.programs must be an int >= 0 (0: one per row), got {self.programs!r}")
 
 
 def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
@@ -1685,22 +1690,11 @@ def _bf16_nearest_even(t):
 
 
 @triton.jit
-def linear_cross_entropy_rows_kernel(
-    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr,
-    V, ignore_index, stride_lr, stride_t, stride_f,
+def _lce_row(
+    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
 ):
-    """One program per row of the chunk's logits (rows, V).
-
-    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with
-    (softmax - onehot(target)) * factor[row], the loss's gradient. A row whose target is
-    ignore_index has loss and gradient 0; one whose target is outside [0, V) gets NaN in both,
-    so a bad class index can never give a plausible number (the wrapper raises on it first
-    wherever it may read the targets back).
-    """
-    row = tl.program_id(0)
-    row_ptr = logits_ptr + row.to(tl.int64) * stride_lr
+    row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
     ignored = target == ignore_index
     in_range = (target >= 0) & (target < V)
@@ -1740,7 +1734,27 @@ def linear_cross_entropy_rows_kernel(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse, loss_rows, factor,
+@triton.jit
+def linear_cross_entropy_rows_kernel(
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr,
+    n_rows, V, ignore_index, stride_lr, stride_t, stride_f,
+    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
+
+    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
+    its loss, both stored. With GRAD: a second pass overwrites the logits with
+    (softmax - onehot(target)) * factor[row], the loss's gradient. A row whose target is
+    ignore_index has loss and gradient 0; one whose target is outside [0, V) gets NaN in both,
+    so a bad class index can never give a plausible number (the wrapper raises on it first
+    wherever it may read the targets back).
+    """
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index,
+                 stride_lr, stride_t, stride_f, BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16)
+
+
+def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
                 dx, dW, lse_given: bool):
     """The chunk loop shared by the forward and the reduction="none" backward.
 
@@ -1763,9 +1777,10 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse,
         # the kernel writes is passed twice (torch.compile tracks each written tensor).
         chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
         chunk_loss = target_c if lse_given else loss_rows[start:end]
-        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
+        grid = (min(programs, end - start) if programs else end - start,)
+        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
             logits, target_c, chunk_factor, chunk_loss, lse[start:end],
-            V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
+            end - start, V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
             BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
             num_warps=num_warps,
         )
@@ -1781,7 +1796,7 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse,
 
 
 def _lce_forward_fake(x, W, target, ignore_index: int, reduction: str, chunk_rows: int, block_v: int,
-                      num_warps: int, grad_x: bool, grad_W: bool):
+                      num_warps: int, programs: int, grad_x: bool, grad_W: bool):
     BT = x.shape[0]
     scalar = reduction != "none"
     loss = x.new_empty(() if scalar else (BT,), dtype=torch.float32)
@@ -1792,7 +1807,7 @@ def _lce_forward_fake(x, W, target, ignore_index: int, reduction: str, chunk_row
 
 
 def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                                 reduction: str, chunk_rows: int, block_v: int, num_warps: int,
+                                 reduction: str, chunk_rows: int, block_v: int, num_warps: int, programs: int,
                                  grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(loss, lse, dx, dW): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
     row's log-sum-exp, and for a scalar loss its gradients for an upstream gradient of 1 (empty
@@ -1810,7 +1825,7 @@ def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_
     if scalar and (grad_x or grad_W):
         # 1 / rows not ignored; with none left it is inf, but every row's factor is then masked to 0
         factor = valid.reciprocal() if valid is not None else torch.ones((), dtype=torch.float32, device=x.device)
-    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse, loss_rows, factor,
+    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
                 dx if scalar and grad_x else None, dW if scalar and grad_W else None, lse_given=False)
     if reduction == "none":
         loss = loss_rows
@@ -1826,30 +1841,30 @@ linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_fo
 
 
 def _lce_backward_fake(x, W, target, lse, dloss, ignore_index: int, chunk_rows: int, block_v: int,
-                       num_warps: int, grad_x: bool, grad_W: bool):
+                       num_warps: int, programs: int, grad_x: bool, grad_W: bool):
     return x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,))
 
 
 @kernel_op("linear_cross_entropy_backward", _lce_backward_fake)
 def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
                                   dloss: torch.Tensor, ignore_index: int, chunk_rows: int, block_v: int,
-                                  num_warps: int, grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
+                                  num_warps: int, programs: int, grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dW) of reduction "none" for the upstream gradient dloss (BT,), any stride: the chunks'
     logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
     dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
     dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
-    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, lse, None, dloss.float(),
+    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
                 dx if grad_x else None, dW if grad_W else None, lse_given=True)
     return dx, dW
 
 
 def _lce_setup_context(ctx, inputs, output):
-    x, W, target, ignore_index, reduction, chunk_rows, block_v, num_warps, grad_x, grad_W = inputs
+    x, W, target, ignore_index, reduction, chunk_rows, block_v, num_warps, programs, grad_x, grad_W = inputs
     loss, lse, dx, dW = output
     ctx.mark_non_differentiable(lse, dx, dW)
     ctx.reduction = reduction
     ctx.grad_x, ctx.grad_W = grad_x, grad_W
-    ctx.args = (ignore_index, chunk_rows, block_v, num_warps)
+    ctx.args = (ignore_index, chunk_rows, block_v, num_warps, programs)
     if reduction == "none":
         ctx.save_for_backward(x, W, target, lse)
     else:
@@ -1878,7 +1893,7 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
             ctx.gradients_returned = True
             dx, dW = ctx.saved_tensors
             dx, dW = dx.mul_(dloss), dW.mul_(dloss)
-    return (dx if ctx.grad_x else None, dW if ctx.grad_W else None, None, None, None, None, None, None, None, None)
+    return (dx if ctx.grad_x else None, dW if ctx.grad_W else None, *([None] * 9))
 
 
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
@@ -1929,7 +1944,8 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
         check_targets(target, V, ignore_index)
     recording = torch.is_grad_enabled()
     grad_x, grad_W = recording and x.requires_grad, recording and W.requires_grad
-    args = (x, W, target, ignore_index, reduction, launch.chunk_rows, launch.block_v, launch.num_warps, grad_x, grad_W)
+    args = (x, W, target, ignore_index, reduction, launch.chunk_rows, launch.block_v, launch.num_warps,
+            launch.programs, grad_x, grad_W)
     if needs_op(x, W):
         return torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[0]
     return _lce_forward(*args)[0]

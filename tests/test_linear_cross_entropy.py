@@ -99,6 +99,20 @@ def test_float32_matches_torch_reference():
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_fewer_programs_than_rows_give_the_same_result(dtype):
+    """launch.programs = 3 over chunks of 8 rows: each program takes rows p, p + 3, ... (the last
+    chunk of 5 rows leaves one program 1 row): bit for bit the one-program-per-row result."""
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, DTYPES[dtype])
+    for reduction in ("mean", "none"):
+        upstream = upstream_for(reduction, 21)
+        want = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream, launch=SMALL_LAUNCH)
+        got = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream,
+                             launch=LinearCrossEntropyLaunch(8, 64, 4, programs=3))
+        for out, ref in zip(got, want):
+            assert torch.equal(out, ref)
+
+
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 def test_all_targets_ignored(reduction):
     """PyTorch: mean is 0 / 0 = NaN, sum 0, none all 0; every gradient 0."""
@@ -199,6 +213,7 @@ def _bad(name):
         "launch": (dict(launch=(16, 32, 4)), TypeError, "launch must be a LinearCrossEntropyLaunch"),
         "launch_rows": (dict(launch=LinearCrossEntropyLaunch(0, 32, 4)), ValueError, "chunk_rows"),
         "launch_block": (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
+        "launch_programs": (dict(launch=LinearCrossEntropyLaunch(8, 32, 4, programs=-1)), ValueError, "programs"),
     }
     kwargs, error, match = cases[name]
     args = dict(x=x, W=W, target=target)
@@ -208,7 +223,7 @@ def _bad(name):
 
 @pytest.mark.parametrize("name", ["x_rank", "x_int", "dtype_mix", "W_shape", "W_empty", "target_dtype",
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
-                                  "launch_rows", "launch_block"])
+                                  "launch_rows", "launch_block", "launch_programs"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
     with pytest.raises(error, match=match):
