@@ -33,7 +33,8 @@ from test_linear_cross_entropy import linear_cross_entropy_inputs
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "dtype", "mode", "impl", "chunk_rows", "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
+    columns=("BT", "H", "V", "dtype", "mode", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+             "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
              "tflops", "rel_error", "speedup_vs_torch"),
     case=("BT", "H", "V", "dtype", "mode"),
     impls=("torch", "compile", "liger", "cce", "triton"),
@@ -44,14 +45,16 @@ GROUP = BenchGroup(
 if ON_GPU:
     # Llama 3 (8192 tokens, H 4096, V 128256), a 32k vocabulary, Qwen 2's 151936 at H 2048.
     SIZES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
-    # The Triton rows at the launch's own chunk (None) and at 256 and 4096 rows per chunk: what
-    # the buffer's size (memory) buys in time.
-    VARIANTS = [*((impl, None) for impl in GROUP.impls), ("triton", 256), ("triton", 4096)]
+    # Beside the launch's own choice, the Triton rows at 256 and 4096 rows per chunk (what the
+    # buffer's size, i.e. memory, buys in time), and with one row-kernel program per SM taking
+    # 16 KiB tiles (fewer rows in flight, so the gradient pass finds more of its row in L2).
+    VARIANTS = [*((impl, {}) for impl in GROUP.impls), ("triton", {"chunk_rows": 256}),
+                ("triton", {"chunk_rows": 4096}), ("triton", {"programs": "sms", "block_v": "16KiB", "num_warps": 16})]
 else:
     # Interpreter smoke run: a ragged vocabulary, one chunk. torch.compile is left out, as in the
     # matmul_softmax group: inductor compiling C++ on 2 shared cores outlasts the rest of the run.
     SIZES = [(64, 32, 300, "float32")]
-    VARIANTS = [(impl, None) for impl in GROUP.impls if impl != "compile"]
+    VARIANTS = [(impl, {}) for impl in GROUP.impls if impl != "compile"]
 MODES = ("fwd", "fwd_bwd")
 
 
@@ -120,19 +123,29 @@ def _unavailable(benchmark, request, row: dict, reason: str) -> None:
     pytest.skip(reason)
 
 
-@pytest.mark.parametrize("impl,rows", VARIANTS, ids=[f"{impl}-{rows}" if rows else impl for impl, rows in VARIANTS])
+def _variant_id(impl: str, overrides: dict) -> str:
+    return "-".join([impl, *(f"{k}={v}" for k, v in overrides.items())])
+
+
+def resolve(overrides: dict, dtype: torch.dtype) -> dict:
+    """Launch fields from a variant: "sms" is the GPU's SM count, "16KiB" a tile of that many bytes."""
+    sizes = {"sms": torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 2,
+             "16KiB": 16384 // dtype.itemsize}
+    return {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
+
+
+@pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("BT,H,V,dtype", SIZES)
-def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl, rows):
+def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl, overrides):
     fn = IMPL_FUNCTIONS[impl]
-    chunk_rows = None
+    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":
-        launch = linear_cross_entropy_launch(BT, V, H, DTYPES[dtype])
-        if rows is not None:
-            launch = dataclasses.replace(launch, chunk_rows=rows)
-        chunk_rows = launch.chunk_rows
+        launch = dataclasses.replace(linear_cross_entropy_launch(BT, V, H, DTYPES[dtype]),
+                                     **resolve(overrides, DTYPES[dtype]))
+        launch_columns = dataclasses.asdict(launch)
         fn = functools.partial(linear_cross_entropy, launch=launch)
-    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, chunk_rows=chunk_rows)
+    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, **launch_columns)
     if impl in PEER_MODULES:
         _, reason = _peer(PEER_MODULES[impl], "__name__")
         if reason is not None:
