@@ -1930,7 +1930,8 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     free), so the loss is NaN, never a plausible number.
 
     ``launch`` replaces ``linear_cross_entropy_launch``'s choice (rows per chunk, the row
-    kernel's tile and warps), for tuning and for tests of several chunks.
+    kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
+    chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
     """
     check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
     BT, V = x.shape[0], W.shape[0]
