@@ -1725,3 +1725,421 @@ class FlashAttentionTriton(torch.autograd.Function):
             BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
         )
         return dQ, dK, dV, None, None
+
+
+# ==============================================================================================
+# Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T, target), fused
+# ==============================================================================================
+# x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear stores it, target: (BT,) int64.
+# PyTorch writes the (BT, V) logits (8192 x 128256 in bfloat16 is 2.1 GB; 4.2 GB more for
+# float32 logits, the softmax and their gradient), then reads them back several times. Here the
+# rows go through in chunks, and each chunk's logits live in one reused (rows, V) buffer:
+#
+#   logits = x_c @ W^T          cuBLAS, into the buffer
+#   row kernel (Triton)         per row: log-sum-exp, loss = lse - logit[target], and, when a
+#                               gradient is wanted, the buffer overwritten in place with
+#                               G = (softmax - onehot(target)) * factor
+#   dx_c = G @ W                cuBLAS
+#   dW  += G^T @ x_c            cuBLAS (addmm into dW)
+#
+# so memory beyond the inputs and the gradients is the buffer, sized from V and H
+# (``linear_cross_entropy_launch``), never from BT. For a scalar loss (reduction "mean" or "sum") the
+# gradient's factor is known in the forward (1 / number of rows not ignored, counted on the
+# device, or 1), so dx and dW are computed there and the backward only multiplies them by the
+# upstream gradient, a 0-d tensor, on the device: three products in all, the least possible.
+# For reduction "none" each row's factor is the upstream gradient's entry, known only in the
+# backward: the forward keeps the per-row log-sum-exp and the backward recomputes each chunk's
+# logits (four products).
+#
+# Where the time goes. Each product is 2 BT V H flops: 3 x 8.6 TFLOP at 8192 x 4096 x 128256, 33 ms
+# at cuBLAS's 780 TFLOP/s on an H100. The row kernel reads the logits twice and writes them once:
+# 2.1 GB each way at 8192 x 128256 bfloat16, 1.4 ms at 3 TB/s if the second read comes from L2
+# (it goes back to front, the most recently read tiles first), 2.1 ms if none of it does: a row
+# is 256 KB, and a thousand rows in flight are more than the 50 MB of L2. The upstream-gradient
+# multiply is one pass over dW (2 GB read and written, ~0.7 ms). What a chunk costs beyond its
+# share of the products is re-reading W for the logits and dx products, and reading and writing
+# dW for its update: the dW update alone does 2 rows V H flops on 2 V H element_size bytes, i.e.
+# rows / element_size flops per byte, past an H100's ridge (~260 flop/B) from about 520 rows in
+# bfloat16. Wherever the products stay past the ridge those bytes hide under their flops.
+
+# Imported here, not at the top, so that this section merges beside others appended to the file.
+from online_softmax import kernel_op, needs_op  # noqa: E402
+
+LCE_REDUCTIONS = ("mean", "sum", "none")
+
+# Rows per chunk, at least: dW's update then has depth 1024, twice what keeps it compute bound in
+# bfloat16 on an H100 (see above). At V = 128256 in bfloat16 the buffer is 250 MiB, a quarter of dW.
+LCE_MIN_ROWS = 1024
+# cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
+LCE_ROW_MULTIPLE = 128
+
+
+def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
+                             ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
+    """What ``linear_cross_entropy`` must equal: PyTorch on float32 logits (the logits of x's
+    dtype, upcast, as language-model code does before its loss)."""
+    return F.cross_entropy(F.linear(x, W).float(), target, ignore_index=ignore_index, reduction=reduction)
+
+
+def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -> int:
+    """Flops of the products alone: the logits (forward), and dx and dW (backward)."""
+    return (2 if mode == "fwd" else 6) * BT * H * V
+
+
+@dataclass(frozen=True)
+class LinearCrossEntropyLaunch:
+    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps,
+    and its programs: 0 for one per row, n for n programs taking every n-th row (fewer rows in
+    flight, so a row's second read is likelier to find it in L2)."""
+
+    chunk_rows: int
+    block_v: int
+    num_warps: int
+    programs: int = 0
+
+    def check(self) -> None:
+        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
+            raise ValueError(f"launch.chunk_rows must be a positive int, got {self.chunk_rows!r}")
+        check_block("launch.block_v", self.block_v, 16, 16384)
+        check_block("launch.num_warps", self.num_warps, 1, 16)
+        if isinstance(self.programs, bool) or not isinstance(self.programs, int) or self.programs < 0:
+            raise ValueError(f"launch.programs must be an int >= 0 (0: one per row), got {self.programs!r}")
+
+
+def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
+    """Rows per chunk; the row kernel streams 8 KiB tiles of a row.
+
+    LCE_MIN_ROWS rows, or H / 4 where that is more: the buffer (rows x V) is then at most a
+    quarter of dW (V x H), which the op returns anyway, or LCE_MIN_ROWS x V. Larger chunks only
+    save re-reads of W and dW that the products already hide (see the section's header); never
+    more than BT. A few integer operations, so not cached (torch.compile traces them as constants).
+    """
+    element_size = dtype.itemsize
+    rows = max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE)
+    rows = max(1, min(BT, rows))
+    block_v = min(triton.next_power_of_2(V), 8192 // element_size)
+    return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
+
+
+def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction) -> None:
+    check_tensor("x", x, 2)
+    check_tensor("W", W, 2)
+    check_same("x", x, "W", W)
+    if W.shape[1] != x.shape[1]:
+        raise ValueError(f"W must be (V, H) as nn.Linear stores it, with H = x.shape[1] = {x.shape[1]}; "
+                         f"got W of shape {tuple(W.shape)}")
+    if W.shape[0] < 1:
+        raise ValueError("W must have at least one row (class)")
+    if not isinstance(target, torch.Tensor):
+        raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    if target.dtype != torch.int64:
+        raise TypeError(f"target must hold int64 class indices, got {target.dtype}")
+    if target.shape != (x.shape[0],):
+        raise ValueError(f"target must have shape (BT,) = ({x.shape[0]},), one class per row of x; "
+                         f"got {tuple(target.shape)}")
+    if target.device != x.device:
+        raise ValueError(f"target is on {target.device} but x is on {x.device}: they must be on one device")
+    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
+        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
+    if reduction not in LCE_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
+
+
+def _may_sync(t: torch.Tensor) -> bool:
+    """Whether reading a value of t back to the host is allowed now: not while torch.compile
+    traces or a CUDA graph is being captured."""
+    if torch.compiler.is_compiling():
+        return False
+    return t.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+
+
+def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
+    """ValueError naming the first class index outside [0, V) that is not ignore_index (one host sync)."""
+    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
+    if bool(bad.any()):
+        first = int(bad.nonzero()[0, 0])
+        raise ValueError(f"target[{first}] = {int(target[first])} is not a class index in [0, {V}) "
+                         f"(V = W.shape[0]) nor ignore_index = {ignore_index}")
+
+
+def round_bf16_by_hand(dtype: torch.dtype) -> bool:
+    """In the interpreter, a float32 -> bfloat16 cast truncates (compiled Triton rounds to nearest
+    even): there the kernel rounds its bfloat16 stores itself, so the interpreter's errors are
+    the GPU's. Truncation doubled the gradient's rounding error there (seen in the tests)."""
+    return INTERPRET and dtype == torch.bfloat16
+
+
+@triton.jit
+def _bf16_nearest_even(t):
+    """float32 t rounded to the nearest bfloat16 (ties to even), still as float32; inf and NaN kept.
+
+    Adding 0x7FFF plus the lowest kept bit to the bits carries into the kept 16 exactly when the
+    dropped half is above half a unit, or at half with the kept part odd; clearing the dropped
+    half then leaves the rounded value, which a truncating cast keeps exactly.
+    """
+    bits = t.to(tl.int32, bitcast=True)
+    rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
+    return tl.where(tl.abs(t) < float("inf"), rounded, t)
+
+
+@triton.jit
+def _lce_row(
+    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index, stride_lr, stride_t, stride_f,
+    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
+    target = tl.load(target_ptr + row * stride_t)
+    ignored = target == ignore_index
+    in_range = (target >= 0) & (target < V)
+    cols = tl.arange(0, BLOCK_V)
+    if LSE_GIVEN:
+        lse = tl.load(lse_ptr + row)
+    else:
+        row_max = tl.full([], float("-inf"), tl.float32)
+        row_sum = tl.zeros([], tl.float32)
+        for start in range(0, V, BLOCK_V):
+            z = tl.load(row_ptr + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
+            new_max = tl.maximum(row_max, tl.max(z, 0))
+            # The first tile always holds a finite logit, so new_max is finite and the old -inf
+            # maximum rescales an empty sum by exp2(-inf) = 0.
+            row_sum = row_sum * tl.math.exp2((row_max - new_max) * 1.4426950408889634) \
+                + tl.sum(tl.math.exp2((z - new_max) * 1.4426950408889634), 0)
+            row_max = new_max
+        lse = row_max + tl.log(row_sum)
+        tl.store(lse_ptr + row, lse)
+        target_logit = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
+        loss = tl.where(in_range, lse - target_logit, float("nan"))
+        tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
+    if GRAD:
+        factor = tl.load(factor_ptr + row * stride_f).to(tl.float32)
+        factor = tl.where(ignored, 0.0, tl.where(in_range, factor, float("nan")))
+        # Back to front: the row's last tiles were read most recently, so they are the likeliest
+        # still in L2 when many rows stream at once.
+        n_tiles = tl.cdiv(V, BLOCK_V)
+        for i in range(n_tiles):
+            offs = (n_tiles - 1 - i) * BLOCK_V + cols
+            inside = offs < V
+            z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            p = tl.math.exp2((z - lse) * 1.4426950408889634)
+            g = (p - tl.where(offs == target, 1.0, 0.0)) * factor
+            if ROUND_BF16:
+                g = _bf16_nearest_even(g)
+            tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
+
+
+@triton.jit
+def linear_cross_entropy_rows_kernel(
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr,
+    n_rows, V, ignore_index, stride_lr, stride_t, stride_f,
+    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
+):
+    """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
+
+    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
+    its loss, both stored. With GRAD: a second pass overwrites the logits with
+    (softmax - onehot(target)) * factor[row], the loss's gradient. A row whose target is
+    ignore_index has loss and gradient 0; one whose target is outside [0, V) gets NaN in both,
+    so a bad class index can never give a plausible number (the wrapper raises on it first
+    wherever it may read the targets back).
+    """
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index,
+                 stride_lr, stride_t, stride_f, BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16)
+
+
+def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
+                dx, dW, lse_given: bool):
+    """The chunk loop shared by the forward and the reduction="none" backward.
+
+    factor: a float32 tensor of the gradient's per-row factor (0-d: one for all rows), or None
+    for the loss alone. loss_rows: where each row's loss goes, None when lse_given (the
+    backward). dx / dW: where the gradients go, or None where not wanted.
+    """
+    BT = x.shape[0]
+    V = W.shape[0]
+    grad = factor is not None
+    buffer = torch.empty((min(chunk_rows, BT), V), dtype=x.dtype, device=x.device)
+    factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
+    for start in range(0, BT, chunk_rows):
+        end = min(start + chunk_rows, BT)
+        x_c = x[start:end]
+        logits = buffer[: end - start]
+        torch.mm(x_c, W.t(), out=logits)
+        target_c = target[start:end]
+        # Pointers a mode never touches get target_c, which the kernel only reads: no argument
+        # the kernel writes is passed twice (torch.compile tracks each written tensor).
+        chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
+        chunk_loss = target_c if lse_given else loss_rows[start:end]
+        grid = (min(programs, end - start) if programs else end - start,)
+        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
+            logits, target_c, chunk_factor, chunk_loss, lse[start:end],
+            end - start, V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
+            BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
+            num_warps=num_warps,
+        )
+        if dx is not None:
+            torch.mm(logits, W, out=dx[start:end])
+        if dW is not None:
+            if start == 0:
+                torch.mm(logits.t(), x_c, out=dW)
+            else:
+                dW.addmm_(logits.t(), x_c)
+    if dW is not None and BT == 0:
+        dW.zero_()
+
+
+def _lce_forward_fake(x, W, target, ignore_index: int, reduction: str, chunk_rows: int, block_v: int,
+                      num_warps: int, programs: int, grad_x: bool, grad_W: bool):
+    BT = x.shape[0]
+    scalar = reduction != "none"
+    loss = x.new_empty(() if scalar else (BT,), dtype=torch.float32)
+    lse = x.new_empty((BT,), dtype=torch.float32)
+    dx = x.new_empty((BT, x.shape[1]) if scalar and grad_x else (0,))
+    dW = W.new_empty(tuple(W.shape) if scalar and grad_W else (0,))
+    return loss, lse, dx, dW
+
+
+def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int,
+                                 reduction: str, chunk_rows: int, block_v: int, num_warps: int, programs: int,
+                                 grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, dx, dW): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
+    row's log-sum-exp, and for a scalar loss its gradients for an upstream gradient of 1 (empty
+    where not asked for, and always for "none")."""
+    BT, H = x.shape
+    scalar = reduction != "none"
+    loss_rows = torch.empty((BT,), dtype=torch.float32, device=x.device)
+    lse = torch.empty((BT,), dtype=torch.float32, device=x.device)
+    valid = None
+    if reduction == "mean":
+        valid = (target != ignore_index).sum().to(torch.float32)
+    dx = torch.empty((BT, H) if scalar and grad_x else (0,), dtype=x.dtype, device=x.device)
+    dW = torch.empty(tuple(W.shape) if scalar and grad_W else (0,), dtype=W.dtype, device=W.device)
+    factor = None
+    if scalar and (grad_x or grad_W):
+        # 1 / rows not ignored; with none left it is inf, but every row's factor is then masked to 0
+        factor = valid.reciprocal() if valid is not None else torch.ones((), dtype=torch.float32, device=x.device)
+    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
+                dx if scalar and grad_x else None, dW if scalar and grad_W else None, lse_given=False)
+    if reduction == "none":
+        loss = loss_rows
+    elif reduction == "sum":
+        loss = loss_rows.sum()
+    else:
+        loss = loss_rows.sum() / valid  # 0 / 0 = NaN when every target is ignored, as in PyTorch
+    return loss, lse, dx, dW
+
+
+# The op autograd and torch.compile see; eager calls that record no gradient launch directly.
+linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake)(_lce_forward)
+
+
+def _lce_backward_fake(x, W, target, lse, dloss, ignore_index: int, chunk_rows: int, block_v: int,
+                       num_warps: int, programs: int, grad_x: bool, grad_W: bool):
+    return x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,))
+
+
+@kernel_op("linear_cross_entropy_backward", _lce_backward_fake)
+def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
+                                  dloss: torch.Tensor, ignore_index: int, chunk_rows: int, block_v: int,
+                                  num_warps: int, programs: int, grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dW) of reduction "none" for the upstream gradient dloss (BT,), any stride: the chunks'
+    logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
+    dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
+    dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
+    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
+                dx if grad_x else None, dW if grad_W else None, lse_given=True)
+    return dx, dW
+
+
+def _lce_setup_context(ctx, inputs, output):
+    x, W, target, ignore_index, reduction, chunk_rows, block_v, num_warps, programs, grad_x, grad_W = inputs
+    loss, lse, dx, dW = output
+    ctx.mark_non_differentiable(lse, dx, dW)
+    ctx.reduction = reduction
+    ctx.grad_x, ctx.grad_W = grad_x, grad_W
+    ctx.args = (ignore_index, chunk_rows, block_v, num_warps, programs)
+    if reduction == "none":
+        ctx.save_for_backward(x, W, target, lse)
+    else:
+        ctx.save_for_backward(dx, dW)
+
+
+def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
+    if torch.is_grad_enabled():
+        raise RuntimeError("linear_cross_entropy has no double backward (create_graph=True): its gradients "
+                           "are computed by fused kernels that autograd cannot differentiate")
+    if ctx.reduction == "none":
+        x, W, target, lse = ctx.saved_tensors
+        dx, dW = torch.ops.softmax_kernels.linear_cross_entropy_backward(
+            x, W, target, lse, dloss, *ctx.args, ctx.grad_x, ctx.grad_W)
+    else:
+        if torch.compiler.is_compiling():
+            dx, dW = ctx.saved_tensors
+            dx, dW = dx * dloss, dW * dloss
+        else:
+            # In place: dW is as large as W, and a copy would double the peak memory. A second
+            # backward through the same graph (retain_graph=True) would scale them twice.
+            if getattr(ctx, "gradients_returned", False):
+                raise RuntimeError("linear_cross_entropy (reduction 'mean' / 'sum') computes its gradients in the "
+                                   "forward and hands them out once: a second backward through the same graph "
+                                   "(retain_graph=True) is not supported; call it again instead")
+            ctx.gradients_returned = True
+            dx, dW = ctx.saved_tensors
+            dx, dW = dx.mul_(dloss), dW.mul_(dloss)
+    return (dx if ctx.grad_x else None, dW if ctx.grad_W else None, *([None] * 9))
+
+
+linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
+
+
+def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                         reduction: str = "mean", *, launch: LinearCrossEntropyLaunch | None = None) -> torch.Tensor:
+    """``F.cross_entropy(x @ W.T, target, ignore_index=, reduction=)`` without the (BT, V) logits.
+
+    x: (BT, H), W: (V, H) (nn.Linear's weight), float32 / float16 / bfloat16, one dtype; target:
+    (BT,) int64. Returns the loss in float32 (0-d, or (BT,) for reduction "none"), as PyTorch
+    gives it on float32 logits; differentiable in x and W.
+
+    What runs where. The three products (logits, dx, dW; 2 BT V H flops each, nearly all the
+    work) are ``torch.mm`` / ``addmm``, i.e. cuBLAS: at these shapes it runs near the tensor
+    cores' peak, and the dx product (K = V, a short output) and dW's in-place accumulation
+    (beta = 1) are shapes this project's Triton matmul does not cover. The softmax, loss and
+    gradient (the part PyTorch spends several passes over the logits on) are the Triton kernel
+    ``linear_cross_entropy_rows_kernel``, one pass to read and one to read and write a chunk.
+
+    Precision. Logits and their gradient are held in x's dtype, as PyTorch holds them; the
+    kernel computes in float32. dW accumulates over chunks in W's dtype: each chunk's product
+    accumulates in float32 inside cuBLAS and is added to dW with one rounding, so a bfloat16 dW
+    is rounded once per chunk (about BT / chunk_rows times, 8 at the largest benchmark) rather
+    than once; a float32 accumulator instead would be a (V, H) float32 buffer, twice dW itself
+    (2 GB at V = 128256, H = 4096). The tests bound the resulting error by PyTorch's own at the
+    same precision. In float16 the gradient of a mean over many rows underflows where PyTorch's
+    does (its entries are softmax / rows).
+
+    Bad targets. A class index outside [0, V) that is not ignore_index raises ValueError in
+    eager calls, at the cost of one host synchronisation (a small reduction over target, read
+    back before the products start). Under torch.compile or CUDA-graph capture nothing may be
+    read back: there such a row's loss and gradient are NaN (the kernel checks each target for
+    free), so the loss is NaN, never a plausible number.
+
+    ``launch`` replaces ``linear_cross_entropy_launch``'s choice (rows per chunk, the row
+    kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
+    chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
+    """
+    check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
+    BT, V = x.shape[0], W.shape[0]
+    if launch is None:
+        launch = linear_cross_entropy_launch(BT, V, x.shape[1], x.dtype)
+    elif not isinstance(launch, LinearCrossEntropyLaunch):
+        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
+    else:
+        launch.check()
+    if _may_sync(target):
+        check_targets(target, V, ignore_index)
+    recording = torch.is_grad_enabled()
+    grad_x, grad_W = recording and x.requires_grad, recording and W.requires_grad
+    args = (x, W, target, ignore_index, reduction, launch.chunk_rows, launch.block_v, launch.num_warps,
+            launch.programs, grad_x, grad_W)
+    if needs_op(x, W):
+        return torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[0]
+    return _lce_forward(*args)[0]

@@ -1,0 +1,173 @@
+"""Benchmark group linear_cross_entropy: the LM-head loss cross_entropy(x @ W^T, target).
+
+Implementations: torch (F.cross_entropy of F.linear, the logits upcast to float32), compile (the
+same under torch.compile), liger (Liger-Kernel's fused linear cross entropy), cce (Apple's
+cut-cross-entropy), triton (``linear_cross_entropy``). The two peers are timed where their
+packages import; otherwise their rows are empty with the reason.
+
+Each case runs twice: mode "fwd" (the loss alone, nothing requires a gradient) and "fwd_bwd"
+(the loss and its gradients dx, dW by ``torch.autograd.grad``). ``forward_extra_MiB`` is the
+peak allocated during one call above what the inputs held (for fwd_bwd it includes dx and dW).
+``rel_error`` is the relative error against a float32 computation of the same inputs on a GPU
+(float64 in the interpreter): of the loss in mode fwd, of the worse of dx and dW in mode fwd_bwd.
+Inputs come from the builder of test_linear_cross_entropy.py, so every timed shape is tested.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import BenchGroup
+from fused_softmax_matmul import (
+    linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
+)
+from support import DTYPES, ON_GPU, relative_error
+from test_linear_cross_entropy import linear_cross_entropy_inputs
+
+GROUP = BenchGroup(
+    name="linear_cross_entropy",
+    csv="linear_cross_entropy_benchmark.csv",
+    columns=("BT", "H", "V", "dtype", "mode", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+             "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
+             "tflops", "rel_error", "speedup_vs_torch"),
+    case=("BT", "H", "V", "dtype", "mode"),
+    impls=("torch", "compile", "liger", "cce", "triton"),
+    speedups={"speedup_vs_torch": "torch"},
+    plot=("bar", "speedup_vs_torch"),
+)
+
+if ON_GPU:
+    # Llama 3 (8192 tokens, H 4096, V 128256), a 32k vocabulary, Qwen 2's 151936 at H 2048.
+    SIZES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
+    # Beside the launch's own choice, the Triton rows at 256 and 4096 rows per chunk (what the
+    # buffer's size, i.e. memory, buys in time), and with one row-kernel program per SM taking
+    # 16 KiB tiles (fewer rows in flight, so the gradient pass finds more of its row in L2).
+    VARIANTS = [*((impl, {}) for impl in GROUP.impls), ("triton", {"chunk_rows": 256}),
+                ("triton", {"chunk_rows": 4096}), ("triton", {"programs": "sms", "block_v": "16KiB", "num_warps": 16})]
+else:
+    # Interpreter smoke run: a ragged vocabulary, one chunk. torch.compile is left out, as in the
+    # matmul_softmax group: inductor compiling C++ on 2 shared cores outlasts the rest of the run.
+    SIZES = [(64, 32, 300, "float32")]
+    VARIANTS = [(impl, {}) for impl in GROUP.impls if impl != "compile"]
+MODES = ("fwd", "fwd_bwd")
+
+
+def _peer(module: str, attribute: str):
+    """A peer's entry point, or the reason it cannot run here."""
+    try:
+        return getattr(importlib.import_module(module), attribute), None
+    except Exception as exc:  # noqa: BLE001 - any import failure is the row's reason
+        return None, f"{module} does not import: {type(exc).__name__}: {exc}"
+
+
+def liger(x, W, target):
+    from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as fn
+
+    # apply takes positional arguments: bias, ce_weight, ignore_index, lse_square_scale,
+    # label_smoothing, reduction; it returns a tuple, the loss first.
+    out = fn.apply(x, W, target, None, None, -100, 0.0, 0.0, "mean")
+    return out[0] if isinstance(out, tuple) else out
+
+
+def cce(x, W, target):
+    from cut_cross_entropy import linear_cross_entropy as fn
+
+    return fn(x, W, target, ignore_index=-100, reduction="mean")
+
+
+_COMPILED: dict[str, object] = {}
+
+
+def compiled_ref(x, W, target):
+    if "ref" not in _COMPILED:  # compiled once per process; its compile time is not timed
+        _COMPILED["ref"] = torch.compile(linear_cross_entropy_ref)
+    return _COMPILED["ref"](x, W, target)
+
+
+IMPL_FUNCTIONS = {
+    "torch": linear_cross_entropy_ref,
+    "compile": compiled_ref,
+    "liger": liger,
+    "cce": cce,
+    "triton": linear_cross_entropy,
+}
+PEER_MODULES = {"liger": "liger_kernel.ops.fused_linear_cross_entropy", "cce": "cut_cross_entropy"}
+
+_REFERENCE: dict = {}
+
+
+def reference(BT, H, V, dtype):
+    """(loss, dx, dW) from float32 (GPU) or float64 (interpreter) copies of the inputs; one case kept."""
+    key = (BT, H, V, dtype)
+    if key not in _REFERENCE:
+        _REFERENCE.clear()
+        x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
+        wide = torch.float32 if ON_GPU else torch.float64
+        x, W = x.to(wide).requires_grad_(), W.to(wide).requires_grad_()
+        loss = F.cross_entropy(F.linear(x, W), target)
+        _REFERENCE[key] = (loss.detach(), *torch.autograd.grad(loss, (x, W)))
+    return _REFERENCE[key]
+
+
+def _unavailable(benchmark, request, row: dict, reason: str) -> None:
+    """The peer's row, empty with the reason (as the harness keeps failed cases), then the test skipped."""
+    if not benchmark.disabled:  # as the harness: a run without numbers writes no CSV of failures alone
+        request.config.bench_records.append({"group": GROUP.name, "test": request.node.nodeid, "row": dict(row),
+                                             "status": "unavailable", "reason": reason})
+    pytest.skip(reason)
+
+
+def _variant_id(impl: str, overrides: dict) -> str:
+    return "-".join([impl, *(f"{k}={v}" for k, v in overrides.items())])
+
+
+def resolve(overrides: dict, dtype: torch.dtype) -> dict:
+    """Launch fields from a variant: "sms" is the GPU's SM count, "16KiB" a tile of that many bytes."""
+    sizes = {"sms": torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 2,
+             "16KiB": 16384 // dtype.itemsize}
+    return {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
+
+
+@pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
+@pytest.mark.parametrize("mode", MODES)
+@pytest.mark.parametrize("BT,H,V,dtype", SIZES)
+def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl, overrides):
+    fn = IMPL_FUNCTIONS[impl]
+    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
+    if impl == "triton":
+        launch = dataclasses.replace(linear_cross_entropy_launch(BT, V, H, DTYPES[dtype]),
+                                     **resolve(overrides, DTYPES[dtype]))
+        launch_columns = dataclasses.asdict(launch)
+        fn = functools.partial(linear_cross_entropy, launch=launch)
+    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, **launch_columns)
+    if impl in PEER_MODULES:
+        _, reason = _peer(PEER_MODULES[impl], "__name__")
+        if reason is not None:
+            _unavailable(benchmark, request, row, reason)
+    ref_loss, ref_dx, ref_dW = reference(BT, H, V, dtype)
+
+    def build():
+        x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
+        if mode == "fwd":
+            return lambda: fn(x, W, target)
+        x.requires_grad_()
+        W.requires_grad_()
+
+        def forward_backward():
+            # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
+            loss = fn(x, W, target)
+            return (loss, *torch.autograd.grad(loss, (x, W)))
+        return forward_backward
+
+    def error(out):
+        if mode == "fwd":
+            return relative_error(out.detach(), ref_loss)
+        return max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))
+
+    bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype], error=error)
