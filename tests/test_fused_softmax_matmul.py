@@ -17,7 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_softmax_matmul import dot_precision, fused_softmax, softmax_mult, upcast_dot_operands
+from fused_softmax_matmul import FusedLaunch, dot_precision, fused_softmax, softmax_mult, upcast_dot_operands
 from online_softmax import INTERPRET, KernelCapacityError
 from support import (
     DTYPES, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
@@ -44,8 +44,7 @@ def check_fused(out: torch.Tensor, x: torch.Tensor, V: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------------
 # Against float64: shapes, tiles, dtypes, logit scales
 # ----------------------------------------------------------------------------------------------
-# (batch, d1, d2, d3), (BLOCK_1, BLOCK_2), launch override (BLOCK_3, warps, stages, lazy rescale[, transposed])
-# or None for the wrapper's, logit scale: the code path each exercises.
+# (batch, d1, d2, d3), (BLOCK_1, BLOCK_2), launch override (a FusedLaunch) or None for the wrapper's, logit scale: the code path each exercises.
 CASES = {
     # One live element of x and of V in 16-wide tiles: softmax is exactly 1, the output V itself.
     "1x1x1x1": ((1, 1, 1, 1), (16, 16), None, 1.0),
@@ -62,13 +61,13 @@ CASES = {
     "blocks 16x64": ((1, 20, 80, 10), (16, 64), None, 1.0),
     "blocks 64x16": ((1, 20, 80, 10), (64, 16), None, 1.0),
     # 16-wide d3 tiles over d3 = 40: three programs share each row tile, the last has 8 live columns.
-    "d3 tiles": ((1, 20, 40, 40), (16, 16), (16, 4, 1, False), 1.0),
+    "d3 tiles": ((1, 20, 40, 40), (16, 16), FusedLaunch(16, 4, 1), 1.0),
     # Lazy rescale forced on: logits of size 8 move a row's max by more than 8 between some d2 steps
     # (rescale) and by less at others (stale max, weights up to e^8).
-    "lazy rescale": ((1, 20, 80, 24), (16, 16), (16, 4, 1, True), 8.0),
+    "lazy rescale": ((1, 20, 80, 24), (16, 16), FusedLaunch(16, 4, 1, lazy_rescale=True), 8.0),
     # The transposed kernel (V^T @ P^T), eager and lazy, over two d3 tiles with a ragged last.
-    "transposed": ((1, 20, 40, 40), (16, 16), (32, 4, 1, False, True), 8.0),
-    "transposed lazy": ((1, 20, 40, 40), (16, 16), (32, 4, 1, True, True), 8.0),
+    "transposed": ((1, 20, 40, 40), (16, 16), FusedLaunch(32, 4, 1, transposed=True), 8.0),
+    "transposed lazy": ((1, 20, 40, 40), (16, 16), FusedLaunch(32, 4, 1, lazy_rescale=True, transposed=True), 8.0),
     # Logits of size 100 and 1e4: earlier steps' weights underflow to 0 when the max grows;
     # the answer is nearly a row of V and must still match float64.
     "scale 100": ((2, 9, 50, 12), (16, 16), None, 100.0),
@@ -138,7 +137,8 @@ def test_float32_matmul_precision(float32_matmul_precision, block, inputs):
 # ----------------------------------------------------------------------------------------------
 # BLOCK_3 = 16 over d3 = 24: two d3 tiles; lazy rescale off and on (the wrapper picks on only for
 # float32 under 'high', so forcing it covers 16-bit too).
-LAUNCHES = {"eager": (16, 4, 1, False), "lazy": (16, 4, 1, True), "transposed": (16, 4, 1, True, True)}
+LAUNCHES = {"eager": FusedLaunch(16, 4, 1), "lazy": FusedLaunch(16, 4, 1, lazy_rescale=True),
+            "transposed": FusedLaunch(16, 4, 1, lazy_rescale=True, transposed=True)}
 EDGE_SHAPE = (2, 20, 40, 24)  # 2 row tiles, 3 d2 steps (the last of 8), 2 d3 tiles
 
 
