@@ -446,22 +446,22 @@ def _kernel(kernel, wrap: bool):
 
 
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
-                           store_lse: bool, wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(softmax(x) @ V, per-row log-sum-exp (batch, d1) float32; empty unless store_lse)."""
+                           store_lse: bool, wrap: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
-    lse = torch.empty((batch, d1) if store_lse else (0,), dtype=torch.float32, device=x.device)
-    if out.numel() == 0 and lse.numel() == 0:
+    lse = torch.empty((batch, d1), dtype=torch.float32, device=x.device) if store_lse else None
+    if out.numel() == 0 and (lse is None or lse.numel() == 0):
         return out, lse
     if d2 == 0:
         # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
-        return out.zero_(), lse.fill_(float("-inf"))
+        return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
     launch = launch or fused_launch(max(d3, 1), BLOCK_1, x.dtype, BLOCK_2)
     n_tiles_3 = triton.cdiv(max(d3, 1), launch.block_3)
     n_tiles = triton.cdiv(d1, BLOCK_1) * n_tiles_3
     _kernel(fused_softmax_kernel, wrap)[(batch * n_tiles,)](
-        x, V, out, lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
+        x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
         PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=launch.lazy_rescale,
         ROUND_TF32=round_to_tf32(x.dtype), ROUND_V=_round_v(x.dtype, BLOCK_1, launch.transposed),

@@ -395,6 +395,15 @@ def test_gradients_match_float64(shape, blocks, launch, dtype):
     check_gradients(x.requires_grad_(), V.requires_grad_(), launch, blocks, seed=7)
 
 
+@needs_gpu
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gradients(dtype, block):
+    """The compiled backward kernels on tensor cores (bf16 here only: the interpreter upcasts it)."""
+    x, V = softmax_matmul_inputs(4, 512, 1024, 96, DTYPES[dtype], seed=32, scale=4.0)
+    check_gradients(x.requires_grad_(), V.requires_grad_(), None, (block, block), seed=33)
+
+
 def test_gradient_of_sum_reads_a_broadcast_gradient():
     """out.sum().backward() hands the backward a stride-0 gradient: read through its strides."""
     x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 20, 12, torch.float32, seed=3))

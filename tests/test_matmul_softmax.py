@@ -357,6 +357,19 @@ def test_gradients_match_float64(impl, dtype, B, K, C, tiles):
     check_gradients(impl, x.requires_grad_(), W.requires_grad_(), launch, seed=C)
 
 
+@needs_gpu
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+@pytest.mark.parametrize("B,K,C,dtype", [(1024, 1024, 100, "float32"), (256, 1024, 3000, "bfloat16"),
+                                         (256, 1024, 3000, "float16")])
+def test_gpu_gradients(impl, B, K, C, dtype):
+    """Compiled backward at benchmark-like sizes: split K in the forward (the first), many
+    class tiles and bf16 tensor cores (the others)."""
+    if impl == "triton_fused_simple" and C > SIMPLE_MAX_CLASSES:
+        pytest.skip("refused by design: test_simple_refuses_too_many_classes")
+    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], seed=60, scale=2.0)
+    check_gradients(impl, x.requires_grad_(), W.requires_grad_(), None, seed=61)
+
+
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
 def test_gradient_broadcast_and_of_one_input(impl):
     """(y.sum(0) * w).sum() hands the backward dy = w expanded over rows (row stride 0); W frozen:
