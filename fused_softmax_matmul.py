@@ -439,6 +439,13 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
     return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
 
 
+def _grid(programs: int, kernel) -> tuple[int]:
+    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
+    if programs >= 2**31:
+        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
+    return (programs,)
+
+
 def _kernel(kernel, wrap: bool):
     """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
     torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
@@ -460,7 +467,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     launch = launch or fused_launch(max(d3, 1), BLOCK_1, x.dtype, BLOCK_2)
     n_tiles_3 = triton.cdiv(max(d3, 1), launch.block_3)
     n_tiles = triton.cdiv(d1, BLOCK_1) * n_tiles_3
-    _kernel(fused_softmax_kernel, wrap)[(batch * n_tiles,)](
+    _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
         PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=launch.lazy_rescale,
@@ -485,13 +492,13 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wr
     precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype))
     if dx.numel():
         n_tiles_1 = triton.cdiv(d1, b1)
-        _kernel(fused_softmax_backward_dx_kernel, wrap)[(batch * n_tiles_1,)](
+        _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = triton.cdiv(d3, b3)
         n_tiles = triton.cdiv(d2, b2) * n_tiles_3
-        _kernel(fused_softmax_backward_dv_kernel, wrap)[(batch * n_tiles,)](
+        _kernel(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     return dx, dV

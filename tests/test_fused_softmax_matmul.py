@@ -495,3 +495,12 @@ def test_sparse_input_refused():
         fused_softmax(x.to_sparse(), V)
     with pytest.raises(ValueError, match=r"V has layout torch\.sparse_coo"):
         fused_softmax(x, V.to_sparse())
+
+
+def test_grid_past_axis_limit_refused():
+    """Past 2^31 - 1 programs even CUDA's axis 0 cannot hold the grid: refused by name, not launched."""
+    import fused_softmax_matmul
+
+    assert fused_softmax_matmul._grid(70000 * 3, fused_softmax_matmul.fused_softmax_kernel) == (210000,)
+    with pytest.raises(KernelCapacityError, match="fused_softmax_kernel would need 2147483648 programs"):
+        fused_softmax_matmul._grid(2**31, fused_softmax_matmul.fused_softmax_kernel)
