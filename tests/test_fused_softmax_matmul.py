@@ -483,6 +483,24 @@ def test_cuda_graph_replay_matches_eager():
 
 
 @needs_gpu
+def test_reduce_overhead_compile_with_backward():
+    """torch.compile's CUDA graphs around the op, forward and backward, equal eager."""
+    torch._dynamo.reset()
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(3, 100, 300, 70, torch.float32, seed=11))
+    compiled = torch.compile(lambda x, V: fused_softmax(x, V, 32, 32), mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        x.grad = V.grad = None
+        out = compiled(x, V)
+        out.sum().backward()
+    xe, Ve = (t.detach().requires_grad_() for t in (x, V))
+    eager = fused_softmax(xe, Ve, 32, 32)
+    eager.sum().backward()
+    torch.testing.assert_close(out.detach().clone(), eager.detach())
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(V.grad, Ve.grad)
+
+
+@needs_gpu
 def test_batch_past_grid_axis_limit():
     """70000 batch elements: more than CUDA's 65535 on grid axes 1 and 2; the grid is one axis."""
     x, V = softmax_matmul_inputs(70000, 2, 16, 16, torch.float32, seed=10)
