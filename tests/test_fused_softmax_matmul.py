@@ -522,3 +522,43 @@ def test_grid_past_axis_limit_refused():
     assert fused_softmax_matmul._grid(70000 * 3, fused_softmax_matmul.fused_softmax_kernel) == (210000,)
     with pytest.raises(KernelCapacityError, match="fused_softmax_kernel would need 2147483648 programs"):
         fused_softmax_matmul._grid(2**31, fused_softmax_matmul.fused_softmax_kernel)
+
+
+# Run in a fresh process with TRITON_INTERPRET=0: the launch functions that the compiled-mode ops
+# (triton_op) run, traced with fake CUDA tensors, which needs no GPU. Each must become
+# triton_kernel_wrapper nodes, with no raw launch that tracing cannot see.
+_TRACE_COMPILED_BODIES = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+import fused_softmax_matmul as f
+f._sm_count = lambda device: 132  # an H100's SMs: the split-K choice without a device to ask
+with FakeTensorMode():
+    x, V = torch.empty(2, 17, 20, device="cuda"), torch.empty(2, 20, 24, device="cuda")
+    out, lse = torch.empty(2, 17, 24, device="cuda"), torch.empty(2, 17, device="cuda")
+    xm, W, y = torch.empty(1024, 1024, device="cuda"), torch.empty(1024, 100, device="cuda"), torch.empty(1024, 100, device="cuda")
+bodies = {
+    "fused_softmax": (lambda x, V: f._fused_softmax_forward(x, V, 16, 16, None, store_lse=True, wrap=True), (x, V), 1),
+    "fused_softmax_backward": (lambda *a: f._fused_softmax_backward(*a, 16, 16, wrap=True), (x, V, out, lse, out), 2),
+    "matmul (split K)": (lambda a, b: f._matmul_forward(a, b, None, wrap=True), (xm, W), 1),
+    "tiled (class tiles)": (lambda a, b: f._tiled_forward(a, b, f.MatmulLaunch(16, 32, 16), wrap=True), (xm, W), 2),
+    "matmul_softmax_backward": (lambda *a: f._matmul_backward(*a[:2], f._softmax_grad(*a[2:], wrap=True), True, True,
+                                                             wrap=True), (xm, W, y, y), 3),
+}
+for name, (fn, args, launches) in bodies.items():
+    nodes = [n for n in make_fx(fn, tracing_mode="fake")(*args).graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+    assert len(nodes) == launches, (name, len(nodes))
+print("traced", len(bodies))
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the compiled tests run the ops themselves")
+def test_compiled_op_bodies_trace_to_triton_kernels():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    run = subprocess.run([sys.executable, "-c", _TRACE_COMPILED_BODIES], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+    assert run.returncode == 0 and "traced 5" in run.stdout, run.stderr[-3000:]
