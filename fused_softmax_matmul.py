@@ -243,7 +243,7 @@ def fused_softmax_backward_dx_kernel(
     stride_db, stride_d1, stride_d2,
     n_tiles_1,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
 ):
     """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
 
@@ -280,6 +280,9 @@ def fused_softmax_backward_dx_kernel(
             g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
             v_t = tl.load(v_base + (c + cs)[:, None] * stride_v3 + (k + ks)[None, :].to(tl.int64) * stride_v2,
                           mask=c_ok[:, None] & k_ok[None, :], other=0.0)
+            if ROUND_TF32:  # as in the forward: a TF32 product of truncated operands is biased
+                g = _tf32_rounded(g)
+                v_t = _tf32_rounded(v_t)
             dp = _dot_acc(g, v_t, dp, PRECISION, UPCAST)
         dx = p * (dp - delta[:, None])
         tl.store(d_rows + (k + ks)[None, :] * stride_d2, dx.to(dx_ptr.dtype.element_ty), mask=mask)
@@ -294,7 +297,7 @@ def fused_softmax_backward_dv_kernel(
     stride_db, stride_d2, stride_d3,
     n_tiles, n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
 ):
     """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a time."""
     pid = tl.program_id(0)
@@ -315,6 +318,9 @@ def fused_softmax_backward_dv_kernel(
                       other=float("-inf")).to(tl.float32)
         g = tl.load(g_base + (r + rs)[:, None].to(tl.int64) * stride_g1, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
         p_t = tl.exp(x_t - lse[None, :]).to(g.dtype)  # torch multiplies P in the inputs' dtype too
+        if ROUND_TF32:
+            p_t = _tf32_rounded(p_t)
+            g = _tf32_rounded(g)
         acc = _dot_acc(p_t, g, acc, PRECISION, UPCAST)
     d_ptrs = dv_ptr + batch * stride_db + ks[:, None].to(tl.int64) * stride_d2 + cols[None, :] * stride_d3
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
@@ -489,7 +495,8 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wr
         # No output element depends on the other input: its gradient is zero (torch's too).
         return dx.zero_(), dV.zero_()
     b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, d3)
-    precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype))
+    precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
+                     ROUND_TF32=round_to_tf32(x.dtype))
     if dx.numel():
         n_tiles_1 = triton.cdiv(d1, b1)
         _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
