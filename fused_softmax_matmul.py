@@ -1186,12 +1186,15 @@ def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Ten
 
 
 def _matmul_setup(ctx, inputs, output):
-    x, W, _ = inputs
-    ctx.save_for_backward(x, W, output)
+    ctx.save_for_backward(*inputs[:2])
+
+
+def _matmul_softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:2], output)
 
 
 def _matmul_grad(ctx, dout):
-    x, W, _ = ctx.saved_tensors
+    x, W = ctx.saved_tensors
     dx, dW = _matmul_backward_op(x, W, dout, *ctx.needs_input_grad[:2])
     return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
 
@@ -1202,7 +1205,7 @@ def _matmul_softmax_grad(ctx, dout):
     return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
 
 
-def _matmul_family_op(name: str, forward, grad, opaque: bool = False):
+def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
     """The op ``softmax_kernels::name`` around forward(x, W, launch, wrap), with its backward.
 
     opaque: a plain custom op even when compiled, for a body whose launches are not all written
@@ -1219,18 +1222,18 @@ def _matmul_family_op(name: str, forward, grad, opaque: bool = False):
         op.register_fake(fake)
     else:
         op = kernel_op(name, fake)(body)
-    op.register_autograd(grad, setup_context=_matmul_setup)
+    op.register_autograd(grad, setup_context=setup)
     return op
 
 
 _MATMUL_OPS = {
-    "matmul": _matmul_family_op("matmul", _matmul_forward, _matmul_grad),
+    "matmul": _matmul_family_op("matmul", _matmul_forward, _matmul_grad, _matmul_setup),
     "matmul_softmax_unfused": _matmul_family_op("matmul_softmax_unfused", _unfused_forward, _matmul_softmax_grad,
-                                                opaque=True),
+                                                _matmul_softmax_setup, opaque=True),
     "matmul_softmax_fused_simple": _matmul_family_op("matmul_softmax_fused_simple", _simple_forward,
-                                                     _matmul_softmax_grad),
+                                                     _matmul_softmax_grad, _matmul_softmax_setup),
     "matmul_softmax_fused_tiled": _matmul_family_op("matmul_softmax_fused_tiled", _tiled_forward,
-                                                    _matmul_softmax_grad),
+                                                    _matmul_softmax_grad, _matmul_softmax_setup),
 }
 
 
