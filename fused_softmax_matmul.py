@@ -445,6 +445,11 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
     return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
 
 
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
+    return -(-a // b)
+
+
 def _grid(programs: int, kernel) -> tuple[int]:
     """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
     if programs >= 2**31:
@@ -470,17 +475,26 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     if d2 == 0:
         # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
         return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
-    launch = launch or fused_launch(max(d3, 1), BLOCK_1, x.dtype, BLOCK_2)
-    n_tiles_3 = triton.cdiv(max(d3, 1), launch.block_3)
-    n_tiles = triton.cdiv(d1, BLOCK_1) * n_tiles_3
+    block_3, constants = _fused_plan(max(d3, 1), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
+    n_tiles_3 = _cdiv(max(d3, 1), block_3)
+    n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
     _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
-        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=launch.lazy_rescale,
-        ROUND_TF32=round_to_tf32(x.dtype), ROUND_V=_round_v(x.dtype, BLOCK_1, launch.transposed),
-        TRANSPOSED=launch.transposed, STORE_LSE=store_lse, num_warps=launch.num_warps, num_stages=launch.num_stages,
-    )
+        **constants, STORE_LSE=store_lse)
     return out, lse
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_plan(d3: int, BLOCK_1: int, BLOCK_2: int, dtype: torch.dtype, setting: str,
+                launch: FusedLaunch | None) -> tuple[int, dict]:
+    """block_3 and the kernel's constant keywords, once per shape, dtype, float32 matmul setting
+    (read by ``dot_precision``; a key here) and override: a call then only looks them up."""
+    launch = launch or fused_launch(d3, BLOCK_1, dtype, BLOCK_2)
+    return launch.block_3, dict(
+        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
+        PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype), LAZY_RESCALE=launch.lazy_rescale,
+        ROUND_TF32=round_to_tf32(dtype), ROUND_V=_round_v(dtype, BLOCK_1, launch.transposed),
+        TRANSPOSED=launch.transposed, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wrap: bool):
@@ -498,13 +512,13 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wr
     precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
                      ROUND_TF32=round_to_tf32(x.dtype))
     if dx.numel():
-        n_tiles_1 = triton.cdiv(d1, b1)
+        n_tiles_1 = _cdiv(d1, b1)
         _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     if dV.numel():
-        n_tiles_3 = triton.cdiv(d3, b3)
-        n_tiles = triton.cdiv(d2, b2) * n_tiles_3
+        n_tiles_3 = _cdiv(d3, b3)
+        n_tiles = _cdiv(d2, b2) * n_tiles_3
         _kernel(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
@@ -1034,18 +1048,21 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
     return (B, K, W.shape[1], *x.stride(), *W.stride(), *out.stride())
 
 
-def _precision_args(dtype: torch.dtype) -> dict:
-    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
-
-
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
-    n_tiles_b, n_tiles_c = triton.cdiv(B, launch.block_b), triton.cdiv(C, launch.block_c)
+    n_tiles_b, n_tiles_c = _cdiv(B, launch.block_b), _cdiv(C, launch.block_c)
     return n_tiles_b, n_tiles_c, (n_tiles_b * n_tiles_c,)
 
 
-def _launch_kwargs(launch: MatmulLaunch, grouped: bool = True) -> dict:
+def _constants(launch: MatmulLaunch, dtype: torch.dtype, grouped: bool = True) -> dict:
+    """The constant keywords of a matmul-shaped kernel (cached per launch, dtype and setting)."""
+    return _matmul_constants(launch, dtype, _float32_matmul_precision(), grouped)
+
+
+@functools.lru_cache(maxsize=4096)
+def _matmul_constants(launch: MatmulLaunch, dtype: torch.dtype, setting: str, grouped: bool) -> dict:
     kwargs = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k,
-                  num_warps=launch.num_warps, num_stages=launch.num_stages)
+                  num_warps=launch.num_warps, num_stages=launch.num_stages,
+                  PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
     if grouped:
         kwargs["GROUP_B"] = launch.group_b
     return kwargs
@@ -1078,7 +1095,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     Eager calls take the counts from the cached buffer; inside an op being traced (wrap) they
     are a fresh zeroed tensor of the graph, which CUDA-graph capture replays as a memset."""
     B, K = x.shape
-    n_tiles_b = triton.cdiv(B, launch.block_b)
+    n_tiles_b = _cdiv(B, launch.block_b)
     k_slice, n_splits = split_k_slices(K, launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
     if wrap:
@@ -1087,7 +1104,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
         counts = _split_k_counts(x.device, triton.next_power_of_2(n_tiles_b))
     _kernel(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
-        **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype), SOFTMAX=softmax)
+        **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
 
 
 def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -1104,7 +1121,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
     _kernel(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
-                                       **_launch_kwargs(launch), **_precision_args(x.dtype))
+                                       **_constants(launch, x.dtype))
     return out
 
 
@@ -1117,8 +1134,8 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     if out.numel() == 0:
         return out
     launch = launch or simple_launch(*out.shape, x.dtype, x.device)
-    _kernel(matmul_softmax_simple_kernel, wrap)[(triton.cdiv(x.shape[0], launch.block_b),)](
-        x, W, out, *_matmul_args(x, W, out), **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
+    _kernel(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
+        x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
     return out
 
 
@@ -1134,12 +1151,12 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if n_tiles_c == 1:
         _kernel(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
-            x, W, out, *_matmul_args(x, W, out), **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
+            x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
         return out
     stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
     _kernel(matmul_softmax_tile_kernel, wrap)[grid](
         x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
-        **_launch_kwargs(launch), **_precision_args(x.dtype))
+        **_constants(launch, x.dtype))
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
     tiles = min(triton.next_power_of_2(n_tiles_c), max(1, 4096 // launch.block_c))
     _kernel(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
