@@ -475,7 +475,8 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     if d2 == 0:
         # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
         return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
-    block_3, constants = _fused_plan(max(d3, 1), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
+    # int(): traced with dynamic shapes d3 is symbolic; the launch is chosen for (so specialises on) its value.
+    block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
     n_tiles_3 = _cdiv(max(d3, 1), block_3)
     n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
     _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
@@ -508,7 +509,7 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wr
     if d1 == 0 or d3 == 0:
         # No output element depends on the other input: its gradient is zero (torch's too).
         return dx.zero_(), dV.zero_()
-    b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, d3)
+    b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, int(d3))
     precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
                      ROUND_TF32=round_to_tf32(x.dtype))
     if dx.numel():
@@ -1096,7 +1097,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     are a fresh zeroed tensor of the graph, which CUDA-graph capture replays as a memset."""
     B, K = x.shape
     n_tiles_b = _cdiv(B, launch.block_b)
-    k_slice, n_splits = split_k_slices(K, launch.block_k, launch.split_k)
+    k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
     if wrap:
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
@@ -1107,6 +1108,12 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
         **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
 
 
+def _concrete(*sizes) -> tuple[int, ...]:
+    """Sizes as ints for the cached launch choosers: traced with dynamic shapes they are symbolic
+    (unhashable), and a launch chosen for a size specialises the compiled graph on it anyway."""
+    return tuple(int(n) for n in sizes)
+
+
 def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return torch.empty((x.shape[0], W.shape[1]), dtype=x.dtype, device=x.device)
 
@@ -1115,7 +1122,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = launch or tiled_launch(*out.shape, x.dtype, x.device, K=x.shape[1])
+    launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]))
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap)
         return out
@@ -1133,7 +1140,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = launch or simple_launch(*out.shape, x.dtype, x.device)
+    launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
     _kernel(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
         x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
     return out
@@ -1144,7 +1151,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     if out.numel() == 0:
         return out
     B, C = out.shape
-    launch = launch or tiled_launch(B, C, x.dtype, x.device, K=x.shape[1])
+    launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]))
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap)
         return out
@@ -1158,7 +1165,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
         x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
         **_constants(launch, x.dtype))
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
-    tiles = min(triton.next_power_of_2(n_tiles_c), max(1, 4096 // launch.block_c))
+    tiles = min(triton.next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
     _kernel(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
                                               TILES=tiles, num_warps=4)
     return out
@@ -1171,7 +1178,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
         _kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
-            BLOCK_C=min(1024, triton.next_power_of_2(y.shape[1])), num_warps=4)
+            BLOCK_C=min(1024, triton.next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
 
 

@@ -529,30 +529,40 @@ def test_grid_past_axis_limit_refused():
 
 
 # Run in a fresh process with TRITON_INTERPRET=0: the launch functions that the compiled-mode ops
-# (triton_op) run, traced with fake CUDA tensors, which needs no GPU. Each must become
+# (triton_op) run, traced with fake tensors, which needs no GPU: CUDA ones of static shapes, and
+# CPU ones of symbolic shapes (what torch.compile's dynamic shapes pass; a CPU-only torch cannot
+# make symbolic CUDA fakes, and tracing does not look at the device). Each must become
 # triton_kernel_wrapper nodes, with no raw launch that tracing cannot see.
 _TRACE_COMPILED_BODIES = """
 import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
 import fused_softmax_matmul as f
 f._sm_count = lambda device: 132  # an H100's SMs: the split-K choice without a device to ask
-with FakeTensorMode():
-    x, V = torch.empty(2, 17, 20, device="cuda"), torch.empty(2, 20, 24, device="cuda")
-    out, lse = torch.empty(2, 17, 24, device="cuda"), torch.empty(2, 17, device="cuda")
-    xm, W, y = torch.empty(1024, 1024, device="cuda"), torch.empty(1024, 100, device="cuda"), torch.empty(1024, 100, device="cuda")
+SHAPES = [(2, 17, 20), (2, 20, 24), (2, 17, 24), (2, 17), (1024, 1024), (1024, 100), (1024, 100)]
 bodies = {
-    "fused_softmax": (lambda x, V: f._fused_softmax_forward(x, V, 16, 16, None, store_lse=True, wrap=True), (x, V), 1),
-    "fused_softmax_backward": (lambda *a: f._fused_softmax_backward(*a, 16, 16, wrap=True), (x, V, out, lse, out), 2),
-    "matmul (split K)": (lambda a, b: f._matmul_forward(a, b, None, wrap=True), (xm, W), 1),
-    "tiled (class tiles)": (lambda a, b: f._tiled_forward(a, b, f.MatmulLaunch(16, 32, 16), wrap=True), (xm, W), 2),
-    "matmul_softmax_backward": (lambda *a: f._matmul_backward(*a[:2], f._softmax_grad(*a[2:], wrap=True), True, True,
-                                                             wrap=True), (xm, W, y, y), 3),
+    "fused_softmax": (lambda x, V, *_: f._fused_softmax_forward(x, V, 16, 16, None, store_lse=True, wrap=True), 1),
+    "fused_softmax_backward": (lambda x, V, out, lse, *_: f._fused_softmax_backward(x, V, out, lse, out, 16, 16,
+                                                                                    wrap=True), 2),
+    "matmul (split K)": (lambda *a: f._matmul_forward(a[4], a[5], None, wrap=True), 1),
+    "simple": (lambda *a: f._simple_forward(a[4], a[5], None, wrap=True), 1),
+    "tiled (class tiles)": (lambda *a: f._tiled_forward(a[4], a[5], f.MatmulLaunch(16, 32, 16), wrap=True), 2),
+    "matmul_softmax_backward": (lambda *a: f._matmul_backward(a[4], a[5], f._softmax_grad(a[6], a[6], wrap=True),
+                                                              True, True, wrap=True), 3),
 }
-for name, (fn, args, launches) in bodies.items():
-    nodes = [n for n in make_fx(fn, tracing_mode="fake")(*args).graph.nodes if "triton_kernel_wrapper" in str(n.target)]
-    assert len(nodes) == launches, (name, len(nodes))
-print("traced", len(bodies))
+static = FakeTensorMode()
+with static:
+    fakes = [torch.empty(shape, device="cuda") for shape in SHAPES]
+symbolic = FakeTensorMode(shape_env=ShapeEnv())
+dynamic = [symbolic.from_tensor(torch.empty(shape), symbolic_context=StatelessSymbolicContext(
+    dynamic_sizes=[DimDynamic.DYNAMIC] * len(shape))) for shape in SHAPES]
+for mode, args in ((static, fakes), (symbolic, dynamic)):
+    for name, (fn, launches) in bodies.items():
+        with mode:
+            nodes = [n for n in make_fx(fn)(*args).graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+        assert len(nodes) == launches, (name, len(nodes))
+print("traced", 2 * len(bodies))
 """
 
 
@@ -565,4 +575,4 @@ def test_compiled_op_bodies_trace_to_triton_kernels():
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     run = subprocess.run([sys.executable, "-c", _TRACE_COMPILED_BODIES], env=env, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
-    assert run.returncode == 0 and "traced 5" in run.stdout, run.stderr[-3000:]
+    assert run.returncode == 0 and "traced 12" in run.stdout, run.stderr[-3000:]
