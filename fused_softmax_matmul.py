@@ -78,6 +78,12 @@ def _tf32_rounded(t):
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
+# Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
+# Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
+# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dP = dO @ V^T
+# a tile at a time and dx = P * (dP - rowsum(dO * O)); ``fused_softmax_backward_dv_kernel``
+# sums dV = P^T @ dO over row tiles. Both are custom ops (``kernel_op``); the backward op has no
+# autograd of its own, so a second derivative raises.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Reference: the softmax of x, written to memory, then multiplied by V.
 
@@ -620,6 +626,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 # B x C / BLOCK_C x 8 bytes (1/32 of a bf16 output with 128-wide tiles), not a (B, C) buffer.
 # So at LM-head sizes fusion saves the softmax kernel's own exp/max work and the split-row
 # machinery, not bytes; at small C the tiled kernel is one launch and writes once.
+#
+# Backward, the same for every version (it needs only x, W and the output Y): dZ = Y * (dY -
+# rowsum(Y * dY)) by ``softmax_grad_kernel``, then dx = dZ @ W^T and dW = x^T @ dZ by the Triton
+# matmul, which reads the transposes in place through their strides.
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
