@@ -504,12 +504,14 @@ def _fused_plan(d3: int, BLOCK_1: int, BLOCK_2: int, dtype: torch.dtype, setting
         TRANSPOSED=launch.transposed, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
-def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, wrap: bool):
-    """(dx, dV) of softmax(x) @ V from the forward's output and log-sum-exp."""
+def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool,
+                            wrap: bool):
+    """(dx, dV) of softmax(x) @ V from the forward's output and log-sum-exp; a gradient not
+    needed is an empty tensor, and its kernel is not launched."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
-    dx = torch.empty((batch, d1, d2), dtype=x.dtype, device=x.device)
-    dV = torch.empty((batch, d2, d3), dtype=V.dtype, device=V.device)
+    dx = torch.empty((batch, d1, d2) if need_x else (0,), dtype=x.dtype, device=x.device)
+    dV = torch.empty((batch, d2, d3) if need_V else (0,), dtype=V.dtype, device=V.device)
     if dx.numel() == 0 and dV.numel() == 0:
         return dx, dV
     if d1 == 0 or d3 == 0:
@@ -545,12 +547,17 @@ def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: i
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
 
 
-@kernel_op("fused_softmax_backward", lambda x, V, out, lse, dout, BLOCK_1, BLOCK_2: (
-    torch.empty_like(x, memory_format=torch.contiguous_format), torch.empty_like(V, memory_format=torch.contiguous_format)))
+def _backward_fake(x, W, *rest):
+    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
+    need_x, need_W = rest[-2:]
+    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
+
+
+@kernel_op("fused_softmax_backward", _backward_fake)
 def _fused_softmax_backward_op(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
-                               BLOCK_1: int, BLOCK_2: int) -> tuple[torch.Tensor, torch.Tensor]:
+                               BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool) -> tuple[torch.Tensor, torch.Tensor]:
     # No autograd is registered on this op, so a second derivative raises instead of being zero.
-    return _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1, BLOCK_2, wrap=True)
+    return _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1, BLOCK_2, need_x, need_V, wrap=True)
 
 
 def _fused_softmax_setup(ctx, inputs, output):
@@ -561,8 +568,9 @@ def _fused_softmax_setup(ctx, inputs, output):
 
 def _fused_softmax_grad(ctx, dout, _dlse):
     x, V, out, lse = ctx.saved_tensors
-    dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks)
-    return dx, dV, None, None, None
+    need_x, need_V = ctx.needs_input_grad[:2]
+    dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+    return dx if need_x else None, dV if need_V else None, None, None, None
 
 
 _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
@@ -1199,11 +1207,6 @@ def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x:
     dx = _matmul_forward(dz, W.t(), None, wrap) if need_x else x.new_empty((0,))
     dW = _matmul_forward(x.t(), dz, None, wrap) if need_W else W.new_empty((0,))
     return dx, dW
-
-
-def _backward_fake(x, W, *rest):
-    need_x, need_W = rest[-2:]
-    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
 
 
 @kernel_op("matmul_backward", _backward_fake)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+import torch._functorch.config
+import torch._inductor.config
 import triton
 
 from fused_softmax_matmul import (
@@ -397,13 +399,20 @@ def test_double_backward_is_refused(impl):
 # ----------------------------------------------------------------------------------------------
 # torch.compile, CUDA graphs, host-side caches
 # ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def fresh_compile():
+    """Compile from scratch: Inductor's on-disk caches do not key a graph by the schemas of the custom ops it calls."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
+
+
 COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager"]
 
 
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
-def test_compiles_without_graph_break(impl, backend):
-    torch._dynamo.reset()
+def test_compiles_without_graph_break(impl, backend, fresh_compile):
     fn = IMPLS_WITH_MATMUL[impl]
     launch = MatmulLaunch(16, 64, 16, split_k=2) if impl in ("triton_matmul", "triton_fused_tiled") else None
     x, W = (t.requires_grad_() for t in matmul_softmax_inputs(19, 40, 50, torch.float32, seed=54))
@@ -458,8 +467,7 @@ def test_cuda_graph_replay_matches_eager(impl):
 
 @needs_gpu
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
-def test_reduce_overhead_compile(impl):
-    torch._dynamo.reset()
+def test_reduce_overhead_compile(impl, fresh_compile):
     fn = IMPLS_WITH_MATMUL[impl]
     x, W = matmul_softmax_inputs(256, 512, 50, torch.float32, seed=59)
     compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
