@@ -16,11 +16,10 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch._functorch.config
-import torch._inductor.config
 
 from fused_softmax_matmul import FusedLaunch, dot_precision, fused_launch, fused_softmax, softmax_mult, upcast_dot_operands
 from online_softmax import INTERPRET, KernelCapacityError
+import support
 from support import (
     DTYPES, INF, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
     softmax_matmul_inputs,
@@ -453,19 +452,13 @@ def test_double_backward_is_refused():
 # ----------------------------------------------------------------------------------------------
 # torch.compile and CUDA graphs
 # ----------------------------------------------------------------------------------------------
-@pytest.fixture
-def fresh_compile():
-    """Compile from scratch: Inductor's on-disk caches do not key a graph by the schemas of the custom ops it calls."""
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        yield
-
-
+fresh_compile = support.fresh_compile  # the fixture, under this module's name for pytest
 COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager", "inductor"]
 
 
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
-def test_compiles_without_graph_break(backend, fresh_compile):
+@pytest.mark.usefixtures("fresh_compile")
+def test_compiles_without_graph_break(backend):
     """fullgraph=True: the op traces with no graph break, forward and backward, and a launch
     override passes through as plain ints."""
     x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 17, 20, 24, torch.float32, seed=6))
@@ -496,7 +489,8 @@ def test_cuda_graph_replay_matches_eager():
 
 
 @needs_gpu
-def test_reduce_overhead_compile_with_backward(fresh_compile):
+@pytest.mark.usefixtures("fresh_compile")
+def test_reduce_overhead_compile_with_backward():
     """torch.compile's CUDA graphs around the op, forward and backward, equal eager."""
     x, V = (t.requires_grad_() for t in softmax_matmul_inputs(3, 100, 300, 70, torch.float32, seed=11))
     compiled = torch.compile(lambda x, V: fused_softmax(x, V, 32, 32), mode="reduce-overhead", fullgraph=True)

@@ -9,14 +9,13 @@ from __future__ import annotations
 
 import pytest
 import torch
-import torch._functorch.config
-import torch._inductor.config
 import triton
 
 from fused_softmax_matmul import (
     MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple,
     matmul_softmax_fused_tiled, matmul_softmax_ref, simple_launch, tiled_launch,
 )
+import support
 from support import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
 
 # The versions under test: all but the PyTorch reference they are judged against.
@@ -399,20 +398,14 @@ def test_double_backward_is_refused(impl):
 # ----------------------------------------------------------------------------------------------
 # torch.compile, CUDA graphs, host-side caches
 # ----------------------------------------------------------------------------------------------
-@pytest.fixture
-def fresh_compile():
-    """Compile from scratch: Inductor's on-disk caches do not key a graph by the schemas of the custom ops it calls."""
-    torch._dynamo.reset()
-    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
-        yield
-
-
+fresh_compile = support.fresh_compile  # the fixture, under this module's name for pytest
 COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager"]
 
 
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
-def test_compiles_without_graph_break(impl, backend, fresh_compile):
+@pytest.mark.usefixtures("fresh_compile")
+def test_compiles_without_graph_break(impl, backend):
     fn = IMPLS_WITH_MATMUL[impl]
     launch = MatmulLaunch(16, 64, 16, split_k=2) if impl in ("triton_matmul", "triton_fused_tiled") else None
     x, W = (t.requires_grad_() for t in matmul_softmax_inputs(19, 40, 50, torch.float32, seed=54))
@@ -467,7 +460,8 @@ def test_cuda_graph_replay_matches_eager(impl):
 
 @needs_gpu
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
-def test_reduce_overhead_compile(impl, fresh_compile):
+@pytest.mark.usefixtures("fresh_compile")
+def test_reduce_overhead_compile(impl):
     fn = IMPLS_WITH_MATMUL[impl]
     x, W = matmul_softmax_inputs(256, 512, 50, torch.float32, seed=59)
     compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
