@@ -13,14 +13,18 @@ bfloat16 inputs multiply in their own precision and accumulate in float32.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import functools
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
 import triton
 import triton.language as tl
 
-from online_softmax import INTERPRET, KernelCapacityError, check_block, check_same, check_tensor, row_softmax
+from online_softmax import (
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, check_block, check_same, check_tensor, kernel_op, needs_op,
+    row_softmax,
+)
 
 
 @torch.compiler.assume_constant_result
@@ -74,6 +78,12 @@ def _tf32_rounded(t):
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
+# Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
+# Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
+# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dP = dO @ V^T
+# a tile at a time and dx = P * (dP - rowsum(dO * O)); ``fused_softmax_backward_dv_kernel``
+# sums dV = P^T @ dO over row tiles. Both are custom ops (``kernel_op``); the backward op has no
+# autograd of its own, so a second derivative raises.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Reference: the softmax of x, written to memory, then multiplied by V.
 
@@ -121,28 +131,33 @@ def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def fused_softmax_kernel(
-    x_ptr, v_ptr, o_ptr,
+    x_ptr, v_ptr, o_ptr, lse_ptr,
     d1, d2, d3,
     stride_xb, stride_x1, stride_x2,
     stride_vb, stride_v2, stride_v3,
     stride_ob, stride_o1, stride_o3,
-    n_tiles_3,
+    n_tiles, n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr, TRANSPOSED: tl.constexpr,
-    ROUND_TF32: tl.constexpr, ROUND_V: tl.constexpr,
+    ROUND_TF32: tl.constexpr, ROUND_V: tl.constexpr, STORE_LSE: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
-    Programs that share rows of x differ only in their d3 tile and are numbered consecutively,
-    so they run together and all but the first read x from L2.
+    The grid is one axis of batch x n_tiles programs (axis 0 takes 2^31 - 1; the others only
+    65535, fewer than a batch may be). Programs that share rows of x differ only in their d3 tile
+    and are numbered consecutively, so they run together and all but the first read x from L2.
 
     TRANSPOSED computes the same tile as out^T = V^T @ softmax(x)^T: the product's M dimension is
     then BLOCK_3 (64 to 512) instead of BLOCK_1, tall enough for Hopper's warpgroup MMA even when
     the user's BLOCK_1 is 16 or 32. Row statistics then run along axis 0 of the (BLOCK_2,
     BLOCK_1) tile of x^T, and the accumulator is (BLOCK_3, BLOCK_1).
+
+    STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
+    float32, from which the backward recomputes the softmax.
     """
-    tile = tl.program_id(0)
-    batch = tl.program_id(1).to(tl.int64)
+    pid = tl.program_id(0)
+    batch = (pid // n_tiles).to(tl.int64)
+    tile = pid % n_tiles
     rows = (tile // n_tiles_3) * BLOCK_1 + tl.arange(0, BLOCK_1)
     cols = (tile % n_tiles_3) * BLOCK_3 + tl.arange(0, BLOCK_3)
     ks = tl.arange(0, BLOCK_2)
@@ -217,12 +232,131 @@ def fused_softmax_kernel(
         out = acc / l[:, None]
         o_ptrs = o_base + rows[:, None].to(tl.int64) * stride_o1 + cols[None, :] * stride_o3
         tl.store(o_ptrs, out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+    if STORE_LSE:
+        # A row of only -inf gets -inf (log 0 + m = -inf): its backward is NaN, as torch's is.
+        if tile % n_tiles_3 == 0:
+            tl.store(lse_ptr + batch * d1 + rows, m + tl.log(l), mask=row_ok)
+
+
+@triton.jit
+def fused_softmax_backward_dx_kernel(
+    x_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dx_ptr,
+    d1, d2, d3,
+    stride_xb, stride_x1, stride_x2,
+    stride_vb, stride_v2, stride_v3,
+    stride_ob, stride_o1, stride_o3,
+    stride_gb, stride_g1, stride_g3,
+    stride_db, stride_d1, stride_d2,
+    n_tiles_1,
+    BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+):
+    """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
+
+    delta = rowsum(P * dP) = rowsum(dO * O), since O = P @ V: one pass over d3 instead of two
+    over d2. A row of only -inf has lse = -inf, so P and dx are NaN there, as torch's are.
+    """
+    pid = tl.program_id(0)
+    batch = (pid // n_tiles_1).to(tl.int64)
+    rows = (pid % n_tiles_1) * BLOCK_1 + tl.arange(0, BLOCK_1)
+    row_ok = rows < d1
+    cs = tl.arange(0, BLOCK_3)
+    ks = tl.arange(0, BLOCK_2)
+    o_rows = o_ptr + batch * stride_ob + rows[:, None].to(tl.int64) * stride_o1
+    g_rows = do_ptr + batch * stride_gb + rows[:, None].to(tl.int64) * stride_g1
+    delta = tl.zeros((BLOCK_1,), tl.float32)
+    for c in range(0, d3, BLOCK_3):
+        mask = row_ok[:, None] & ((c + cs) < d3)[None, :]
+        o = tl.load(o_rows + (c + cs)[None, :] * stride_o3, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=mask, other=0.0).to(tl.float32)
+        delta += tl.sum(o * g, axis=1)
+    # Rows past d1 read lse 0 and x -inf: P = 0 there, never NaN.
+    lse = tl.load(lse_ptr + batch * d1 + rows, mask=row_ok, other=0.0)
+    x_rows = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1
+    d_rows = dx_ptr + batch * stride_db + rows[:, None].to(tl.int64) * stride_d1
+    v_base = v_ptr + batch * stride_vb
+    for k in range(0, d2, BLOCK_2):
+        k_ok = (k + ks) < d2
+        mask = row_ok[:, None] & k_ok[None, :]
+        x = tl.load(x_rows + (k + ks)[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - lse[:, None])
+        dp = tl.zeros((BLOCK_1, BLOCK_2), tl.float32)
+        for c in range(0, d3, BLOCK_3):
+            c_ok = (c + cs) < d3
+            g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+            v_t = tl.load(v_base + (c + cs)[:, None] * stride_v3 + (k + ks)[None, :].to(tl.int64) * stride_v2,
+                          mask=c_ok[:, None] & k_ok[None, :], other=0.0)
+            if ROUND_TF32:  # as in the forward: a TF32 product of truncated operands is biased
+                g = _tf32_rounded(g)
+                v_t = _tf32_rounded(v_t)
+            dp = _dot_acc(g, v_t, dp, PRECISION, UPCAST)
+        dx = p * (dp - delta[:, None])
+        tl.store(d_rows + (k + ks)[None, :] * stride_d2, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def fused_softmax_backward_dv_kernel(
+    x_ptr, do_ptr, lse_ptr, dv_ptr,
+    d1, d2, d3,
+    stride_xb, stride_x1, stride_x2,
+    stride_gb, stride_g1, stride_g3,
+    stride_db, stride_d2, stride_d3,
+    n_tiles, n_tiles_3,
+    BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+):
+    """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a time."""
+    pid = tl.program_id(0)
+    batch = (pid // n_tiles).to(tl.int64)
+    tile = pid % n_tiles
+    ks = (tile // n_tiles_3) * BLOCK_2 + tl.arange(0, BLOCK_2)
+    cols = (tile % n_tiles_3) * BLOCK_3 + tl.arange(0, BLOCK_3)
+    k_ok = ks < d2
+    c_ok = cols < d3
+    rs = tl.arange(0, BLOCK_1)
+    x_base = x_ptr + batch * stride_xb + ks[:, None].to(tl.int64) * stride_x2
+    g_base = do_ptr + batch * stride_gb + cols[None, :] * stride_g3
+    acc = tl.zeros((BLOCK_2, BLOCK_3), tl.float32)
+    for r in range(0, d1, BLOCK_1):
+        r_ok = (r + rs) < d1
+        lse = tl.load(lse_ptr + batch * d1 + r + rs, mask=r_ok, other=0.0)
+        x_t = tl.load(x_base + (r + rs)[None, :].to(tl.int64) * stride_x1, mask=k_ok[:, None] & r_ok[None, :],
+                      other=float("-inf")).to(tl.float32)
+        g = tl.load(g_base + (r + rs)[:, None].to(tl.int64) * stride_g1, mask=r_ok[:, None] & c_ok[None, :], other=0.0)
+        p_t = tl.exp(x_t - lse[None, :]).to(g.dtype)  # torch multiplies P in the inputs' dtype too
+        if ROUND_TF32:
+            p_t = _tf32_rounded(p_t)
+            g = _tf32_rounded(g)
+        acc = _dot_acc(p_t, g, acc, PRECISION, UPCAST)
+    d_ptrs = dv_ptr + batch * stride_db + ks[:, None].to(tl.int64) * stride_d2 + cols[None, :] * stride_d3
+    tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
+
+
+def check_int(name: str, value, minimum: int, maximum: int) -> None:
+    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """Kernels read strided memory: sparse layouts have none to read."""
+    if t.layout != torch.strided:
+        raise ValueError(f"{name} has layout {t.layout}: only dense (torch.strided) tensors are supported")
 
 
 def check_softmax_matmul_inputs(x, V) -> None:
     """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
     check_tensor("x", x, 3)
     check_tensor("V", V, 3)
+    check_dense("x", x)
+    check_dense("V", V)
     check_same("x", x, "V", V)
     if x.shape[0] != V.shape[0]:
         raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
@@ -230,93 +364,238 @@ def check_softmax_matmul_inputs(x, V) -> None:
         raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
 
 
-# The fastest (BLOCK_3, num_warps, num_stages, lazy rescale, transposed) per (dot input
-# precision, BLOCK_1), from sweeps on an H100 at the spec shape (batch 16, d1 2048, d2 8192, d3
-# 512, BLOCK_1 = BLOCK_2): BLOCK_3 in {128, 256, 512}, warps {4, 8}, stages {2, 3, 4}, lazy on/off,
-# transposed on/off. Transposed (the product as V^T @ P^T, M = BLOCK_3) wins wherever BLOCK_1 is
-# too short for the warpgroup MMA: 3.7x at tf32x3 B = 64 (15.6 -> 4.2 ms). Plain "tf32" on the
-# warpgroup MMA needs V through registers (``_round_v``): so B = 64 transposed runs 3.0 ms; B = 16
-# and 32 stay on the older MMA, reading V from shared memory (3.45 and 2.14 ms; transposed, with V
-# through registers, 5.3 and 3.3 ms).
+@dataclass(frozen=True)
+class FusedLaunch:
+    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
+
+    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
+    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
+    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
+    """
+
+    block_3: int
+    num_warps: int = 4
+    num_stages: int = 2
+    lazy_rescale: bool = False
+    transposed: bool = False
+
+    def check(self) -> None:
+        check_block("launch.block_3", self.block_3, 16, 512)
+        check_block("launch.num_warps", self.num_warps, 1, 16)
+        check_int("launch.num_stages", self.num_stages, 1, 8)
+        check_flag("launch.lazy_rescale", self.lazy_rescale)
+        check_flag("launch.transposed", self.transposed)
+
+
+# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
+# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
+# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
+# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
+# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
+# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
 _FUSED_LAUNCHES = {
-    ("tf32x3", 16): (512, 4, 3, False, False), ("tf32x3", 32): (128, 4, 3, False, True),
-    ("tf32x3", 64): (128, 8, 3, False, True),
-    ("tf32", 16): (512, 4, 3, True, False), ("tf32", 32): (512, 4, 2, True, False), ("tf32", 64): (128, 4, 2, True, True),
-    ("16bit", 16): (512, 4, 3, False, False), ("16bit", 32): (512, 4, 3, False, True),
-    ("16bit", 64): (512, 8, 3, False, True),
+    ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
+    ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
+    ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
+    ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
+    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
+    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
 }
 # Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
 # to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
 _SHARED_MEMORY_BUDGET = 227 * 1024
 
 
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> tuple[int, int, int, bool, bool]:
-    """(BLOCK_3, num_warps, num_stages, lazy rescale, transposed) for a launch: the wrapper's choices beyond BLOCK_1/BLOCK_2.
+def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
+    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
 
-    BLOCK_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x BLOCK_3) lives in
+    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
     registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
     number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
     """
     block_2 = block_1 if block_2 is None else block_2
     kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    block_3, warps, stages, lazy, transposed = _FUSED_LAUNCHES.get((kind, block_1), (64, 8, 2, False, False))
-    block_3 = max(16, min(block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
-    element_size = torch.empty((), dtype=dtype).element_size()
-    per_stage = (block_1 * block_2 + block_2 * block_3) * element_size
-    stages = max(1, min(stages, _SHARED_MEMORY_BUDGET // per_stage))
+    return _fused_launch(d3, block_1, block_2, dtype, kind)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
+    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
+    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+    per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
     if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
         raise KernelCapacityError(
             f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
             f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
-    return block_3, warps, stages, lazy, transposed
+    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
+    return replace(launch, block_3=block_3, num_stages=stages)
 
 
 def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
     """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
-    as a Hopper warpgroup MMA (M = BLOCK_3 when transposed, else BLOCK_1 >= 64).
+    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
 
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
-    fed as they are, softmax(x) @ V at the spec shape (d2 8192) took 6.7 ms at B = 64 on an H100.
-    Through registers (where rounding is nearly free) it took 3.0 ms, and its error fell from
-    1.6 x torch's to torch's. The smaller products (BLOCK_1 < 64, the older MMA) read V straight
-    from shared memory: there the detour cost 1.5 x the time (B = 16 and 32).
+    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major and,
+    fed as they are, were more than twice as slow at the spec shape on an H100 (BLOCK_1 = 64).
+    Through registers (where rounding is nearly free) the error also fell to torch's. The smaller
+    products (BLOCK_1 < 64, the older MMA) read V straight from shared memory: there the detour
+    cost 1.5 x the time.
     """
     return round_to_tf32(dtype) and (transposed or block_1 >= 64)
 
 
+def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
+    """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
+    columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
+    float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
+    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
+    return -(-a // b)
+
+
+def _grid(programs: int, kernel) -> tuple[int]:
+    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
+    if programs >= 2**31:
+        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
+    return (programs,)
+
+
+def _kernel(kernel, wrap: bool):
+    """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
+    torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
+    return torch.library.wrap_triton(kernel) if wrap and not INTERPRET else kernel
+
+
+def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
+                           store_lse: bool, wrap: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None)."""
+    batch, d1, d2 = x.shape
+    d3 = V.shape[2]
+    out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
+    lse = torch.empty((batch, d1), dtype=torch.float32, device=x.device) if store_lse else None
+    if out.numel() == 0 and (lse is None or lse.numel() == 0):
+        return out, lse
+    if d2 == 0:
+        # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
+        return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
+    # int(): traced with dynamic shapes d3 is symbolic; the launch is chosen for (so specialises on) its value.
+    block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
+    n_tiles_3 = _cdiv(max(d3, 1), block_3)
+    n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
+    _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
+        x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
+        **constants, STORE_LSE=store_lse)
+    return out, lse
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_plan(d3: int, BLOCK_1: int, BLOCK_2: int, dtype: torch.dtype, setting: str,
+                launch: FusedLaunch | None) -> tuple[int, dict]:
+    """block_3 and the kernel's constant keywords, once per shape, dtype, float32 matmul setting
+    (read by ``dot_precision``; a key here) and override: a call then only looks them up."""
+    launch = launch or fused_launch(d3, BLOCK_1, dtype, BLOCK_2)
+    return launch.block_3, dict(
+        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
+        PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype), LAZY_RESCALE=launch.lazy_rescale,
+        ROUND_TF32=round_to_tf32(dtype), ROUND_V=_round_v(dtype, BLOCK_1, launch.transposed),
+        TRANSPOSED=launch.transposed, num_warps=launch.num_warps, num_stages=launch.num_stages)
+
+
+def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool,
+                            wrap: bool):
+    """(dx, dV) of softmax(x) @ V from the forward's output and log-sum-exp; a gradient not
+    needed is an empty tensor, and its kernel is not launched."""
+    batch, d1, d2 = x.shape
+    d3 = V.shape[2]
+    dx = torch.empty((batch, d1, d2) if need_x else (0,), dtype=x.dtype, device=x.device)
+    dV = torch.empty((batch, d2, d3) if need_V else (0,), dtype=V.dtype, device=V.device)
+    if dx.numel() == 0 and dV.numel() == 0:
+        return dx, dV
+    if d1 == 0 or d3 == 0:
+        # No output element depends on the other input: its gradient is zero (torch's too).
+        return dx.zero_(), dV.zero_()
+    b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, int(d3))
+    precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
+                     ROUND_TF32=round_to_tf32(x.dtype))
+    if dx.numel():
+        n_tiles_1 = _cdiv(d1, b1)
+        _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
+            x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
+            *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
+    if dV.numel():
+        n_tiles_3 = _cdiv(d3, b3)
+        n_tiles = _cdiv(d2, b2) * n_tiles_3
+        _kernel(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
+            x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
+            BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
+    return dx, dV
+
+
+def _launch_fields(launch) -> list[int]:
+    """A launch dataclass as the op's list of ints (an op takes no dataclass); [] for None."""
+    return [] if launch is None else [int(getattr(launch, f.name)) for f in fields(launch)]
+
+
+@kernel_op("fused_softmax", lambda x, V, BLOCK_1, BLOCK_2, launch: (
+    x.new_empty((x.shape[0], x.shape[1], V.shape[2])), x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32)))
+def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
+                      launch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    fused = FusedLaunch(*launch[:3], *map(bool, launch[3:])) if launch else None
+    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
+
+
+def _backward_fake(x, W, *rest):
+    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
+    need_x, need_W = rest[-2:]
+    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
+
+
+@kernel_op("fused_softmax_backward", _backward_fake)
+def _fused_softmax_backward_op(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
+                               BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # No autograd is registered on this op, so a second derivative raises instead of being zero.
+    return _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1, BLOCK_2, need_x, need_V, wrap=True)
+
+
+def _fused_softmax_setup(ctx, inputs, output):
+    x, V, BLOCK_1, BLOCK_2, _ = inputs
+    ctx.save_for_backward(x, V, *output)
+    ctx.blocks = (BLOCK_1, BLOCK_2)
+
+
+def _fused_softmax_grad(ctx, dout, _dlse):
+    x, V, out, lse = ctx.saved_tensors
+    need_x, need_V = ctx.needs_input_grad[:2]
+    dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+    return dx if need_x else None, dV if need_V else None, None, None, None
+
+
+_fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
+
+
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16, *,
-                  launch: tuple[int, int, int, bool, bool] | None = None) -> torch.Tensor:
-    """softmax(x, dim=-1) @ V without storing the softmax.
+                  launch: FusedLaunch | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V without storing the softmax; differentiable in x and V.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
     BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
-    ``tl.dot`` takes) to 256. Strided and transposed inputs are read in place.
-    ``launch`` overrides the wrapper's (BLOCK_3, num_warps, num_stages, lazy rescale, transposed)
-    (see ``fused_launch``), for tuning.
+    ``tl.dot`` takes) to 256. Strided and transposed inputs are read in place. ``launch`` (a
+    ``FusedLaunch``) overrides the wrapper's choice (``fused_launch``), for tuning. The backward
+    recomputes the softmax from x and the per-row log-sum-exp the forward saves.
     """
     check_softmax_matmul_inputs(x, V)
     check_block("BLOCK_1", BLOCK_1, 16, 256)
     check_block("BLOCK_2", BLOCK_2, 16, 256)
-    batch, d1, d2 = x.shape
-    d3 = V.shape[2]
-    out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out
-    if d2 == 0:
-        return out.zero_()  # an empty softmax times an empty V: torch gives zeros
-    if launch is not None and len(launch) == 4:
-        launch = (*launch, False)  # (BLOCK_3, warps, stages, lazy): the untransposed kernel
-    block_3, warps, stages, lazy, transposed = launch or fused_launch(d3, BLOCK_1, x.dtype, BLOCK_2)
-    n_tiles_3 = triton.cdiv(d3, block_3)
-    grid = (triton.cdiv(d1, BLOCK_1) * n_tiles_3, batch)
-    fused_softmax_kernel[grid](
-        x, V, out, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles_3,
-        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=block_3,
-        PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype), LAZY_RESCALE=lazy,
-        ROUND_TF32=round_to_tf32(x.dtype), ROUND_V=_round_v(x.dtype, BLOCK_1, transposed),
-        TRANSPOSED=transposed, num_warps=warps, num_stages=stages,
-    )
-    return out
+    if launch is not None:
+        if not isinstance(launch, FusedLaunch):
+            raise TypeError(f"launch must be a FusedLaunch, got {type(launch).__name__}")
+        launch.check()
+    if needs_op(x, V):
+        return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
+    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False)[0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -355,6 +634,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 # B x C / BLOCK_C x 8 bytes (1/32 of a bf16 output with 128-wide tiles), not a (B, C) buffer.
 # So at LM-head sizes fusion saves the softmax kernel's own exp/max work and the split-row
 # machinery, not bytes; at small C the tiled kernel is one launch and writes once.
+#
+# Backward, the same for every version (it needs only x, W and the output Y): dZ = Y * (dY -
+# rowsum(Y * dY)) by ``softmax_grad_kernel``, then dx = dZ @ W^T and dW = x^T @ dZ by the Triton
+# matmul, which reads the transposes in place through their strides.
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -430,6 +713,15 @@ class MatmulLaunch:
     num_stages: int = 3
     split_k: int = 1
 
+    def check(self) -> None:
+        check_block("launch.block_b", self.block_b, 16, 256)
+        check_block("launch.block_c", self.block_c, 16, 4096)
+        check_block("launch.block_k", self.block_k, 16, 256)
+        check_block("launch.group_b", self.group_b, 1, 64)
+        check_block("launch.num_warps", self.num_warps, 1, 16)
+        check_int("launch.num_stages", self.num_stages, 1, 8)
+        check_int("launch.split_k", self.split_k, 1, 256)
+
 
 # ``tiled_launch`` splits K when C fits one class tile and K is at least SPLIT_K_LEAST_STEPS
 # steps of block_k, into slices of at least SPLIT_K_SLICE_STEPS steps, with row blocks of at
@@ -449,6 +741,8 @@ def check_matmul_softmax_inputs(x, W) -> None:
     """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
     check_tensor("x", x, 2)
     check_tensor("W", W, 2)
+    check_dense("x", x)
+    check_dense("W", W)
     check_same("x", x, "W", W)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
@@ -457,22 +751,19 @@ def check_matmul_softmax_inputs(x, W) -> None:
 def check_launch(launch) -> None:
     if not isinstance(launch, MatmulLaunch):
         raise TypeError(f"launch must be a MatmulLaunch, got {type(launch).__name__}")
-    check_block("launch.block_b", launch.block_b, 16, 256)
-    check_block("launch.block_c", launch.block_c, 16, 4096)
-    check_block("launch.block_k", launch.block_k, 16, 256)
-    check_block("launch.group_b", launch.group_b, 1, 64)
-    check_block("launch.num_warps", launch.num_warps, 1, 16)
-    for name, most in (("num_stages", 8), ("split_k", 256)):
-        value = getattr(launch, name)
-        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= most:
-            raise ValueError(f"launch.{name} must be an int from 1 to {most}, got {value!r}")
+    launch.check()
 
 
 def _sm_count(device: torch.device) -> int | None:
     """SMs of the device; None in the interpreter, where programs run one after another."""
     if INTERPRET:
         return None
-    return torch.cuda.get_device_properties(device).multi_processor_count
+    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+
+
+@functools.lru_cache(maxsize=None)
+def _device_sms(index: int) -> int:
+    return torch.cuda.get_device_properties(index).multi_processor_count
 
 
 def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int = 16) -> int:
@@ -487,6 +778,12 @@ def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int 
 
 
 def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
+    """``_tiled_launch`` for the device's SM count (cached per shape, dtype and SM count)."""
+    return _tiled_launch(B, C, dtype, _sm_count(device), K)
+
+
+@functools.lru_cache(maxsize=4096)
+def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None) -> MatmulLaunch:
     """H100 choices for the Triton matmul and the tiled fused kernel (starting points to tune).
 
     16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
@@ -504,7 +801,6 @@ def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: in
         # 128 x 128 x 64, 3-stage start by 20 to 27 %, the best of ten launches tried.
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, triton.next_power_of_2(C)))
-    sms = _sm_count(device)
     # One class tile and a long K: K slices fill the SMs better than thinner row blocks (at
     # 1024 x 1024 x 100 on an H100, 32 rows x 4 slices: 18 us; 16 rows, unsplit: 33 us).
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
@@ -519,6 +815,12 @@ def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: in
 
 
 def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
+    """``_simple_launch`` for the device's SM count (cached per shape, dtype and SM count)."""
+    return _simple_launch(B, C, dtype, _sm_count(device))
+
+
+@functools.lru_cache(maxsize=4096)
+def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> MatmulLaunch:
     """H100 choices for the simple fused kernel: all C (padded to a power of two) in one tile.
 
     Rows: as many as keep the accumulator within 64 KiB (<= 64 registers a thread over 8 warps),
@@ -528,15 +830,11 @@ def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: i
     """
     block_c = max(16, triton.next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
-    block_b = _fill_sms(B, 1, block_b, _sm_count(device))
-    k_in_32_kib = 32 * 1024 // ((block_b + block_c) * _element_size(dtype))
+    block_b = _fill_sms(B, 1, block_b, sms)
+    k_in_32_kib = 32 * 1024 // ((block_b + block_c) * dtype.itemsize)
     block_k = max(16, min(64, 1 << (k_in_32_kib.bit_length() - 1)))
     warps = 4 if block_b * block_c <= 64 * 128 else 8
     return MatmulLaunch(block_b, block_c, block_k, group_b=1, num_warps=warps, num_stages=3)
-
-
-def _element_size(dtype: torch.dtype) -> int:
-    return torch.empty((), dtype=dtype).element_size()
 
 
 @triton.jit
@@ -658,6 +956,9 @@ def split_k_kernel(
     # done, so the count's release covers them all (CUTLASS's semaphore does the same).
     tl.debug_barrier()
     if tl.atomic_add(count_ptr + tile_b, 1) == n_splits - 1:
+        # Every slice has counted: the count goes back to 0 for the next launch, so the counts
+        # can live in one buffer across calls and CUDA-graph replays (see ``_split_k_counts``).
+        tl.atomic_xchg(count_ptr + tile_b, 0)
         total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
         for other in range(0, n_splits):
             # .cg: from L2, where the other programs' stores are, never a stale L1 line.
@@ -687,7 +988,9 @@ def matmul_softmax_tile_kernel(
                       BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     logits = tl.where(col_ok[None, :], acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
-    p = tl.exp(logits - tile_max[:, None])
+    # A row whose logits in this tile are all -inf: its weights are 0 and its sum 0 (exp(-inf -
+    # -inf) would be NaN); its tile max stays -inf, which the rescale weighs as nothing.
+    p = tl.exp(logits - tl.where(tile_max > float("-inf"), tile_max, 0.0)[:, None])
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
     tl.store(o_ptrs, p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
     stat_ptrs = stats_ptr + rows.to(tl.int64) * n_tiles_c + tile_c
@@ -716,9 +1019,12 @@ def rescale_tiles_kernel(
         tile_max = tl.load(max_row + start + ts, mask=t_ok, other=float("-inf"))
         tile_sum = tl.load(sum_row + start + ts, mask=t_ok, other=0.0)
         new_max = tl.maximum(row_max, tl.max(tile_max, axis=0))
-        row_sum = row_sum * tl.exp(row_max - new_max) + tl.sum(tile_sum * tl.exp(tile_max - new_max), axis=0)
+        # While every tile so far is all -inf the sums are 0: shift by 0, not by -inf (NaN).
+        shift = tl.where(new_max > float("-inf"), new_max, 0.0)
+        row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tile_sum * tl.exp(tile_max - shift), axis=0)
         row_max = new_max
 
+    # A row of only -inf ends with row_max -inf and row_sum 0: its scale is NaN, torch's answer.
     inv_sum = 1.0 / row_sum
     js = tl.arange(0, BLOCK_C)
     for start in range(0, n_tiles_c, TILES):
@@ -732,77 +1038,261 @@ def rescale_tiles_kernel(
         tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def softmax_grad_kernel(
+    y_ptr, dy_ptr, dz_ptr, C,
+    stride_yb, stride_yc, stride_gb, stride_gc, stride_zb, stride_zc,
+    BLOCK_C: tl.constexpr,
+):
+    """One row of dz = y * (dy - sum(y * dy)): the logits' gradient from the softmax's output y."""
+    row = tl.program_id(0).to(tl.int64)
+    cs = tl.arange(0, BLOCK_C)
+    dot = tl.zeros((BLOCK_C,), tl.float32)
+    for start in range(0, C, BLOCK_C):
+        mask = start + cs < C
+        y = tl.load(y_ptr + row * stride_yb + (start + cs) * stride_yc, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_gb + (start + cs) * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        dot += y * g
+    total = tl.sum(dot, axis=0)
+    for start in range(0, C, BLOCK_C):
+        mask = start + cs < C
+        y = tl.load(y_ptr + row * stride_yb + (start + cs) * stride_yc, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_gb + (start + cs) * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dz_ptr + row * stride_zb + (start + cs) * stride_zc, (y * (g - total)).to(dz_ptr.dtype.element_ty),
+                 mask=mask)
+
+
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
     B, K = x.shape
     return (B, K, W.shape[1], *x.stride(), *W.stride(), *out.stride())
 
 
-def _precision_args(dtype: torch.dtype) -> dict:
-    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
-
-
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
-    n_tiles_b, n_tiles_c = triton.cdiv(B, launch.block_b), triton.cdiv(C, launch.block_c)
+    n_tiles_b, n_tiles_c = _cdiv(B, launch.block_b), _cdiv(C, launch.block_c)
     return n_tiles_b, n_tiles_c, (n_tiles_b * n_tiles_c,)
 
 
-def _launch_kwargs(launch: MatmulLaunch, grouped: bool = True) -> dict:
+def _constants(launch: MatmulLaunch, dtype: torch.dtype, grouped: bool = True) -> dict:
+    """The constant keywords of a matmul-shaped kernel (cached per launch, dtype and setting)."""
+    return _matmul_constants(launch, dtype, _float32_matmul_precision(), grouped)
+
+
+@functools.lru_cache(maxsize=4096)
+def _matmul_constants(launch: MatmulLaunch, dtype: torch.dtype, setting: str, grouped: bool) -> dict:
     kwargs = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k,
-                  num_warps=launch.num_warps, num_stages=launch.num_stages)
+                  num_warps=launch.num_warps, num_stages=launch.num_stages,
+                  PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
     if grouped:
         kwargs["GROUP_B"] = launch.group_b
     return kwargs
 
 
-def _prepare(x, W, launch, choose) -> tuple[torch.Tensor, MatmulLaunch | None]:
-    """Check inputs and launch, allocate the (B, C) output; launch None means nothing to compute."""
+def _check_matmul_call(x, W, launch) -> None:
+    """Inputs and a given launch, checked by the public wrappers before any allocation or launch."""
     check_matmul_softmax_inputs(x, W)
-    if launch is not None:
-        check_launch(launch)
-    B, C = x.shape[0], W.shape[1]
-    out = torch.empty((B, C), dtype=x.dtype, device=x.device)
-    if out.numel() == 0:
-        return out, None
-    launch = launch or choose(B, C, x.dtype, x.device, K=x.shape[1])
-    if launch.split_k > 1 and C > launch.block_c:
-        raise ValueError(f"launch.split_k = {launch.split_k} needs all C = {C} classes in one tile, "
+    if launch is None:
+        return
+    check_launch(launch)
+    if launch.split_k > 1 and W.shape[1] > launch.block_c:
+        raise ValueError(f"launch.split_k = {launch.split_k} needs all C = {W.shape[1]} classes in one tile, "
                          f"got launch.block_c = {launch.block_c}")
-    return out, launch
 
 
-def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool) -> None:
+@functools.lru_cache(maxsize=None)
+def _split_k_counts(device: torch.device, size: int) -> torch.Tensor:
+    """Zeroed int32 counts for ``split_k_kernel``, one buffer per device and size class, kept
+    across calls: the kernel leaves every count it used at 0 again. Launches on two streams at
+    once would share it, so concurrent split-K launches on one device must not overlap."""
+    return torch.zeros((size,), dtype=torch.int32, device=device)
+
+
+def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool,
+                    wrap: bool) -> None:
     """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
-    partials of split x B x block_c (rows padded to the row block), a zeroed count per row block."""
+    partials of split x B x block_c (rows padded to the row block), a zeroed count per row block.
+
+    Eager calls take the counts from the cached buffer; inside an op being traced (wrap) they
+    are a fresh zeroed tensor of the graph, which CUDA-graph capture replays as a memset."""
     B, K = x.shape
-    n_tiles_b = triton.cdiv(B, launch.block_b)
-    k_slice, n_splits = split_k_slices(K, launch.block_k, launch.split_k)
+    n_tiles_b = _cdiv(B, launch.block_b)
+    k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
-    counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
-    split_k_kernel[(n_tiles_b * n_splits,)](x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
-                                            **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype),
-                                            SOFTMAX=softmax)
+    if wrap:
+        counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
+    else:
+        counts = _split_k_counts(x.device, triton.next_power_of_2(n_tiles_b))
+    _kernel(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
+        x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
+        **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
+
+
+def _concrete(*sizes) -> tuple[int, ...]:
+    """Sizes as ints for the cached launch choosers: traced with dynamic shapes they are symbolic
+    (unhashable), and a launch chosen for a size specialises the compiled graph on it anyway."""
+    return tuple(int(n) for n in sizes)
+
+
+def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
+    return torch.empty((x.shape[0], W.shape[1]), dtype=x.dtype, device=x.device)
+
+
+def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool) -> torch.Tensor:
+    out = _output(x, W)
+    if out.numel() == 0:
+        return out
+    launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]))
+    if launch.split_k > 1:
+        _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap)
+        return out
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
+    _kernel(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+                                       **_constants(launch, x.dtype))
+    return out
+
+
+def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool) -> torch.Tensor:
+    return row_softmax(_matmul_forward(x, W, launch, wrap))
+
+
+def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool) -> torch.Tensor:
+    out = _output(x, W)
+    if out.numel() == 0:
+        return out
+    launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
+    _kernel(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
+        x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
+    return out
+
+
+def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool) -> torch.Tensor:
+    out = _output(x, W)
+    if out.numel() == 0:
+        return out
+    B, C = out.shape
+    launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]))
+    if launch.split_k > 1:
+        _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap)
+        return out
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    if n_tiles_c == 1:
+        _kernel(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
+            x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
+        return out
+    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
+    _kernel(matmul_softmax_tile_kernel, wrap)[grid](
+        x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+        **_constants(launch, x.dtype))
+    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
+    tiles = min(triton.next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
+    _kernel(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
+                                              TILES=tiles, num_warps=4)
+    return out
+
+
+def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
+    """dz = y * (dy - rowsum(y * dy)), (B, C) in y's dtype (as torch's softmax backward gives it)."""
+    dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if dz.numel():
+        # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
+        _kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
+            y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
+            BLOCK_C=min(1024, triton.next_power_of_2(int(y.shape[1]))), num_warps=4)
+    return dz
+
+
+def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
+                     wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx = dz @ W^T and dW = x^T @ dz by the Triton matmul (transposes read in place); a gradient
+    not needed is an empty tensor."""
+    dx = _matmul_forward(dz, W.t(), None, wrap) if need_x else x.new_empty((0,))
+    dW = _matmul_forward(x.t(), dz, None, wrap) if need_W else W.new_empty((0,))
+    return dx, dW
+
+
+@kernel_op("matmul_backward", _backward_fake)
+def _matmul_backward_op(x: torch.Tensor, W: torch.Tensor, dout: torch.Tensor, need_x: bool,
+                        need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    # No autograd is registered on the backward ops, so a second derivative raises instead of being zero.
+    return _matmul_backward(x, W, dout, need_x, need_W, wrap=True)
+
+
+@kernel_op("matmul_softmax_backward", _backward_fake)
+def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+                                need_x: bool, need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    return _matmul_backward(x, W, _softmax_grad(out, dout, wrap=True), need_x, need_W, wrap=True)
+
+
+def _matmul_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:2])
+
+
+def _matmul_softmax_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs[:2], output)
+
+
+def _matmul_grad(ctx, dout):
+    x, W = ctx.saved_tensors
+    dx, dW = _matmul_backward_op(x, W, dout, *ctx.needs_input_grad[:2])
+    return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
+
+
+def _matmul_softmax_grad(ctx, dout):
+    x, W, out = ctx.saved_tensors
+    dx, dW = _matmul_softmax_backward_op(x, W, out, dout, *ctx.needs_input_grad[:2])
+    return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
+
+
+def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
+    """The op ``softmax_kernels::name`` around forward(x, W, launch, wrap), with its backward.
+
+    opaque: a plain custom op even when compiled, for a body whose launches are not all written
+    through ``wrap_triton`` (``row_softmax`` in the unfused version): torch.compile then calls it
+    as one unit, and CUDA graphs capture its launches as they run."""
+    def fake(x, W, launch):
+        return x.new_empty((x.shape[0], W.shape[1]))
+
+    def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
+        return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=not opaque)
+
+    if opaque:
+        op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(body)
+        op.register_fake(fake)
+    else:
+        op = kernel_op(name, fake)(body)
+    op.register_autograd(grad, setup_context=setup)
+    return op
+
+
+_MATMUL_OPS = {
+    "matmul": _matmul_family_op("matmul", _matmul_forward, _matmul_grad, _matmul_setup),
+    "matmul_softmax_unfused": _matmul_family_op("matmul_softmax_unfused", _unfused_forward, _matmul_softmax_grad,
+                                                _matmul_softmax_setup, opaque=True),
+    "matmul_softmax_fused_simple": _matmul_family_op("matmul_softmax_fused_simple", _simple_forward,
+                                                     _matmul_softmax_grad, _matmul_softmax_setup),
+    "matmul_softmax_fused_tiled": _matmul_family_op("matmul_softmax_fused_tiled", _tiled_forward,
+                                                    _matmul_softmax_grad, _matmul_softmax_setup),
+}
+
+
+def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None) -> torch.Tensor:
+    if needs_op(x, W):
+        return _MATMUL_OPS[name](x, W, _launch_fields(launch))
+    return forward(x, W, launch, wrap=False)
 
 
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
 
-    ``launch`` overrides the wrapper's tiles (``tiled_launch``).
+    ``launch`` overrides the wrapper's tiles (``tiled_launch``). Differentiable in x and W.
     """
-    out, launch = _prepare(x, W, launch, tiled_launch)
-    if launch is None:
-        return out
-    if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=False)
-        return out
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
-    matmul_kernel[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
-                        **_launch_kwargs(launch), **_precision_args(x.dtype))
-    return out
+    _check_matmul_call(x, W, launch)
+    return _run_matmul_family("matmul", _matmul_forward, x, W, launch)
 
 
 def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) as two Triton kernels: ``matmul`` writes the logits, ``row_softmax`` reads them."""
-    return row_softmax(matmul(x, W, launch))
+    _check_matmul_call(x, W, launch)
+    return _run_matmul_family("matmul_softmax_unfused", _unfused_forward, x, W, launch)
 
 
 def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
@@ -822,13 +1312,8 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
             raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
         if launch.split_k != 1:
             raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
-    out, launch = _prepare(x, W, launch, simple_launch)
-    if launch is None:
-        return out
-    grid = (triton.cdiv(x.shape[0], launch.block_b),)
-    matmul_softmax_simple_kernel[grid](x, W, out, *_matmul_args(x, W, out),
-                                       **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
-    return out
+    _check_matmul_call(x, W, launch)
+    return _run_matmul_family("matmul_softmax_fused_simple", _simple_forward, x, W, launch)
 
 
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
@@ -838,27 +1323,10 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
     block does. Several: unnormalised tiles plus a (2, B, tiles) float32 table
     of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
+    The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
     """
-    out, launch = _prepare(x, W, launch, tiled_launch)
-    if launch is None:
-        return out
-    if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=True)
-        return out
-    B, C = out.shape
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
-    if n_tiles_c == 1:
-        matmul_softmax_simple_kernel[(n_tiles_b,)](x, W, out, *_matmul_args(x, W, out),
-                                                    **_launch_kwargs(launch, grouped=False), **_precision_args(x.dtype))
-        return out
-    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
-    matmul_softmax_tile_kernel[grid](x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
-                                     **_launch_kwargs(launch), **_precision_args(x.dtype))
-    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
-    tiles = min(triton.next_power_of_2(n_tiles_c), max(1, 4096 // launch.block_c))
-    rescale_tiles_kernel[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
-                               TILES=tiles, num_warps=4)
-    return out
+    _check_matmul_call(x, W, launch)
+    return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch)
 
 
 # Each version of softmax(x @ W) under the name the tests and the benchmark give it.
@@ -875,7 +1343,7 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
     extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
     kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
     wrapper picks. Where the wrapper splits K, the Triton versions also move their partials."""
-    elt = _element_size(dtype)
+    elt = dtype.itemsize
     if impl == "triton_fused_simple":
         return matmul_softmax_fused_bytes(B, K, C, elt)
     launch = tiled_launch(B, C, dtype, torch.device(device), K=K)

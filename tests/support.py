@@ -11,6 +11,8 @@ import os
 
 import pytest
 import torch
+import torch._functorch.config
+import torch._inductor.config
 
 ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
 DEVICE = "cuda" if ON_GPU else "cpu"
@@ -50,6 +52,15 @@ def attention_inputs(batch, n_queries, n_keys, d, dtype, seed=0, scale=1.0):
 
 
 INF = float("inf")
+
+
+@pytest.fixture
+def fresh_compile():
+    """torch.compile from scratch: Inductor's on-disk caches do not key a graph by the schemas of
+    the custom ops it calls, so a graph cached before an op changed would call it wrongly."""
+    torch._dynamo.reset()
+    with torch._inductor.config.patch(fx_graph_cache=False), torch._functorch.config.patch(enable_autograd_cache=False):
+        yield
 
 
 # ----------------------------------------------------------------------------------------------

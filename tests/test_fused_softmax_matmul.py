@@ -17,10 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_softmax_matmul import dot_precision, fused_softmax, softmax_mult, upcast_dot_operands
+from fused_softmax_matmul import FusedLaunch, dot_precision, fused_launch, fused_softmax, softmax_mult, upcast_dot_operands
 from online_softmax import INTERPRET, KernelCapacityError
+import support
 from support import (
-    DTYPES, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
+    DTYPES, INF, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
     softmax_matmul_inputs,
 )
 
@@ -44,8 +45,7 @@ def check_fused(out: torch.Tensor, x: torch.Tensor, V: torch.Tensor) -> None:
 # ----------------------------------------------------------------------------------------------
 # Against float64: shapes, tiles, dtypes, logit scales
 # ----------------------------------------------------------------------------------------------
-# (batch, d1, d2, d3), (BLOCK_1, BLOCK_2), launch override (BLOCK_3, warps, stages, lazy rescale[, transposed])
-# or None for the wrapper's, logit scale: the code path each exercises.
+# (batch, d1, d2, d3), (BLOCK_1, BLOCK_2), launch override (a FusedLaunch) or None for the wrapper's, logit scale: the code path each exercises.
 CASES = {
     # One live element of x and of V in 16-wide tiles: softmax is exactly 1, the output V itself.
     "1x1x1x1": ((1, 1, 1, 1), (16, 16), None, 1.0),
@@ -62,13 +62,13 @@ CASES = {
     "blocks 16x64": ((1, 20, 80, 10), (16, 64), None, 1.0),
     "blocks 64x16": ((1, 20, 80, 10), (64, 16), None, 1.0),
     # 16-wide d3 tiles over d3 = 40: three programs share each row tile, the last has 8 live columns.
-    "d3 tiles": ((1, 20, 40, 40), (16, 16), (16, 4, 1, False), 1.0),
+    "d3 tiles": ((1, 20, 40, 40), (16, 16), FusedLaunch(16, 4, 1), 1.0),
     # Lazy rescale forced on: logits of size 8 move a row's max by more than 8 between some d2 steps
     # (rescale) and by less at others (stale max, weights up to e^8).
-    "lazy rescale": ((1, 20, 80, 24), (16, 16), (16, 4, 1, True), 8.0),
+    "lazy rescale": ((1, 20, 80, 24), (16, 16), FusedLaunch(16, 4, 1, lazy_rescale=True), 8.0),
     # The transposed kernel (V^T @ P^T), eager and lazy, over two d3 tiles with a ragged last.
-    "transposed": ((1, 20, 40, 40), (16, 16), (32, 4, 1, False, True), 8.0),
-    "transposed lazy": ((1, 20, 40, 40), (16, 16), (32, 4, 1, True, True), 8.0),
+    "transposed": ((1, 20, 40, 40), (16, 16), FusedLaunch(32, 4, 1, transposed=True), 8.0),
+    "transposed lazy": ((1, 20, 40, 40), (16, 16), FusedLaunch(32, 4, 1, lazy_rescale=True, transposed=True), 8.0),
     # Logits of size 100 and 1e4: earlier steps' weights underflow to 0 when the max grows;
     # the answer is nearly a row of V and must still match float64.
     "scale 100": ((2, 9, 50, 12), (16, 16), None, 100.0),
@@ -138,7 +138,8 @@ def test_float32_matmul_precision(float32_matmul_precision, block, inputs):
 # ----------------------------------------------------------------------------------------------
 # BLOCK_3 = 16 over d3 = 24: two d3 tiles; lazy rescale off and on (the wrapper picks on only for
 # float32 under 'high', so forcing it covers 16-bit too).
-LAUNCHES = {"eager": (16, 4, 1, False), "lazy": (16, 4, 1, True), "transposed": (16, 4, 1, True, True)}
+LAUNCHES = {"eager": FusedLaunch(16, 4, 1), "lazy": FusedLaunch(16, 4, 1, lazy_rescale=True),
+            "transposed": FusedLaunch(16, 4, 1, lazy_rescale=True, transposed=True)}
 EDGE_SHAPE = (2, 20, 40, 24)  # 2 row tiles, 3 d2 steps (the last of 8), 2 d3 tiles
 
 
@@ -297,3 +298,283 @@ BAD_INPUTS = [
 def test_bad_input(make_args, error, pattern):
     with pytest.raises(error, match=pattern):
         fused_softmax(*make_args())
+
+
+# ----------------------------------------------------------------------------------------------
+# Launch overrides: a FusedLaunch, every field checked by name
+# ----------------------------------------------------------------------------------------------
+BAD_LAUNCHES = {
+    # Each of these reached the kernel before and failed inside it, or was silently accepted.
+    "block_3 zero": (FusedLaunch(0, 4, 2), ValueError, r"launch\.block_3 must be a power of two between 16 and 512, got 0"),
+    "block_3 48": (FusedLaunch(48, 4, 2), ValueError, r"launch\.block_3 must be a power of two .* got 48"),
+    "num_warps zero": (FusedLaunch(16, 0, 2), ValueError, r"launch\.num_warps must be a power of two .* got 0"),
+    "num_warps 3": (FusedLaunch(16, 3, 2), ValueError, r"launch\.num_warps"),
+    "num_stages zero": (FusedLaunch(16, 4, 0), ValueError, r"launch\.num_stages must be an int from 1 to 8, got 0"),
+    "num_stages float": (FusedLaunch(16, 4, 2.0), TypeError, r"launch\.num_stages must be an int, got float"),
+    "lazy_rescale int": (FusedLaunch(16, 4, 2, 1), TypeError, r"launch\.lazy_rescale must be a bool, got int"),
+    "transposed None": (FusedLaunch(16, 4, 2, False, None), TypeError, r"launch\.transposed must be a bool, got NoneType"),
+    # The positional tuples of old: refused by type, not unpacked.
+    "tuple": ((16, 4, 2, False, False), TypeError, r"launch must be a FusedLaunch, got tuple"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_LAUNCHES)
+def test_bad_launch(case):
+    launch, error, pattern = BAD_LAUNCHES[case]
+    with pytest.raises(error, match=pattern):
+        fused_softmax(*_good(), launch=launch)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("block_1", [16, 32, 64, 128])
+def test_default_launches_are_valid(dtype, block_1):
+    launch = fused_launch(512, block_1, DTYPES[dtype])
+    launch.check()
+    assert launch is fused_launch(512, block_1, DTYPES[dtype]), "launch choices are cached per shape and dtype"
+
+
+# ----------------------------------------------------------------------------------------------
+# Fully masked tiles in every position, and rows of only -inf, forward and backward
+# ----------------------------------------------------------------------------------------------
+def masked_tiles(shape, dtype, seed=0) -> torch.Tensor:
+    """Normal logits where, in 16-wide d2 steps, row 0's first step, row 3's middle step and
+    row 4's last (ragged) step are all -inf; row 1 is all -inf (NaN, as torch gives); row 5
+    keeps only its middle step."""
+    x = randn(shape, dtype, seed)
+    x[..., 0, :16] = -INF
+    x[..., 3, 16:32] = -INF
+    x[..., 4, 32:] = -INF
+    x[..., 1, :] = -INF
+    x[..., 5, :16] = -INF
+    x[..., 5, 32:] = -INF
+    return x
+
+
+@pytest.mark.parametrize("launch", list(LAUNCHES.values()), ids=list(LAUNCHES))
+def test_masked_tiles_in_any_position(launch):
+    x = masked_tiles(EDGE_SHAPE[:3], torch.float32, seed=40).requires_grad_()
+    V = edge_V(torch.float32, seed=41).requires_grad_()
+    check_gradients(x, V, launch)
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd: dx and dV against float64, double backward refused
+# ----------------------------------------------------------------------------------------------
+def check_gradients(x: torch.Tensor, V: torch.Tensor, launch=None, blocks=(16, 16), seed=0) -> None:
+    """Forward and (dx, dV) of fused_softmax against torch autograd in float64; PyTorch's own
+    gradients in the inputs' dtype set the bound (``assert_close``)."""
+    out = fused_softmax(x, V, *blocks, launch=launch)
+    dout = randn(out.shape, out.dtype, seed)
+    grads = torch.autograd.grad(out, (x, V), dout)
+    x64, V64 = (t.detach().double().requires_grad_() for t in (x, V))
+    out64 = softmax_mult(x64, V64)
+    grads64 = torch.autograd.grad(out64, (x64, V64), dout.double())
+    xt, Vt = (t.detach().requires_grad_() for t in (x, V))
+    outt = softmax_mult(xt, Vt)
+    grads_torch = torch.autograd.grad(outt, (xt, Vt), dout)
+    assert_close(out.detach(), out64.detach(), outt.detach())
+    for name, got, want, theirs in zip(("dx", "dV"), grads, grads64, grads_torch):
+        assert got.dtype == theirs.dtype and got.shape == theirs.shape, name
+        assert_close(got, want, theirs)
+
+
+# (batch, d1, d2, d3), (BLOCK_1, BLOCK_2), launch: the backward's paths.
+GRAD_CASES = {
+    # Odd everything: ragged row tiles, d2 steps and d3 columns in both backward kernels.
+    "odd": ((2, 17, 37, 20), (16, 16), None),
+    # The forward over d3 tiles, transposed and lazy: the saved log-sum-exp from the first d3 tile.
+    "transposed lazy": ((1, 20, 40, 40), (16, 16), FusedLaunch(16, 4, 1, lazy_rescale=True, transposed=True)),
+    # 32-wide blocks, d3 = 70 over 64-wide backward d3 steps (two, the last of 6).
+    "blocks 32": ((1, 33, 40, 70), (32, 32), None),
+}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("shape,blocks,launch", list(GRAD_CASES.values()), ids=list(GRAD_CASES))
+def test_gradients_match_float64(shape, blocks, launch, dtype):
+    x, V = softmax_matmul_inputs(*shape, DTYPES[dtype], seed=sum(shape), scale=2.0)
+    check_gradients(x.requires_grad_(), V.requires_grad_(), launch, blocks, seed=7)
+
+
+@needs_gpu
+@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high"], indirect=True)
+@pytest.mark.parametrize("block", [16, 64])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_gpu_gradients(dtype, block, float32_matmul_precision):
+    """The compiled backward kernels on tensor cores (bf16 here only: the interpreter upcasts it);
+    float32 under 'high' against torch's TF32 gradients (its operands rounded to TF32 as cuBLAS does)."""
+    if float32_matmul_precision == "high" and dtype != "float32":
+        pytest.skip("the setting changes float32 products only")
+    x, V = softmax_matmul_inputs(4, 512, 1024, 96, DTYPES[dtype], seed=32, scale=4.0)
+    check_gradients(x.requires_grad_(), V.requires_grad_(), None, (block, block), seed=33)
+
+
+def test_gradient_of_sum_reads_a_broadcast_gradient():
+    """out.sum().backward() hands the backward a stride-0 gradient: read through its strides."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 20, 12, torch.float32, seed=3))
+    fused_softmax(x, V).sum().backward()
+    x64, V64 = (t.detach().double().requires_grad_() for t in (x, V))
+    softmax_mult(x64, V64).sum().backward()
+    xt, Vt = (t.detach().requires_grad_() for t in (x, V))
+    softmax_mult(xt, Vt).sum().backward()
+    assert_close(x.grad, x64.grad, xt.grad)
+    assert_close(V.grad, V64.grad, Vt.grad)
+
+
+def test_gradient_of_one_input():
+    """Only V needs a gradient (x a constant): dV as torch's, and x gets none."""
+    x, V = softmax_matmul_inputs(1, 9, 20, 12, torch.float32, seed=4)
+    V.requires_grad_()
+    fused_softmax(x, V).sum().backward()
+    V64 = V.detach().double().requires_grad_()
+    softmax_mult(x.double(), V64).sum().backward()
+    assert x.grad is None
+    assert_close(V.grad, V64.grad, None, factor=1.0)
+
+
+@pytest.mark.parametrize("batch,d1,d2,d3", [(2, 0, 5, 4), (2, 3, 5, 0), (2, 3, 0, 4)], ids=["d1=0", "d3=0", "d2=0"])
+def test_gradients_of_empty_shapes(batch, d1, d2, d3):
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(batch, d1, d2, d3, torch.float32))
+    fused_softmax(x, V).sum().backward()
+    xt, Vt = (t.detach().requires_grad_() for t in (x, V))
+    softmax_mult(xt, Vt).sum().backward()
+    assert torch.equal(x.grad, xt.grad) and torch.equal(V.grad, Vt.grad)
+
+
+def test_double_backward_is_refused():
+    """The backward is not itself differentiable: a second derivative raises, never a silent zero."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(1, 9, 20, 12, torch.float32, seed=5))
+    (dx,) = torch.autograd.grad(fused_softmax(x, V).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="fused_softmax_backward"):
+        torch.autograd.grad(dx.sum(), V)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile and CUDA graphs
+# ----------------------------------------------------------------------------------------------
+fresh_compile = support.fresh_compile  # the fixture, under this module's name for pytest
+COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager", "inductor"]
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+@pytest.mark.usefixtures("fresh_compile")
+def test_compiles_without_graph_break(backend):
+    """fullgraph=True: the op traces with no graph break, forward and backward, and a launch
+    override passes through as plain ints."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 17, 20, 24, torch.float32, seed=6))
+    launch = FusedLaunch(16, 4, 1, lazy_rescale=True)
+    compiled = torch.compile(lambda x, V: fused_softmax(x, V, launch=launch).sin(), fullgraph=True, backend=backend)
+    out = compiled(x, V)
+    out.sum().backward()
+    xe, Ve = (t.detach().requires_grad_() for t in (x, V))
+    eager = fused_softmax(xe, Ve, launch=launch).sin()
+    eager.sum().backward()
+    # The compiled graph runs the same kernels; only the surrounding sin may differ by a rounding.
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(V.grad, Ve.grad)
+
+
+@needs_gpu
+def test_cuda_graph_replay_matches_eager():
+    x, V = softmax_matmul_inputs(3, 100, 300, 70, torch.float16, seed=8)
+    want = fused_softmax(x, V)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fused_softmax(x, V)
+    x.copy_(softmax_matmul_inputs(3, 100, 300, 70, torch.float16, seed=9)[0])
+    graph.replay()
+    torch.testing.assert_close(out, fused_softmax(x, V), rtol=0, atol=0)
+    assert not torch.equal(out, want), "the replay read the new x"
+
+
+@needs_gpu
+@pytest.mark.usefixtures("fresh_compile")
+def test_reduce_overhead_compile_with_backward():
+    """torch.compile's CUDA graphs around the op, forward and backward, equal eager."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(3, 100, 300, 70, torch.float32, seed=11))
+    compiled = torch.compile(lambda x, V: fused_softmax(x, V, 32, 32), mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        x.grad = V.grad = None
+        out = compiled(x, V)
+        out.sum().backward()
+    xe, Ve = (t.detach().requires_grad_() for t in (x, V))
+    eager = fused_softmax(xe, Ve, 32, 32)
+    eager.sum().backward()
+    torch.testing.assert_close(out.detach().clone(), eager.detach())
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(V.grad, Ve.grad)
+
+
+@needs_gpu
+def test_batch_past_grid_axis_limit():
+    """70000 batch elements: more than CUDA's 65535 on grid axes 1 and 2; the grid is one axis."""
+    x, V = softmax_matmul_inputs(70000, 2, 16, 16, torch.float32, seed=10)
+    check_fused(fused_softmax(x, V), x, V)
+
+
+def test_sparse_input_refused():
+    x, V = _good()
+    with pytest.raises(ValueError, match=r"x has layout torch\.sparse_coo: only dense"):
+        fused_softmax(x.to_sparse(), V)
+    with pytest.raises(ValueError, match=r"V has layout torch\.sparse_coo"):
+        fused_softmax(x, V.to_sparse())
+
+
+def test_grid_past_axis_limit_refused():
+    """Past 2^31 - 1 programs even CUDA's axis 0 cannot hold the grid: refused by name, not launched."""
+    import fused_softmax_matmul
+
+    assert fused_softmax_matmul._grid(70000 * 3, fused_softmax_matmul.fused_softmax_kernel) == (210000,)
+    with pytest.raises(KernelCapacityError, match="fused_softmax_kernel would need 2147483648 programs"):
+        fused_softmax_matmul._grid(2**31, fused_softmax_matmul.fused_softmax_kernel)
+
+
+# Run in a fresh process with TRITON_INTERPRET=0: the launch functions that the compiled-mode ops
+# (triton_op) run, traced with fake tensors, which needs no GPU: CUDA ones of static shapes, and
+# CPU ones of symbolic shapes (what torch.compile's dynamic shapes pass; a CPU-only torch cannot
+# make symbolic CUDA fakes, and tracing does not look at the device). Each must become
+# triton_kernel_wrapper nodes, with no raw launch that tracing cannot see.
+_TRACE_COMPILED_BODIES = """
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import DimDynamic, ShapeEnv, StatelessSymbolicContext
+import fused_softmax_matmul as f
+f._sm_count = lambda device: 132  # an H100's SMs: the split-K choice without a device to ask
+SHAPES = [(2, 17, 20), (2, 20, 24), (2, 17, 24), (2, 17), (1024, 1024), (1024, 100), (1024, 100)]
+bodies = {
+    "fused_softmax": (lambda x, V, *_: f._fused_softmax_forward(x, V, 16, 16, None, store_lse=True, wrap=True), 1),
+    "fused_softmax_backward": (lambda x, V, out, lse, *_: f._fused_softmax_backward(x, V, out, lse, out, 16, 16,
+                                                                                    True, True, wrap=True), 2),
+    "matmul (split K)": (lambda *a: f._matmul_forward(a[4], a[5], None, wrap=True), 1),
+    "simple": (lambda *a: f._simple_forward(a[4], a[5], None, wrap=True), 1),
+    "tiled (class tiles)": (lambda *a: f._tiled_forward(a[4], a[5], f.MatmulLaunch(16, 32, 16), wrap=True), 2),
+    "matmul_softmax_backward": (lambda *a: f._matmul_backward(a[4], a[5], f._softmax_grad(a[6], a[6], wrap=True),
+                                                              True, True, wrap=True), 3),
+}
+static = FakeTensorMode()
+with static:
+    fakes = [torch.empty(shape, device="cuda") for shape in SHAPES]
+symbolic = FakeTensorMode(shape_env=ShapeEnv())
+dynamic = [symbolic.from_tensor(torch.empty(shape), symbolic_context=StatelessSymbolicContext(
+    dynamic_sizes=[DimDynamic.DYNAMIC] * len(shape))) for shape in SHAPES]
+for mode, args in ((static, fakes), (symbolic, dynamic)):
+    for name, (fn, launches) in bodies.items():
+        with mode:
+            nodes = [n for n in make_fx(fn)(*args).graph.nodes if "triton_kernel_wrapper" in str(n.target)]
+        assert len(nodes) == launches, (name, len(nodes))
+print("traced", 2 * len(bodies))
+"""
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU the compiled tests run the ops themselves")
+def test_compiled_op_bodies_trace_to_triton_kernels():
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    run = subprocess.run([sys.executable, "-c", _TRACE_COMPILED_BODIES], env=env, capture_output=True, text=True,
+                         cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
+    assert run.returncode == 0 and "traced 12" in run.stdout, run.stderr[-3000:]

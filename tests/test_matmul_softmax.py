@@ -12,10 +12,11 @@ import torch
 import triton
 
 from fused_softmax_matmul import (
-    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul_softmax_fused_simple, matmul_softmax_fused_tiled,
-    matmul_softmax_ref, simple_launch, tiled_launch,
+    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple,
+    matmul_softmax_fused_tiled, matmul_softmax_ref, simple_launch, tiled_launch,
 )
-from support import DEVICE, DTYPES, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
+import support
+from support import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
 
 # The versions under test: all but the PyTorch reference they are judged against.
 TRITON_IMPLS = {name: fn for name, fn in MATMUL_SOFTMAX_IMPLS.items() if name.startswith("triton_")}
@@ -243,3 +244,244 @@ def test_tiled_peak_memory_is_output_plus_stats():
     extra = torch.cuda.max_memory_allocated() - before
     stats_bytes = 2 * B * triton.cdiv(C, 128) * 4
     assert extra <= out.numel() * out.element_size() + stats_bytes + (1 << 20), extra
+
+
+# ----------------------------------------------------------------------------------------------
+# -inf logits: a class tile of only -inf in any position, rows of only -inf
+# ----------------------------------------------------------------------------------------------
+def masked_class_tiles(K: int, C: int, tile: int, dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x of ones and W whose row 0 (weighted by every x row) puts -inf on whole class tiles:
+    rows see their first tile all -inf, a middle one, and the last (ragged) one; the rest of W
+    is normal. Every row then has the same masked classes, and finite logits elsewhere."""
+    x = torch.ones((3, K), dtype=dtype, device=DEVICE)
+    W = matmul_softmax_inputs(3, K, C, dtype, seed=50)[1]
+    W[:, :tile] = 0  # only the -inf of row 0 makes those logits: 1 * -inf + 0 + ... = -inf
+    W[0, :tile] = -float("inf")
+    W[:, 2 * tile:3 * tile] = 0
+    W[0, 2 * tile:3 * tile] = -float("inf")
+    W[:, -(C % tile or tile):] = 0
+    W[0, -(C % tile or tile):] = -float("inf")
+    return x, W
+
+
+# Float16: its tl.dot multiplies -inf exactly. A float32 product under 'highest' (tf32x3) splits
+# each operand into two TF32 halves, and the low half of -inf is -inf - -inf = NaN: on a GPU an
+# infinite operand gives NaN logits there, a matter of the product, not of the softmax tested here.
+MASK_DTYPE = torch.float16
+
+# impl, launch: every kernel that takes a row maximum over tiles.
+MASKED_LAUNCHES = {
+    "tiled, 4 class tiles": ("triton_fused_tiled", MatmulLaunch(16, 32, 16)),
+    "tiled, split K": ("triton_fused_tiled", MatmulLaunch(16, 128, 16, split_k=2)),
+    "simple": ("triton_fused_simple", MatmulLaunch(16, 128, 16)),
+    "unfused": ("triton_unfused", MatmulLaunch(16, 32, 16)),
+}
+
+
+@pytest.mark.parametrize("case", MASKED_LAUNCHES)
+def test_masked_class_tiles(case):
+    impl, launch = MASKED_LAUNCHES[case]
+    x, W = masked_class_tiles(40, 100, 32, MASK_DTYPE)
+    want = torch.softmax(x.double() @ W.double(), dim=-1)
+    assert not want.isnan().any()
+    assert_close(TRITON_IMPLS[impl](x, W, launch), want, matmul_softmax_ref(x, W))
+
+
+def test_issue_repro_tile_of_minus_inf():
+    """The reported case: two 128-wide class tiles (float32's default width), the first all -inf."""
+    x = torch.ones(2, 16, device=DEVICE, dtype=MASK_DTYPE)
+    W = torch.randn(16, 256, generator=torch.Generator(device=DEVICE).manual_seed(0), device=DEVICE).to(MASK_DTYPE)
+    W[:, :128] = 0
+    W[0, :128] = -float("inf")
+    out = matmul_softmax_fused_tiled(x, W, MatmulLaunch(16, 128, 16))
+    assert_close(out, torch.softmax(x.double() @ W.double(), dim=-1), matmul_softmax_ref(x, W))
+
+
+@pytest.mark.parametrize("case", MASKED_LAUNCHES)
+def test_row_of_minus_inf_is_nan(case):
+    """A row whose every logit is -inf: NaN, torch's answer; the other rows are untouched."""
+    impl, launch = MASKED_LAUNCHES[case]
+    x, W = matmul_softmax_inputs(20, 40, 100, MASK_DTYPE, seed=51)
+    W[0] = W[0].abs() + 0.1
+    x[3, 0] = -float("inf")  # row 3: -inf * positive + finite = -inf for every class
+    want = torch.softmax(x.double() @ W.double(), dim=-1)
+    assert want[3].isnan().all() and not want[:3].isnan().any()
+    assert_close(TRITON_IMPLS[impl](x, W, launch), want, matmul_softmax_ref(x, W))
+
+
+# ----------------------------------------------------------------------------------------------
+# Autograd: dx and dW against float64, double backward refused
+# ----------------------------------------------------------------------------------------------
+def check_gradients(impl: str, x: torch.Tensor, W: torch.Tensor, launch=None, seed: int = 0) -> None:
+    """(dx, dW) of each version against torch autograd in float64, bounded by PyTorch's own
+    gradients in the inputs' dtype (``assert_close``); ``matmul`` is checked as x @ W."""
+    fn = IMPLS_WITH_MATMUL[impl]
+    ref = (lambda a, b: a @ b) if impl == "triton_matmul" else matmul_softmax_ref
+    out = fn(x, W, launch)
+    dout = torch.randn(out.shape, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE).to(out.dtype)
+    grads = torch.autograd.grad(out, (x, W), dout)
+    x64, W64 = (t.detach().double().requires_grad_() for t in (x, W))
+    grads64 = torch.autograd.grad(ref(x64, W64), (x64, W64), dout.double())
+    xt, Wt = (t.detach().requires_grad_() for t in (x, W))
+    grads_torch = torch.autograd.grad(ref(xt, Wt), (xt, Wt), dout)
+    for got, want, theirs in zip(grads, grads64, grads_torch):
+        assert got.dtype == theirs.dtype and got.shape == theirs.shape
+        assert_close(got, want, theirs)
+
+
+IMPLS_WITH_MATMUL = {"triton_matmul": matmul, **TRITON_IMPLS}
+
+# B, K, C, tiles (block_b, block_c, block_k[, split_k]) or None: the forward's paths.
+GRAD_CASES = {
+    # The wrappers' own launches: one class tile.
+    "19x37x50": (19, 37, 50, None),
+    # Four class tiles (the tile kernel and the rescale), ragged rows and K.
+    "tiles": (19, 37, 100, (16, 32, 16)),
+    # K split over 3 slices.
+    "split K": (17, 100, 30, (16, 32, 16, 3)),
+}
+
+
+def grad_params():
+    for case, (B, K, C, tiles) in GRAD_CASES.items():
+        for impl in IMPLS_WITH_MATMUL:
+            if impl == "triton_fused_simple" and tiles is not None and len(tiles) == 4:
+                continue  # the simple kernel never splits K
+            for dtype in DTYPES:
+                yield pytest.param(impl, dtype, B, K, C, tiles, id=f"{case}-{impl}-{dtype}")
+
+
+@pytest.mark.parametrize("impl,dtype,B,K,C,tiles", list(grad_params()))
+def test_gradients_match_float64(impl, dtype, B, K, C, tiles):
+    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], seed=B + K + C, scale=2.0)
+    launch = launch_for(impl, C, tiles)
+    check_gradients(impl, x.requires_grad_(), W.requires_grad_(), launch, seed=C)
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+@pytest.mark.parametrize("B,K,C,dtype", [(1024, 1024, 100, "float32"), (256, 1024, 3000, "bfloat16"),
+                                         (256, 1024, 3000, "float16")])
+def test_gpu_gradients(impl, B, K, C, dtype):
+    """Compiled backward at benchmark-like sizes: split K in the forward (the first), many
+    class tiles and bf16 tensor cores (the others)."""
+    if impl == "triton_fused_simple" and C > SIMPLE_MAX_CLASSES:
+        pytest.skip("refused by design: test_simple_refuses_too_many_classes")
+    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], seed=60, scale=2.0)
+    check_gradients(impl, x.requires_grad_(), W.requires_grad_(), None, seed=61)
+
+
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+def test_gradient_broadcast_and_of_one_input(impl):
+    """(y.sum(0) * w).sum() hands the backward dy = w expanded over rows (row stride 0); W frozen:
+    dx only, and W gets no gradient."""
+    x, W = matmul_softmax_inputs(9, 20, 30, torch.float32, seed=52)
+    w = torch.linspace(-1, 1, 30, device=DEVICE)
+    ref = (lambda a, b: a @ b) if impl == "triton_matmul" else matmul_softmax_ref
+    grads = []
+    for fn, x_ in ((IMPLS_WITH_MATMUL[impl], x), (ref, x.double()), (ref, x)):
+        x_ = x_.detach().requires_grad_()
+        (fn(x_, W.to(x_.dtype)).sum(0) * w.to(x_.dtype)).sum().backward()
+        grads.append(x_.grad)
+    assert W.grad is None
+    assert_close(*grads)
+
+
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+def test_double_backward_is_refused(impl):
+    x, W = (t.requires_grad_() for t in matmul_softmax_inputs(9, 20, 30, torch.float32, seed=53))
+    (dx,) = torch.autograd.grad(IMPLS_WITH_MATMUL[impl](x, W).pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match="backward"):
+        torch.autograd.grad(dx.sum(), W)
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile, CUDA graphs, host-side caches
+# ----------------------------------------------------------------------------------------------
+fresh_compile = support.fresh_compile  # the fixture, under this module's name for pytest
+COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager"]
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+@pytest.mark.usefixtures("fresh_compile")
+def test_compiles_without_graph_break(impl, backend):
+    fn = IMPLS_WITH_MATMUL[impl]
+    launch = MatmulLaunch(16, 64, 16, split_k=2) if impl in ("triton_matmul", "triton_fused_tiled") else None
+    x, W = (t.requires_grad_() for t in matmul_softmax_inputs(19, 40, 50, torch.float32, seed=54))
+    compiled = torch.compile(lambda x, W: fn(x, W, launch).sin(), fullgraph=True, backend=backend)
+    out = compiled(x, W)
+    out.sum().backward()
+    xe, We = (t.detach().requires_grad_() for t in (x, W))
+    eager = fn(xe, We, launch).sin()
+    eager.sum().backward()
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(W.grad, We.grad)
+
+
+def test_split_k_counts_are_reset_by_the_kernel():
+    """The split-K counts live in one cached buffer: after a call every count is 0 again, so
+    the next call (or a CUDA-graph replay) finds them zeroed with no memset of its own."""
+    import fused_softmax_matmul
+
+    x, W = matmul_softmax_inputs(40, 100, 50, torch.float32, seed=55)
+    launch = MatmulLaunch(16, 64, 16, split_k=3)
+    first = matmul_softmax_fused_tiled(x, W, launch)
+    counts = fused_softmax_matmul._split_k_counts(x.device, triton.next_power_of_2(3))
+    assert counts.numel() == 4 and not counts.any(), counts
+    assert torch.equal(matmul_softmax_fused_tiled(x, W, launch), first)
+
+
+def test_launch_choices_are_cached():
+    import fused_softmax_matmul
+
+    before = fused_softmax_matmul._tiled_launch.cache_info().hits
+    args = (1000, 3000, torch.bfloat16, torch.device(DEVICE))
+    assert tiled_launch(*args, K=77) is tiled_launch(*args, K=77)
+    assert fused_softmax_matmul._tiled_launch.cache_info().hits == before + 1
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+def test_cuda_graph_replay_matches_eager(impl):
+    """Split K included (1024 x 1024 x 100 splits on an H100): its counts must be zero at every replay."""
+    fn = IMPLS_WITH_MATMUL[impl]
+    x, W = matmul_softmax_inputs(1024, 1024, 100, torch.float32, seed=56)
+    fn(x, W)  # warm-up: compile the kernels outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(x, W)
+    for seed in (57, 58):
+        x.copy_(matmul_softmax_inputs(1024, 1024, 100, torch.float32, seed=seed)[0])
+        graph.replay()
+        torch.testing.assert_close(out, fn(x, W), rtol=0, atol=0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+@pytest.mark.usefixtures("fresh_compile")
+def test_reduce_overhead_compile(impl):
+    fn = IMPLS_WITH_MATMUL[impl]
+    x, W = matmul_softmax_inputs(256, 512, 50, torch.float32, seed=59)
+    compiled = torch.compile(fn, mode="reduce-overhead", fullgraph=True)
+    for _ in range(3):
+        out = compiled(x, W)
+    torch.testing.assert_close(out.clone(), fn(x, W))
+
+
+@needs_gpu
+@pytest.mark.parametrize("which", ["x", "W"])
+def test_cpu_tensor_mixed_with_cuda_refused(which):
+    x, W = matmul_softmax_inputs(4, 16, 8, torch.float32)
+    x, W = (x.cpu(), W) if which == "x" else (x, W.cpu())
+    with pytest.raises(ValueError, match=rf"{which} is on cpu, but compiled Triton kernels need a CUDA tensor"):
+        matmul_softmax_fused_tiled(x, W)
+
+
+@pytest.mark.parametrize("which", ["x", "W"])
+def test_sparse_input_refused(which):
+    x, W = _good()
+    x, W = (x.to_sparse(), W) if which == "x" else (x, W.to_sparse())
+    with pytest.raises(ValueError, match=rf"{which} has layout torch\.sparse_coo: only dense"):
+        matmul_softmax_fused_tiled(x, W)
