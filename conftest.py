@@ -111,14 +111,15 @@ RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can
                   "exceeds triton maximum tensor numel")  # the last: Triton's tile-size limit
 
 
-class GraphUnavailable(RuntimeError):
-    """CUDA graphs need a GPU: a graph row in the interpreter does not fit the machine."""
+class Unavailable(RuntimeError):
+    """A form of an op this machine cannot run (a CUDA graph, or a compiled Triton launch, in the
+    interpreter): its row stays empty with the reason, as for a configuration that does not fit."""
 
 
 def is_resource_limit(exc: BaseException) -> bool:
     from online_softmax import KernelCapacityError  # after TRITON_INTERPRET is settled above
 
-    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, GraphUnavailable)):
+    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable)):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
     # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
@@ -729,7 +730,7 @@ def graph_replay(fn):
 
     The capture's output tensors are the replay's: each replay writes into them again."""
     if not ON_GPU:
-        raise GraphUnavailable("CUDA graphs need a GPU (interpreter mode)")
+        raise Unavailable("CUDA graphs need a GPU (interpreter mode)")
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(stream):  # warm-up outside the capture: compilation, allocator pools

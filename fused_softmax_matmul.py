@@ -21,8 +21,13 @@ import torch.nn.functional as F
 import triton
 import triton.language as tl
 
+try:  # numpy's bool is accepted for is_causal; numpy itself is optional
+    import numpy as np
+except ImportError:  # pragma: no cover
+    np = None
+
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, check_block, check_same, check_tensor, kernel_op, needs_op,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, check_block, check_dense, check_same, check_tensor, kernel_op, needs_op,
     row_softmax,
 )
 
@@ -345,18 +350,11 @@ def check_flag(name: str, value) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-def check_dense(name: str, t: torch.Tensor) -> None:
-    """Kernels read strided memory: sparse layouts have none to read."""
-    if t.layout != torch.strided:
-        raise ValueError(f"{name} has layout {t.layout}: only dense (torch.strided) tensors are supported")
-
 
 def check_softmax_matmul_inputs(x, V) -> None:
     """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
     check_tensor("x", x, 3)
     check_tensor("V", V, 3)
-    check_dense("x", x)
-    check_dense("V", V)
     check_same("x", x, "V", V)
     if x.shape[0] != V.shape[0]:
         raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
@@ -741,8 +739,6 @@ def check_matmul_softmax_inputs(x, W) -> None:
     """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
     check_tensor("x", x, 2)
     check_tensor("W", W, 2)
-    check_dense("x", x)
-    check_dense("W", W)
     check_same("x", x, "W", W)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
@@ -1371,15 +1367,6 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
 # when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
 # there too: its math backend makes every row NaN).
 
-# Imported here, not at the top, so that this section merges beside others appended to the file.
-import functools  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-
-try:  # numpy's bool is accepted for is_causal; numpy itself is optional
-    import numpy as np  # noqa: E402
-except ImportError:  # pragma: no cover
-    np = None
-
 LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the GPU's native instruction
 
 # Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
@@ -1462,16 +1449,12 @@ def causal_flag(is_causal) -> bool:
 FLASH_PYTORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-def _check_dense(name: str, t) -> None:
-    if isinstance(t, torch.Tensor) and t.layout != torch.strided:
-        raise ValueError(f"{name} has layout {t.layout}: only dense (strided) tensors are supported")
-
 
 def _check_any_device(name: str, t) -> None:
     """FlashAttentionPytorch's rule for one input: a dense 3-d floating tensor on any device."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {_type_name(t)}")
-    _check_dense(name, t)
+    check_dense(name, t)
     if t.dim() != 3:
         raise ValueError(f"{name} must have 3 dimensions, got shape {tuple(t.shape)}")
     if t.dtype not in FLASH_PYTORCH_DTYPES:
@@ -1487,7 +1470,6 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     """
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if kernels:
-            _check_dense(name, t)
             check_tensor(name, t, 3)
         else:
             _check_any_device(name, t)
@@ -2229,9 +2211,6 @@ class FlashAttentionTriton(torch.autograd.Function):
 # dW for its update: the dW update alone does 2 rows V H flops on 2 V H element_size bytes, i.e.
 # rows / element_size flops per byte, past an H100's ridge (~260 flop/B) from about 520 rows in
 # bfloat16. Wherever the products stay past the ridge those bytes hide under their flops.
-
-# Imported here, not at the top, so that this section merges beside others appended to the file.
-from online_softmax import kernel_op, needs_op  # noqa: E402
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 

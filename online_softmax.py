@@ -56,13 +56,17 @@ class KernelCapacityError(ValueError):
 ANY_RANK = range(1, 1 << 16)
 
 
+def check_dense(name: str, t: torch.Tensor) -> None:
+    """The kernels read memory through strides; a sparse tensor has none to read."""
+    if t.layout != torch.strided:
+        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: convert it with .to_dense()")
+
+
 def check_tensor(name: str, t, ndim: int | tuple[int, ...] | range) -> None:
     """Raise TypeError/ValueError, naming ``name``, unless ``t`` is a usable kernel input."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.layout != torch.strided:
-        # The kernels read memory through strides; a sparse tensor has none to read.
-        raise TypeError(f"{name} must be a dense (strided) tensor, got layout {t.layout}: convert it with .to_dense()")
+    check_dense(name, t)
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in ranks:
         want = f"at least {ranks.start}" if isinstance(ranks, range) else " or ".join(map(str, ranks))

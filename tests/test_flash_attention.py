@@ -268,7 +268,7 @@ BAD_INPUTS = [
     ("K-other-dtype", lambda: _with(1, _inputs()[1].half()), TypeError, "K has dtype"),
     # One input on another device: the Triton kernels name the device they need, PyTorch's the mismatch.
     ("K-other-device", lambda: _with(1, _inputs()[1].to("meta")), ValueError, "K is on meta"),
-    ("Q-sparse", lambda: _with(0, _inputs()[0].to_sparse()), ValueError, "Q has layout torch.sparse_coo"),
+    ("Q-sparse", lambda: _with(0, _inputs()[0].to_sparse()), TypeError, r"Q must be a dense \(strided\) tensor, got layout torch\.sparse_coo"),
     ("K-other-batch", lambda: _with(1, attention_inputs(2, 8, 8, 16, torch.float32)[1]), ValueError, "K must be .* batch"),
     ("K-other-d", lambda: _with(1, _inputs(d=32)[1]), ValueError, "K must be .* d 16"),
     ("V-other-length", lambda: _with(2, _inputs(nk=9)[2]), ValueError, "V must have K's shape"),

@@ -483,5 +483,5 @@ def test_cpu_tensor_mixed_with_cuda_refused(which):
 def test_sparse_input_refused(which):
     x, W = _good()
     x, W = (x.to_sparse(), W) if which == "x" else (x, W.to_sparse())
-    with pytest.raises(ValueError, match=rf"{which} has layout torch\.sparse_coo: only dense"):
+    with pytest.raises(TypeError, match=rf"{which} must be a dense \(strided\) tensor, got layout torch\.sparse_coo"):
         matmul_softmax_fused_tiled(x, W)
