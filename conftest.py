@@ -79,11 +79,11 @@ class BenchGroup:
     # ("bar", metric) draws metric per case, one bar per implementation. None: no plot.
     plot: tuple[str, str] | None = None
     csv_impls: tuple[str, ...] | None = None
+    pivot: tuple[str, dict] | None = None
     sort: tuple[str, ...] | None = None  # default: case columns, then impl order
     warmup: int = 10
     rounds: int = 100
     spec: bool = False
-    pivot: tuple[str, dict] | None = None
 
     def csv_columns(self) -> list[str]:
         return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
@@ -116,19 +116,19 @@ RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can
                   "exceeds triton maximum tensor numel")  # the last: Triton's tile-size limit
 
 
-class Unavailable(RuntimeError):
-    """An implementation that cannot run on this machine (a peer's package that does not import):
-    its row stays empty with the reason, like a configuration that does not fit."""
-
-
-class GraphUnavailable(Unavailable):
+class GraphUnavailable(RuntimeError):
     """CUDA graphs need a GPU: a graph row in the interpreter does not fit the machine."""
+
+
+class ImplUnavailable(RuntimeError):
+    """An implementation this machine lacks (a peer library not installed) or that refuses the
+    case by its own rule (an SDPA backend that does not take it): an empty row with the reason."""
 
 
 def is_resource_limit(exc: BaseException) -> bool:
     from online_softmax import KernelCapacityError  # after TRITON_INTERPRET is settled above
 
-    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable)):
+    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, GraphUnavailable, ImplUnavailable)):
         return True
     text = f"{type(exc).__name__}: {exc}".lower()
     # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,

@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup, Unavailable
+from conftest import BenchGroup, ImplUnavailable
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
@@ -149,7 +149,7 @@ def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
         if impl in PEER_MODULES:  # the harness keeps the row, empty with the reason, and skips the test
             _, reason = _peer(PEER_MODULES[impl], "__name__")
             if reason is not None:
-                raise Unavailable(reason)
+                raise ImplUnavailable(reason)
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
         if mode == "fwd":
             return lambda: fn(x, W, target)

@@ -166,7 +166,7 @@ def test_tables_rebuild_byte_identical(softmax_matmul_run, tmp_path):
 PROBE_MODULE = '''
 import os, time
 import pytest, torch, triton, triton.language as tl
-from conftest import BenchGroup, Unavailable
+from conftest import BenchGroup, ImplUnavailable
 
 PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",),
                    impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named"),
@@ -185,7 +185,7 @@ def test_probe(bench, n, impl, BLOCK):
         if impl == "broken":
             raise ValueError("a bug in the probe")
         if impl == "absent":  # a peer whose package does not import
-            raise Unavailable("the probe's peer is not installed")
+            raise ImplUnavailable("the probe's peer is not installed")
         if impl == "sleepy":  # tells the test it is running, then waits to be stopped
             open("sleeping", "w").close()
             time.sleep(120)
@@ -266,7 +266,7 @@ def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_p
     assert proc.returncode == 0, f"an unavailable implementation must not fail the run:\n{proc.output[-4000:]}"
     assert "2 passed, 1 skipped" in proc.output, proc.output[-4000:]
     assert [r["impl"] for r in rows] == ["fits", "absent", "named"]
-    assert_empty(rows[1], "Unavailable: the probe's peer is not installed")
+    assert_empty(rows[1], "ImplUnavailable: the probe's peer is not installed")
     assert_measured(rows[2])
     data = json.loads(next((tmp_path / ".benchmarks" / "interpreter").glob("*/0001_probe.json")).read_text())
     extra = {b["extra_info"]["impl"]: b["extra_info"] for b in data["benchmarks"]}
@@ -392,8 +392,8 @@ def test_pivot_makes_one_row_of_a_cases_modes(tmp_path):
                 dict(n=1, mode="fwd", impl="triton", tile=16, ms=2.0), dict(n=1, mode="fwd", impl="triton", tile=32, ms=4.0),
                 dict(n=1, mode="both", impl="triton", tile=32, ms=5.0),
                 dict(n=2, mode="fwd", impl="torch", tile=None, ms=6.0)]
-    failed = [(dict(n=1, mode="fwd", impl="peer", tile=None), "Unavailable: no peer"),
-              (dict(n=1, mode="both", impl="peer", tile=None), "Unavailable: no peer"),
+    failed = [(dict(n=1, mode="fwd", impl="peer", tile=None), "ImplUnavailable: no peer"),
+              (dict(n=1, mode="both", impl="peer", tile=None), "ImplUnavailable: no peer"),
               (dict(n=2, mode="both", impl="torch", tile=None), "OutOfMemoryError: 2 GiB")]
     write_tables(run_json(group, measured, failed), tmp_path)
     columns, rows = read_csv(tmp_path / "pivot.csv")
@@ -403,7 +403,7 @@ def test_pivot_makes_one_row_of_a_cases_modes(tmp_path):
         ("1", "torch", "", "1", "3", "0.5", "30", ""),
         ("1", "triton", "16", "2", "", "", "", ""),   # a tile that ran in one mode only: the other's cells empty
         ("1", "triton", "32", "4", "5", "", "50", ""),
-        ("1", "peer", "", "", "", "", "", "Unavailable: no peer"),  # one reason for both modes, said once
+        ("1", "peer", "", "", "", "", "", "ImplUnavailable: no peer"),  # one reason for both modes, said once
         ("2", "torch", "", "6", "", "", "", "both: OutOfMemoryError: 2 GiB"),
     ], got
 
