@@ -62,6 +62,10 @@ class BenchGroup:
     ``csv_impls`` limits the CSV to some implementations (the others still land in the JSON).
     ``spec``: the CSV's columns are fixed by the project's specification, so the harness adds
     neither ``host_us`` nor ``failure`` to it.
+    ``pivot``: (row key, {CSV column: (value of that key, source column)}) makes one CSV row of
+    the rows that differ only in that key (e.g. mode "fwd" and "fwd_bwd" of one case): each named
+    column takes its source column from the row with that value; the CSV's other columns (but
+    ``failure``, which joins the rows' reasons) identify the merged row.
     """
 
     name: str
@@ -75,6 +79,7 @@ class BenchGroup:
     # ("bar", metric) draws metric per case, one bar per implementation. None: no plot.
     plot: tuple[str, str] | None = None
     csv_impls: tuple[str, ...] | None = None
+    pivot: tuple[str, dict] | None = None
     sort: tuple[str, ...] | None = None  # default: case columns, then impl order
     warmup: int = 10
     rounds: int = 100
@@ -112,8 +117,10 @@ RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can
 
 
 class Unavailable(RuntimeError):
-    """A form of an op this machine cannot run (a CUDA graph, or a compiled Triton launch, in the
-    interpreter): its row stays empty with the reason, as for a configuration that does not fit."""
+    """An implementation this machine cannot run: a form of an op it lacks (a CUDA graph, or a
+    compiled Triton launch, in the interpreter), a peer library not installed, or one that refuses
+    the case by its own rule (an SDPA backend that does not take it). Its row stays empty with the
+    reason, as for a configuration that does not fit."""
 
 
 def is_resource_limit(exc: BaseException) -> bool:
@@ -760,7 +767,8 @@ def bench(benchmark, request):
     implementation needs) and ``flops`` turn the time into GB/s, TFLOP/s and shares of the
     measured copy bandwidth and matmul rate (``dtype`` picks the matmul peak to compare with).
     ``error(out)``, given the untimed first call's result, returns its error against a float64
-    reference, recorded as ``rel_error`` beside the times: speed and accuracy of one run.
+    reference, recorded as ``rel_error`` beside the times: speed and accuracy of one run. It may
+    return a dict of named errors instead ({"grad_rel_error": ...}), recorded as row keys.
     """
     config = request.config
 
@@ -772,6 +780,8 @@ def bench(benchmark, request):
         benchmark.group = group.name
         try:
             timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error)
+            if isinstance(extra.get("rel_error"), dict):
+                row = named_errors(group, row, extra.pop("rel_error"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
             record_failure(config, group, request.node.nodeid, row, exc)
             raise
@@ -780,6 +790,14 @@ def bench(benchmark, request):
         _free_memory()
 
     return run
+
+
+def named_errors(group: BenchGroup, row: dict, errors: dict) -> dict:
+    """The row with the error hook's named errors as keys of their own."""
+    clash = set(errors) & (HARNESS_KEYS | set(row))
+    if clash:
+        raise ValueError(f"error names {sorted(clash)} of group {group.name} clash with row or harness keys")
+    return {**row, **errors}
 
 
 def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Exception) -> None:
@@ -926,6 +944,7 @@ def write_tables(data: dict, out: Path) -> list[Path]:
     written = []
     for name, (group, df) in tables_from_json(data).items():
         csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
+        csv_df = pivoted(group, csv_df) if group.pivot else csv_df
         csv_df = csv_df[group.csv_columns()].copy()
         for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
             if csv_df[col].dtype == object and all(isinstance(v, int) and not isinstance(v, bool) or _isnan(v)
@@ -982,6 +1001,39 @@ def group_table(group: BenchGroup, rows: list[dict]):
     return df
 
 
+def pivoted(group: BenchGroup, df):
+    """One row per set of rows that differ only in the pivot key (see ``BenchGroup.pivot``), in the
+    group's order without that key, then by the other columns that identify a row. Rows that
+    would fill the same cell twice go to separate rows: none is lost."""
+    import pandas as pd
+
+    key, columns = group.pivot
+    keep = [c for c in group.csv_columns() if c not in columns and c != "failure"]
+    order = [c for c in dict.fromkeys([*(group.sort or [*group.case, "_impl_order"]), *keep]) if c in df and c != key]
+    df = df.sort_values(order, kind="stable", na_position="first")
+    merged: dict[tuple, list[dict]] = {}  # identifying values -> [{pivot value: row}, ...]
+    for r in df.to_dict("records"):
+        ident = tuple(None if _isnan(r.get(c)) else r.get(c) for c in keep)
+        sets = merged.setdefault(ident, [])
+        parts = next((p for p in sets if r[key] not in p), None)
+        if parts is None:
+            sets.append(parts := {})
+        parts[r[key]] = r
+    out = []
+    for ident, sets in merged.items():
+        for parts in sets:
+            row = dict(zip(keep, ident))
+            for column, (value, source) in columns.items():
+                row[column] = parts[value].get(source) if value in parts else None
+            reasons = {v: p["failure"] for v, p in parts.items() if not _isnan(p.get("failure"))}
+            if len(reasons) == len(parts) and len(set(reasons.values())) == 1:
+                row["failure"] = next(iter(reasons.values()))
+            else:
+                row["failure"] = "; ".join(f"{v}: {why}" for v, why in reasons.items()) or None
+            out.append(row)
+    return pd.DataFrame(out, columns=[*keep, *columns, "failure"])
+
+
 def speedup(df, case: tuple[str, ...], baseline: str) -> list:
     """Baseline time / this row's time, matching rows on the case columns; None where either is missing."""
     base = {}
@@ -1016,6 +1068,8 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
         return False
     kind, what = group.plot
     ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
+    if kind == "bar":  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
+        ok = ok[ok[what].notna()]
     if ok.empty:
         return False
     variant = [c for c in ("BLOCK", "BLOCK_SIZE") if c in df and c not in group.case]
@@ -1084,6 +1138,8 @@ def pytest_terminal_summary(terminalreporter, config):
             shown = [c for c in ("impl", *group.columns, *extra) if c in df]
             view = df[list(dict.fromkeys(shown))].copy()
             view[f"speedup_vs_{group.impls[0]}"] = speedup(df, group.case, group.impls[0])
+            if group.pivot:
+                view = pivoted(group, df)[[c for c in group.csv_columns() if c != "failure"]]
             tr.write_line(view.to_string(index=False, float_format=lambda v: f"{v:.4g}"))
             for _, r in df[df["failure"].notna()].iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))

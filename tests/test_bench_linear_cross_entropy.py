@@ -6,11 +6,13 @@ cut-cross-entropy), triton (``linear_cross_entropy``). The two peers are timed w
 packages import; otherwise their rows are empty with the reason.
 
 Each case runs twice: mode "fwd" (the loss alone, nothing requires a gradient) and "fwd_bwd"
-(the loss and its gradients dx, dW by ``torch.autograd.grad``). ``forward_extra_MiB`` is the
-peak allocated during one call above what the inputs held (for fwd_bwd it includes dx and dW).
-``rel_error`` is the relative error against a float32 computation of the same inputs on a GPU
-(float64 in the interpreter): of the loss in mode fwd, of the worse of dx and dW in mode fwd_bwd.
-Inputs come from the builder of test_linear_cross_entropy.py, so every timed shape is tested.
+(the loss and its gradients dx, dW by ``torch.autograd.grad``); the JSON keeps both, and the CSV
+has one row per case and implementation (the group's ``pivot``): fwd_ms from mode fwd, the rest
+from mode fwd_bwd. peak_MiB is the peak allocated during one forward+backward above what the
+inputs held (dx and dW included). loss_rel_error and grad_rel_error (the worse of dx and dW) are
+relative errors against a float32 computation of the same inputs on a GPU (float64 in the
+interpreter), of the forward+backward call's results. Inputs come from the builder of
+test_linear_cross_entropy.py, so every timed shape is tested.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup
+from conftest import BenchGroup, Unavailable
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
@@ -33,13 +35,16 @@ from test_linear_cross_entropy import linear_cross_entropy_inputs
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "dtype", "mode", "impl", "chunk_rows", "block_v", "num_warps", "programs",
-             "forward_ms_mean", "forward_ms_std", "forward_extra_MiB",
-             "tflops", "rel_error", "speedup_vs_torch"),
+    columns=("BT", "H", "V", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+             "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "loss_rel_error", "grad_rel_error"),
     case=("BT", "H", "V", "dtype", "mode"),
     impls=("torch", "compile", "liger", "cce", "triton"),
     speedups={"speedup_vs_torch": "torch"},
     plot=("bar", "speedup_vs_torch"),
+    pivot=("mode", {"fwd_ms": ("fwd", "forward_ms_mean"), "fwd_bwd_ms": ("fwd_bwd", "forward_ms_mean"),
+                    "fwd_bwd_ms_std": ("fwd_bwd", "forward_ms_std"), "peak_MiB": ("fwd_bwd", "forward_extra_MiB"),
+                    "tflops": ("fwd_bwd", "tflops"), "loss_rel_error": ("fwd_bwd", "loss_rel_error"),
+                    "grad_rel_error": ("fwd_bwd", "grad_rel_error"), "host_us": ("fwd_bwd", "host_us")}),
 )
 
 if ON_GPU:
@@ -115,14 +120,6 @@ def reference(BT, H, V, dtype):
     return _REFERENCE[key]
 
 
-def _unavailable(benchmark, request, row: dict, reason: str) -> None:
-    """The peer's row, empty with the reason (as the harness keeps failed cases), then the test skipped."""
-    if not benchmark.disabled:  # as the harness: a run without numbers writes no CSV of failures alone
-        request.config.bench_records.append({"group": GROUP.name, "test": request.node.nodeid, "row": dict(row),
-                                             "status": "unavailable", "reason": reason})
-    pytest.skip(reason)
-
-
 def _variant_id(impl: str, overrides: dict) -> str:
     return "-".join([impl, *(f"{k}={v}" for k, v in overrides.items())])
 
@@ -137,7 +134,7 @@ def resolve(overrides: dict, dtype: torch.dtype) -> dict:
 @pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("BT,H,V,dtype", SIZES)
-def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, impl, overrides):
+def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
     fn = IMPL_FUNCTIONS[impl]
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":
@@ -146,13 +143,13 @@ def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, 
         launch_columns = dataclasses.asdict(launch)
         fn = functools.partial(linear_cross_entropy, launch=launch)
     row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, **launch_columns)
-    if impl in PEER_MODULES:
-        _, reason = _peer(PEER_MODULES[impl], "__name__")
-        if reason is not None:
-            _unavailable(benchmark, request, row, reason)
     ref_loss, ref_dx, ref_dW = reference(BT, H, V, dtype)
 
     def build():
+        if impl in PEER_MODULES:  # the harness keeps the row, empty with the reason, and skips the test
+            _, reason = _peer(PEER_MODULES[impl], "__name__")
+            if reason is not None:
+                raise Unavailable(reason)
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
         if mode == "fwd":
             return lambda: fn(x, W, target)
@@ -167,7 +164,8 @@ def test_linear_cross_entropy(bench, benchmark, request, BT, H, V, dtype, mode, 
 
     def error(out):
         if mode == "fwd":
-            return relative_error(out.detach(), ref_loss)
-        return max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))
+            return {"loss_rel_error": relative_error(out.detach(), ref_loss)}
+        return {"loss_rel_error": relative_error(out[0].detach(), ref_loss),
+                "grad_rel_error": max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))}
 
     bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype], error=error)

@@ -166,9 +166,10 @@ def test_tables_rebuild_byte_identical(softmax_matmul_run, tmp_path):
 PROBE_MODULE = '''
 import os, time
 import pytest, torch, triton, triton.language as tl
-from conftest import BenchGroup
+from conftest import BenchGroup, Unavailable
 
-PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",), impls=("fits", "too_big", "broken", "clash", "sleepy"),
+PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",),
+                   impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named"),
                    columns=("n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"))
 
 
@@ -183,6 +184,8 @@ def test_probe(bench, n, impl, BLOCK):
     def build():
         if impl == "broken":
             raise ValueError("a bug in the probe")
+        if impl == "absent":  # a peer whose package does not import
+            raise Unavailable("the probe's peer is not installed")
         if impl == "sleepy":  # tells the test it is running, then waits to be stopped
             open("sleeping", "w").close()
             time.sleep(120)
@@ -197,7 +200,7 @@ def test_probe(bench, n, impl, BLOCK):
     row = dict(n=n, impl=impl, BLOCK=BLOCK)
     if impl == "clash":
         row["execution"] = "a row key the harness writes itself"
-    bench(PROBE, row, build)
+    bench(PROBE, row, build, error=(lambda out: {"probe_error": 0.25, "other_error": None}) if impl == "named" else None)
 '''
 
 
@@ -256,6 +259,19 @@ def test_other_errors_fail_the_run_and_keep_the_row(tmp_path):
     assert_empty(rows[1], "ValueError: a bug in the probe")
     assert any(line.startswith("FAILED CONFIG n=1, impl=broken: ValueError: a bug in the probe")
                for line in proc.output.splitlines()), proc.output[-4000:]
+
+
+def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_path):
+    proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "absent", 16), (1, "named", 16)])
+    assert proc.returncode == 0, f"an unavailable implementation must not fail the run:\n{proc.output[-4000:]}"
+    assert "2 passed, 1 skipped" in proc.output, proc.output[-4000:]
+    assert [r["impl"] for r in rows] == ["fits", "absent", "named"]
+    assert_empty(rows[1], "Unavailable: the probe's peer is not installed")
+    assert_measured(rows[2])
+    data = json.loads(next((tmp_path / ".benchmarks" / "interpreter").glob("*/0001_probe.json")).read_text())
+    extra = {b["extra_info"]["impl"]: b["extra_info"] for b in data["benchmarks"]}
+    assert extra["named"]["probe_error"] == 0.25 and extra["named"]["other_error"] is None, extra["named"]
+    assert "rel_error" not in extra["named"] and extra["fits"]["rel_error"] is None
 
 
 def test_a_row_key_the_harness_owns_is_refused(tmp_path):
@@ -347,3 +363,64 @@ def test_an_unwritable_destination_fails_before_any_benchmark(tmp_path, option):
     assert proc.returncode == 4, proc.output[-4000:]  # pytest's usage error
     assert f"{option} " in proc.output and "cannot write into" in proc.output, proc.output[-4000:]
     assert not (tmp_path / "sleeping").exists(), "a benchmark ran before the check"
+
+
+# ----------------------------------------------------------------------------------------------
+# Tables from a JSON written here: a pivoted group, a bar plot with missing baselines
+# ----------------------------------------------------------------------------------------------
+def run_json(group, measured: list[dict], failed: list[dict]) -> dict:
+    """A run's JSON as the harness writes it, with one round of 1 ms per 'ms' of each measured row."""
+    def benchmark(row):
+        ms = row.pop("ms")
+        return {"group": group.name, "stats": {"mean": ms * 1e-3, "stddev": 0.0, "median": ms * 1e-3, "min": ms * 1e-3},
+                "extra_info": {**row, "host_us": 10 * ms, "flops": None, "bytes_moved": None}}
+
+    return {"benchmarks": [benchmark(dict(r)) for r in measured], "bench_groups": {group.name: group.layout()},
+            "failed_cases": [{"group": group.name, "row": r, "reason": why} for r, why in failed],
+            "ceilings": {}, "machine_info": {}, "bench_run": {"complete": True}}
+
+
+def test_pivot_makes_one_row_of_a_cases_modes(tmp_path):
+    from conftest import BenchGroup, write_tables
+
+    group = BenchGroup(name="pivot", csv="pivot.csv", columns=("n", "impl", "tile", "fwd_ms", "both_ms", "err"),
+                       case=("n", "mode"), impls=("torch", "triton", "peer"),
+                       pivot=("mode", {"fwd_ms": ("fwd", "forward_ms_mean"), "both_ms": ("both", "forward_ms_mean"),
+                                       "err": ("both", "grad_error"), "host_us": ("both", "host_us")}))
+    measured = [dict(n=1, mode="fwd", impl="torch", tile=None, ms=1.0), dict(n=1, mode="both", impl="torch", tile=None, ms=3.0,
+                                                                           grad_error=0.5),
+                dict(n=1, mode="fwd", impl="triton", tile=16, ms=2.0), dict(n=1, mode="fwd", impl="triton", tile=32, ms=4.0),
+                dict(n=1, mode="both", impl="triton", tile=32, ms=5.0),
+                dict(n=2, mode="fwd", impl="torch", tile=None, ms=6.0)]
+    failed = [(dict(n=1, mode="fwd", impl="peer", tile=None), "Unavailable: no peer"),
+              (dict(n=1, mode="both", impl="peer", tile=None), "Unavailable: no peer"),
+              (dict(n=2, mode="both", impl="torch", tile=None), "OutOfMemoryError: 2 GiB")]
+    write_tables(run_json(group, measured, failed), tmp_path)
+    columns, rows = read_csv(tmp_path / "pivot.csv")
+    assert columns == ["n", "impl", "tile", "fwd_ms", "both_ms", "err", "host_us", "failure"]
+    got = [tuple(r.values()) for r in rows]
+    assert got == [
+        ("1", "torch", "", "1", "3", "0.5", "30", ""),
+        ("1", "triton", "16", "2", "", "", "", ""),   # a tile that ran in one mode only: the other's cells empty
+        ("1", "triton", "32", "4", "5", "", "50", ""),
+        ("1", "peer", "", "", "", "", "", "Unavailable: no peer"),  # one reason for both modes, said once
+        ("2", "torch", "", "6", "", "", "", "both: OutOfMemoryError: 2 GiB"),
+    ], got
+
+    # Two rows that would fill one cell (a key the CSV does not show): two CSV rows, nothing dropped.
+    twice = [dict(n=1, mode="fwd", impl="torch", tile=None, ms=1.0), dict(n=1, mode="fwd", impl="torch", tile=None, ms=2.0)]
+    write_tables(run_json(group, twice, []), tmp_path)
+    assert [r["fwd_ms"] for r in read_csv(tmp_path / "pivot.csv")[1]] == ["1", "2"]
+
+
+def test_bar_plot_skips_cases_without_their_baseline(tmp_path):
+    from conftest import BenchGroup, write_tables
+
+    group = BenchGroup(name="bars", csv="bars.csv", columns=("n", "impl", "forward_ms_mean"), case=("n",),
+                       impls=("torch", "triton"), speedups={"speedup_vs_torch": "torch"}, plot=("bar", "speedup_vs_torch"))
+    only_triton = [dict(n=1, impl="triton", ms=1.0), dict(n=2, impl="triton", ms=2.0)]
+    assert not (tmp_path / "bars.png").exists()
+    assert [p.name for p in write_tables(run_json(group, only_triton, []), tmp_path)] == ["bars.csv"], \
+        "no baseline anywhere: no speed-up to draw, so no plot (and no TypeError)"
+    with_one_baseline = [*only_triton, dict(n=1, impl="torch", ms=2.0)]
+    assert [p.name for p in write_tables(run_json(group, with_one_baseline, []), tmp_path)] == ["bars.csv", "bars.png"]
