@@ -11,7 +11,7 @@ runs out of memory.
 
 The GPU grid is long: some 1800 rows, about 570 of them torch.compile or FlexAttention rows that
 compile once per shape, so most of an hour on an H100 (mostly compiling), and ``-k core`` a
-representative tenth of it. Every case is marked ``slow``: ``-m "not slow"`` leaves the group out.
+representative tenth of it. Every timed case is marked ``slow``: ``-m "not slow"`` leaves them out.
 
     pytest --benchmark-only -p no:xdist tests/test_bench_shape_grid.py              # the whole grid
     pytest --benchmark-only -p no:xdist tests/test_bench_shape_grid.py -k core      # a representative subset
@@ -43,8 +43,6 @@ from support import (
     DEVICE, DTYPES, ON_GPU, attention_inputs, matmul_softmax_inputs, randn, relative_error, row_softmax_inputs,
     softmax_matmul_inputs,
 )
-
-pytestmark = pytest.mark.slow
 
 GiB = 2**30
 
@@ -108,8 +106,9 @@ CORE = {
 
 
 def _params(cases, impls, case_key, case_id):
-    """pytest.params of case x implementation, ids '<case>-<impl>', ending '-core' on the core subset."""
-    return [pytest.param(*case, impl, id=f"{case_id(*case)}-{impl}" + ("-core" if case_key(case) in CORE else ""))
+    """pytest.params of case x implementation, marked slow, ids '<case>-<impl>' ending '-core' on the core subset."""
+    return [pytest.param(*case, impl, id=f"{case_id(*case)}-{impl}" + ("-core" if case_key(case) in CORE else ""),
+                         marks=pytest.mark.slow)
             for case in cases for impl in impls]
 
 
