@@ -61,9 +61,10 @@ GROUP = BenchGroup(
     case=("workload", "case"),
     impls=(*BASELINES, *PEERS, TRITON),
     best_of=BASELINES,
-    # Few rounds: a case's kernels run 0.05 to 100 ms and the mean of 15 CUDA-event rounds
-    # (each after an L2 flush) is within about a percent of a long run's, while the grid has
-    # some two thousand rows. The interpreter's own default (1 + 2) applies without a GPU.
+    # Few rounds: the grid has some two thousand rows, and its time goes to compiling (one
+    # torch.compile per shape) more than to timing; each kernel here runs 0.05 ms or more, long
+    # against the event timer's resolution. forward_ms_std says where 15 rounds were too few.
+    # The interpreter's own default (1 + 2) applies without a GPU.
     warmup=3,
     rounds=15,
     sort=("workload", "case", "_impl_order"),
