@@ -84,6 +84,10 @@ class BenchGroup:
     warmup: int = 10
     rounds: int = 100
     spec: bool = False
+    # Baselines of a best-of comparison: with them the table gains ms (this row's mean time),
+    # best_baseline_ms (the fastest of these implementations on the row's case) and speedup
+    # (best_baseline_ms / ms) on every row that is not one of them.
+    best_of: tuple[str, ...] = ()
 
     def csv_columns(self) -> list[str]:
         return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
@@ -995,6 +999,11 @@ def group_table(group: BenchGroup, rows: list[dict]):
         df["_impl_order"] = df[impl_col].map({name: i for i, name in enumerate(group.impls)})
     for column, baseline in group.speedups.items():
         df[column] = speedup(df, group.case, baseline)
+    if group.best_of:
+        df["ms"] = df["forward_ms_mean"]
+        df["best_baseline_ms"] = best_time(df, group.case, group.best_of)
+        df["speedup"] = [None if impl in group.best_of or _isnan(best) or _isnan(ms) else best / ms
+                         for impl, best, ms in zip(df["impl"], df["best_baseline_ms"], df["ms"])]
     order = list(group.sort) if group.sort else [*group.case, *(["_impl_order"] if impl_col else [])]
     order = [c for c in order if c in df]
     df = df.sort_values(order, kind="stable", na_position="first").reset_index(drop=True)
@@ -1042,6 +1051,15 @@ def speedup(df, case: tuple[str, ...], baseline: str) -> list:
             base[key] = ms
     return [base[k] / ms if (k in base and not _isnan(ms)) else None
             for k, ms in zip(df[list(case)].itertuples(index=False, name=None), df["forward_ms_mean"])]
+
+
+def best_time(df, case: tuple[str, ...], impls: tuple[str, ...]) -> list:
+    """The least mean time (ms) of impls on each row's case; None where none of them was measured."""
+    best: dict = {}
+    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
+        if impl in impls and not _isnan(ms):
+            best[key] = min(ms, best.get(key, math.inf))
+    return [best.get(key) for key in df[list(case)].itertuples(index=False, name=None)]
 
 
 def _isnan(v) -> bool:
