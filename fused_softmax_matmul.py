@@ -1640,16 +1640,24 @@ class GluonSoftmaxLaunch:
     stages: int = GLUON_STAGES
 
     def check(self) -> None:
-        check_block("block_n", self.block_n, 16, 128)
-        check_block("block_d3", self.block_d3, 16, 128)
+        check_block("block_n", self.block_n, 16, 256)
+        check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 2 <= self.stages <= 4:
             raise ValueError(f"stages must be an int from 2 to 4, got {self.stages!r}")
+        ring = self.stages * (GLUON_BLOCK_M * self.block_n + self.block_n * self.block_d3) * 2
+        if ring > _SHARED_MEMORY_BUDGET:
+            raise KernelCapacityError(
+                f"{self.stages} slots of {GLUON_BLOCK_M} x {self.block_n} x tiles and {self.block_n} x {self.block_d3} "
+                f"V tiles need {ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
 def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
     """128-wide tiles (the register budget above), narrower only where d2 or d3 is smaller.
 
-    16 is the least: the MMA's K step for 16-bit operands, and 32 bytes of a TMA box row.
+    16 is the least: the MMA's K step for 16-bit operands, and 32 bytes of a TMA box row. Wider d3
+    tiles (256, with 2 slots of 128-wide steps or 3 of 64) also compile without spilling and halve
+    the softmax work repeated per d3 tile; which is faster is for an H100 to say
+    (outputs/profiles/gluon_fused_check.py times them).
     """
     return GluonSoftmaxLaunch(block_n=max(16, min(128, triton.next_power_of_2(d2))),
                               block_d3=max(16, min(128, triton.next_power_of_2(d3))))

@@ -16,9 +16,10 @@ import pytest
 import torch
 
 from fused_softmax_matmul import (
-    GLUON_BLOCK_M, fused_softmax_gluon, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported,
+    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax_gluon, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported,
     softmax_mult,
 )
+from online_softmax import KernelCapacityError
 from support import DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs
 
 
@@ -34,10 +35,10 @@ MISSING = _missing_hopper_gluon()
 needs_hopper_gluon = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
 
 
-def check_gluon(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+def check_gluon(x: torch.Tensor, V: torch.Tensor, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
     """fused_softmax_gluon(x, V) is softmax(x) @ V in x's dtype, as accurate as PyTorch's own."""
     assert gluon_softmax_applies(x, V), gluon_softmax_unsupported(x, V)
-    out = fused_softmax_gluon(x, V)
+    out = fused_softmax_gluon(x, V, launch=launch)
     assert out.dtype == x.dtype and out.shape == (x.shape[0], x.shape[1], V.shape[2]), (out.dtype, tuple(out.shape))
     assert_close(out, softmax_mult(x.double(), V.double()), softmax_mult(x, V))
     return out
@@ -70,6 +71,15 @@ def test_against_float64(case, dtype_name):
     shape, scale = CASES[case]
     x, V = softmax_matmul_inputs(*shape, DTYPES[dtype_name], scale=scale)
     check_gluon(x, V)
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 256, 4)], ids=str)
+def test_wide_d3_tiles(launch):
+    """The 256-wide d3 tiles the check script times: two d3 tiles over 264 (8 live columns in the
+    second), 8 or 16 steps of d2 through a ring of 2 or 4 slots."""
+    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=8.0)
+    check_gluon(x, V, launch)
 
 
 @needs_hopper_gluon
@@ -130,6 +140,13 @@ def test_refuses_what_tma_cannot_read(layout):
     assert not gluon_softmax_applies(x, V)
     with pytest.raises(ValueError, match=name):
         fused_softmax_gluon(x, V)
+
+
+def test_launch_refuses_a_ring_past_shared_memory():
+    """3 slots of 128 x 256 V tiles are 240 KiB: refused by name before any launch."""
+    GluonSoftmaxLaunch(128, 256, 2).check()
+    with pytest.raises(KernelCapacityError, match="shared memory"):
+        GluonSoftmaxLaunch(128, 256, 3).check()
 
 
 def test_launch_tiles_follow_the_shape():
