@@ -1633,17 +1633,26 @@ def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class GluonSoftmaxLaunch:
-    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring slots."""
+    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring slots.
+
+    maxnreg caps the registers per thread at launch (the consumer warpgroup then raises its own
+    share, the loader lowers its). 128 with 2 slots of 128-wide tiles fits two programs per SM
+    (2 x 8 warps x 128 registers, 2 x 96 KiB), so one program's softmax can run under the other's
+    MMA; it compiles without spilling. None leaves triton's default (one program per SM).
+    """
 
     block_n: int
     block_d3: int
     stages: int = GLUON_STAGES
+    maxnreg: int | None = None
 
     def check(self) -> None:
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 2 <= self.stages <= 4:
             raise ValueError(f"stages must be an int from 2 to 4, got {self.stages!r}")
+        if self.maxnreg is not None and self.maxnreg not in range(64, 257, 8):
+            raise ValueError(f"maxnreg must be None or a multiple of 8 from 64 to 256, got {self.maxnreg!r}")
         ring = self.stages * (GLUON_BLOCK_M * self.block_n + self.block_n * self.block_d3) * 2
         if ring > _SHARED_MEMORY_BUDGET:
             raise KernelCapacityError(
@@ -1818,5 +1827,6 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     fused_softmax_gluon_kernel[grid](
         x_desc, v_desc, out, *out.stride(), d1, d2, d3, n_tiles_d3,
         STAGES=launch.stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
+        **({} if launch.maxnreg is None else {"maxnreg": launch.maxnreg}),
     )
     return out

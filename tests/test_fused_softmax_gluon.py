@@ -74,10 +74,11 @@ def test_against_float64(case, dtype_name):
 
 
 @needs_hopper_gluon
-@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 256, 4)], ids=str)
-def test_wide_d3_tiles(launch):
-    """The 256-wide d3 tiles the check script times: two d3 tiles over 264 (8 live columns in the
-    second), 8 or 16 steps of d2 through a ring of 2 or 4 slots."""
+@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 256, 4),
+                                    GluonSoftmaxLaunch(128, 128, 2, maxnreg=128)], ids=str)
+def test_other_launches(launch):
+    """The launches the check script times beside the default: 256-wide d3 tiles (two over 264, 8
+    live columns in the second; 8 or 16 steps of d2 through 2 or 4 slots), and two programs per SM."""
     x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=8.0)
     check_gluon(x, V, launch)
 
