@@ -1558,8 +1558,8 @@ class FlashAttentionTriton(torch.autograd.Function):
 # and the float32 logits of a step (64 x BLOCK_N) BLOCK_N / 2, so BLOCK_D3 = BLOCK_N = 128 hold
 # 128 registers of live tiles, with room for the weights and row statistics under the 255 limit.
 # A wider d3 is split over programs (d3 = 512: four programs per row block, numbered together so
-# that three of them read x from L2); each recomputes its rows' softmax, which the issue's plan
-# (two consumer warpgroups of 64 rows sharing a 256-wide tile) would halve.
+# that three of them read x from L2); each recomputes its rows' softmax, work that 256-wide d3
+# tiles halve (``gluon_softmax_launch``).
 # TMA needs 16-byte aligned base and strides and a contiguous last dimension (``gluon_softmax_applies``);
 # its descriptors here are 3-D, (batch, rows, columns), so a tile past d1, d2 or d3 reads zeros
 # from the hardware instead of the next batch element's data. Columns of x past d2 are then
@@ -1609,14 +1609,17 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
         return "x and V must be 3-D tensors"
     if x.device.type != "cuda" or V.device != x.device:
         return "x and V must be on one CUDA device"
-    if torch.cuda.get_device_capability(x.device) != (9, 0):
-        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{''.join(map(str, torch.cuda.get_device_capability(x.device)))}"
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if (major, minor) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if x.dtype not in _GLUON_DTYPES or V.dtype != x.dtype:
         return f"x and V must both be float16 or bfloat16, got {x.dtype} and {V.dtype}"
     if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
         return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
     if x.numel() == 0 or V.numel() == 0:
         return "empty inputs have no TMA descriptor (fused_softmax handles them)"
+    if x.shape[0] > 65535:
+        return f"a batch of {x.shape[0]} is past the 65535 programs a grid's second axis can have"
     for name, t in (("x", x), ("V", V)):
         if t.stride(2) != 1:
             return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
@@ -1627,7 +1630,7 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
 
 
 def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether ``fused_softmax_gluon`` can compute softmax(x) @ V for these inputs (see ``gluon_softmax_unsupported``)."""
+    """Whether ``fused_softmax_gluon`` takes these inputs (the reason when not: ``gluon_softmax_unsupported``)."""
     return gluon_softmax_unsupported(x, V) is None
 
 
@@ -1664,7 +1667,7 @@ def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
     """128-wide tiles (the register budget above), narrower only where d2 or d3 is smaller.
 
     16 is the least: the MMA's K step for 16-bit operands, and 32 bytes of a TMA box row. Wider d3
-    tiles (256, with 2 slots of 128-wide steps or 3 of 64) also compile without spilling and halve
+    tiles (256, with 2 slots of 128-wide steps or 4 of 64) also compile without spilling and halve
     the softmax work repeated per d3 tile; which is faster is for an H100 to say
     (outputs/profiles/gluon_fused_check.py times them).
     """

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from fused_softmax_matmul import (
-    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax_gluon, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported,
-    softmax_mult,
+    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax_gluon, gluon_softmax_applies, gluon_softmax_launch,
+    gluon_softmax_unsupported, softmax_mult,
 )
 from online_softmax import KernelCapacityError
 from support import DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs

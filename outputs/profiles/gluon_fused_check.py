@@ -26,10 +26,10 @@ def run_all(names: list[str]) -> int:
     failed = 0
     for name in names:
         print(f"=== {name}", flush=True)
-        proc = subprocess.run(["timeout", "-k", "10", str(CASES[name]), sys.executable, __file__, "--case", name],
-                              cwd=ROOT)
+        command = ["timeout", "-k", "10", str(CASES[name]), sys.executable, __file__, "--case", name]
+        proc = subprocess.run(command, cwd=ROOT)
         if proc.returncode in (124, 137):
-            print(f"{name}: TIMEOUT after {CASES[name]} s (a kernel that never finished: deadlocked barrier?)", flush=True)
+            print(f"{name}: TIMEOUT after {CASES[name]} s: a kernel never finished (a barrier deadlock?)", flush=True)
         elif proc.returncode:
             print(f"{name}: FAILED with exit status {proc.returncode}", flush=True)
         failed += proc.returncode != 0
