@@ -2590,3 +2590,304 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     if needs_op(x, W):
         return torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[0]
     return _lce_forward(*args)[0]
+
+
+# ----------------------------------------------------------------------------------------------
+# softmax(x) @ V on Hopper in Gluon
+# ----------------------------------------------------------------------------------------------
+# Why a second kernel for the same product: on an H100 triton 3.6 compiles ``fused_softmax_kernel``
+# so that each warpgroup MMA is waited for right after it is issued (its A operand, the softmax
+# weights, is computed in the loop), and a program alternates between the softmax of a tile and
+# its product; the tensor pipe is 31.5 % busy at the spec shape (outputs/README.md). Gluon, the
+# lower-level language inside triton, states the layouts, the shared-memory buffers, the barriers
+# and the warp partitions itself, so the overlap can be written down instead of hoped for:
+#
+# * One program owns BLOCK_M rows of x and BLOCK_D3 columns of V in one batch element.
+# * A loader partition (one warp) streams x tiles (BLOCK_M x BLOCK_N) and V tiles (BLOCK_N x
+#   BLOCK_D3) by TMA into a ring of STAGES slots. x and V have their own "ready" and "free"
+#   mbarriers per slot, since an x tile is free as soon as it is in registers while a V tile is
+#   only free once the product reading it has finished.
+# * The default partition (one warpgroup) computes the online softmax of step i while the
+#   asynchronous warpgroup MMA of step i - 1 runs; it waits for that product only when it must
+#   rescale the accumulator and issue the next one. The weights go to the MMA from registers.
+#
+# Tiles. BLOCK_M = 64 is one warpgroup MMA's height over the warpgroup's 4 warps. Every register
+# budget below is per thread of the 128: the float32 accumulator (64 x BLOCK_D3) costs BLOCK_D3 / 2
+# and the float32 logits of a step (64 x BLOCK_N) BLOCK_N / 2, so BLOCK_D3 = BLOCK_N = 128 hold
+# 128 registers of live tiles, with room for the weights and row statistics under the 255 limit.
+# A wider d3 is split over programs (d3 = 512: four programs per row block, numbered together so
+# that three of them read x from L2); each recomputes its rows' softmax, work that 256-wide d3
+# tiles halve (``gluon_softmax_launch``).
+# TMA needs 16-byte aligned base and strides and a contiguous last dimension (``gluon_softmax_applies``);
+# its descriptors here are 3-D, (batch, rows, columns), so a tile past d1, d2 or d3 reads zeros
+# from the hardware instead of the next batch element's data. Columns of x past d2 are then
+# masked to -inf in registers (zeros are not neutral for a softmax), and V's zero rows past d2
+# meet zero weights.
+GLUON_BLOCK_M = 64
+GLUON_STAGES = 3  # 3 x (64 x 128 + 128 x 128) x 2 B = 144 KiB of the 227 KiB a program may have
+GLUON_LOADER_REGISTERS = 40  # the loader only computes TMA coordinates; setmaxnreg wants a multiple of 8
+
+_GLUON_DTYPES = (torch.float16, torch.bfloat16)
+
+
+def _import_gluon():
+    """Gluon's modules, or the reason they are unusable here (None in the interpreter: Gluon kernels only compile)."""
+    if INTERPRET:
+        return None, "Gluon kernels do not run in the Triton interpreter"
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (
+            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+        )
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except Exception as error:  # an older or newer triton whose Gluon lacks these names
+        return None, f"triton {triton.__version__} has no usable Gluon for Hopper ({error!r})"
+    return (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+            TensorDescriptor), None
+
+
+_GLUON, GLUON_UNAVAILABLE = _import_gluon()
+if _GLUON is not None:
+    (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+     GluonTensorDescriptor) = _GLUON
+    # The TMA load was renamed after triton 3.6 (the old name now raises); same arguments.
+    _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+
+
+def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can.
+
+    It needs an sm_90 GPU with Gluon, float16 or bfloat16, non-empty inputs and what TMA needs:
+    a contiguous last dimension, 16-byte aligned base addresses and other strides.
+    """
+    if GLUON_UNAVAILABLE is not None:
+        return GLUON_UNAVAILABLE
+    if not (isinstance(x, torch.Tensor) and isinstance(V, torch.Tensor)) or x.dim() != 3 or V.dim() != 3:
+        return "x and V must be 3-D tensors"
+    if x.device.type != "cuda" or V.device != x.device:
+        return "x and V must be on one CUDA device"
+    major, minor = torch.cuda.get_device_capability(x.device)
+    if (major, minor) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
+    if x.dtype not in _GLUON_DTYPES or V.dtype != x.dtype:
+        return f"x and V must both be float16 or bfloat16, got {x.dtype} and {V.dtype}"
+    if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
+        return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
+    if x.numel() == 0 or V.numel() == 0:
+        return "empty inputs have no TMA descriptor (fused_softmax handles them)"
+    if x.shape[0] > 65535:
+        return f"a batch of {x.shape[0]} is past the 65535 programs a grid's second axis can have"
+    for name, t in (("x", x), ("V", V)):
+        if t.stride(2) != 1:
+            return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
+        if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
+            return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
+                    f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
+    return None
+
+
+def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether ``fused_softmax_gluon`` takes these inputs (the reason when not: ``gluon_softmax_unsupported``)."""
+    return gluon_softmax_unsupported(x, V) is None
+
+
+@dataclass(frozen=True)
+class GluonSoftmaxLaunch:
+    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring slots.
+
+    maxnreg caps the registers per thread at launch (the consumer warpgroup then raises its own
+    share, the loader lowers its). 128 with 2 slots of 128-wide tiles fits two programs per SM
+    (2 x 8 warps x 128 registers, 2 x 96 KiB), so one program's softmax can run under the other's
+    MMA; it compiles without spilling. None leaves triton's default (one program per SM).
+    """
+
+    block_n: int
+    block_d3: int
+    stages: int = GLUON_STAGES
+    maxnreg: int | None = None
+
+    def check(self) -> None:
+        check_block("block_n", self.block_n, 16, 256)
+        check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 2 <= self.stages <= 4:
+            raise ValueError(f"stages must be an int from 2 to 4, got {self.stages!r}")
+        if self.maxnreg is not None and self.maxnreg not in range(64, 257, 8):
+            raise ValueError(f"maxnreg must be None or a multiple of 8 from 64 to 256, got {self.maxnreg!r}")
+        ring = self.stages * (GLUON_BLOCK_M * self.block_n + self.block_n * self.block_d3) * 2
+        if ring > _SHARED_MEMORY_BUDGET:
+            raise KernelCapacityError(
+                f"{self.stages} slots of {GLUON_BLOCK_M} x {self.block_n} x tiles and {self.block_n} x {self.block_d3} "
+                f"V tiles need {ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+
+
+def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
+    """128-wide tiles (the register budget above), narrower only where d2 or d3 is smaller.
+
+    16 is the least: the MMA's K step for 16-bit operands, and 32 bytes of a TMA box row. Wider d3
+    tiles (256, with 2 slots of 128-wide steps or 4 of 64) also compile without spilling and halve
+    the softmax work repeated per d3 tile; which is faster is for an H100 to say
+    (outputs/profiles/gluon_fused_check.py times them).
+    """
+    return GluonSoftmaxLaunch(block_n=max(16, min(128, triton.next_power_of_2(d2))),
+                              block_d3=max(16, min(128, triton.next_power_of_2(d3))))
+
+
+if _GLUON is not None:
+
+    @gluon.jit
+    def _gluon_softmax_loader(x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                              batch, off_m, off_d3, n_steps):
+        """The producer: one warp issuing the TMA copies of every step's x and V tiles into the ring."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
+        for i in range(n_steps):
+            slot = i % STAGES
+            # Each pass through the ring completes one phase of a slot's barriers. A fresh mbarrier
+            # behaves as if the phase before phase 0 had completed, so on the first pass the
+            # waits for "free" (phase ^ 1 = 1) return at once.
+            phase = (i // STAGES) & 1
+            mbarrier.wait(x_free.index(slot), phase ^ 1)
+            mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
+            _tma_load(x_desc, [batch, off_m, i * BLOCK_N], x_ready.index(slot), x_bufs.index(slot))
+            mbarrier.wait(v_free.index(slot), phase ^ 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [batch, i * BLOCK_N, off_d3], v_ready.index(slot), v_bufs.index(slot))
+
+    @gluon.jit
+    def _gluon_softmax_consumer(x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                o_ptr, stride_ob, stride_o1, stride_o3, batch, off_m, off_d3, d1, d2, d3, n_steps,
+                                s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr):
+        """The default partition: online softmax of step i overlapping the MMA of step i - 1; then the output."""
+        STAGES: gl.constexpr = x_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = x_bufs.type.shape[2]
+        BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
+        BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
+        dtype: gl.constexpr = x_bufs.dtype
+        LOG2E: gl.constexpr = 1.4426950408889634
+        rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
+        l = gl.zeros([BLOCK_M], gl.float32, rows_l)
+        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
+        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        for i in range(n_steps):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            mbarrier.wait(x_ready.index(slot), phase)
+            s = x_bufs.index(slot).reshape([BLOCK_M, BLOCK_N]).load(s_layout).to(gl.float32)
+            # The generic-proxy read of the slot must precede the TMA that refills it. (An arrive
+            # is one thread's, after a barrier of the partition's warps: triton puts it there.)
+            fence_async_shared()
+            mbarrier.arrive(x_free.index(slot))
+
+            # Columns past d2 came in as zeros: they must weigh nothing.
+            s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=1))
+            # A row that has seen only -inf keeps m = -inf: exp(-inf - -inf) would be NaN.
+            live = m_new > float("-inf")
+            alpha = gl.where(live, gl.exp2((m - m_new) * LOG2E), 1.0)
+            w = gl.where(gl.expand_dims(live, 1), gl.exp2((s - gl.expand_dims(m_new, 1)) * LOG2E), 0.0).to(dtype)
+            # The weights are summed as rounded for the product, so they are normalised as used.
+            l = l * alpha + gl.sum(w.to(gl.float32), axis=1)
+            m = m_new
+
+            # Step i - 1's product must be done before acc is rescaled and its V slot refilled;
+            # its A operand p lives in registers and must not be overwritten until then either.
+            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+            mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES), pred=i > 0)
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+            p = gl.convert_layout(w, p_layout)
+            mbarrier.wait(v_ready.index(slot), phase)
+            acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+
+        # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
+        out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, acc_layout)), 1)
+        rows = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
+        out_cols = off_d3 + gl.arange(0, BLOCK_D3, gl.SliceLayout(0, acc_layout))
+        o_ptrs = (o_ptr + batch.to(gl.int64) * stride_ob + gl.expand_dims(rows.to(gl.int64) * stride_o1, 1)
+                  + gl.expand_dims(out_cols * stride_o3, 0))
+        mask = gl.expand_dims(rows < d1, 1) & gl.expand_dims(out_cols < d3, 0)
+        gl.store(o_ptrs, out.to(dtype), mask=mask)
+
+    @gluon.jit
+    def fused_softmax_gluon_kernel(x_desc, v_desc, o_ptr, stride_ob, stride_o1, stride_o3, d1, d2, d3, n_tiles_d3,
+                                   STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        """softmax(x) @ V for one (BLOCK_M rows, BLOCK_D3 columns) tile of one batch element's output."""
+        BLOCK_M: gl.constexpr = x_desc.block_type.shape[1]
+        BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
+        BLOCK_D3: gl.constexpr = v_desc.block_type.shape[2]
+        dtype: gl.constexpr = x_desc.dtype
+        gl.static_assert(num_warps == 4, "one consumer warpgroup")
+        gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
+
+        tile = gl.program_id(0)
+        batch = gl.program_id(1)
+        off_m = (tile // n_tiles_d3) * BLOCK_M
+        off_d3 = (tile % n_tiles_d3) * BLOCK_D3
+        n_steps = gl.cdiv(d2, BLOCK_N)
+
+        # The accumulator's layout fixes the MMA: 16 rows per warp, BLOCK_D3 columns per
+        # instruction, K of 16 (16-bit operands). The logits use the same row distribution
+        # (N = BLOCK_N), so their row statistics line up with the accumulator's rows, and the
+        # weights move from it to the MMA's register operand layout.
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, BLOCK_D3, 16])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+        x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(x_ready.index(slot), count=1)
+            mbarrier.init(x_free.index(slot), count=1)
+            mbarrier.init(v_ready.index(slot), count=1)
+            mbarrier.init(v_free.index(slot), count=1)
+
+        gl.warp_specialize([
+            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                       o_ptr, stride_ob, stride_o1, stride_o3, batch, off_m, off_d3, d1, d2, d3,
+                                       n_steps, s_layout, acc_layout, p_layout)),
+            (_gluon_softmax_loader, (x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                     batch, off_m, off_d3, n_steps)),
+        ], [1], [LOADER_REGISTERS])
+
+
+def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
+
+    x: (batch, d1, d2), V: (batch, d2, d3), float16 or bfloat16 -> (batch, d1, d3) in x's dtype,
+    accumulated in float32. Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
+    says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning.
+    """
+    check_softmax_matmul_inputs(x, V)
+    reason = gluon_softmax_unsupported(x, V)
+    if reason is not None:
+        raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")
+    batch, d1, d2 = x.shape
+    d3 = V.shape[2]
+    launch = launch or gluon_softmax_launch(d2, d3)
+    launch.check()
+    gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    x_block = [1, GLUON_BLOCK_M, launch.block_n]
+    v_block = [1, launch.block_n, launch.block_d3]
+    x_desc = GluonTensorDescriptor(x, list(x.shape), list(x.stride()), x_block,
+                                   gl.NVMMASharedLayout.get_default_for(x_block, gl_dtype))
+    v_desc = GluonTensorDescriptor(V, list(V.shape), list(V.stride()), v_block,
+                                   gl.NVMMASharedLayout.get_default_for(v_block, gl_dtype))
+    out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
+    n_tiles_d3 = triton.cdiv(d3, launch.block_d3)
+    grid = (triton.cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
+    fused_softmax_gluon_kernel[grid](
+        x_desc, v_desc, out, *out.stride(), d1, d2, d3, n_tiles_d3,
+        STAGES=launch.stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
+        **({} if launch.maxnreg is None else {"maxnreg": launch.maxnreg}),
+    )
+    return out
