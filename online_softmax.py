@@ -365,9 +365,11 @@ def _save_output_and_blocks(ctx, inputs, output):
     ctx.blocks = tuple(inputs[1:])
 
 
+# The autograd formulas always call the ops: torch.compile traces a backward with fake tensors
+# outside Dynamo, where needs_op cannot tell, and only an op's launch is traceable there.
 def _online_softmax_grad(ctx, dy):
     (y,) = ctx.saved_tensors
-    return _online_backward_3d(y, dy, *ctx.blocks), None, None
+    return _online_softmax_backward_op(y, dy, *ctx.blocks), None, None
 
 
 def _save_backward_inputs(ctx, inputs, output):
@@ -377,7 +379,7 @@ def _save_backward_inputs(ctx, inputs, output):
 
 def _online_softmax_backward_grad(ctx, ddx):
     y, dy = ctx.saved_tensors
-    grad_y, grad_dy = _softmax_double_backward(y, dy, ddx, lambda y, g: _online_backward_3d(y, g, *ctx.blocks))
+    grad_y, grad_dy = _softmax_double_backward(y, dy, ddx, lambda y, g: _online_softmax_backward_op(y, g, *ctx.blocks))
     return grad_y, grad_dy, None, None
 
 
@@ -770,20 +772,14 @@ def _row_softmax_backward_op(y2: torch.Tensor, dy2: torch.Tensor) -> torch.Tenso
     return _row_backward(y2, dy2, traced=True)
 
 
-def _row_backward_2d(y2: torch.Tensor, dy2: torch.Tensor) -> torch.Tensor:
-    if needs_op(y2, dy2):
-        return _row_softmax_backward_op(y2, dy2)
-    return _row_backward(y2, dy2, traced=False)
-
-
 def _row_softmax_grad(ctx, dy2):
     (y2,) = ctx.saved_tensors
-    return _row_backward_2d(y2, dy2), None
+    return _row_softmax_backward_op(y2, dy2), None
 
 
 def _row_softmax_backward_grad(ctx, ddx):
     y2, dy2 = ctx.saved_tensors
-    return _softmax_double_backward(y2, dy2, ddx, _row_backward_2d)
+    return _softmax_double_backward(y2, dy2, ddx, _row_softmax_backward_op)
 
 
 _row_softmax_op.register_autograd(_row_softmax_grad, setup_context=_save_output_and_blocks)
