@@ -41,10 +41,11 @@ for dtype in (torch.bfloat16,):
             default = fsm.fused_launch(512, B, dtype, B)
             for cfg in [None] + CONFIGS:
                 try:
-                    out = fsm.fused_softmax(x, V, B, B, launch=cfg)
+                    launch = cfg and fsm.FusedLaunch(*cfg)
+                    out = fsm.fused_softmax(x, V, B, B, launch=launch)
                     err = ((out.double() - ref).norm() / ref.norm()).item()
-                    t = time_ms(lambda: fsm.fused_softmax(x, V, B, B, launch=cfg))
-                    print(f"{dtype} {d2} {B} {cfg or ('default',) + default} {t:.4f} {t_torch / t:.2f}x err {err:.2e}", flush=True)
+                    t = time_ms(lambda: fsm.fused_softmax(x, V, B, B, launch=launch))
+                    print(f"{dtype} {d2} {B} {cfg or ('default', default)} {t:.4f} {t_torch / t:.2f}x err {err:.2e}", flush=True)
                 except Exception as exc:  # noqa: BLE001
                     print(f"{dtype} {d2} {B} {cfg} FAILED {type(exc).__name__}: {str(exc)[:100]}", flush=True)
         x = V = ref = None
