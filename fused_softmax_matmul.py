@@ -2214,9 +2214,17 @@ class FlashAttentionTriton(torch.autograd.Function):
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
-# Rows per chunk, at least: dW's update then has depth 1024, twice what keeps it compute bound in
-# bfloat16 on an H100 (see above). At V = 128256 in bfloat16 the buffer is 250 MiB, a quarter of dW.
-LCE_MIN_ROWS = 1024
+# Rows per chunk. The dW update (2 rows V H flops; dW's V H elements read and written) runs at
+# rows / element_size flops per byte of dW: at the H100's ridge (~260 flop/B) from ~520 rows in
+# bfloat16, with twice that margin at 1024. The logits and dx products run at about
+# rows H / (rows + H) flops per byte, past the ridge from ~300 rows at H = 2048. So 1024 rows
+# keep all three compute bound; more rows only grow the buffer. The buffer (rows x V) also gets a
+# memory budget of a quarter of dW (rows <= H / 4), down to 512 rows, where dW's update meets the
+# ridge: at H = 4096 that is 1024 rows; at H = 2048 it is 512 rows (148 MiB at V = 151936
+# instead of 297 MiB). The peak beyond the inputs is then dW + dx + the buffer: 1317 MiB at
+# 8192 x 4096 x 128256 in bfloat16, where a buffer of 250 MiB is the price of cuBLAS-sized products.
+LCE_MIN_ROWS = 512
+LCE_MAX_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
 LCE_ROW_MULTIPLE = 128
 
@@ -2256,13 +2264,13 @@ class LinearCrossEntropyLaunch:
 def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
     """Rows per chunk; the row kernel streams 8 KiB tiles of a row.
 
-    LCE_MIN_ROWS rows, or H / 4 where that is more: the buffer (rows x V) is then at most a
-    quarter of dW (V x H), which the op returns anyway, or LCE_MIN_ROWS x V. Larger chunks only
-    save re-reads of W and dW that the products already hide (see the section's header); never
-    more than BT. A few integer operations, so not cached (torch.compile traces them as constants).
+    H / 4 rows (the buffer, rows x V, is then a quarter of dW, V x H), within [LCE_MIN_ROWS,
+    LCE_MAX_ROWS] (see above: enough depth for dW's update, no more than the products need), in
+    multiples of LCE_ROW_MULTIPLE; never more than BT. A few integer operations, so not cached
+    (torch.compile traces them as constants).
     """
     element_size = dtype.itemsize
-    rows = max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE)
+    rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
     rows = max(1, min(BT, rows))
     block_v = min(triton.next_power_of_2(V), 8192 // element_size)
     return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
@@ -2502,6 +2510,9 @@ def _lce_setup_context(ctx, inputs, output):
     x, W, target, ignore_index, reduction, chunk_rows, block_v, num_warps, programs, grad_x, grad_W = inputs
     loss, lse, dx, dW = output
     ctx.mark_non_differentiable(lse, dx, dW)
+    # Autograd would otherwise hand the backward a zero-filled gradient for each output above:
+    # a dW-sized and a dx-sized tensor more at the peak (1 GB at V = 128256, H = 4096 in bfloat16).
+    ctx.set_materialize_grads(False)
     ctx.reduction = reduction
     ctx.grad_x, ctx.grad_W = grad_x, grad_W
     ctx.args = (ignore_index, chunk_rows, block_v, num_warps, programs)
@@ -2515,6 +2526,8 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
     if torch.is_grad_enabled():
         raise RuntimeError("linear_cross_entropy has no double backward (create_graph=True): its gradients "
                            "are computed by fused kernels that autograd cannot differentiate")
+    if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
+        return (None,) * 11
     if ctx.reduction == "none":
         x, W, target, lse = ctx.saved_tensors
         dx, dW = torch.ops.softmax_kernels.linear_cross_entropy_backward(

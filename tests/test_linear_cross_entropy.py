@@ -8,13 +8,17 @@ the row kernel's tile, so every path of the chunk loop runs in the interpreter.
 
 from __future__ import annotations
 
+import weakref
+
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
 
 from fused_softmax_matmul import (
-    LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, linear_cross_entropy, linear_cross_entropy_launch,
-    linear_cross_entropy_ref,
+    LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, _lce_forward, linear_cross_entropy,
+    linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn
 
@@ -236,16 +240,78 @@ def test_launch_is_bounded_by_V_and_H_not_by_BT():
                             (100, 32, 50, torch.float32)]:
         launch = linear_cross_entropy_launch(BT, V, H, dtype)
         rows = launch.chunk_rows
-        assert 1 <= rows <= BT
+        assert 1 <= rows <= min(BT, LCE_MAX_ROWS)
         assert rows == BT or rows % LCE_ROW_MULTIPLE == 0
         # the buffer: at most a quarter of dW, or LCE_MIN_ROWS rows
         assert rows * V <= max(LCE_MIN_ROWS * V, V * H // 4)
         assert launch.block_v * dtype.itemsize <= 8192
         launch.check()
     assert linear_cross_entropy_launch(8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
-    assert linear_cross_entropy_launch(8192, 128256, 16384, torch.bfloat16).chunk_rows == 4096
+    assert linear_cross_entropy_launch(16384, 151936, 2048, torch.bfloat16).chunk_rows == 512
+    # A wider H needs no deeper chunk: the products are compute bound from LCE_MAX_ROWS rows.
+    assert linear_cross_entropy_launch(8192, 128256, 16384, torch.bfloat16).chunk_rows == 1024
     # A batch 16x larger keeps the same buffer: memory grows with x, never with BT x V.
     assert linear_cross_entropy_launch(16 * 8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
+
+
+class PeakBytes(TorchDispatchMode):
+    """A caching allocator's peak of allocated bytes, emulated on the CPU: each storage a torch op
+    creates counts from the op until the storage is freed; views and in-place results, which
+    share an existing storage, count nothing. It sees the ops called at its own level only: a
+    custom op's inner allocations are hidden, so the forward's chunk loop is also measured by
+    calling its implementation directly."""
+
+    def __init__(self):
+        super().__init__()
+        self.live, self.now, self.peak = set(), 0, 0
+
+    def _freed(self, key, nbytes):
+        self.live.discard(key)
+        self.now -= nbytes
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        inputs = [t for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)]
+        known = {t.untyped_storage().data_ptr() for t in inputs}
+        for t in tree_flatten(out)[0]:
+            if not isinstance(t, torch.Tensor):
+                continue
+            storage = t.untyped_storage()
+            key, nbytes = storage.data_ptr(), storage.nbytes()
+            if nbytes == 0 or key in known or key in self.live:
+                continue
+            self.live.add(key)
+            self.now += nbytes
+            self.peak = max(self.peak, self.now)
+            weakref.finalize(storage, self._freed, key, nbytes)
+        return out
+
+
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_memory_is_the_gradients_and_one_buffer(reduction):
+    """The design's peak beyond the inputs: dx, dW and one (chunk_rows, V) logits buffer, plus
+    per-row float32 vectors (loss, lse) and a few scalars. What the GPU test measures at full size,
+    checked here op by op: no zero-filled gradients for the non-differentiable outputs, no
+    out-of-place scaling of dx or dW, no buffer per chunk."""
+    BT, H, V = 64, 32, 300
+    x, W, target = linear_cross_entropy_inputs(BT, H, V, torch.bfloat16)
+    launch = LinearCrossEntropyLaunch(16, 64, 4)  # 4 chunks
+    grads = (BT * H + V * H) * x.element_size()
+    buffer = launch.chunk_rows * V * x.element_size()
+    # loss and lse per row in float32, the targets' not-ignored mask (1 byte a row), 0-d scalars
+    small = 2 * 4 * BT + BT + 8 * 64
+    xl, Wl = x.clone().requires_grad_(), W.clone().requires_grad_()
+    with PeakBytes() as whole:
+        loss = linear_cross_entropy(xl, Wl, target, reduction=reduction, launch=launch)
+        dloss = torch.ones_like(loss)
+        dx, dW = torch.autograd.grad(loss, (xl, Wl), dloss)
+    del loss, dx, dW
+    assert whole.peak <= grads + small, f"forward + backward: {whole.peak} bytes, gradients {grads}"
+    with PeakBytes() as forward:
+        _lce_forward(x, W, target, IGNORE, reduction, launch.chunk_rows, launch.block_v, launch.num_warps,
+                     launch.programs, True, True)
+    wanted = (grads if reduction != "none" else 0) + buffer + small
+    assert forward.peak <= wanted, f"chunk loop: {forward.peak} bytes, the design's {wanted}"
 
 
 @pytest.mark.skipif(ON_GPU, reason="the GPU version of this check uses the default backend (test_compiles_on_gpu)")
@@ -281,7 +347,11 @@ def relative(a, b):
 @pytest.mark.parametrize("BT,H,V", [(4096, 4096, 32768), (8192, 4096, 128256)])
 def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     """The issue's rule at its sizes: loss and gradients within 2x torch bfloat16's error against
-    float32, and peak memory above the inputs at most dx + dW + the chunk buffer + 64 MiB."""
+    float32. Peak memory above the inputs: the design's, dW + dx + one (chunk_rows, V) buffer
+    (1317 MiB at 8192 x 4096 x 128256, 352 MiB at 4096 x 4096 x 32768). The issue's target, no
+    more than cut-cross-entropy (1.07 GB at the larger size, about dW + dx), is missed by the
+    buffer: 250 MiB, what chunks deep enough for cuBLAS-speed products cost (see
+    ``linear_cross_entropy_launch``)."""
     x, W, target = linear_cross_entropy_inputs(BT, H, V, torch.bfloat16, scale=1.0)
     ref32 = loss_and_grads(torch_loss, x.float(), W.float(), target, "mean", 1.0)
     theirs = loss_and_grads(torch_loss, x, W, target, "mean", 1.0)
@@ -294,9 +364,19 @@ def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref32, theirs):
         assert relative(out, ref) <= 2 * relative(torch_out, ref) + 1e-6, name
     launch = linear_cross_entropy_launch(BT, V, H, torch.bfloat16)
-    # loss_and_grads clones x and W (inputs of the call), so count them too
-    allowed = 2 * (x.numel() + W.numel()) * 2 + launch.chunk_rows * V * 2 + 64 * 2**20
-    assert extra <= allowed, f"{extra / 2**20:.0f} MiB above the inputs, allowed {allowed / 2**20:.0f}"
+    element = x.element_size()
+    clones = (x.numel() + W.numel()) * element  # loss_and_grads clones x and W, the call's inputs
+    gradients = (x.numel() + W.numel()) * element
+    buffer = launch.chunk_rows * V * element
+    # Per-row float32 loss and lse (64 KiB at BT = 8192), 0-d scalars, and the caching allocator's
+    # rounding: a block left over from a 2 MiB segment by less than 1 MiB is not split off, so each
+    # of the half-dozen tensors may count up to 2 MiB more than it asked for. cuBLAS's workspace
+    # exists already: the torch rows above ran the same products on this stream.
+    slack = 16 * 2**20
+    allowed = clones + gradients + buffer + slack
+    assert extra <= allowed, (f"{extra / 2**20:.0f} MiB above the inputs, allowed {allowed / 2**20:.0f} "
+                              f"(x and W cloned {clones / 2**20:.0f}, dx + dW {gradients / 2**20:.0f}, "
+                              f"buffer {buffer / 2**20:.0f})")
 
 
 @needs_gpu
