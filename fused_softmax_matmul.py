@@ -86,7 +86,8 @@ def _tf32_rounded(t):
 # Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
 # Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
 # bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dP = dO @ V^T
-# a tile at a time and dx = P * (dP - rowsum(dO * O)); ``fused_softmax_backward_dv_kernel``
+# a tile at a time and dx = P * (dP - rowsum(dO * O)) (with TF32 products rowsum(P * dP), from
+# a first pass over dP: see the kernel); ``fused_softmax_backward_dv_kernel``
 # sums dV = P^T @ dO over row tiles. Both are custom ops (``kernel_op``); the backward op has no
 # autograd of its own, so a second derivative raises.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
@@ -244,6 +245,24 @@ def fused_softmax_kernel(
 
 
 @triton.jit
+def _dp_tile(g_rows, v_base, k, ks, k_ok, cs, row_ok, d3, stride_g3, stride_v2, stride_v3,
+             BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
+             PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr):
+    """The (BLOCK_1, BLOCK_2) tile of dP = dO @ V^T at d2 offset k, over d3 in BLOCK_3 steps."""
+    dp = tl.zeros((BLOCK_1, BLOCK_2), tl.float32)
+    for c in range(0, d3, BLOCK_3):
+        c_ok = (c + cs) < d3
+        g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
+        v_t = tl.load(v_base + (c + cs)[:, None] * stride_v3 + (k + ks)[None, :].to(tl.int64) * stride_v2,
+                      mask=c_ok[:, None] & k_ok[None, :], other=0.0)
+        if ROUND_TF32:  # as in the forward: a TF32 product of truncated operands is biased
+            g = _tf32_rounded(g)
+            v_t = _tf32_rounded(v_t)
+        dp = _dot_acc(g, v_t, dp, PRECISION, UPCAST)
+    return dp
+
+
+@triton.jit
 def fused_softmax_backward_dx_kernel(
     x_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dx_ptr,
     d1, d2, d3,
@@ -254,12 +273,19 @@ def fused_softmax_backward_dx_kernel(
     stride_db, stride_d1, stride_d2,
     n_tiles_1,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, DELTA_FROM_DP: tl.constexpr,
 ):
     """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
 
     delta = rowsum(P * dP) = rowsum(dO * O), since O = P @ V: one pass over d3 instead of two
     over d2. A row of only -inf has lse = -inf, so P and dx are NaN there, as torch's are.
+
+    DELTA_FROM_DP (TF32 products): delta is summed from this kernel's own dP instead, in a first
+    pass over d2 that repeats the products. dP then carries errors of a TF32 unit (2^-11
+    relative), and only a delta made of the same dP cancels them where it matters: a row whose
+    softmax is nearly one-hot has dx_j = P_j (dP_j - delta) with delta ~ dP_j, so the two errors
+    in dP_j cancel as they do in torch's formula. rowsum(dO * O) has O's independent errors
+    instead: on an H100 (4 x 512 x 1024 x 96, logits of size 4) that gave 2.7 x torch's error.
     """
     pid = tl.program_id(0)
     batch = (pid // n_tiles_1).to(tl.int64)
@@ -269,32 +295,34 @@ def fused_softmax_backward_dx_kernel(
     ks = tl.arange(0, BLOCK_2)
     o_rows = o_ptr + batch * stride_ob + rows[:, None].to(tl.int64) * stride_o1
     g_rows = do_ptr + batch * stride_gb + rows[:, None].to(tl.int64) * stride_g1
-    delta = tl.zeros((BLOCK_1,), tl.float32)
-    for c in range(0, d3, BLOCK_3):
-        mask = row_ok[:, None] & ((c + cs) < d3)[None, :]
-        o = tl.load(o_rows + (c + cs)[None, :] * stride_o3, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=mask, other=0.0).to(tl.float32)
-        delta += tl.sum(o * g, axis=1)
     # Rows past d1 read lse 0 and x -inf: P = 0 there, never NaN.
     lse = tl.load(lse_ptr + batch * d1 + rows, mask=row_ok, other=0.0)
     x_rows = x_ptr + batch * stride_xb + rows[:, None].to(tl.int64) * stride_x1
     d_rows = dx_ptr + batch * stride_db + rows[:, None].to(tl.int64) * stride_d1
     v_base = v_ptr + batch * stride_vb
+    delta = tl.zeros((BLOCK_1,), tl.float32)
+    if DELTA_FROM_DP:
+        for k in range(0, d2, BLOCK_2):
+            k_ok = (k + ks) < d2
+            x = tl.load(x_rows + (k + ks)[None, :] * stride_x2, mask=row_ok[:, None] & k_ok[None, :],
+                        other=float("-inf")).to(tl.float32)
+            p = tl.exp(x - lse[:, None])
+            dp = _dp_tile(g_rows, v_base, k, ks, k_ok, cs, row_ok, d3, stride_g3, stride_v2, stride_v3,
+                          BLOCK_1, BLOCK_2, BLOCK_3, PRECISION, UPCAST, ROUND_TF32)
+            delta += tl.sum(p * dp, axis=1)
+    else:
+        for c in range(0, d3, BLOCK_3):
+            mask = row_ok[:, None] & ((c + cs) < d3)[None, :]
+            o = tl.load(o_rows + (c + cs)[None, :] * stride_o3, mask=mask, other=0.0).to(tl.float32)
+            g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=mask, other=0.0).to(tl.float32)
+            delta += tl.sum(o * g, axis=1)
     for k in range(0, d2, BLOCK_2):
         k_ok = (k + ks) < d2
         mask = row_ok[:, None] & k_ok[None, :]
         x = tl.load(x_rows + (k + ks)[None, :] * stride_x2, mask=mask, other=float("-inf")).to(tl.float32)
         p = tl.exp(x - lse[:, None])
-        dp = tl.zeros((BLOCK_1, BLOCK_2), tl.float32)
-        for c in range(0, d3, BLOCK_3):
-            c_ok = (c + cs) < d3
-            g = tl.load(g_rows + (c + cs)[None, :] * stride_g3, mask=row_ok[:, None] & c_ok[None, :], other=0.0)
-            v_t = tl.load(v_base + (c + cs)[:, None] * stride_v3 + (k + ks)[None, :].to(tl.int64) * stride_v2,
-                          mask=c_ok[:, None] & k_ok[None, :], other=0.0)
-            if ROUND_TF32:  # as in the forward: a TF32 product of truncated operands is biased
-                g = _tf32_rounded(g)
-                v_t = _tf32_rounded(v_t)
-            dp = _dot_acc(g, v_t, dp, PRECISION, UPCAST)
+        dp = _dp_tile(g_rows, v_base, k, ks, k_ok, cs, row_ok, d3, stride_g3, stride_v2, stride_v3,
+                      BLOCK_1, BLOCK_2, BLOCK_3, PRECISION, UPCAST, ROUND_TF32)
         dx = p * (dp - delta[:, None])
         tl.store(d_rows + (k + ks)[None, :] * stride_d2, dx.to(dx_ptr.dtype.element_ty), mask=mask)
 
@@ -518,11 +546,15 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, int(d3))
     precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
                      ROUND_TF32=round_to_tf32(x.dtype))
+    # A TF32 dP (2^-11) needs the delta made of itself; tf32x3's and 16-bit inputs' float32
+    # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
+    delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     if dx.numel():
         n_tiles_1 = _cdiv(d1, b1)
         _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
-            *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
+            *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
+            num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = _cdiv(d3, b3)
         n_tiles = _cdiv(d2, b2) * n_tiles_3

@@ -87,10 +87,10 @@ def test_other_launches(launch):
 @pytest.mark.parametrize("logits", ["masked", "extreme"])
 def test_masked_and_extreme_logits(logits):
     """-inf logits (whole tiles of them, an all -inf row: NaN as torch) and +-BIG (x - max overflows)."""
-    shape = (2, 70, 200, 24)
+    batch, d1, d2, d3 = 2, 70, 200, 24
     build = masked_logits if logits == "masked" else extreme_logits
-    x = build(shape, torch.bfloat16)
-    V = randn((shape[0], shape[2], shape[3]), torch.bfloat16, seed=1)
+    x = build((batch, d1, d2), torch.bfloat16)
+    V = randn((batch, d2, d3), torch.bfloat16, seed=1)
     check_gluon(x, V)
 
 

@@ -396,6 +396,21 @@ def test_gradients_match_float64(shape, blocks, launch, dtype):
     check_gradients(x.requires_grad_(), V.requires_grad_(), launch, blocks, seed=7)
 
 
+@pytest.mark.parametrize("float32_matmul_precision", ["high"], indirect=True)
+@pytest.mark.parametrize("inputs", ["odd", "masked tiles"])
+def test_gradients_under_tf32_setting(inputs, float32_matmul_precision):
+    """Under 'high' the dx kernel sums delta = rowsum(P * dP) from its own dP (a first pass over
+    d2) rather than rowsum(dO * O): that pass on ragged tiles, and on rows of -inf (NaN rows stay
+    NaN, -inf tiles add nothing). The TF32 error it cancels shows only on a GPU (test_gpu_gradients)."""
+    if inputs == "odd":
+        shape, blocks, _ = GRAD_CASES["odd"]
+        x, V = softmax_matmul_inputs(*shape, torch.float32, seed=5, scale=2.0)
+    else:
+        blocks = (16, 16)
+        x, V = masked_tiles(EDGE_SHAPE[:3], torch.float32, seed=40), edge_V(torch.float32, seed=41)
+    check_gradients(x.requires_grad_(), V.requires_grad_(), None, blocks, seed=9)
+
+
 @needs_gpu
 @pytest.mark.parametrize("float32_matmul_precision", ["highest", "high"], indirect=True)
 @pytest.mark.parametrize("block", [16, 64])
