@@ -6,7 +6,8 @@ decorated.
 
 A benchmark is a parametrized test that calls the ``bench`` fixture with its ``BenchGroup`` (the
 group's CSV, columns and baselines, declared once as data in the test module), the row that
-identifies the case, and a function that builds the inputs and returns the callable to time.
+identifies the case, and a function that builds the inputs and returns the callable to time
+with them (``(fn, inputs)``: the group's error function judges fn's result against them).
 The fixture measures the callable with the chosen timer (``--timer``), hands the rounds to
 pytest-benchmark (so its JSON, compare and compare-fail see them), and appends the finished row
 to ``benchmark.json.part`` in the outputs directory at once. At the end of the session the run's
@@ -713,10 +714,26 @@ def _free_memory():
 # ----------------------------------------------------------------------------------------------
 # Compiled and graph-replayed forms of an op (issue 13's triton_compiled and triton_graph rows)
 # ----------------------------------------------------------------------------------------------
-_COMPILED_OPS: dict = {}
+_COMPILED: dict = {}
 # Each shape of a grid is a recompile of one function: past Dynamo's default limit (8) it would
 # silently run eager under the compiled row's name. A higher limit, and an error beyond it.
 _DYNAMO_LIMITS = {"recompile_limit": 256, "cache_size_limit": 256, "fail_on_recompile_limit_hit": True}
+
+
+def compiled(fn, fullgraph: bool = False, backend: str = "inductor"):
+    """torch.compile(fn) with static shapes, built once per process for every group (its compile
+    time is never timed: the bench fixture's first call is untimed). Each Python function
+    recompiles per shape against its own limit, so a group that wants its own count compiles a
+    function of its own."""
+    for name, value in _DYNAMO_LIMITS.items():
+        try:
+            setattr(torch._dynamo.config, name, value)
+        except AttributeError:  # a torch without this setting
+            pass
+    key = (fn, fullgraph, backend)
+    if key not in _COMPILED:
+        _COMPILED[key] = torch.compile(fn, fullgraph=fullgraph, dynamic=False, backend=backend)
+    return _COMPILED[key]
 
 
 def compiled_op(fn):
@@ -724,16 +741,7 @@ def compiled_op(fn):
 
     Inductor on a GPU; aot_eager in the interpreter, where Inductor would compile C++ for every
     shape and user Triton kernels do not run compiled."""
-    for name, value in _DYNAMO_LIMITS.items():
-        try:
-            setattr(torch._dynamo.config, name, value)
-        except AttributeError:  # a torch without this setting
-            pass
-    key = fn
-    if key not in _COMPILED_OPS:
-        _COMPILED_OPS[key] = torch.compile(fn, fullgraph=True, dynamic=False,
-                                           backend="inductor" if ON_GPU else "aot_eager")
-    return _COMPILED_OPS[key]
+    return compiled(fn, fullgraph=True, backend="inductor" if ON_GPU else "aot_eager")
 
 
 def graph_replay(fn):
@@ -759,6 +767,11 @@ def graph_replay(fn):
     return replay
 
 
+def caller_form(impl: str, call):
+    """call as the row's implementation runs: replayed from a CUDA graph for a ``*_graph`` row."""
+    return graph_replay(call) if impl.endswith("_graph") else call
+
+
 # ----------------------------------------------------------------------------------------------
 # The bench fixture: measure, hand the rounds to pytest-benchmark, record
 # ----------------------------------------------------------------------------------------------
@@ -766,13 +779,14 @@ def graph_replay(fn):
 def bench(benchmark, request):
     """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None, error=None)``.
 
-    ``build()`` allocates the inputs and returns the zero-argument callable to time, so an
-    allocation failure is recorded like any other. ``bytes_moved`` (the least traffic the
-    implementation needs) and ``flops`` turn the time into GB/s, TFLOP/s and shares of the
-    measured copy bandwidth and matmul rate (``dtype`` picks the matmul peak to compare with).
-    ``error(out)``, given the untimed first call's result, returns its error against a float64
-    reference, recorded as ``rel_error`` beside the times: speed and accuracy of one run. It may
-    return a dict of named errors instead ({"grad_rel_error": ...}), recorded as row keys.
+    ``build()`` allocates the inputs and returns ``(fn, inputs)``: the zero-argument callable to
+    time and what it was built from, so an allocation failure is recorded like any other.
+    ``bytes_moved`` (the least traffic the implementation needs) and ``flops`` turn the time into
+    GB/s, TFLOP/s and shares of the measured copy bandwidth and matmul rate (``dtype`` picks the
+    matmul peak to compare with). ``error(out, inputs)``, given the untimed first call's result
+    and build's inputs, returns its error against a float64 reference, recorded as ``rel_error``
+    beside the times: speed and accuracy of one run. It may return a dict of named errors instead
+    ({"grad_rel_error": ...}), recorded as row keys.
     """
     config = request.config
 
@@ -831,10 +845,14 @@ def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timi
 
 def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
     """Build, check, measure: (the rounds, the measured values that are not times)."""
-    fn = build()
+    built = build()
+    if not (isinstance(built, tuple) and len(built) == 2 and callable(built[0])):
+        raise TypeError(f"build of group {group.name} must return (fn, inputs) with fn a zero-argument callable, "
+                        f"got {type(built).__name__}")
+    fn, inputs = built
     first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
-    rel_error = error(first) if error is not None else None
-    first = None
+    rel_error = error(first, inputs) if error is not None else None
+    first = inputs = None
     bs = config._benchmarksession
     if bs.disabled:
         return Timing([]), {}

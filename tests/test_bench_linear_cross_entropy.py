@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup, Unavailable
+from conftest import BenchGroup, Unavailable, compiled
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
@@ -49,7 +49,7 @@ GROUP = BenchGroup(
 
 if ON_GPU:
     # Llama 3 (8192 tokens, H 4096, V 128256), a 32k vocabulary, Qwen 2's 151936 at H 2048.
-    SIZES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
+    CASES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
     # Beside the launch's own choice, the Triton rows at 256 and 4096 rows per chunk (what the
     # buffer's size, i.e. memory, buys in time), and with one row-kernel program per SM taking
     # 16 KiB tiles (fewer rows in flight, so the gradient pass finds more of its row in L2).
@@ -58,17 +58,9 @@ if ON_GPU:
 else:
     # Interpreter smoke run: a ragged vocabulary, one chunk. torch.compile is left out, as in the
     # matmul_softmax group: inductor compiling C++ on 2 shared cores outlasts the rest of the run.
-    SIZES = [(64, 32, 300, "float32")]
+    CASES = [(64, 32, 300, "float32")]
     VARIANTS = [(impl, {}) for impl in GROUP.impls if impl != "compile"]
 MODES = ("fwd", "fwd_bwd")
-
-
-def _peer(module: str, attribute: str):
-    """A peer's entry point, or the reason it cannot run here."""
-    try:
-        return getattr(importlib.import_module(module), attribute), None
-    except Exception as exc:  # noqa: BLE001 - any import failure is the row's reason
-        return None, f"{module} does not import: {type(exc).__name__}: {exc}"
 
 
 def liger(x, W, target):
@@ -86,38 +78,51 @@ def cce(x, W, target):
     return fn(x, W, target, ignore_index=-100, reduction="mean")
 
 
-_COMPILED: dict[str, object] = {}
+def peer(module: str, fn):
+    """A factory returning fn once its package imports here; otherwise the row stays empty with the reason."""
+    def factory(launch):  # noqa: ARG001 - a peer chooses its own launch
+        try:
+            importlib.import_module(module)
+        except Exception as exc:  # noqa: BLE001 - any import failure is the row's reason
+            raise Unavailable(f"{module} does not import: {type(exc).__name__}: {exc}") from exc
+        return fn
+    return factory
 
 
-def compiled_ref(x, W, target):
-    if "ref" not in _COMPILED:  # compiled once per process; its compile time is not timed
-        _COMPILED["ref"] = torch.compile(linear_cross_entropy_ref)
-    return _COMPILED["ref"](x, W, target)
-
-
-IMPL_FUNCTIONS = {
-    "torch": linear_cross_entropy_ref,
-    "compile": compiled_ref,
-    "liger": liger,
-    "cce": cce,
-    "triton": linear_cross_entropy,
+# Each factory takes the row's launch (a LinearCrossEntropyLaunch for triton, None for the
+# others) and returns loss(x, W, target).
+IMPLS = {
+    "torch": lambda launch: linear_cross_entropy_ref,
+    "compile": lambda launch: compiled(linear_cross_entropy_ref),
+    "liger": peer("liger_kernel.ops.fused_linear_cross_entropy", liger),
+    "cce": peer("cut_cross_entropy", cce),
+    "triton": lambda launch: functools.partial(linear_cross_entropy, launch=launch),
 }
-PEER_MODULES = {"liger": "liger_kernel.ops.fused_linear_cross_entropy", "cce": "cut_cross_entropy"}
 
 _REFERENCE: dict = {}
 
 
-def reference(BT, H, V, dtype):
-    """(loss, dx, dW) from float32 (GPU) or float64 (interpreter) copies of the inputs; one case kept."""
-    key = (BT, H, V, dtype)
+def reference(x, W, target):
+    """(loss, dx, dW) from float32 (GPU) or float64 (interpreter) copies of the inputs. The builder
+    is seeded, so one case's inputs are the same for every implementation and mode: the last
+    case's answer is kept (on the LM-head sizes it costs a second of float32 matmuls)."""
+    key = (tuple(x.shape), tuple(W.shape), x.dtype)
     if key not in _REFERENCE:
         _REFERENCE.clear()
-        x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
         wide = torch.float32 if ON_GPU else torch.float64
-        x, W = x.to(wide).requires_grad_(), W.to(wide).requires_grad_()
+        x, W = x.detach().to(wide).requires_grad_(), W.detach().to(wide).requires_grad_()
         loss = F.cross_entropy(F.linear(x, W), target)
         _REFERENCE[key] = (loss.detach(), *torch.autograd.grad(loss, (x, W)))
     return _REFERENCE[key]
+
+
+def linear_cross_entropy_error(out, inputs) -> dict:
+    """loss_rel_error, and for mode fwd_bwd grad_rel_error (the worse of dx and dW)."""
+    ref_loss, ref_dx, ref_dW = reference(*inputs)
+    if not isinstance(out, tuple):  # mode fwd: the loss alone
+        return {"loss_rel_error": relative_error(out.detach(), ref_loss)}
+    return {"loss_rel_error": relative_error(out[0].detach(), ref_loss),
+            "grad_rel_error": max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))}
 
 
 def _variant_id(impl: str, overrides: dict) -> str:
@@ -133,26 +138,21 @@ def resolve(overrides: dict, dtype: torch.dtype) -> dict:
 
 @pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("BT,H,V,dtype", SIZES)
+@pytest.mark.parametrize("BT,H,V,dtype", CASES)
 def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
-    fn = IMPL_FUNCTIONS[impl]
+    launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":
         launch = dataclasses.replace(linear_cross_entropy_launch(BT, V, H, DTYPES[dtype]),
                                      **resolve(overrides, DTYPES[dtype]))
         launch_columns = dataclasses.asdict(launch)
-        fn = functools.partial(linear_cross_entropy, launch=launch)
     row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, **launch_columns)
-    ref_loss, ref_dx, ref_dW = reference(BT, H, V, dtype)
 
     def build():
-        if impl in PEER_MODULES:  # the harness keeps the row, empty with the reason, and skips the test
-            _, reason = _peer(PEER_MODULES[impl], "__name__")
-            if reason is not None:
-                raise Unavailable(reason)
+        fn = IMPLS[impl](launch)  # a peer that does not import: the harness keeps its row, empty with the reason
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
         if mode == "fwd":
-            return lambda: fn(x, W, target)
+            return (lambda: fn(x, W, target)), (x, W, target)
         x.requires_grad_()
         W.requires_grad_()
 
@@ -160,12 +160,7 @@ def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
             # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
             loss = fn(x, W, target)
             return (loss, *torch.autograd.grad(loss, (x, W)))
-        return forward_backward
+        return forward_backward, (x, W, target)
 
-    def error(out):
-        if mode == "fwd":
-            return {"loss_rel_error": relative_error(out.detach(), ref_loss)}
-        return {"loss_rel_error": relative_error(out[0].detach(), ref_loss),
-                "grad_rel_error": max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))}
-
-    bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype], error=error)
+    bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype],
+          error=linear_cross_entropy_error)

@@ -10,11 +10,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import BenchGroup, compiled_op, graph_replay
+from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
-    MATMUL_SOFTMAX_IMPLS, matmul_softmax_flops, matmul_softmax_impl_bytes, matmul_softmax_ref,
+    matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_impl_bytes,
+    matmul_softmax_ref, matmul_softmax_unfused,
 )
-from support import DEVICE, DTYPES, ON_GPU, matmul_softmax_inputs
+from support import DEVICE, DTYPES, ON_GPU, matmul_softmax_inputs, relative_error
 
 GROUP = BenchGroup(
     name="matmul_softmax",
@@ -28,54 +29,56 @@ GROUP = BenchGroup(
     plot=("bar", "speedup_vs_torch"),
 )
 
+# The caller forms (torch.compile(fullgraph=True), CUDA-graph replay) of the tiled kernel, the
+# one meant for every size.
+CALLER_OF = "triton_fused_tiled"
+# Each factory returns f(x, W). matmul_softmax_impl_bytes knows the Triton versions by these names.
+IMPLS = {
+    "torch": lambda: matmul_softmax_ref,
+    "compile": lambda: compiled(matmul_softmax_ref),
+    "triton_unfused": lambda: matmul_softmax_unfused,
+    "triton_fused_simple": lambda: matmul_softmax_fused_simple,
+    "triton_fused_tiled": lambda: matmul_softmax_fused_tiled,
+    "triton_compiled": lambda: compiled_op(matmul_softmax_fused_tiled),
+    "triton_graph": lambda: matmul_softmax_fused_tiled,
+}
+
 if ON_GPU:
     # Classifier heads in float32, then LM heads in bfloat16 (C = 32768 and Llama 3's 128256).
-    SIZES = [
+    CASES = [
         (64, 128, 10, "float32"), (256, 512, 50, "float32"), (1024, 1024, 100, "float32"),
         pytest.param(4096, 4096, 32768, "bfloat16", marks=pytest.mark.slow),
         pytest.param(8192, 4096, 128256, "bfloat16", marks=pytest.mark.slow),
     ]
-    IMPLS = GROUP.impls
+    IMPL_NAMES = GROUP.impls
 else:
     # The interpreter costs ~3 ms per program per K step: one small size shows the pipeline
     # works. torch.compile is left out: inductor compiling C++ on 2 shared cores takes longer
     # than the rest of the run, and its CPU time says nothing about the GPU.
-    SIZES = [(64, 128, 10, "float32")]
-    IMPLS = tuple(impl for impl in GROUP.impls if impl != "compile")
-
-_COMPILED: dict[str, object] = {}
+    CASES = [(64, 128, 10, "float32")]
+    IMPL_NAMES = tuple(impl for impl in GROUP.impls if impl != "compile")
 
 
-def compiled_ref():
-    """torch.compile(matmul_softmax_ref), built once per process: its compile time is not timed."""
-    if "ref" not in _COMPILED:
-        _COMPILED["ref"] = torch.compile(matmul_softmax_ref)
-    return _COMPILED["ref"]
+def matmul_softmax_error(out: torch.Tensor, inputs) -> float:
+    """The first 16 rows against float64 logits, W converted a slice of classes at a time (a
+    float64 copy of a 4096 x 128256 W would be 4 GiB)."""
+    x, W = inputs
+    x = x[:16].double()
+    logits = torch.cat([x @ W[:, c:c + 16384].double() for c in range(0, W.shape[1], 16384)], dim=1)
+    return relative_error(out[:16], torch.softmax(logits, dim=-1))
 
 
-# The caller forms (torch.compile(fullgraph=True), CUDA-graph replay) of the tiled kernel, the
-# one meant for every size.
-CALLER_OF = "triton_fused_tiled"
-
-
-def impl_function(impl: str):
-    if impl == "compile":
-        return compiled_ref()
-    if impl == "triton_compiled":
-        return compiled_op(MATMUL_SOFTMAX_IMPLS[CALLER_OF])
-    return MATMUL_SOFTMAX_IMPLS[CALLER_OF if impl == "triton_graph" else impl]
-
-
-@pytest.mark.parametrize("impl", IMPLS)
-@pytest.mark.parametrize("B,K,C,dtype", SIZES)
+@pytest.mark.parametrize("impl", IMPL_NAMES)
+@pytest.mark.parametrize("B,K,C,dtype", CASES)
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
     kernel = CALLER_OF if impl in ("triton_compiled", "triton_graph") else impl  # the kernel that runs
     bytes_model = matmul_softmax_impl_bytes(kernel, B, K, C, DTYPES[dtype], DEVICE)
 
     def build():
         x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype])
-        fn = impl_function(impl)
-        return graph_replay(lambda: fn(x, W)) if impl == "triton_graph" else (lambda: fn(x, W))
+        fn = IMPLS[impl]()
+        return caller_form(impl, lambda: fn(x, W)), (x, W)
 
     bench(GROUP, dict(B=B, K=K, C=C, dtype=dtype, impl=impl, bytes_model=bytes_model),
-          build, bytes_moved=bytes_model, flops=matmul_softmax_flops(B, K, C))
+          build, bytes_moved=bytes_model, flops=matmul_softmax_flops(B, K, C),
+          error=matmul_softmax_error)

@@ -24,7 +24,6 @@ the other groups: Inductor compiles C++ for each shape on the CPU).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import pandas as pd
@@ -32,7 +31,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup, Unavailable, group_table, is_resource_limit
+from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
     FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled, matmul_softmax_impl_bytes,
@@ -43,6 +42,8 @@ from support import (
     DEVICE, DTYPES, ON_GPU, attention_inputs, matmul_softmax_inputs, randn, relative_error, row_softmax_inputs,
     softmax_matmul_inputs,
 )
+from test_bench_matmul_softmax import matmul_softmax_error
+from test_bench_softmax import softmax_error
 
 GiB = 2**30
 
@@ -69,14 +70,6 @@ GROUP = BenchGroup(
     rounds=15,
     sort=("workload", "case", "_impl_order"),
 )
-
-# torch.compile specialises on each shape: every compiled function below recompiles once per case
-# (and attention once more per mode). Each is its own Python function, so its recompiles count
-# against its own limit and not against another group's compiled softmax_mult.
-for _name in ("cache_size_limit", "recompile_limit"):
-    if hasattr(torch._dynamo.config, _name):
-        setattr(torch._dynamo.config, _name, max(getattr(torch._dynamo.config, _name), 256))
-
 
 def role_of(impl: str) -> str:
     return "baseline" if impl in BASELINES else "peer" if impl in PEERS else "triton"
@@ -113,17 +106,12 @@ def _params(cases, impls, case_key, case_id):
             for case in cases for impl in impls]
 
 
-@functools.cache
-def _compiled(fn):
-    """torch.compile(fn) with static shapes, built once per process; its compile time is never timed."""
-    return torch.compile(fn, dynamic=False)
-
-
 def implementation(functions: dict, impl: str):
     """A workload's function for impl; the "compile" entry is the Python function torch.compile
-    compiles (a workload's own, so its recompiles count against its own limit)."""
+    compiles (conftest.compiled: static shapes, one recompile per case). It is the workload's own
+    function, so its recompiles count against its own limit, not another group's."""
     fn = functions[impl]
-    return _compiled(fn) if impl == "compile" else fn
+    return compiled(fn) if impl == "compile" else fn
 
 
 def _first_call(impl: str, call):
@@ -207,13 +195,13 @@ def attention_impl(impl: str, n: int, is_causal: bool, heads: int):
         fn = sdpa_with(impl)
         return lambda Q, K, V: fn(Q, K, V, is_causal, heads)
     if impl == "compile":
-        fn = _compiled(_sdpa_default)
+        fn = compiled(_sdpa_default)
         return lambda Q, K, V: fn(Q, K, V, is_causal, heads)
     if impl == "flex_compile":  # compiled as its documentation says to use it; the mask built once per case
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
         mask = create_block_mask(_causal, None, None, n, n, device=DEVICE) if is_causal else None
-        fn = _compiled(flex_attention)
+        fn = compiled(flex_attention)
         return lambda Q, K, V: fn(_as_4d(Q, heads), _as_4d(K, heads), _as_4d(V, heads), block_mask=mask).view(Q.shape)
     return lambda Q, K, V: FlashAttentionTriton.apply(Q, K, V, is_causal)
 
@@ -224,10 +212,9 @@ def attention_impl(impl: str, n: int, is_causal: bool, heads: int):
 def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
     torch_dtype = DTYPES[dtype]
     heads = _heads(bh)
-    inputs = {}
 
     def build():
-        Q, K, V = inputs["QKV"] = attention_inputs(bh, n, n, d, torch_dtype)
+        Q, K, V = attention_inputs(bh, n, n, d, torch_dtype)
         fn = attention_impl(impl, n, is_causal, heads)
         if mode == "fwd":
             call = lambda: fn(Q, K, V)  # noqa: E731
@@ -238,10 +225,10 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
             def call():
                 # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
                 return torch.autograd.grad(fn(*leaves), leaves, dO)
-        return _first_call(impl, call)
+        return _first_call(impl, call), (Q, K, V)
 
-    def error(out: torch.Tensor) -> float:  # the first 64 queries of the first head, against float64
-        Q, K, V = (t.detach()[:1].double() for t in inputs["QKV"])
+    def error(out: torch.Tensor, inputs) -> float:  # the first 64 queries of the first head, against float64
+        Q, K, V = (t.detach()[:1].double() for t in inputs)
         return relative_error(out[:1, :64], attention_reference(Q[:, :64], K, V, is_causal))
 
     case = f"BH={bh} heads={heads} L={n} d={d} {'causal' if is_causal else 'full'} {dtype}"
@@ -290,18 +277,14 @@ ROW_FUNCTIONS = {"torch": _softmax_last, "compile": _softmax_last, TRITON: row_s
 def test_shape_grid_row_softmax(bench, N, size, dtype, impl):
     torch_dtype = DTYPES[dtype]
     M = row_count(N, size, dtype)
-    inputs = {}
 
     def build():
         fn = liger_softmax() if impl == "liger" else implementation(ROW_FUNCTIONS, impl)
-        x = inputs["x"] = row_softmax_inputs(M, N, torch_dtype)
-        return _first_call(impl, lambda: fn(x))
-
-    def error(out: torch.Tensor) -> float:
-        return relative_error(out[:64], torch.softmax(inputs["x"][:64].double(), dim=-1))
+        x = row_softmax_inputs(M, N, torch_dtype)
+        return _first_call(impl, lambda: fn(x)), (x,)
 
     row = dict(workload="row_softmax", case=f"M={M} N={N} {dtype}", dtype=dtype, impl=impl, role=role_of(impl))
-    bench(GROUP, row, build, bytes_moved=softmax_bytes(M, N, torch_dtype.itemsize), error=error)
+    bench(GROUP, row, build, bytes_moved=softmax_bytes(M, N, torch_dtype.itemsize), error=softmax_error)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -332,15 +315,14 @@ SMV_FUNCTIONS = {"torch": softmax_mult, "compile": _softmax_mult, TRITON: fused_
     lambda d1, d2, d3, dtype, precision: f"d1_{d1}-d2_{d2}-d3_{d3}-{dtype}" + (f"-{precision}" if dtype == "float32" else "")))
 def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
     torch_dtype = DTYPES[dtype]
-    inputs = {}
 
     def build():
         fn = implementation(SMV_FUNCTIONS, impl)
-        x, V = inputs["x"], inputs["V"] = softmax_matmul_inputs(SMV_BATCH, d1, d2, d3, torch_dtype)
-        return _first_call(impl, lambda: fn(x, V))
+        x, V = softmax_matmul_inputs(SMV_BATCH, d1, d2, d3, torch_dtype)
+        return _first_call(impl, lambda: fn(x, V)), (x, V)
 
-    def error(out: torch.Tensor) -> float:  # the first 128 rows of the first batch entry
-        x, V = inputs["x"][:1, :128].double(), inputs["V"][:1].double()
+    def error(out: torch.Tensor, inputs) -> float:  # the first 128 rows of the first batch entry
+        x, V = inputs[0][:1, :128].double(), inputs[1][:1].double()
         return relative_error(out[:1, :128], torch.softmax(x, dim=-1) @ V)
 
     case = f"batch={SMV_BATCH} d1={d1} d2={d2} d3={d3} {dtype}" + (f" {precision}" if dtype == "float32" else "")
@@ -380,24 +362,16 @@ MMSM_FUNCTIONS = {"torch": matmul_softmax_ref, "compile": _matmul_softmax, TRITO
     MMSM_CASES, MMSM_IMPLS, lambda case: ("matmul_softmax", *case), lambda B, K, C, dtype: f"B{B}-K{K}-C{C}-{dtype}"))
 def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl):
     torch_dtype = DTYPES[dtype]
-    inputs = {}
 
     def build():
         fn = implementation(MMSM_FUNCTIONS, impl)
-        x, W = inputs["x"], inputs["W"] = matmul_softmax_inputs(B, K, C, torch_dtype)
-        return _first_call(impl, lambda: fn(x, W))
-
-    def error(out: torch.Tensor) -> float:
-        # The first 16 rows' float64 logits, W converted a slice of classes at a time (a float64
-        # copy of a 4096 x 128256 W would be 4 GiB).
-        x, W = inputs["x"][:16].double(), inputs["W"]
-        logits = torch.cat([x @ W[:, c:c + 16384].double() for c in range(0, C, 16384)], dim=1)
-        return relative_error(out[:16], torch.softmax(logits, dim=-1))
+        x, W = matmul_softmax_inputs(B, K, C, torch_dtype)
+        return _first_call(impl, lambda: fn(x, W)), (x, W)
 
     kernel = "triton_fused_tiled" if impl == TRITON else "torch"
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype}", dtype=dtype, impl=impl, role=role_of(impl))
     bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE),
-          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=error)
+          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
 
 
 # ----------------------------------------------------------------------------------------------

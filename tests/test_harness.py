@@ -93,8 +93,8 @@ def softmax_matmul_run(tmp_path_factory):
     # Run from tmp with the test file's absolute path: rootdir and tox.ini's [pytest] stay the
     # repository's, while the default .benchmarks storage (relative to the cwd) lands in tmp.
     # The caller forms (triton_compiled, triton_graph) are the kernels' business, not the harness's:
-    # test_benchmarks.py runs them.
-    proc = run_pytest([str(ROOT / "tests" / "test_benchmarks.py") + "::test_softmax_matmul", "-k", "not triton_",
+    # test_bench_softmax_matmul.py runs them.
+    proc = run_pytest([str(ROOT / "tests" / "test_bench_softmax_matmul.py") + "::test_softmax_matmul", "-k", "not triton_",
                        "--outputs-dir", str(tmp / "out"), "--benchmark-json", str(tmp / "run.json")], cwd=tmp)
     assert proc.returncode == 0, proc.output[-4000:]
     return tmp, proc
@@ -169,7 +169,7 @@ import pytest, torch, triton, triton.language as tl
 from conftest import BenchGroup, Unavailable
 
 PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",),
-                   impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named"),
+                   impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named", "bare"),
                    columns=("n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"))
 
 
@@ -189,18 +189,20 @@ def test_probe(bench, n, impl, BLOCK):
         if impl == "sleepy":  # tells the test it is running, then waits to be stopped
             open("sleeping", "w").close()
             time.sleep(120)
-        x = torch.empty(64)
+        x = torch.zeros(64)
         delay = float(os.environ.get("PROBE_DELAY_S", "0"))  # a deliberately slowed kernel
 
         def fill():
             time.sleep(delay)
             return fill_kernel[(1,)](x, BLOCK=BLOCK)
-        return fill
+        return fill if impl == "bare" else (fill, (x,))
 
     row = dict(n=n, impl=impl, BLOCK=BLOCK)
     if impl == "clash":
         row["execution"] = "a row key the harness writes itself"
-    bench(PROBE, row, build, error=(lambda out: {"probe_error": 0.25, "other_error": None}) if impl == "named" else None)
+    # The named errors are computed from build's inputs: the share of x that the kernel filled.
+    named = lambda out, inputs: {"probe_error": float(inputs[0].sum()) / inputs[0].numel(), "other_error": None}  # noqa: E731
+    bench(PROBE, row, build, error=named if impl == "named" else None)
 '''
 
 
@@ -252,11 +254,12 @@ def test_static_assert_is_a_recorded_limit(tmp_path):
 
 
 def test_other_errors_fail_the_run_and_keep_the_row(tmp_path):
-    proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "broken", 16)])
+    proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "broken", 16), (1, "bare", 16)])
     assert proc.returncode == 1, proc.output[-4000:]
-    assert "1 failed, 1 passed" in proc.output
+    assert "2 failed, 1 passed" in proc.output
     assert_measured(rows[0])
     assert_empty(rows[1], "ValueError: a bug in the probe")
+    assert_empty(rows[2], "TypeError: build of group probe must return (fn, inputs)")
     assert any(line.startswith("FAILED CONFIG n=1, impl=broken: ValueError: a bug in the probe")
                for line in proc.output.splitlines()), proc.output[-4000:]
 

@@ -1,0 +1,104 @@
+"""Benchmark group flash_attention: causal attention forward (and forward + backward) in PyTorch,
+SDPA (eager and compiled), FlashAttentionPytorch and FlashAttentionTriton.
+
+Every implementation is timed on inputs from the same builder as the correctness tests in
+test_flash_attention.py, which check flash_pytorch and flash_triton at these dtypes (and, on a GPU,
+at the benchmark's bfloat16 length).
+
+    pytest --benchmark-only -p no:xdist tests/test_bench_flash_attention.py
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
+from fused_softmax_matmul import (
+    FlashAttentionPytorch, FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes,
+)
+from support import DTYPES, ON_GPU, attention_inputs, randn, relative_error
+
+GROUP = BenchGroup(
+    name="flash_attention",
+    csv="flash_attention_benchmark.csv",
+    columns=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode", "impl",
+             "forward_ms_mean", "forward_ms_std", "forward_peak_MiB", "tflops"),
+    case=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode"),
+    impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton", "triton_compiled", "triton_graph"),
+    plot=("line", "n_queries"),
+)
+
+
+def sdpa(Q, K, V, is_causal):
+    # SDPA's fused backends (flash, memory-efficient) take only 4-d inputs and fall back to the
+    # materialising math backend on 3-d ones: give it one head, as (batch, 1, n, d) views.
+    return F.scaled_dot_product_attention(Q[:, None], K[:, None], V[:, None], is_causal=is_causal)[:, 0]
+
+
+def triton_compiled():
+    if not ON_GPU:
+        # The Function launches its kernels in its own methods, so torch.compile traces the
+        # launches themselves; Dynamo cannot trace an interpreted kernel.
+        raise Unavailable("torch.compile traces FlashAttentionTriton's Triton launches, which needs compiled Triton (a GPU)")
+    return compiled_op(FlashAttentionTriton.apply)
+
+
+# Each factory returns f(Q, K, V, is_causal).
+IMPLS = {
+    "reference": lambda: attention_reference,
+    "sdpa": lambda: sdpa,
+    "sdpa_compile": lambda: compiled(sdpa),
+    "flash_pytorch": lambda: FlashAttentionPytorch.apply,
+    "flash_triton": lambda: FlashAttentionTriton.apply,
+    "triton_compiled": triton_compiled,
+    "triton_graph": lambda: FlashAttentionTriton.apply,  # replayed from a CUDA graph
+}
+
+if ON_GPU:
+    CASES = [
+        # float32 sweep: where the materialised reference runs out of memory its row stays empty.
+        *[(8, n, n, 64, "float32", True, "fwd") for n in (256, 512, 1024, 2048, 4096, 8192)],
+        pytest.param(8, 16384, 16384, 64, "float32", True, "fwd", marks=pytest.mark.slow),
+        (16, 8192, 8192, 64, "bfloat16", True, "fwd"),
+        (16, 8192, 8192, 64, "bfloat16", True, "fwd_bwd"),
+    ]
+else:
+    # Interpreter smoke run: one tile of the wrapper's float32 launch (64 x 64), both modes. The
+    # compiled SDPA stays in: inductor on CPU compiles it in about 25 s, once per mode.
+    CASES = [(1, 64, 64, 16, "float32", True, "fwd"), (1, 64, 64, 16, "float32", True, "fwd_bwd")]
+
+
+def flash_attention_error(out, inputs) -> float:
+    """Against float64 on the first batch entry: the forward's first 64 queries (mode fwd; a float64
+    copy of a long sequence's logits would be GiBs), or the worst of dQ, dK, dV (mode fwd_bwd)."""
+    Q, K, V, is_causal, dO = inputs
+    Q, K, V = (t.detach()[:1].double() for t in (Q, K, V))
+    if dO is None:
+        return relative_error(out[:1, :64], attention_reference(Q[:, :64], K, V, is_causal))
+    leaves = [t.requires_grad_() for t in (Q, K, V)]
+    grads = torch.autograd.grad(attention_reference(*leaves, is_causal), leaves, dO[:1].double())
+    return max(relative_error(got[:1], want) for got, want in zip(out, grads))
+
+
+@pytest.mark.parametrize("impl", GROUP.impls)
+@pytest.mark.parametrize("batch,n_queries,n_keys,d,dtype,is_causal,mode", CASES)
+def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, mode, impl):
+    def build():
+        Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype])
+        fn = IMPLS[impl]()
+        if mode == "fwd":
+            return caller_form(impl, lambda: fn(Q, K, V, is_causal)), (Q, K, V, is_causal, None)
+        leaves = [t.requires_grad_() for t in (Q, K, V)]
+        dO = randn((batch, n_queries, d), DTYPES[dtype], seed=7)  # one fixed upstream gradient
+
+        def forward_backward():
+            # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
+            return torch.autograd.grad(fn(*leaves, is_causal), leaves, dO)
+        return caller_form(impl, forward_backward), (Q, K, V, is_causal, dO)
+
+    bench(GROUP, dict(batch=batch, n_queries=n_queries, n_keys=n_keys, d=d, dtype=dtype, is_causal=is_causal,
+                      mode=mode, impl=impl),
+          build, bytes_moved=flash_attention_bytes(batch, n_queries, n_keys, d, DTYPES[dtype].itemsize, mode),
+          flops=attention_flops(batch, n_queries, n_keys, d, is_causal, mode), error=flash_attention_error)

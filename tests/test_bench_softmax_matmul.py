@@ -1,0 +1,92 @@
+"""Benchmark group softmax_matmul: softmax(x) @ V on the specified grid, float32 under PyTorch's
+default precision, in PyTorch, torch.compile and the fused Triton kernel at each block size.
+
+The CSV outputs/softmax_matmul_benchmark.csv has the specification's nine columns and PyTorch
+and Triton rows only; the other implementations land in the run's JSON and the plot.
+
+    pytest --benchmark-only -p no:xdist tests/test_bench_softmax_matmul.py   # on a GPU: outputs/*.csv
+"""
+
+from __future__ import annotations
+
+import functools
+
+import pytest
+import torch
+
+from conftest import BenchGroup, caller_form, compiled, compiled_op
+from fused_softmax_matmul import fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
+from support import ON_GPU, relative_error, softmax_matmul_inputs
+
+GROUP = BenchGroup(
+    name="softmax_matmul",
+    csv="softmax_matmul_benchmark.csv",
+    columns=("batch_size", "d1", "d2", "d3", "triton", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"),
+    case=("batch_size", "d1", "d2", "d3"),
+    impls=("torch", "compile", "triton", "triton_compiled", "triton_graph"),
+    csv_impls=("torch", "triton"),  # the specified table has PyTorch and Triton rows only
+    sort=("d2", "_impl_order", "BLOCK"),
+    plot=("line", "d2"),
+    spec=True,
+)
+
+
+@functools.cache
+def fused_at(block: int):
+    """fused_softmax at one block size: one object per size, so its compiled form is cached."""
+    return functools.partial(fused_softmax, BLOCK_1=block, BLOCK_2=block)
+
+
+# Each factory takes the row's block size (None where the implementation has none) and returns
+# f(x, V). The Triton op is also timed as a caller may run it: under torch.compile(fullgraph=True)
+# and replayed from a CUDA graph (which removes the host's launch cost), at the largest block size.
+IMPLS = {
+    "torch": lambda block: softmax_mult,
+    "compile": lambda block: compiled(softmax_mult),
+    "triton": fused_at,
+    "triton_compiled": lambda block: compiled_op(fused_at(block)),
+    "triton_graph": fused_at,
+}
+CALLER_FORMS = ("triton_compiled", "triton_graph")
+
+if ON_GPU:
+    SPEC = dict(batch_size=16, d1=2048, d3=512)
+    SPEC_D2 = [64, 128, 256, 512, 1024, 2048, 4096, 8192]
+    SPEC_BLOCKS = [16, 32, 64]
+    # Inductor on CPU compiles C++ for every shape, tens of seconds each on two cores: the
+    # interpreter grids leave torch.compile out. On a GPU it is a peer in every group.
+    COMPILE = ("compile",)
+else:  # interpreter: ~3 ms per program per step, so a handful of programs and steps
+    SPEC = dict(batch_size=1, d1=32, d3=24)
+    SPEC_D2 = [32, 80]
+    SPEC_BLOCKS = [16, 32]
+    COMPILE = ()
+CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
+    (d2, "triton", b) for d2 in SPEC_D2 for b in SPEC_BLOCKS
+] + [(d2, impl, SPEC_BLOCKS[-1]) for d2 in SPEC_D2 for impl in CALLER_FORMS]
+
+
+def build_softmax_matmul(impl: str, block: int | None, batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype):
+    """(fn, (x, V)) for the bench fixture, from the correctness tests' input builder."""
+    x, V = softmax_matmul_inputs(batch, d1, d2, d3, dtype)
+    return caller_form(impl, functools.partial(IMPLS[impl](block), x, V)), (x, V)
+
+
+def softmax_matmul_error(out: torch.Tensor, inputs) -> float:
+    """||out - ref|| / ||ref|| on the first batch entry, ref in float64 from the same inputs."""
+    x, V = (t[:1].double() for t in inputs)
+    return relative_error(out[:1], torch.softmax(x, dim=-1) @ V)
+
+
+def softmax_matmul_bytes(impl: str, batch: int, d1: int, d2: int, d3: int, itemsize: int) -> int:
+    model = fused_softmax_bytes if impl.startswith("triton") else softmax_mult_bytes
+    return model(batch, d1, d2, d3, itemsize)
+
+
+@pytest.mark.parametrize("d2,impl,B", CASES)
+def test_softmax_matmul(bench, d2, impl, B):
+    batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
+    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl.startswith("triton"), BLOCK=B, impl=impl, dtype="float32")
+    bench(GROUP, row, lambda: build_softmax_matmul(impl, B, batch, d1, d2, d3, torch.float32),
+          bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, 4), flops=softmax_matmul_flops(batch, d1, d2, d3),
+          dtype=torch.float32, error=softmax_matmul_error)
