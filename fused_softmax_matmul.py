@@ -536,6 +536,9 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     needed is an empty tensor, and its kernel is not launched."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
+    # y.sum()'s gradient is expanded (stride 0): read in place it would cost the kernels their
+    # vector loads in every tile; one dense copy costs a single pass.
+    dout = dout.contiguous()
     dx = torch.empty((batch, d1, d2) if need_x else (0,), dtype=x.dtype, device=x.device)
     dV = torch.empty((batch, d2, d3) if need_V else (0,), dtype=V.dtype, device=V.device)
     if dx.numel() == 0 and dV.numel() == 0:
@@ -1232,6 +1235,7 @@ def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x:
                      wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """dx = dz @ W^T and dW = x^T @ dz by the Triton matmul (transposes read in place); a gradient
     not needed is an empty tensor."""
+    dz = dz.contiguous()  # an expanded (stride-0) upstream gradient would lose the vector loads
     dx = _matmul_forward(dz, W.t(), None, wrap) if need_x else x.new_empty((0,))
     dW = _matmul_forward(x.t(), dz, None, wrap) if need_W else W.new_empty((0,))
     return dx, dW
@@ -2184,11 +2188,12 @@ class FlashAttentionTriton(torch.autograd.Function):
         dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
         if batch == 0 or n_queries == 0:
             return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
-        if dO.dtype != Q.dtype:
-            dO = dO.to(Q.dtype)  # an upstream gradient of another dtype: the products need one operand type
+        # One operand type for the products, and dense rows: y.sum()'s gradient is an expanded,
+        # stride-0 tensor, which the kernels could read through its strides, but only one element
+        # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
+        # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
+        dO = dO.to(Q.dtype).contiguous()
         check_flash_offsets(dO=dO)
-        # dO may be any strided view (y.sum()'s gradient is an expanded, stride-0 tensor): the
-        # kernels read it through its strides.
         delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         flash_attention_backward_rowdot_kernel[flash_grid(batch, n_queries, ROWDOT_BLOCK_M)](
             O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
