@@ -683,6 +683,7 @@ class _StandInKernel:
                 args[6].copy_(dq)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_matches_eager compiles the Function with its real kernels")
 def test_function_body_traces_with_no_graph_break(monkeypatch):
     """torch.compile(apply, fullgraph=True) over the Function's own code (input checks, cached
     launches, grids, saved tensors, both methods), each kernel replaced by a PyTorch stand-in:

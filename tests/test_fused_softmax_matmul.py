@@ -396,6 +396,8 @@ def test_gradients_match_float64(shape, blocks, launch, dtype):
     check_gradients(x.requires_grad_(), V.requires_grad_(), launch, blocks, seed=7)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on an H100 torch's own products at these small sizes came out float32-accurate "
+                    "under 'high' (error 1.2e-7), no yardstick for TF32 ones: test_gpu_gradients checks the GPU")
 @pytest.mark.parametrize("float32_matmul_precision", ["high"], indirect=True)
 @pytest.mark.parametrize("inputs", ["odd", "masked tiles"])
 def test_gradients_under_tf32_setting(inputs, float32_matmul_precision):

@@ -287,6 +287,8 @@ class PeakBytes(TorchDispatchMode):
         return out
 
 
+@pytest.mark.skipif(ON_GPU, reason="a dispatch mode cannot follow a compiled triton_op's launches; on a GPU "
+                    "test_bfloat16_lm_head_accuracy_and_memory reads the allocator itself")
 @pytest.mark.parametrize("reduction", ["mean", "none"])
 def test_memory_is_the_gradients_and_one_buffer(reduction):
     """The design's peak beyond the inputs: dx, dW and one (chunk_rows, V) logits buffer, plus
