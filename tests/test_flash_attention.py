@@ -192,6 +192,18 @@ def test_low_precision(impl, dtype, is_causal):
     check_against_float64(impl, *shape, DTYPES[dtype], is_causal)
 
 
+def assert_outputs_and_gradients(label, ours, Q, K, V, dO, is_causal):
+    """(O, dQ, dK, dV) against float64, each within the error of torch at Q's dtype."""
+    exact = reference_with_grads(Q, K, V, dO, is_causal, torch.float64)
+    torchs = reference_with_grads(Q, K, V, dO, is_causal, Q.dtype)
+    L64 = attention_logsumexp(Q.double(), K.double(), is_causal)
+    for name, out, ref64, torch_out in zip(("O", "dQ", "dK", "dV"), ours, exact, torchs):
+        try:
+            assert_close(out, ref64, torch_out, algorithm_error=algorithm_error(name, L64, Q.shape[1], K.shape[1]))
+        except AssertionError as e:
+            raise AssertionError(f"{label} {name}: {e}") from None
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_gpu_sized_case(dtype):
@@ -562,14 +574,7 @@ def test_compiled_fullgraph_matches_float64(dtype, is_causal):
     O = compiled_apply(*leaves, is_causal)
     O.sum().backward()
     ours = (O.detach(), *(t.grad for t in leaves))
-    exact = reference_with_grads(Q, K, V, dO, is_causal, torch.float64)
-    torchs = reference_with_grads(Q, K, V, dO, is_causal, Q.dtype)
-    L64 = attention_logsumexp(Q.double(), K.double(), is_causal)
-    for name, out, ref64, torch_out in zip(("O", "dQ", "dK", "dV"), ours, exact, torchs):
-        try:
-            assert_close(out, ref64, torch_out, algorithm_error=algorithm_error(name, L64, Q.shape[1], K.shape[1]))
-        except AssertionError as e:
-            raise AssertionError(f"compiled {name}: {e}") from None
+    assert_outputs_and_gradients("compiled", ours, Q, K, V, dO, is_causal)
 
 
 @needs_gpu
@@ -615,14 +620,7 @@ def test_reduce_overhead_matches_float64():
     apply = torch.compile(FlashAttentionTriton.apply, mode="reduce-overhead", fullgraph=True)
     for _ in range(3):  # warm-up, record, replay
         ours = [t.clone() for t in run_with_grads_of(apply, Q, K, V, dO, True)]
-    exact = reference_with_grads(Q, K, V, dO, True, torch.float64)
-    torchs = reference_with_grads(Q, K, V, dO, True, Q.dtype)
-    L64 = attention_logsumexp(Q.double(), K.double(), True)
-    for name, out, ref64, torch_out in zip(("O", "dQ", "dK", "dV"), ours, exact, torchs):
-        try:
-            assert_close(out, ref64, torch_out, algorithm_error=algorithm_error(name, L64, Q.shape[1], K.shape[1]))
-        except AssertionError as e:
-            raise AssertionError(f"reduce-overhead {name}: {e}") from None
+    assert_outputs_and_gradients("reduce-overhead", ours, Q, K, V, dO, True)
 
 
 @needs_gpu

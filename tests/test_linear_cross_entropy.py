@@ -20,6 +20,7 @@ from fused_softmax_matmul import (
     LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, _lce_forward, linear_cross_entropy,
     linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
+from conftest import graph_replay
 from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn
 
 IGNORE = -100
@@ -406,18 +407,10 @@ def test_cuda_graph_capture():
         loss = linear_cross_entropy(xl, Wl, static_target)
         return (loss, *torch.autograd.grad(loss, (xl, Wl)))
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(2):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        out = step()
+    replay = graph_replay(step)
     _, _, new_target = linear_cross_entropy_inputs(512, 256, 5000, torch.bfloat16, seed=5)
     static_target.copy_(new_target)
-    graph.replay()
+    out = replay()
     want = loss_and_grads(linear_cross_entropy, x, W, new_target, "mean", 1.0)
     for got, ref in zip(out, want):
         torch.testing.assert_close(got, ref)
