@@ -8,7 +8,7 @@ A one-off diagnostic, not part of the benchmark suite. Run from the repository r
 Each case runs in its own process under ``timeout``: a kernel that never finishes (an mbarrier
 waiting for a phase that never completes) costs that case, not the machine. "check" compares the
 Gluon kernel, the Triton kernel and PyTorch with float64 on awkward shapes; "bench_<d2>" checks
-once more at the issue's shape (batch 16, d1 2048, d3 512, bfloat16, as tests/test_benchmarks.py
+once more at the issue's shape (batch 16, d1 2048, d3 512, bfloat16, as tests/test_bench_softmax_matmul.py
 builds the softmax_matmul grid) and prints ``triton.testing.do_bench`` medians (L2 flushed).
 """
 

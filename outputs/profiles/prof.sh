@@ -17,6 +17,6 @@ for c in bf16_256_64_highest bf16_8192_64_highest bf16_8192_32_highest f32_8192_
   timeout 120 ncu --clock-control none -k "$k" -s $((cnt*2)) -c $cnt \
     --section SpeedOfLight --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis \
     --section Occupancy --section LaunchStats --section WarpStateStats \
-    ${want:+--metrics $want} python3 outputs/profiles/prof.py $c > $OUT/ncu_$c.txt 2>&1
-  grep -E "Duration|Throughput|Registers Per|Shared Memory Config|Dynamic Shared|Achieved Occupancy|Theoretical Occ|Block Limit|Grid Size|Block Size|Warp Cycles Per Issued|Stall|gmma|hmma|lts__t_bytes|dram__bytes|xbar2l1tex|Executed Ipc|Issue Slots Busy|Pipe|launch" $OUT/ncu_$c.txt | head -60
+    ${want:+--metrics $want} python3 outputs/profiles/prof.py $c > ${OUT:-outputs/profiles}/ncu_$c.txt 2>&1
+  grep -E "Duration|Throughput|Registers Per|Shared Memory Config|Dynamic Shared|Achieved Occupancy|Theoretical Occ|Block Limit|Grid Size|Block Size|Warp Cycles Per Issued|Stall|gmma|hmma|lts__t_bytes|dram__bytes|xbar2l1tex|Executed Ipc|Issue Slots Busy|Pipe|launch" ${OUT:-outputs/profiles}/ncu_$c.txt | head -60
 done
