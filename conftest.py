@@ -227,6 +227,10 @@ def pytest_configure(config):
     if config.getoption("timer") != "events" and not ON_GPU:
         raise pytest.UsageError(f"--timer {config.getoption('timer')} needs a GPU (triton.testing's timers do not run "
                                 "in the interpreter); the interpreter has only --timer events (the wall clock)")
+    if hasattr(config, "workerinput") and os.environ.get(WORKER_GPUS_ENV) and torch.cuda.device_count() != 1:
+        raise pytest.UsageError(f"xdist worker {os.environ.get('PYTEST_XDIST_WORKER')} sees {torch.cuda.device_count()} GPUs, "
+                                "not the one it was given: CUDA started before conftest.py set CUDA_VISIBLE_DEVICES "
+                                "(a plugin that touches CUDA at import?)")
     if not hasattr(config, "workerinput"):
         _check_json_writable(config)
         _install_sigterm()
