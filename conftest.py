@@ -10,13 +10,15 @@ identifies the case, and a function that builds the inputs and returns the calla
 with them (``(fn, inputs)``: the group's error function judges fn's result against them).
 The fixture measures the callable with the chosen timer (``--timer``), hands the rounds to
 pytest-benchmark (so its JSON, compare and compare-fail see them), and appends the finished row
-to ``benchmark.json.part`` in the outputs directory at once. Under pytest-xdist with
-``--benchmark-only`` (one worker per GPU), each worker measures the same way and sends its rows
-to the controller with its test reports; the controller streams them to the same ``.part`` and
-hands them to its pytest-benchmark session, so the run ends as a serial run does. At the end of the session the run's
+to ``benchmark.json.part`` in the outputs directory at once. At the end of the session the run's
 JSON (pytest-benchmark's own, plus the machine's ceilings, the failed cases and the groups'
 layouts) is written atomically as ``benchmark.json``, and every CSV and plot is built from that
 file alone: ``python conftest.py rebuild JSON`` builds the same bytes from any saved JSON.
+
+Under pytest-xdist with ``--benchmark-only`` (``-n N``: one worker per GPU), each worker measures
+the same way and sends its rows to the controller with its test reports; the controller streams
+them to its ``.part`` and hands them to its own pytest-benchmark session, so the run ends as a
+serial run does: one JSON, the same tables.
 """
 
 from __future__ import annotations
@@ -261,11 +263,12 @@ def wants_xdist_timing(config) -> bool:
 
 
 def share_gpus(config) -> None:
-    """The controller: every worker gets one of the visible GPUs (see _pin_worker_gpu), all of one kind."""
+    """The controller: every worker gets one of the visible GPUs (see _pin_worker_gpu); a timed run's are of one kind."""
     visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
     count = torch.cuda.device_count()
     gpus = visible[:count] if visible else [str(i) for i in range(count)]
-    check_one_kind([torch.cuda.get_device_name(i) for i in range(count)], gpus)
+    if config.bench_xdist:  # tests that time nothing may run on any mix of GPUs
+        check_one_kind([torch.cuda.get_device_name(i) for i in range(count)], gpus)
     os.environ[WORKER_GPUS_ENV] = ",".join(gpus)
     workers = len(getattr(config.option, "tx", None) or ())
     if config.bench_xdist and workers > len(gpus):
