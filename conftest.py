@@ -14,6 +14,11 @@ to ``benchmark.json.part`` in the outputs directory at once. At the end of the s
 JSON (pytest-benchmark's own, plus the machine's ceilings, the failed cases and the groups'
 layouts) is written atomically as ``benchmark.json``, and every CSV and plot is built from that
 file alone: ``python conftest.py rebuild JSON`` builds the same bytes from any saved JSON.
+
+Under pytest-xdist with ``--benchmark-only`` (``-n N``: one worker per GPU), each worker measures
+the same way and sends its rows to the controller with its test reports; the controller streams
+them to its ``.part`` and hands them to its own pytest-benchmark session, so the run ends as a
+serial run does: one JSON, the same tables.
 """
 
 from __future__ import annotations
@@ -31,7 +36,23 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+# Several GPUs: pytest-xdist names each worker (gw0, gw1, ...) in PYTEST_XDIST_WORKER before the
+# worker imports this file, and the controller lists its GPUs in WORKER_GPUS_ENV before it starts
+# the workers (pytest_configure). Each worker sees one GPU, round-robin, and must choose it before
+# torch first asks CUDA about devices (just below): CUDA reads CUDA_VISIBLE_DEVICES once.
+WORKER_GPUS_ENV = "SOFTMAX_KERNELS_WORKER_GPUS"
+
+
+def _pin_worker_gpu() -> None:
+    number = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    gpus = [g for g in os.environ.get(WORKER_GPUS_ENV, "").split(",") if g]
+    if gpus and number.isdigit():
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(number) % len(gpus)]
+
+
+_pin_worker_gpu()
+
+import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
@@ -187,6 +208,13 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long benchmark case (LM-head sizes, attention at length 16384)")
     config.bench_run = None
     config.bench_deselected = False
+    config.bench_xdist = None
+    if wants_xdist_timing(config):
+        # pytest-benchmark turns itself off under xdist and then refuses --benchmark-only; the
+        # harness times under xdist itself, so the option is hidden from pytest-benchmark's
+        # configure (after this one) and given back at session start (pytest_sessionstart).
+        config.bench_xdist = {"only": config.option.benchmark_only}
+        config.option.benchmark_only = False
     # pytest-benchmark reads its options in its own (trylast) pytest_configure, after this one.
     if hasattr(config.option, "benchmark_storage"):
         # Keep each GPU kind's saved runs apart unless the user chose a storage.
@@ -201,9 +229,63 @@ def pytest_configure(config):
     if config.getoption("timer") != "events" and not ON_GPU:
         raise pytest.UsageError(f"--timer {config.getoption('timer')} needs a GPU (triton.testing's timers do not run "
                                 "in the interpreter); the interpreter has only --timer events (the wall clock)")
+    if hasattr(config, "workerinput") and os.environ.get(WORKER_GPUS_ENV) and torch.cuda.device_count() != 1:
+        raise pytest.UsageError(f"xdist worker {os.environ.get('PYTEST_XDIST_WORKER')} sees {torch.cuda.device_count()} GPUs, "
+                                "not the one it was given: CUDA started before conftest.py set CUDA_VISIBLE_DEVICES "
+                                "(a plugin that touches CUDA at import?)")
     if not hasattr(config, "workerinput"):
         _check_json_writable(config)
         _install_sigterm()
+        if xdist_active(config) and ON_GPU:
+            share_gpus(config)
+        if config.bench_xdist:
+            out = outputs_dir(config)
+            _check_writable_dir(out, f"--outputs-dir {out}")
+            config.pluginmanager.register(WorkerRowsMerger(config), "softmax-kernels-worker-rows")
+
+
+def xdist_active(config) -> bool:
+    """pytest-benchmark's own test: the controller of a distributed run, or one of its workers."""
+    return config.getoption("dist", "no") != "no" or bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def wants_xdist_timing(config) -> bool:
+    """Timed benchmarks under xdist: asked for with --benchmark-only (or --benchmark-enable).
+
+    Without either, a distributed run (tox -e cpu's -n auto) keeps pytest-benchmark's rule: each
+    benchmark runs once, untimed, as a smoke test, and writes no tables."""
+    o = config.option
+    if not hasattr(o, "benchmark_only") or not xdist_active(config):
+        return False
+    if o.benchmark_disable and not o.benchmark_enable or o.benchmark_skip and not o.benchmark_only:
+        return False
+    return bool(o.benchmark_only or o.benchmark_enable)
+
+
+def share_gpus(config) -> None:
+    """The controller: every worker gets one of the visible GPUs (see _pin_worker_gpu); a timed run's are of one kind."""
+    visible = [g for g in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if g.strip()]
+    count = torch.cuda.device_count()
+    gpus = visible[:count] if visible else [str(i) for i in range(count)]
+    if config.bench_xdist:  # tests that time nothing may run on any mix of GPUs
+        check_one_kind([torch.cuda.get_device_name(i) for i in range(count)], gpus)
+    os.environ[WORKER_GPUS_ENV] = ",".join(gpus)
+    workers = len(getattr(config.option, "tx", None) or ())
+    if config.bench_xdist and workers > len(gpus):
+        config.issue_config_time_warning(pytest.PytestWarning(
+            f"{workers} workers on {len(gpus)} GPUs: workers share GPUs round-robin, and the timings of "
+            "workers sharing one GPU disturb each other"), stacklevel=2)
+
+
+def check_one_kind(names: list[str], gpus: list[str]) -> None:
+    """One run, one GPU kind: its rows make one set of tables (outputs/ or outputs/<kind>/)."""
+    kinds: dict[str, list[str]] = {}
+    for name, gpu in zip(names, gpus):
+        kinds.setdefault(name, []).append(gpu)
+    if len(kinds) > 1:
+        runs = "; ".join(f"CUDA_VISIBLE_DEVICES={','.join(ids)} for the {name}" for name, ids in kinds.items())
+        raise pytest.UsageError(f"the visible GPUs are of {len(kinds)} kinds; a run spreads over GPUs of one kind. "
+                                f"Run once per kind, each writing that kind's tables: {runs}")
 
 
 def _check_baseline_kind(storage: str) -> None:
@@ -282,7 +364,11 @@ def _bench_items(session) -> list:
 def pytest_collection_finish(session):
     """Open the run's record before any benchmark runs: a directory that cannot be written stops the run here."""
     config = session.config
-    if hasattr(config, "workerinput") or config.option.collectonly or not _bench_items(session):
+    if config.option.collectonly or not _bench_items(session):
+        return
+    if hasattr(config, "workerinput"):
+        if config.bench_xdist:
+            config.bench_run = WorkerRows(config, session.items)
         return
     bs = getattr(config, "_benchmarksession", None)
     if bs is None or bs.disabled or bs.skip:
@@ -317,12 +403,13 @@ class RunRecord:
         self.file.flush()
         os.fsync(self.file.fileno())
 
-    def add(self, group: BenchGroup, benchmark: dict | None = None, failure: dict | None = None) -> None:
+    def add(self, group: BenchGroup, benchmark=None, failure: dict | None = None) -> None:
+        """One finished row: benchmark, pytest-benchmark's statistics of a measured case, or failure."""
         line: dict = {"ceilings": CEILINGS.as_dict()}
         if group.name not in self.groups:
             self.groups[group.name] = line["group"] = group.layout()
         if benchmark is not None:
-            line["benchmark"] = benchmark
+            line["benchmark"] = benchmark.as_dict(include_data=False)
         if failure is not None:
             self.failed.append(failure)
             line["failed_case"] = failure
@@ -332,6 +419,115 @@ class RunRecord:
         self.file.close()
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+WORKER_ROW = "softmax_kernels_row"  # the user_properties name of a row a worker sends
+
+
+class WorkerRows:
+    """An xdist worker's record: each finished row goes to the controller in its test's report.
+
+    ``user_properties`` are what reports carry from worker to controller. The row carries the
+    rounds themselves (pytest-benchmark's statistics with their data), so the controller's
+    session computes the same statistics; and its place in the collection, so the merged JSON
+    lists the cases in a serial run's order, whichever worker ran them when.
+    """
+
+    def __init__(self, config, items):
+        self.config = config
+        self.order = {item.nodeid: i for i, item in enumerate(items)}
+        self.node = None  # the item being run (pytest_runtest_setup)
+
+    def add(self, group: BenchGroup, benchmark=None, failure: dict | None = None) -> None:
+        payload = {"group": group.layout(), "order": self.order.get(self.node.nodeid),
+                   "worker": os.environ.get("PYTEST_XDIST_WORKER"), "device": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                   "ceilings": CEILINGS.as_dict(), "deselected": self.config.bench_deselected}
+        if benchmark is not None:
+            payload["benchmark"] = benchmark.as_dict(include_data=True)
+        if failure is not None:
+            payload["failed_case"] = failure
+        self.node.user_properties.append((WORKER_ROW, json.dumps(payload, default=str, sort_keys=True)))
+
+
+def pytest_runtest_setup(item):
+    if isinstance(item.config.bench_run, WorkerRows):
+        item.config.bench_run.node = item
+
+
+class WorkerRowsMerger:
+    """The controller of a distributed run: every worker's rows into one record, as they arrive.
+
+    Each row becomes a pytest-benchmark record of the controller's session (so --benchmark-json,
+    --benchmark-save, --benchmark-compare and its table work as in a serial run) and a line of
+    the controller's ``benchmark.json.part``. The run's ceilings are, per value, the median of
+    the workers' (each worker measures its own GPU); each worker's own are kept in the JSON's
+    ``bench_run.workers``.
+    """
+
+    def __init__(self, config):
+        self.config = config
+        self.workers: dict[str, dict] = {}
+        self.order: dict[str, int] = {}  # node id -> place in the collection
+
+    def pytest_runtest_logreport(self, report):
+        if report.when != "call":  # setup and teardown reports repeat the properties
+            return
+        for name, value in report.user_properties:
+            if name == WORKER_ROW:
+                self.take(json.loads(value))
+
+    def take(self, payload: dict) -> None:
+        config = self.config
+        if config.bench_run is None:
+            config.bench_deselected = payload["deselected"]
+            config.bench_run = RunRecord(outputs_dir(config), config)
+        self.workers[payload["worker"]] = {"device": payload["device"], "ceilings": payload["ceilings"]}
+        merged = merged_ceilings([w["ceilings"] for w in self.workers.values()])
+        for field in dataclasses.fields(Ceilings):
+            setattr(CEILINGS, field.name, getattr(merged, field.name))
+        group = BenchGroup.from_layout(payload["group"])
+        metadata = None
+        if "benchmark" in payload:
+            metadata = worker_metadata(payload["benchmark"])
+            self.order[metadata.fullname] = payload["order"]
+            benchmarks = config._benchmarksession.benchmarks
+            benchmarks.append(metadata)
+            benchmarks.sort(key=lambda b: self.order.get(b.fullname, math.inf))
+        run = config.bench_run
+        run.add(group, benchmark=metadata, failure=payload.get("failed_case"))
+        if "failed_case" in payload:
+            self.order[payload["failed_case"]["test"]] = payload["order"]
+            run.failed.sort(key=lambda f: self.order.get(f["test"], math.inf))
+
+
+def worker_metadata(benchmark: dict):
+    """A worker's benchmark as a record of this process's pytest-benchmark session, its
+    statistics recomputed from the worker's rounds."""
+    import types
+
+    from pytest_benchmark.stats import Metadata
+
+    stats = benchmark["stats"]
+    source = types.SimpleNamespace(has_error=False, cprofile_stats=None, **{
+        k: benchmark.get(k) for k in ("name", "fullname", "group", "param", "params", "extra_info")})
+    metadata = Metadata(source, iterations=stats["iterations"], options=benchmark["options"])
+    for seconds in stats["data"]:
+        metadata.update(seconds * stats["iterations"])
+    return metadata
+
+
+def merged_ceilings(per_worker: list[dict]) -> "Ceilings":
+    """Per value, the median of the workers' measurements (those that measured it)."""
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    ceilings = [Ceilings.from_dict(c) for c in per_worker]
+    merged = Ceilings(**{f.name: median(getattr(c, f.name) for c in ceilings)
+                         for f in dataclasses.fields(Ceilings) if f.name != "matmul_TFLOPs"})
+    for key in sorted({k for c in ceilings for k in c.matmul_TFLOPs}):
+        merged.matmul_TFLOPs[key] = median(c.matmul_TFLOPs.get(key) for c in ceilings)
+    return merged
 
 
 def timer_name(config) -> str:
@@ -484,6 +680,9 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG0
     output_json["failed_cases"] = list(run.failed) if run else []
     output_json["bench_groups"] = dict(run.groups) if run else {}
     output_json["bench_run"] = {**run_info(config), "complete": run_complete(config)}
+    merger = config.pluginmanager.get_plugin("softmax-kernels-worker-rows")
+    if merger is not None:
+        output_json["bench_run"]["workers"] = dict(sorted(merger.workers.items()))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -803,7 +1002,7 @@ def bench(benchmark, request):
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
             record_failure(config, group, request.node.nodeid, row, exc)
             raise
-        if not benchmark.disabled:  # --benchmark-disable, or under xdist: the case ran once, no numbers
+        if timing_on(config):  # not with --benchmark-disable, nor untimed under xdist: the case ran once, no numbers
             record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops})
         _free_memory()
 
@@ -835,12 +1034,17 @@ def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timi
     into its extra_info, and the finished row onto disk."""
     replay = ReplayTimer(timer_name(config), timing.seconds)
     benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
+    if isinstance(config.bench_run, WorkerRows):
+        # A worker's pytest-benchmark session is off (xdist): the fixture still computes the
+        # statistics, which go to the controller's session (WorkerRows), never this one's.
+        benchmark.disabled = False
+        benchmark._add_stats = lambda stats: None
     benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
     extra = {**extra, "stalled_rounds": timing.stalled_rounds, "host_bound": timing.host_bound, **run_info(config)}
     assert set(extra) <= HARNESS_KEYS
     benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **extra}.items()})
     if config.bench_run is not None:
-        config.bench_run.add(group, benchmark=benchmark.stats.as_dict(include_data=False))
+        config.bench_run.add(group, benchmark=benchmark.stats)
 
 
 def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
@@ -854,7 +1058,7 @@ def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) ->
     rel_error = error(first, inputs) if error is not None else None
     first = inputs = None
     bs = config._benchmarksession
-    if bs.disabled:
+    if not timing_on(config):
         return Timing([]), {}
     warmup = _option_or(config, "bench_warmup", group.warmup if ON_GPU else 1)  # --bench-warmup 0 is honoured
     rounds = _option_or(config, "bench_rounds", group.rounds if ON_GPU else 2)
@@ -872,6 +1076,11 @@ def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) ->
     extra = {"forward_peak_MiB": peak, "forward_extra_MiB": extra_mib, "rel_error": rel_error,
              "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
     return timing, extra
+
+
+def timing_on(config) -> bool:
+    """Whether cases are timed: pytest-benchmark's session is on, or the harness times under xdist."""
+    return bool(config.bench_xdist) or not config._benchmarksession.disabled
 
 
 def _jsonable(v):
@@ -908,7 +1117,17 @@ def pytest_keyboard_interrupt(excinfo):  # noqa: ARG001 - hook signature
 
 
 def pytest_sessionstart(session):
-    session.config.bench_session = session
+    config = session.config
+    config.bench_session = session
+    if config.bench_xdist:
+        bs = config._benchmarksession
+        config.option.benchmark_only = bs.only = config.bench_xdist["only"]
+        bs.skip = bs.skip and not bs.only
+        bs.xdist_warning = False  # its "disabled under xdist" warning would be untrue
+        if not hasattr(config, "workerinput"):
+            # The controller's session receives every worker's rows (WorkerRowsMerger): it saves,
+            # compares and displays them as a serial run's.
+            bs.disabled = False
 
 
 def run_complete(config) -> bool:
@@ -921,7 +1140,7 @@ def pytest_sessionfinish(session):
     """Write the run's JSON and its tables (pytest-benchmark's own saving has run before this)."""
     config = session.config
     run = getattr(config, "bench_run", None)
-    if run is None:
+    if run is None or hasattr(config, "workerinput"):  # a worker's rows went to the controller
         return
     bs = config._benchmarksession
     if not bs.benchmarks and not run.failed:

@@ -61,6 +61,10 @@ assert bool((x == 1).all())
 
 @pytest.fixture(scope="module", autouse=True)
 def interpreter_runs():
+    skip_unless_interpreter_runs()
+
+
+def skip_unless_interpreter_runs():
     """Skip, saying why, where this triton's interpreter cannot run a loop over a runtime bound.
 
     Triton 3.6's interpreter (the GPU machine's) converts a scalar argument with int() of a

@@ -1,0 +1,152 @@
+"""The harness spread over pytest-xdist workers (one per GPU on a GPU machine): rows merged into one run.
+
+Two workers run two groups' interpreter grids, timed (``--benchmark-only -n 2``); a serial run
+(``-p no:xdist``) of the same selection is the reference. The merged tables must hold the serial
+tables' rows (keys, columns, which cells are measured and which failed), the merged JSON the
+serial JSON's cases in the serial order, and ``python conftest.py rebuild`` must turn the merged
+JSON into the merged run's bytes. On one machine both workers share its one device, as workers
+share GPUs when there are fewer GPUs than workers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from support import needs_gpu
+from test_harness import ROOT, child_env, read_csv, rebuild, skip_unless_interpreter_runs
+
+SELECTION = [str(ROOT / "tests" / "test_bench_softmax.py"), str(ROOT / "tests" / "test_bench_softmax_matmul.py"),
+             # The compiled forms compile for seconds on CPU and tell nothing about the merge;
+             # triton_graph stays: its Unavailable rows are the failed cases that must cross too.
+             "-k", "not triton_compiled"]
+TABLES = ("softmax_benchmark.csv", "softmax_matmul_benchmark.csv")
+# Columns computed from the measured times: they differ between any two runs, so only whether
+# each cell is filled is compared.
+TIMED = {"forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min", "gbps", "tflops", "pct_of_copy",
+         "pct_of_matmul_peak", "host_us", "ms", "best_baseline_ms", "speedup"}
+
+
+def run(tmp: Path, *args: str, selection=SELECTION, env=None) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--benchmark-only", "-rs", *selection,
+                           "--outputs-dir", str(tmp / "out"), "--benchmark-json", str(tmp / "run.json"), *args],
+                          cwd=tmp, env=env or child_env(), capture_output=True, text=True, timeout=300)
+    proc.output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, proc.output[-4000:]
+    return proc
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    skip_unless_interpreter_runs()
+    serial = tmp_path_factory.mktemp("serial")
+    merged = tmp_path_factory.mktemp("xdist")
+    return serial, run(serial, "-p", "no:xdist"), merged, run(merged, "-n", "2")
+
+
+def untimed(row: dict) -> dict:
+    return {k: (v != "" if k in TIMED or k.startswith("speedup") else v) for k, v in row.items()}
+
+
+def test_merged_tables_hold_the_serial_rows(runs):
+    serial, _, merged, proc = runs
+    assert "automatically disabled" not in proc.output, "pytest-benchmark's xdist warning: the run was not timed"
+    for name in TABLES:
+        columns, rows = read_csv(merged / "out" / name)
+        serial_columns, serial_rows = read_csv(serial / "out" / name)
+        assert columns == serial_columns, name
+        assert [untimed(r) for r in rows] == [untimed(r) for r in serial_rows], name
+        assert any(r.get("forward_ms_mean") for r in rows), f"{name}: no measured row"
+    failures = [r for r in read_csv(merged / "out" / "softmax_benchmark.csv")[1] if r["failure"]]
+    assert failures and all(r["impl"] == "triton_graph" and "Unavailable" in r["failure"] for r in failures), failures
+
+
+def test_one_merged_json_in_the_serial_order(runs):
+    serial, _, merged, _ = runs
+    data = json.loads((merged / "out" / "benchmark.json").read_text())
+    reference = json.loads((serial / "out" / "benchmark.json").read_text())
+    assert not (merged / "out" / "benchmark.json.part").exists()
+    assert [b["fullname"] for b in data["benchmarks"]] == [b["fullname"] for b in reference["benchmarks"]]
+    assert [f["test"] for f in data["failed_cases"]] == [f["test"] for f in reference["failed_cases"]]
+    assert data["bench_groups"] == reference["bench_groups"] and data["bench_run"]["complete"] is True
+    for b, r in zip(data["benchmarks"], reference["benchmarks"]):
+        assert b["options"] == r["options"] and b["stats"]["rounds"] == r["stats"]["rounds"] == 2, b["fullname"]
+        assert set(b["extra_info"]) == set(r["extra_info"]), b["fullname"]
+    workers = data["bench_run"]["workers"]
+    assert set(workers) == {"gw0", "gw1"}, f"both workers must have measured rows: {workers}"
+    for name in ("copy_GBps", "launch_floor_us"):
+        values = sorted(w["ceilings"][name] for w in workers.values())
+        assert data["ceilings"][name] == pytest.approx((values[0] + values[1]) / 2), "the median of the workers' ceilings"
+    # pytest-benchmark's own file, written by the controller's session, holds every worker's rounds.
+    saved = json.loads((merged / "run.json").read_text())
+    assert [b["fullname"] for b in saved["benchmarks"]] == [b["fullname"] for b in data["benchmarks"]]
+    assert all(len(b["stats"]["data"]) == 2 for b in saved["benchmarks"])
+    for b, s in zip(data["benchmarks"], saved["benchmarks"]):
+        assert s["stats"]["mean"] == b["stats"]["mean"], b["fullname"]
+
+
+def test_merged_json_rebuilds_the_merged_tables(runs, tmp_path):
+    _, _, merged, _ = runs
+    proc = rebuild(merged / "out" / "benchmark.json", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    for name in (*TABLES, "softmax_benchmark.png"):
+        assert (tmp_path / name).read_bytes() == (merged / "out" / name).read_bytes(), name
+
+
+# ----------------------------------------------------------------------------------------------
+# The GPU of each worker, and one kind per run
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("worker,gpus,expected", [
+    ("gw0", "0,1,2,3", "0"), ("gw3", "0,1,2,3", "3"),
+    ("gw2", "0,1", "0"), ("gw3", "0,1", "1"),  # more workers than GPUs: round-robin
+    ("gw1", "GPU-aaaa,GPU-bbbb", "GPU-bbbb"),  # the controller's CUDA_VISIBLE_DEVICES entries, as given
+])
+def test_each_worker_sees_one_gpu(monkeypatch, worker, gpus, expected):
+    from conftest import WORKER_GPUS_ENV, _pin_worker_gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    monkeypatch.setenv(WORKER_GPUS_ENV, gpus)
+    _pin_worker_gpu()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == expected
+    monkeypatch.delenv(WORKER_GPUS_ENV)  # no GPU list (a CPU machine): the worker's devices stay as they were
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "unchanged")
+    _pin_worker_gpu()
+    assert os.environ["CUDA_VISIBLE_DEVICES"] == "unchanged"
+
+
+def test_gpus_of_two_kinds_are_refused_with_the_runs_to_make():
+    from conftest import check_one_kind
+
+    check_one_kind(["NVIDIA H100 80GB HBM3"] * 2, ["0", "1"])
+    with pytest.raises(pytest.UsageError) as err:
+        check_one_kind(["NVIDIA H100 80GB HBM3", "NVIDIA A100-SXM4-80GB", "NVIDIA H100 80GB HBM3"], ["0", "1", "2"])
+    assert "CUDA_VISIBLE_DEVICES=0,2 for the NVIDIA H100 80GB HBM3" in str(err.value)
+    assert "CUDA_VISIBLE_DEVICES=1 for the NVIDIA A100-SXM4-80GB" in str(err.value)
+
+
+@needs_gpu
+def test_two_workers_share_one_gpu_compiled(tmp_path):
+    """The merge with compiled kernels and CUDA events: two workers on one GPU, against a serial run."""
+    first = (os.environ.get("CUDA_VISIBLE_DEVICES") or "0").split(",")[0]
+    env = {k: v for k, v in child_env(CUDA_VISIBLE_DEVICES=first).items() if k != "TRITON_INTERPRET"}
+    selection = [str(ROOT / "tests" / "test_bench_softmax.py"), "-k", "1024-1024-float32 and (torch or triton_row)"]
+    (tmp_path / "serial").mkdir()
+    (tmp_path / "xdist").mkdir()
+    run(tmp_path / "serial", "-p", "no:xdist", selection=selection, env=env)
+    proc = run(tmp_path / "xdist", "-n", "2", selection=selection, env=env)
+    assert "workers share GPUs round-robin" in proc.output, proc.output[-4000:]
+    columns, rows = read_csv(tmp_path / "xdist" / "out" / "softmax_benchmark.csv")
+    serial_columns, serial_rows = read_csv(tmp_path / "serial" / "out" / "softmax_benchmark.csv")
+    assert columns == serial_columns and [untimed(r) for r in rows] == [untimed(r) for r in serial_rows]
+    data = json.loads((tmp_path / "xdist" / "out" / "benchmark.json").read_text())
+    assert {w: v["device"] for w, v in data["bench_run"]["workers"].items()} == {"gw0": first, "gw1": first}
+    assert data["bench_run"]["execution"] == "compiled" and data["ceilings"]["copy_GBps"] > 0
+    # No comparison of times: two workers on one GPU disturb each other (one GPU per worker is the
+    # timed setup, checked by hand on a several-GPU machine).
+    assert all(float(r["forward_ms_mean"]) > 0 for r in rows), rows
