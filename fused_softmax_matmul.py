@@ -9,6 +9,16 @@ under 'highest' (PyTorch's default) the tensor-core product is split into three 
 (``input_precision="tf32x3"``), which is as accurate as a float32 product; under 'high' or
 'medium' a single TF32 product is used, as PyTorch then does for its own matmuls. Float16 and
 bfloat16 inputs multiply in their own precision and accumulate in float32.
+
+Sections, each workload in the same order (header, reference, bytes and flops models, launch
+type and chooser, jit helpers, kernels, wrappers, autograd):
+
+* Shared: float32 matmul precision, ``_dot_acc``, constants, integer checks, grid and launch helpers.
+* softmax(x) @ V: ``softmax_mult``, ``fused_softmax`` (the course's names).
+* softmax(x @ W): ``matmul_softmax_ref`` and three Triton versions.
+* Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
+* Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
+* softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
 """
 
 from __future__ import annotations
@@ -32,6 +42,9 @@ from online_softmax import (
 )
 
 
+# ----------------------------------------------------------------------------------------------
+# Shared: precision helpers, constants, checks and launch helpers of every workload
+# ----------------------------------------------------------------------------------------------
 @torch.compiler.assume_constant_result
 def _float32_matmul_precision() -> str:
     # torch.compile cannot put a string-valued torch call in its graph; it takes the setting as a
@@ -80,6 +93,53 @@ def _tf32_rounded(t):
     return tl.where(tl.abs(t) < float("inf"), rounded, t)
 
 
+@triton.jit
+def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+def check_int(name: str, value, minimum: int, maximum: int) -> None:
+    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
+    return -(-a // b)
+
+
+def _grid(programs: int, kernel) -> tuple[int]:
+    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
+    if programs >= 2**31:
+        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
+    return (programs,)
+
+
+def _kernel(kernel, wrap: bool):
+    """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
+    torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
+    return torch.library.wrap_triton(kernel) if wrap and not INTERPRET else kernel
+
+
+def _backward_fake(x, W, *rest):
+    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
+    need_x, need_W = rest[-2:]
+    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
+
+
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +175,104 @@ def softmax_matmul_flops(batch: int, d1: int, d2: int, d3: int) -> int:
     return batch * (2 * d1 * d2 * d3 + 5 * d1 * d2)
 
 
+def check_softmax_matmul_inputs(x, V) -> None:
+    """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
+    check_tensor("x", x, 3)
+    check_tensor("V", V, 3)
+    check_same("x", x, "V", V)
+    if x.shape[0] != V.shape[0]:
+        raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
+    if x.shape[2] != V.shape[1]:
+        raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
+
+
+@dataclass(frozen=True)
+class FusedLaunch:
+    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
+
+    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
+    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
+    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
+    """
+
+    block_3: int
+    num_warps: int = 4
+    num_stages: int = 2
+    lazy_rescale: bool = False
+    transposed: bool = False
+
+    def check(self) -> None:
+        check_block("launch.block_3", self.block_3, 16, 512)
+        check_block("launch.num_warps", self.num_warps, 1, 16)
+        check_int("launch.num_stages", self.num_stages, 1, 8)
+        check_flag("launch.lazy_rescale", self.lazy_rescale)
+        check_flag("launch.transposed", self.transposed)
+
+
+# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
+# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
+# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
+# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
+# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
+# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
+_FUSED_LAUNCHES = {
+    ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
+    ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
+    ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
+    ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
+    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
+    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
+}
+# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
+# to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
+_SHARED_MEMORY_BUDGET = 227 * 1024
+
+
+def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
+    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
+
+    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
+    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
+    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
+    """
+    block_2 = block_1 if block_2 is None else block_2
+    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
+    return _fused_launch(d3, block_1, block_2, dtype, kind)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
+    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
+    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+    per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
+    if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
+        raise KernelCapacityError(
+            f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
+            f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
+    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
+    return replace(launch, block_3=block_3, num_stages=stages)
+
+
+def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
+    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
+    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
+
+    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major and,
+    fed as they are, were more than twice as slow at the spec shape on an H100 (BLOCK_1 = 64).
+    Through registers (where rounding is nearly free) the error also fell to torch's. The smaller
+    products (BLOCK_1 < 64, the older MMA) read V straight from shared memory: there the detour
+    cost 1.5 x the time.
+    """
+    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
+
+
+def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
+    """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
+    columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
+    float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
+    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
+
+
 @triton.jit
 def _scale_rows(acc, alpha, TRANSPOSED: tl.constexpr):
     """acc with each row of x's tile scaled by alpha: rows are acc's columns when TRANSPOSED."""
@@ -122,16 +280,6 @@ def _scale_rows(acc, alpha, TRANSPOSED: tl.constexpr):
         out = acc * alpha[None, :]
     else:  # (compiled Triton visits code after a constexpr-if's return, so no early return here)
         out = acc * alpha[:, None]
-    return out
-
-
-@triton.jit
-def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION)
     return out
 
 
@@ -365,136 +513,6 @@ def fused_softmax_backward_dv_kernel(
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
 
 
-def check_int(name: str, value, minimum: int, maximum: int) -> None:
-    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
-
-
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-
-def check_softmax_matmul_inputs(x, V) -> None:
-    """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
-    check_tensor("x", x, 3)
-    check_tensor("V", V, 3)
-    check_same("x", x, "V", V)
-    if x.shape[0] != V.shape[0]:
-        raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
-    if x.shape[2] != V.shape[1]:
-        raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
-
-
-@dataclass(frozen=True)
-class FusedLaunch:
-    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
-
-    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
-    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
-    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
-    """
-
-    block_3: int
-    num_warps: int = 4
-    num_stages: int = 2
-    lazy_rescale: bool = False
-    transposed: bool = False
-
-    def check(self) -> None:
-        check_block("launch.block_3", self.block_3, 16, 512)
-        check_block("launch.num_warps", self.num_warps, 1, 16)
-        check_int("launch.num_stages", self.num_stages, 1, 8)
-        check_flag("launch.lazy_rescale", self.lazy_rescale)
-        check_flag("launch.transposed", self.transposed)
-
-
-# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
-# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
-# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
-# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
-# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
-# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
-_FUSED_LAUNCHES = {
-    ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
-    ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
-    ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
-    ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
-    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
-    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
-}
-# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
-# to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
-_SHARED_MEMORY_BUDGET = 227 * 1024
-
-
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
-    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
-
-    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
-    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
-    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
-    """
-    block_2 = block_1 if block_2 is None else block_2
-    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    return _fused_launch(d3, block_1, block_2, dtype, kind)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
-    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
-    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
-    per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
-    if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
-        raise KernelCapacityError(
-            f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
-            f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
-    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
-    return replace(launch, block_3=block_3, num_stages=stages)
-
-
-def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
-    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
-    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
-
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major and,
-    fed as they are, were more than twice as slow at the spec shape on an H100 (BLOCK_1 = 64).
-    Through registers (where rounding is nearly free) the error also fell to torch's. The smaller
-    products (BLOCK_1 < 64, the older MMA) read V straight from shared memory: there the detour
-    cost 1.5 x the time.
-    """
-    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
-
-
-def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
-    """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
-    columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
-    float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
-    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
-
-
-def _cdiv(a: int, b: int) -> int:
-    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
-    return -(-a // b)
-
-
-def _grid(programs: int, kernel) -> tuple[int]:
-    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
-    if programs >= 2**31:
-        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
-    return (programs,)
-
-
-def _kernel(kernel, wrap: bool):
-    """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
-    torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
-    return torch.library.wrap_triton(kernel) if wrap and not INTERPRET else kernel
-
-
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
                            store_lse: bool, wrap: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None)."""
@@ -578,12 +596,6 @@ def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: i
                       launch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     fused = FusedLaunch(*launch[:3], *map(bool, launch[3:])) if launch else None
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
-
-
-def _backward_fake(x, W, *rest):
-    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
-    need_x, need_W = rest[-2:]
-    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
 
 
 @kernel_op("fused_softmax_backward", _backward_fake)
@@ -1710,6 +1722,98 @@ def check_flash_offsets(**tensors) -> None:
                              f"batch element, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
 
 
+@dataclass(frozen=True)
+class FlashLaunch:
+    """One kernel's launch: queries per tile (block_m), keys per tile (block_n), warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def check(self, kernel: str) -> None:
+        check_block(f"{kernel}.block_m", self.block_m, 16, 256)
+        check_block(f"{kernel}.block_n", self.block_n, 16, 256)
+        check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
+
+
+FLASH_KERNELS = ("forward", "dkdv", "dq")
+
+
+def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
+    return dict(_flash_launches(d, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
+
+    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
+    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
+      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
+      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
+      registers a thread) and the fp32 accumulator fit beside each other without spilling.
+      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
+      228 KB of shared memory.
+    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
+      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
+    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
+      query tiles (32) so the transposed logits and dP beside them stay small.
+    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
+    """
+    if d not in FLASH_HEAD_DIMS:
+        raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
+    if dtype == torch.float32:
+        if d <= 64:
+            return {"forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2),
+                    "dq": FlashLaunch(64, 32, 4, 2)}
+        return {"forward": FlashLaunch(64, 32, 4, 2), "dkdv": FlashLaunch(16, 32, 4, 2),
+                "dq": FlashLaunch(32, 16, 4, 2)}
+    if d <= 32:
+        return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
+                "dq": FlashLaunch(128, 32, 8, 3)}
+    if d == 64:
+        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch varied at a time:
+        # dK/dV 64 x 128 on one warpgroup took forward+backward from 1.75 to 1.48 ms, dQ 64 x 64
+        # saved 0.04 ms more; the forward's choice was within 1 % of the best tried.
+        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
+                "dq": FlashLaunch(64, 64, 4, 3)}
+    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
+            "dq": FlashLaunch(64, 32, 4, 2)}
+
+
+def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
+    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
+
+    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
+    """
+    if launches is None:
+        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
+            return _flash_launches.__wrapped__(d, dtype)
+        return _flash_launches(d, dtype)
+    if not isinstance(launches, dict):
+        raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
+    for kernel, launch in launches.items():
+        if kernel not in FLASH_KERNELS:
+            raise ValueError(f"launches has unknown kernel {kernel!r}: the kernels are {FLASH_KERNELS}")
+        if not isinstance(launch, FlashLaunch):
+            raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
+        launch.check(f"launches[{kernel!r}]")
+    return {**_flash_launches(d, dtype), **launches}
+
+
+# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
+ROWDOT_BLOCK_M = 64
+
+
+def _flash_kernel_args(dtype: torch.dtype) -> dict:
+    """The constexprs every flash kernel takes from the dtype: tl.dot's precision and the interpreter's upcast."""
+    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
+
+
 @triton.jit
 def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """(batch element, tile) of this program; the batch index is int64 for the offsets.
@@ -2048,98 +2152,6 @@ def flash_attention_backward_dq_kernel(
     dq = dq * sm_scale
     tl.store(_flash_tile_ptrs(dq_ptr, batch, rows, dims, stride_dqb, stride_dqm, stride_dqd),
              dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
-
-
-@dataclass(frozen=True)
-class FlashLaunch:
-    """One kernel's launch: queries per tile (block_m), keys per tile (block_n), warps, pipeline stages."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-    def check(self, kernel: str) -> None:
-        check_block(f"{kernel}.block_m", self.block_m, 16, 256)
-        check_block(f"{kernel}.block_n", self.block_n, 16, 256)
-        check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
-            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
-
-
-FLASH_KERNELS = ("forward", "dkdv", "dq")
-
-
-def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
-    return dict(_flash_launches(d, dtype))
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
-
-    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
-    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
-      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
-      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
-      registers a thread) and the fp32 accumulator fit beside each other without spilling.
-      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
-      228 KB of shared memory.
-    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
-      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
-    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
-      query tiles (32) so the transposed logits and dP beside them stay small.
-    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
-    """
-    if d not in FLASH_HEAD_DIMS:
-        raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
-    if dtype == torch.float32:
-        if d <= 64:
-            return {"forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2),
-                    "dq": FlashLaunch(64, 32, 4, 2)}
-        return {"forward": FlashLaunch(64, 32, 4, 2), "dkdv": FlashLaunch(16, 32, 4, 2),
-                "dq": FlashLaunch(32, 16, 4, 2)}
-    if d <= 32:
-        return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
-                "dq": FlashLaunch(128, 32, 8, 3)}
-    if d == 64:
-        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch varied at a time:
-        # dK/dV 64 x 128 on one warpgroup took forward+backward from 1.75 to 1.48 ms, dQ 64 x 64
-        # saved 0.04 ms more; the forward's choice was within 1 % of the best tried.
-        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
-                "dq": FlashLaunch(64, 64, 4, 3)}
-    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
-            "dq": FlashLaunch(64, 32, 4, 2)}
-
-
-def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
-    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
-
-    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
-    """
-    if launches is None:
-        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype)
-        return _flash_launches(d, dtype)
-    if not isinstance(launches, dict):
-        raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
-    for kernel, launch in launches.items():
-        if kernel not in FLASH_KERNELS:
-            raise ValueError(f"launches has unknown kernel {kernel!r}: the kernels are {FLASH_KERNELS}")
-        if not isinstance(launch, FlashLaunch):
-            raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
-        launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype), **launches}
-
-
-# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
-ROWDOT_BLOCK_M = 64
-
-
-def _flash_kernel_args(dtype: torch.dtype) -> dict:
-    """The constexprs every flash kernel takes from the dtype: tl.dot's precision and the interpreter's upcast."""
-    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
 
 
 class FlashAttentionTriton(torch.autograd.Function):
