@@ -93,6 +93,12 @@ def _tf32_rounded(t):
     return tl.where(tl.abs(t) < float("inf"), rounded, t)
 
 
+# exp(x) = exp2(x * log2(e)) and ln(y) = log2(y) * ln(2): exp2 and log2 are the GPU's native
+# instructions. Kernels read these constexprs; host code reads ``.value``.
+LOG2_E = tl.constexpr(1.4426950408889634)
+LN_2 = tl.constexpr(0.6931471805599453)
+
+
 @triton.jit
 def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
@@ -1415,8 +1421,6 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
 # when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
 # there too: its math backend makes every row NaN).
 
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the GPU's native instruction
-
 # Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
 # takes) to 128 (above that one program's Q, K and V tiles no longer fit in shared memory).
 FLASH_HEAD_DIMS = (16, 32, 64, 128)
@@ -1876,7 +1880,7 @@ def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
 def _flash_load_lse(lse_ptrs, offsets, row_ok):
     """L of these rows in base 2, +inf where P must come out 0: rows past the end, and rows with
     no finite logit (L = -inf, where S - L would be -inf + inf = NaN; their output is 0)."""
-    lse = tl.load(lse_ptrs + offsets, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    lse = tl.load(lse_ptrs + offsets, mask=row_ok, other=float("inf")) * LOG2_E
     return tl.where(lse == float("-inf"), float("inf"), lse)
 
 
@@ -1953,7 +1957,7 @@ def flash_attention_forward_kernel(
     tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
-    tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * 0.6931471805599453, mask=row_ok)
+    tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * LN_2, mask=row_ok)
 
 
 @triton.jit
@@ -2179,7 +2183,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         if O.numel() > 0:
             flash_attention_forward_kernel[flash_grid(batch, n_queries, fwd.block_m)](
-                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E,
+                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
                 *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
                 HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
                 num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype),
@@ -2211,7 +2215,7 @@ class FlashAttentionTriton(torch.autograd.Function):
             O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
             HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
         )
-        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E)
+        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
         inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
         common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
         kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
@@ -2406,8 +2410,8 @@ def _lce_row(
             new_max = tl.maximum(row_max, tl.max(z, 0))
             # The first tile always holds a finite logit, so new_max is finite and the old -inf
             # maximum rescales an empty sum by exp2(-inf) = 0.
-            row_sum = row_sum * tl.math.exp2((row_max - new_max) * 1.4426950408889634) \
-                + tl.sum(tl.math.exp2((z - new_max) * 1.4426950408889634), 0)
+            row_sum = row_sum * tl.math.exp2((row_max - new_max) * LOG2_E) \
+                + tl.sum(tl.math.exp2((z - new_max) * LOG2_E), 0)
             row_max = new_max
         lse = row_max + tl.log(row_sum)
         tl.store(lse_ptr + row, lse)
@@ -2424,7 +2428,7 @@ def _lce_row(
             offs = (n_tiles - 1 - i) * BLOCK_V + cols
             inside = offs < V
             z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-            p = tl.math.exp2((z - lse) * 1.4426950408889634)
+            p = tl.math.exp2((z - lse) * LOG2_E)
             g = (p - tl.where(offs == target, 1.0, 0.0)) * factor
             if ROUND_BF16:
                 g = _bf16_nearest_even(g)
