@@ -73,8 +73,8 @@ def round_to_tf32(dtype: torch.dtype) -> bool:
 
     A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
     error towards zero. On the weights that bias does not cancel, since the row sum l adds them
-    untruncated: on an H100 (4 x 512 x 1024 x 96) softmax(x) @ V had 2.7 x the error of torch
-    under 'high' (cuBLAS rounds). Rounded weights, summed as rounded, remove it. V's truncation
+    untruncated, so softmax(x) @ V had several times torch's error under 'high' (cuBLAS
+    rounds). Rounded weights, summed as rounded, remove it. V's truncation
     bias is about one TF32 unit, within torch's own error; whether V is rounded too is a matter
     of speed (``_round_v``). The interpreter multiplies in float32 and needs no rounding.
     """
@@ -263,11 +263,9 @@ def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
     """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
     as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
 
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major and,
-    fed as they are, were more than twice as slow at the spec shape on an H100 (BLOCK_1 = 64).
-    Through registers (where rounding is nearly free) the error also fell to torch's. The smaller
-    products (BLOCK_1 < 64, the older MMA) read V straight from shared memory: there the detour
-    cost 1.5 x the time.
+    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
+    fed as they are they were much slower than through registers, where rounding is nearly free
+    (outputs/README.md, "Design notes"). The older MMA (BLOCK_1 < 64) reads V from shared memory.
     """
     return round_to_tf32(dtype) and (transposed or block_1 >= 64)
 
@@ -654,41 +652,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 # ----------------------------------------------------------------------------------------------
 # x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
 #
-# Where the time goes. The product costs 2BKC flops; the softmax a handful of flops per logit but
-# a full pass over the (B, C) logits. With K = 4096 the product does 2K = 8192 flops per logit,
-# about 4096 flops per byte of a bf16 logit: far past an H100's ridge (~790 TFLOP/s over
-# ~3 TB/s, ~260 flops/byte). So at LM-head sizes the product dominates and every extra pass over
-# the logits costs about 4 bytes / 3 TB/s against 8192 flops / 790 TFLOP/s per logit, ~13 %.
-# At the small float32 sizes (B, C of 10 to 1024) nothing is big: the cost is kernel launches
-# and latency. One launch instead of PyTorch's two (cuBLAS, then softmax) is one gain; the other
-# is spreading a long K over more SMs than there are row blocks (``split_k_kernel``).
-#
-# Three Triton versions:
-# * unfused: a Triton matmul writes the logits, ``row_softmax`` reads them and writes the
-#   probabilities (3 passes over (B, C)): the baseline that isolates what fusion buys.
-# * fused, simple (``matmul_softmax_simple_kernel``): one program owns a block of rows and all C
-#   classes, so the softmax happens in registers and only the probabilities are written (1 pass).
-#   It only works while a row block's C float32 logits fit on chip (``SIMPLE_MAX_CLASSES``).
-# * fused, tiled (``matmul_softmax_tile_kernel`` + ``rescale_tiles_kernel``): programs own
-#   (rows x class tile) tiles, so any C works. Each writes exp(logit - tile max) and its
-#   (tile max, tile sum); a light pass merges the tiles' (max, sum) pairs per row by the online
-#   softmax rule and rescales every tile by exp(tile max - row max) / row sum. When C fits one
-#   class tile the first kernel normalises directly and the second is skipped.
-#
-# Why the tiled kernel writes then rescales (3 passes over (B, C), like unfused) rather than
-# something cleverer: normalising needs every logit of a row, so the choices are (a) hold a whole
-# row block's logits on chip: at C = 128256 that is 64 rows x 128256 x 4 B = 32 MB, the size of
-# all of an H100's registers, and W (1 GB in bf16) would stream from memory once per row block;
-# (b) recompute the product in a second pass: +2BKC flops, +100 % at K = 4096; (c) write and
-# rescale: +2 passes of B x C x elt, +13 % at K = 4096 by the estimate above. (c) is cheapest
-# wherever the product matters. The extra scratch is the per-(row, tile) statistics,
-# B x C / BLOCK_C x 8 bytes (1/32 of a bf16 output with 128-wide tiles), not a (B, C) buffer.
-# So at LM-head sizes fusion saves the softmax kernel's own exp/max work and the split-row
-# machinery, not bytes; at small C the tiled kernel is one launch and writes once.
-#
-# Backward, the same for every version (it needs only x, W and the output Y): dZ = Y * (dY -
-# rowsum(Y * dY)) by ``softmax_grad_kernel``, then dx = dZ @ W^T and dW = x^T @ dZ by the Triton
-# matmul, which reads the transposes in place through their strides.
+# Three Triton versions: unfused (matmul, then ``row_softmax``), simple (a program owns a row
+# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). The
+# backward is shared: ``softmax_grad_kernel``, then dx and dW by the Triton matmul.
+# Why write-then-rescale, and where the time goes: outputs/README.md, "Design notes".
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -845,13 +812,10 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 64, 128, 32, 4, 3
     else:
-        # Swept at the LM-head sizes (4096 x 4096 x 32768, 8192 x 4096 x 128256): 128 x 256 x 64
-        # tiles on 8 warps with 4 stages (4 x (128 + 256) x 64 x 2 B = 192 KiB staged) beat the
-        # 128 x 128 x 64, 3-stage start by 20 to 27 %, the best of ten launches tried.
+        # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, triton.next_power_of_2(C)))
-    # One class tile and a long K: K slices fill the SMs better than thinner row blocks (at
-    # 1024 x 1024 x 100 on an H100, 32 rows x 4 slices: 18 us; 16 rows, unsplit: 33 us).
+    # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
     block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
@@ -1780,9 +1744,7 @@ def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
         return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
                 "dq": FlashLaunch(128, 32, 8, 3)}
     if d == 64:
-        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch varied at a time:
-        # dK/dV 64 x 128 on one warpgroup took forward+backward from 1.75 to 1.48 ms, dQ 64 x 64
-        # saved 0.04 ms more; the forward's choice was within 1 % of the best tried.
+        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch at a time (outputs/README.md).
         return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
                 "dq": FlashLaunch(64, 64, 4, 3)}
     return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
@@ -2254,28 +2216,12 @@ class FlashAttentionTriton(torch.autograd.Function):
 # backward: the forward keeps the per-row log-sum-exp and the backward recomputes each chunk's
 # logits (four products).
 #
-# Where the time goes. Each product is 2 BT V H flops: 3 x 8.6 TFLOP at 8192 x 4096 x 128256, 33 ms
-# at cuBLAS's 780 TFLOP/s on an H100. The row kernel reads the logits twice and writes them once:
-# 2.1 GB each way at 8192 x 128256 bfloat16, 1.4 ms at 3 TB/s if the second read comes from L2
-# (it goes back to front, the most recently read tiles first), 2.1 ms if none of it does: a row
-# is 256 KB, and a thousand rows in flight are more than the 50 MB of L2. The upstream-gradient
-# multiply is one pass over dW (2 GB read and written, ~0.7 ms). What a chunk costs beyond its
-# share of the products is re-reading W for the logits and dx products, and reading and writing
-# dW for its update: the dW update alone does 2 rows V H flops on 2 V H element_size bytes, i.e.
-# rows / element_size flops per byte, past an H100's ridge (~260 flop/B) from about 520 rows in
-# bfloat16. Wherever the products stay past the ridge those bytes hide under their flops.
+# Chunk sizes follow from the roofline of each chunk's products: outputs/README.md, "Design notes".
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
-# Rows per chunk. The dW update (2 rows V H flops; dW's V H elements read and written) runs at
-# rows / element_size flops per byte of dW: at the H100's ridge (~260 flop/B) from ~520 rows in
-# bfloat16, with twice that margin at 1024. The logits and dx products run at about
-# rows H / (rows + H) flops per byte, past the ridge from ~300 rows at H = 2048. So 1024 rows
-# keep all three compute bound; more rows only grow the buffer. The buffer (rows x V) also gets a
-# memory budget of a quarter of dW (rows <= H / 4), down to 512 rows, where dW's update meets the
-# ridge: at H = 4096 that is 1024 rows; at H = 2048 it is 512 rows (148 MiB at V = 151936
-# instead of 297 MiB). The peak beyond the inputs is then dW + dx + the buffer: 1317 MiB at
-# 8192 x 4096 x 128256 in bfloat16, where a buffer of 250 MiB is the price of cuBLAS-sized products.
+# Rows per chunk: from ~520 bf16 rows the dW update is compute bound, 1024 keeps all three products
+# so; the (rows, V) buffer is also capped at a quarter of dW (rows <= H / 4), down to 512 rows.
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
@@ -2661,34 +2607,10 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V on Hopper in Gluon
 # ----------------------------------------------------------------------------------------------
-# Why a second kernel for the same product: on an H100 triton 3.6 compiles ``fused_softmax_kernel``
-# so that each warpgroup MMA is waited for right after it is issued (its A operand, the softmax
-# weights, is computed in the loop), and a program alternates between the softmax of a tile and
-# its product; the tensor pipe is 31.5 % busy at the spec shape (outputs/README.md). Gluon, the
-# lower-level language inside triton, states the layouts, the shared-memory buffers, the barriers
-# and the warp partitions itself, so the overlap can be written down instead of hoped for:
-#
-# * One program owns BLOCK_M rows of x and BLOCK_D3 columns of V in one batch element.
-# * A loader partition (one warp) streams x tiles (BLOCK_M x BLOCK_N) and V tiles (BLOCK_N x
-#   BLOCK_D3) by TMA into a ring of STAGES slots. x and V have their own "ready" and "free"
-#   mbarriers per slot, since an x tile is free as soon as it is in registers while a V tile is
-#   only free once the product reading it has finished.
-# * The default partition (one warpgroup) computes the online softmax of step i while the
-#   asynchronous warpgroup MMA of step i - 1 runs; it waits for that product only when it must
-#   rescale the accumulator and issue the next one. The weights go to the MMA from registers.
-#
-# Tiles. BLOCK_M = 64 is one warpgroup MMA's height over the warpgroup's 4 warps. Every register
-# budget below is per thread of the 128: the float32 accumulator (64 x BLOCK_D3) costs BLOCK_D3 / 2
-# and the float32 logits of a step (64 x BLOCK_N) BLOCK_N / 2, so BLOCK_D3 = BLOCK_N = 128 hold
-# 128 registers of live tiles, with room for the weights and row statistics under the 255 limit.
-# A wider d3 is split over programs (d3 = 512: four programs per row block, numbered together so
-# that three of them read x from L2); each recomputes its rows' softmax, work that 256-wide d3
-# tiles halve (``gluon_softmax_launch``).
-# TMA needs 16-byte aligned base and strides and a contiguous last dimension (``gluon_softmax_applies``);
-# its descriptors here are 3-D, (batch, rows, columns), so a tile past d1, d2 or d3 reads zeros
-# from the hardware instead of the next batch element's data. Columns of x past d2 are then
-# masked to -inf in registers (zeros are not neutral for a softmax), and V's zero rows past d2
-# meet zero weights.
+# The compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after issuing it; Gluon
+# writes the overlap down: a TMA loader warp feeds a ring of stages while one warpgroup computes
+# step i's softmax during step i - 1's MMA. BLOCK_M = 64 is one warpgroup MMA's height. Layout and
+# register budgets: outputs/README.md, "Design notes".
 GLUON_BLOCK_M = 64
 GLUON_STAGES = 3  # 3 x (64 x 128 + 128 x 128) x 2 B = 144 KiB of the 227 KiB a program may have
 GLUON_LOADER_REGISTERS = 40  # the loader only computes TMA coordinates; setmaxnreg wants a multiple of 8
