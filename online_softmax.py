@@ -810,11 +810,6 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     return y.reshape(x.shape)
 
 
-def row_softmax_flops(M: int, N: int) -> int:
-    """Rough arithmetic per element: max, subtract, exp, sum, divide."""
-    return 5 * M * N
-
-
 __all__ = [
     "INTERPRET", "KernelCapacityError", "OnlineSoftmax", "naive_softmax", "naive_softmax_bytes", "online_softmax", "online_softmax_tiles",
     "online_softmax_backward", "row_softmax", "softmax_bytes", "softmax_reference",
