@@ -7,8 +7,6 @@ interpreter (no GPU) before this module imports.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch._functorch.config
@@ -18,8 +16,10 @@ from fused_softmax_matmul import (
     matmul_softmax_fused_bytes, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
     matmul_softmax_tiled_bytes, matmul_softmax_unfused, matmul_softmax_unfused_bytes, split_k_bytes, tiled_launch,
 )
+from online_softmax import INTERPRET
 
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+# The kernel modules' INTERPRET is the one interpreter flag; a GPU is also needed for compiled runs.
+ON_GPU = torch.cuda.is_available() and not INTERPRET
 DEVICE = "cuda" if ON_GPU else "cpu"
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU running compiled Triton")
 
