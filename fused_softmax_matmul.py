@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, check_block, check_dense, check_same, check_tensor, kernel_op, needs_op,
-    row_softmax,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, kernel_op,
+    needs_op, row_softmax,
 )
 
 
@@ -134,12 +134,6 @@ def _grid(programs: int, kernel) -> tuple[int]:
     return (programs,)
 
 
-def _kernel(kernel, wrap: bool):
-    """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
-    torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
-    return torch.library.wrap_triton(kernel) if wrap and not INTERPRET else kernel
-
-
 def _backward_fake(x, W, *rest):
     """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
     need_x, need_W = rest[-2:]
@@ -230,7 +224,7 @@ _FUSED_LAUNCHES = {
     ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
 }
 # Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
-# to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
+# to 221 KiB of staged tiles, e.g. bf16 BLOCK_1 = 64: 3 x (64 x 64 + 64 x 512) x 2 bytes).
 _SHARED_MEMORY_BUDGET = 227 * 1024
 
 
@@ -533,7 +527,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
     n_tiles_3 = _cdiv(max(d3, 1), block_3)
     n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
-    _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
+    _jit(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         **constants, STORE_LSE=store_lse)
     return out, lse
@@ -576,14 +570,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     if dx.numel():
         n_tiles_1 = _cdiv(d1, b1)
-        _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
+        _jit(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
             num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = _cdiv(d3, b3)
         n_tiles = _cdiv(d2, b2) * n_tiles_3
-        _kernel(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
+        _jit(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     return dx, dV
@@ -1134,7 +1128,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     else:
         counts = _split_k_counts(x.device, triton.next_power_of_2(n_tiles_b))
-    _kernel(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
+    _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
         **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
 
@@ -1158,7 +1152,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
-    _kernel(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+    _jit(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
                                        **_constants(launch, x.dtype))
     return out
 
@@ -1172,7 +1166,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     if out.numel() == 0:
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
-    _kernel(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
+    _jit(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
         x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
     return out
 
@@ -1188,16 +1182,16 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if n_tiles_c == 1:
-        _kernel(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
+        _jit(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
             x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
         return out
     stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
-    _kernel(matmul_softmax_tile_kernel, wrap)[grid](
+    _jit(matmul_softmax_tile_kernel, wrap)[grid](
         x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
         **_constants(launch, x.dtype))
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
     tiles = min(triton.next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
-    _kernel(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
+    _jit(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
                                               TILES=tiles, num_warps=4)
     return out
 
@@ -1207,7 +1201,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if dz.numel():
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
-        _kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
+        _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
             BLOCK_C=min(1024, triton.next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
