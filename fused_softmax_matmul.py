@@ -109,6 +109,13 @@ def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
     return out
 
 
+def check_operands(x, name: str, other, ndim: int) -> None:
+    """x and the other operand: ndim-dimensional tensors of one supported dtype on one device."""
+    check_tensor("x", x, ndim)
+    check_tensor(name, other, ndim)
+    check_same("x", x, name, other)
+
+
 def check_int(name: str, value, minimum: int, maximum: int) -> None:
     """A launch field that need not be a power of two: an int in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -177,9 +184,7 @@ def softmax_matmul_flops(batch: int, d1: int, d2: int, d3: int) -> int:
 
 def check_softmax_matmul_inputs(x, V) -> None:
     """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
-    check_tensor("x", x, 3)
-    check_tensor("V", V, 3)
-    check_same("x", x, "V", V)
+    check_operands(x, "V", V, 3)
     if x.shape[0] != V.shape[0]:
         raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
     if x.shape[2] != V.shape[1]:
@@ -751,9 +756,7 @@ SIMPLE_MAX_CLASSES = 1024
 
 def check_matmul_softmax_inputs(x, W) -> None:
     """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
-    check_tensor("x", x, 2)
-    check_tensor("W", W, 2)
-    check_same("x", x, "W", W)
+    check_operands(x, "W", W, 2)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
 
