@@ -25,6 +25,9 @@ Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=Tr
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
 kernels directly, with the launch choices cached per shape, dtype and device.
+
+Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
+softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
 """
 
 from __future__ import annotations
