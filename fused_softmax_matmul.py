@@ -2169,27 +2169,12 @@ class FlashAttentionTriton(torch.autograd.Function):
 # Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T, target), fused
 # ==============================================================================================
 # x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear stores it, target: (BT,) int64.
-# PyTorch writes the (BT, V) logits (8192 x 128256 in bfloat16 is 2.1 GB; 4.2 GB more for
-# float32 logits, the softmax and their gradient), then reads them back several times. Here the
-# rows go through in chunks, and each chunk's logits live in one reused (rows, V) buffer:
-#
-#   logits = x_c @ W^T          cuBLAS, into the buffer
-#   row kernel (Triton)         per row: log-sum-exp, loss = lse - logit[target], and, when a
-#                               gradient is wanted, the buffer overwritten in place with
-#                               G = (softmax - onehot(target)) * factor
-#   dx_c = G @ W                cuBLAS
-#   dW  += G^T @ x_c            cuBLAS (addmm into dW)
-#
-# so memory beyond the inputs and the gradients is the buffer, sized from V and H
-# (``linear_cross_entropy_launch``), never from BT. For a scalar loss (reduction "mean" or "sum") the
-# gradient's factor is known in the forward (1 / number of rows not ignored, counted on the
-# device, or 1), so dx and dW are computed there and the backward only multiplies them by the
-# upstream gradient, a 0-d tensor, on the device: three products in all, the least possible.
-# For reduction "none" each row's factor is the upstream gradient's entry, known only in the
-# backward: the forward keeps the per-row log-sum-exp and the backward recomputes each chunk's
-# logits (four products).
-#
-# Chunk sizes follow from the roofline of each chunk's products: outputs/README.md, "Design notes".
+# PyTorch writes the (BT, V) logits; here rows go through in chunks whose logits live in one
+# reused (rows, V) buffer: cuBLAS logits, a Triton row kernel (log-sum-exp, loss, and in place
+# G = (softmax - onehot(target)) * factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and
+# "sum" the factor is known in the forward, so the gradients are made there and the backward
+# scales them (three products); for "none" the backward recomputes the logits (four). Memory
+# and chunk sizes: outputs/README.md, "Design notes".
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
