@@ -9,6 +9,16 @@ under 'highest' (PyTorch's default) the tensor-core product is split into three 
 (``input_precision="tf32x3"``), which is as accurate as a float32 product; under 'high' or
 'medium' a single TF32 product is used, as PyTorch then does for its own matmuls. Float16 and
 bfloat16 inputs multiply in their own precision and accumulate in float32.
+
+Sections, each workload in the same order (header, reference, bytes and flops models, launch
+type and chooser, jit helpers, kernels, wrappers, autograd):
+
+* Shared: float32 matmul precision, ``_dot_acc``, constants, integer checks, grid and launch helpers.
+* softmax(x) @ V: ``softmax_mult``, ``fused_softmax`` (the course's names).
+* softmax(x @ W): ``matmul_softmax_ref`` and three Triton versions.
+* Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
+* Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
+* softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
 """
 
 from __future__ import annotations
@@ -27,11 +37,14 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, check_block, check_dense, check_same, check_tensor, kernel_op, needs_op,
-    row_softmax,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, kernel_op,
+    needs_op, row_softmax,
 )
 
 
+# ----------------------------------------------------------------------------------------------
+# Shared: precision helpers, constants, checks and launch helpers of every workload
+# ----------------------------------------------------------------------------------------------
 @torch.compiler.assume_constant_result
 def _float32_matmul_precision() -> str:
     # torch.compile cannot put a string-valued torch call in its graph; it takes the setting as a
@@ -60,8 +73,8 @@ def round_to_tf32(dtype: torch.dtype) -> bool:
 
     A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
     error towards zero. On the weights that bias does not cancel, since the row sum l adds them
-    untruncated: on an H100 (4 x 512 x 1024 x 96) softmax(x) @ V had 2.7 x the error of torch
-    under 'high' (cuBLAS rounds). Rounded weights, summed as rounded, remove it. V's truncation
+    untruncated, so softmax(x) @ V had several times torch's error under 'high' (cuBLAS
+    rounds). Rounded weights, summed as rounded, remove it. V's truncation
     bias is about one TF32 unit, within torch's own error; whether V is rounded too is a matter
     of speed (``_round_v``). The interpreter multiplies in float32 and needs no rounding.
     """
@@ -78,6 +91,60 @@ def _tf32_rounded(t):
     bits = t.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(t) < float("inf"), rounded, t)
+
+
+# exp(x) = exp2(x * log2(e)) and ln(y) = log2(y) * ln(2): exp2 and log2 are the GPU's native
+# instructions. Kernels read these constexprs; host code reads ``.value``.
+LOG2_E = tl.constexpr(1.4426950408889634)
+LN_2 = tl.constexpr(0.6931471805599453)
+
+
+@triton.jit
+def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
+    if UPCAST:
+        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
+    else:
+        out = tl.dot(a, b, acc, input_precision=PRECISION)
+    return out
+
+
+def check_operands(x, name: str, other, ndim: int) -> None:
+    """x and the other operand: ndim-dimensional tensors of one supported dtype on one device."""
+    check_tensor("x", x, ndim)
+    check_tensor(name, other, ndim)
+    check_same("x", x, name, other)
+
+
+def check_int(name: str, value, minimum: int, maximum: int) -> None:
+    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
+
+
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
+def _cdiv(a: int, b: int) -> int:
+    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
+    return -(-a // b)
+
+
+def _grid(programs: int, kernel) -> tuple[int]:
+    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
+    if programs >= 2**31:
+        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
+    return (programs,)
+
+
+def _backward_fake(x, W, *rest):
+    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
+    need_x, need_W = rest[-2:]
+    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -115,6 +182,100 @@ def softmax_matmul_flops(batch: int, d1: int, d2: int, d3: int) -> int:
     return batch * (2 * d1 * d2 * d3 + 5 * d1 * d2)
 
 
+def check_softmax_matmul_inputs(x, V) -> None:
+    """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
+    check_operands(x, "V", V, 3)
+    if x.shape[0] != V.shape[0]:
+        raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
+    if x.shape[2] != V.shape[1]:
+        raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
+
+
+@dataclass(frozen=True)
+class FusedLaunch:
+    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
+
+    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
+    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
+    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
+    """
+
+    block_3: int
+    num_warps: int = 4
+    num_stages: int = 2
+    lazy_rescale: bool = False
+    transposed: bool = False
+
+    def check(self) -> None:
+        check_block("launch.block_3", self.block_3, 16, 512)
+        check_block("launch.num_warps", self.num_warps, 1, 16)
+        check_int("launch.num_stages", self.num_stages, 1, 8)
+        check_flag("launch.lazy_rescale", self.lazy_rescale)
+        check_flag("launch.transposed", self.transposed)
+
+
+# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
+# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
+# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
+# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
+# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
+# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
+_FUSED_LAUNCHES = {
+    ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
+    ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
+    ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
+    ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
+    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
+    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
+}
+# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
+# to 221 KiB of staged tiles, e.g. bf16 BLOCK_1 = 64: 3 x (64 x 64 + 64 x 512) x 2 bytes).
+_SHARED_MEMORY_BUDGET = 227 * 1024
+
+
+def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
+    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
+
+    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
+    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
+    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
+    """
+    block_2 = block_1 if block_2 is None else block_2
+    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
+    return _fused_launch(d3, block_1, block_2, dtype, kind)
+
+
+@functools.lru_cache(maxsize=4096)
+def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
+    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
+    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+    per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
+    if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
+        raise KernelCapacityError(
+            f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
+            f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
+    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
+    return replace(launch, block_3=block_3, num_stages=stages)
+
+
+def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
+    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
+    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
+
+    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
+    fed as they are they were much slower than through registers, where rounding is nearly free
+    (outputs/README.md, "Design notes"). The older MMA (BLOCK_1 < 64) reads V from shared memory.
+    """
+    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
+
+
+def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
+    """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
+    columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
+    float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
+    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
+
+
 @triton.jit
 def _scale_rows(acc, alpha, TRANSPOSED: tl.constexpr):
     """acc with each row of x's tile scaled by alpha: rows are acc's columns when TRANSPOSED."""
@@ -122,16 +283,6 @@ def _scale_rows(acc, alpha, TRANSPOSED: tl.constexpr):
         out = acc * alpha[None, :]
     else:  # (compiled Triton visits code after a constexpr-if's return, so no early return here)
         out = acc * alpha[:, None]
-    return out
-
-
-@triton.jit
-def _dot_acc(a, b, acc, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """acc + a @ b; UPCAST: in float32, for the interpreter's wrong 16-bit products."""
-    if UPCAST:
-        out = tl.dot(a.to(tl.float32), b.to(tl.float32), acc)
-    else:
-        out = tl.dot(a, b, acc, input_precision=PRECISION)
     return out
 
 
@@ -365,136 +516,6 @@ def fused_softmax_backward_dv_kernel(
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
 
 
-def check_int(name: str, value, minimum: int, maximum: int) -> None:
-    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
-
-
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-
-def check_softmax_matmul_inputs(x, V) -> None:
-    """The checks ``fused_softmax`` makes before any launch (ValueError/TypeError naming the argument)."""
-    check_tensor("x", x, 3)
-    check_tensor("V", V, 3)
-    check_same("x", x, "V", V)
-    if x.shape[0] != V.shape[0]:
-        raise ValueError(f"V must have x's batch size {x.shape[0]}, got V of shape {tuple(V.shape)}")
-    if x.shape[2] != V.shape[1]:
-        raise ValueError(f"V must have d2 = {x.shape[2]} rows (x's last dimension), got V of shape {tuple(V.shape)}")
-
-
-@dataclass(frozen=True)
-class FusedLaunch:
-    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
-
-    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
-    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
-    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
-    """
-
-    block_3: int
-    num_warps: int = 4
-    num_stages: int = 2
-    lazy_rescale: bool = False
-    transposed: bool = False
-
-    def check(self) -> None:
-        check_block("launch.block_3", self.block_3, 16, 512)
-        check_block("launch.num_warps", self.num_warps, 1, 16)
-        check_int("launch.num_stages", self.num_stages, 1, 8)
-        check_flag("launch.lazy_rescale", self.lazy_rescale)
-        check_flag("launch.transposed", self.transposed)
-
-
-# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
-# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
-# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
-# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
-# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
-# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
-_FUSED_LAUNCHES = {
-    ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
-    ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
-    ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
-    ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
-    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
-    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
-}
-# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
-# to 221 KiB of staged tiles, e.g. bf16 B = 64: 3 x (64 x 64 + 64 x 512) x 2 B).
-_SHARED_MEMORY_BUDGET = 227 * 1024
-
-
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
-    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
-
-    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
-    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
-    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
-    """
-    block_2 = block_1 if block_2 is None else block_2
-    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    return _fused_launch(d3, block_1, block_2, dtype, kind)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
-    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
-    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
-    per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
-    if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
-        raise KernelCapacityError(
-            f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
-            f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
-    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
-    return replace(launch, block_3=block_3, num_stages=stages)
-
-
-def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
-    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
-    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
-
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major and,
-    fed as they are, were more than twice as slow at the spec shape on an H100 (BLOCK_1 = 64).
-    Through registers (where rounding is nearly free) the error also fell to torch's. The smaller
-    products (BLOCK_1 < 64, the older MMA) read V straight from shared memory: there the detour
-    cost 1.5 x the time.
-    """
-    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
-
-
-def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
-    """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
-    columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
-    float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
-    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
-
-
-def _cdiv(a: int, b: int) -> int:
-    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
-    return -(-a // b)
-
-
-def _grid(programs: int, kernel) -> tuple[int]:
-    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
-    if programs >= 2**31:
-        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
-    return (programs,)
-
-
-def _kernel(kernel, wrap: bool):
-    """kernel to launch as kernel[grid](...): through ``wrap_triton`` inside a compiled op (so
-    torch.compile and CUDA graphs see the launch), directly in eager calls and the interpreter."""
-    return torch.library.wrap_triton(kernel) if wrap and not INTERPRET else kernel
-
-
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
                            store_lse: bool, wrap: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None)."""
@@ -511,7 +532,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
     n_tiles_3 = _cdiv(max(d3, 1), block_3)
     n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
-    _kernel(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
+    _jit(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         **constants, STORE_LSE=store_lse)
     return out, lse
@@ -554,14 +575,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     if dx.numel():
         n_tiles_1 = _cdiv(d1, b1)
-        _kernel(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
+        _jit(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
             num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = _cdiv(d3, b3)
         n_tiles = _cdiv(d2, b2) * n_tiles_3
-        _kernel(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
+        _jit(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     return dx, dV
@@ -578,12 +599,6 @@ def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: i
                       launch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     fused = FusedLaunch(*launch[:3], *map(bool, launch[3:])) if launch else None
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
-
-
-def _backward_fake(x, W, *rest):
-    """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
-    need_x, need_W = rest[-2:]
-    return x.new_empty(x.shape if need_x else (0,)), W.new_empty(W.shape if need_W else (0,))
 
 
 @kernel_op("fused_softmax_backward", _backward_fake)
@@ -636,41 +651,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 # ----------------------------------------------------------------------------------------------
 # x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
 #
-# Where the time goes. The product costs 2BKC flops; the softmax a handful of flops per logit but
-# a full pass over the (B, C) logits. With K = 4096 the product does 2K = 8192 flops per logit,
-# about 4096 flops per byte of a bf16 logit: far past an H100's ridge (~790 TFLOP/s over
-# ~3 TB/s, ~260 flops/byte). So at LM-head sizes the product dominates and every extra pass over
-# the logits costs about 4 bytes / 3 TB/s against 8192 flops / 790 TFLOP/s per logit, ~13 %.
-# At the small float32 sizes (B, C of 10 to 1024) nothing is big: the cost is kernel launches
-# and latency. One launch instead of PyTorch's two (cuBLAS, then softmax) is one gain; the other
-# is spreading a long K over more SMs than there are row blocks (``split_k_kernel``).
-#
-# Three Triton versions:
-# * unfused: a Triton matmul writes the logits, ``row_softmax`` reads them and writes the
-#   probabilities (3 passes over (B, C)): the baseline that isolates what fusion buys.
-# * fused, simple (``matmul_softmax_simple_kernel``): one program owns a block of rows and all C
-#   classes, so the softmax happens in registers and only the probabilities are written (1 pass).
-#   It only works while a row block's C float32 logits fit on chip (``SIMPLE_MAX_CLASSES``).
-# * fused, tiled (``matmul_softmax_tile_kernel`` + ``rescale_tiles_kernel``): programs own
-#   (rows x class tile) tiles, so any C works. Each writes exp(logit - tile max) and its
-#   (tile max, tile sum); a light pass merges the tiles' (max, sum) pairs per row by the online
-#   softmax rule and rescales every tile by exp(tile max - row max) / row sum. When C fits one
-#   class tile the first kernel normalises directly and the second is skipped.
-#
-# Why the tiled kernel writes then rescales (3 passes over (B, C), like unfused) rather than
-# something cleverer: normalising needs every logit of a row, so the choices are (a) hold a whole
-# row block's logits on chip: at C = 128256 that is 64 rows x 128256 x 4 B = 32 MB, the size of
-# all of an H100's registers, and W (1 GB in bf16) would stream from memory once per row block;
-# (b) recompute the product in a second pass: +2BKC flops, +100 % at K = 4096; (c) write and
-# rescale: +2 passes of B x C x elt, +13 % at K = 4096 by the estimate above. (c) is cheapest
-# wherever the product matters. The extra scratch is the per-(row, tile) statistics,
-# B x C / BLOCK_C x 8 bytes (1/32 of a bf16 output with 128-wide tiles), not a (B, C) buffer.
-# So at LM-head sizes fusion saves the softmax kernel's own exp/max work and the split-row
-# machinery, not bytes; at small C the tiled kernel is one launch and writes once.
-#
-# Backward, the same for every version (it needs only x, W and the output Y): dZ = Y * (dY -
-# rowsum(Y * dY)) by ``softmax_grad_kernel``, then dx = dZ @ W^T and dW = x^T @ dZ by the Triton
-# matmul, which reads the transposes in place through their strides.
+# Three Triton versions: unfused (matmul, then ``row_softmax``), simple (a program owns a row
+# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). The
+# backward is shared: ``softmax_grad_kernel``, then dx and dW by the Triton matmul.
+# Why write-then-rescale, and where the time goes: outputs/README.md, "Design notes".
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -772,9 +756,7 @@ SIMPLE_MAX_CLASSES = 1024
 
 def check_matmul_softmax_inputs(x, W) -> None:
     """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
-    check_tensor("x", x, 2)
-    check_tensor("W", W, 2)
-    check_same("x", x, "W", W)
+    check_operands(x, "W", W, 2)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
 
@@ -827,13 +809,10 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 64, 128, 32, 4, 3
     else:
-        # Swept at the LM-head sizes (4096 x 4096 x 32768, 8192 x 4096 x 128256): 128 x 256 x 64
-        # tiles on 8 warps with 4 stages (4 x (128 + 256) x 64 x 2 B = 192 KiB staged) beat the
-        # 128 x 128 x 64, 3-stage start by 20 to 27 %, the best of ten launches tried.
+        # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, triton.next_power_of_2(C)))
-    # One class tile and a long K: K slices fill the SMs better than thinner row blocks (at
-    # 1024 x 1024 x 100 on an H100, 32 rows x 4 slices: 18 us; 16 rows, unsplit: 33 us).
+    # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
     block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
@@ -1152,7 +1131,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     else:
         counts = _split_k_counts(x.device, triton.next_power_of_2(n_tiles_b))
-    _kernel(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
+    _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
         **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
 
@@ -1176,7 +1155,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
-    _kernel(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
+    _jit(matmul_kernel, wrap)[grid](x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
                                        **_constants(launch, x.dtype))
     return out
 
@@ -1190,7 +1169,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     if out.numel() == 0:
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
-    _kernel(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
+    _jit(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
         x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
     return out
 
@@ -1206,16 +1185,16 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if n_tiles_c == 1:
-        _kernel(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
+        _jit(matmul_softmax_simple_kernel, wrap)[(n_tiles_b,)](
             x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
         return out
     stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
-    _kernel(matmul_softmax_tile_kernel, wrap)[grid](
+    _jit(matmul_softmax_tile_kernel, wrap)[grid](
         x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
         **_constants(launch, x.dtype))
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
     tiles = min(triton.next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
-    _kernel(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
+    _jit(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
                                               TILES=tiles, num_warps=4)
     return out
 
@@ -1225,7 +1204,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if dz.numel():
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
-        _kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
+        _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
             BLOCK_C=min(1024, triton.next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
@@ -1361,30 +1340,6 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch)
 
 
-# Each version of softmax(x @ W) under the name the tests and the benchmark give it.
-MATMUL_SOFTMAX_IMPLS = {
-    "torch": matmul_softmax_ref,
-    "triton_unfused": matmul_softmax_unfused,
-    "triton_fused_simple": matmul_softmax_fused_simple,
-    "triton_fused_tiled": matmul_softmax_fused_tiled,
-}
-
-
-def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
-    """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
-    extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
-    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
-    wrapper picks. Where the wrapper splits K, the Triton versions also move their partials."""
-    elt = dtype.itemsize
-    if impl == "triton_fused_simple":
-        return matmul_softmax_fused_bytes(B, K, C, elt)
-    launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
-    if impl == "triton_fused_tiled":
-        return matmul_softmax_tiled_bytes(B, K, C, elt, launch)
-    partials = split_k_bytes(B, K, launch) if impl == "triton_unfused" else 0
-    return matmul_softmax_unfused_bytes(B, K, C, elt) + partials
-
-
 # ==============================================================================================
 # Attention
 # ==============================================================================================
@@ -1402,8 +1357,6 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
 # row NaN, as in SDPA. What a causal row cannot see never reaches it, except that 0 x NaN = NaN
 # when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
 # there too: its math backend makes every row NaN).
-
-LOG2_E = 1.4426950408889634  # exp(x) = exp2(x * log2(e)); exp2 is the GPU's native instruction
 
 # Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
 # takes) to 128 (above that one program's Q, K and V tiles no longer fit in shared memory).
@@ -1710,6 +1663,96 @@ def check_flash_offsets(**tensors) -> None:
                              f"batch element, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
 
 
+@dataclass(frozen=True)
+class FlashLaunch:
+    """One kernel's launch: queries per tile (block_m), keys per tile (block_n), warps, pipeline stages."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+    def check(self, kernel: str) -> None:
+        check_block(f"{kernel}.block_m", self.block_m, 16, 256)
+        check_block(f"{kernel}.block_n", self.block_n, 16, 256)
+        check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
+        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
+            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
+
+
+FLASH_KERNELS = ("forward", "dkdv", "dq")
+
+
+def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
+    return dict(_flash_launches(d, dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
+
+    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
+    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
+      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
+      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
+      registers a thread) and the fp32 accumulator fit beside each other without spilling.
+      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
+      228 KB of shared memory.
+    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
+      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
+    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
+      query tiles (32) so the transposed logits and dP beside them stay small.
+    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
+    """
+    if d not in FLASH_HEAD_DIMS:
+        raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
+    if dtype == torch.float32:
+        if d <= 64:
+            return {"forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2),
+                    "dq": FlashLaunch(64, 32, 4, 2)}
+        return {"forward": FlashLaunch(64, 32, 4, 2), "dkdv": FlashLaunch(16, 32, 4, 2),
+                "dq": FlashLaunch(32, 16, 4, 2)}
+    if d <= 32:
+        return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
+                "dq": FlashLaunch(128, 32, 8, 3)}
+    if d == 64:
+        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch at a time (outputs/README.md).
+        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
+                "dq": FlashLaunch(64, 64, 4, 3)}
+    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
+            "dq": FlashLaunch(64, 32, 4, 2)}
+
+
+def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
+    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
+
+    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
+    """
+    if launches is None:
+        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
+            return _flash_launches.__wrapped__(d, dtype)
+        return _flash_launches(d, dtype)
+    if not isinstance(launches, dict):
+        raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
+    for kernel, launch in launches.items():
+        if kernel not in FLASH_KERNELS:
+            raise ValueError(f"launches has unknown kernel {kernel!r}: the kernels are {FLASH_KERNELS}")
+        if not isinstance(launch, FlashLaunch):
+            raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
+        launch.check(f"launches[{kernel!r}]")
+    return {**_flash_launches(d, dtype), **launches}
+
+
+# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
+ROWDOT_BLOCK_M = 64
+
+
+def _flash_kernel_args(dtype: torch.dtype) -> dict:
+    """The constexprs every flash kernel takes from the dtype: tl.dot's precision and the interpreter's upcast."""
+    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
+
+
 @triton.jit
 def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """(batch element, tile) of this program; the batch index is int64 for the offsets.
@@ -1772,7 +1815,7 @@ def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
 def _flash_load_lse(lse_ptrs, offsets, row_ok):
     """L of these rows in base 2, +inf where P must come out 0: rows past the end, and rows with
     no finite logit (L = -inf, where S - L would be -inf + inf = NaN; their output is 0)."""
-    lse = tl.load(lse_ptrs + offsets, mask=row_ok, other=float("inf")) * 1.4426950408889634
+    lse = tl.load(lse_ptrs + offsets, mask=row_ok, other=float("inf")) * LOG2_E
     return tl.where(lse == float("-inf"), float("inf"), lse)
 
 
@@ -1849,7 +1892,7 @@ def flash_attention_forward_kernel(
     tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
-    tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * 0.6931471805599453, mask=row_ok)
+    tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * LN_2, mask=row_ok)
 
 
 @triton.jit
@@ -2050,98 +2093,6 @@ def flash_attention_backward_dq_kernel(
              dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
-@dataclass(frozen=True)
-class FlashLaunch:
-    """One kernel's launch: queries per tile (block_m), keys per tile (block_n), warps, pipeline stages."""
-
-    block_m: int
-    block_n: int
-    num_warps: int
-    num_stages: int
-
-    def check(self, kernel: str) -> None:
-        check_block(f"{kernel}.block_m", self.block_m, 16, 256)
-        check_block(f"{kernel}.block_n", self.block_n, 16, 256)
-        check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
-            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
-
-
-FLASH_KERNELS = ("forward", "dkdv", "dq")
-
-
-def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
-    return dict(_flash_launches(d, dtype))
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
-
-    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
-    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
-      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
-      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
-      registers a thread) and the fp32 accumulator fit beside each other without spilling.
-      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
-      228 KB of shared memory.
-    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
-      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
-    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
-      query tiles (32) so the transposed logits and dP beside them stay small.
-    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
-    """
-    if d not in FLASH_HEAD_DIMS:
-        raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
-    if dtype == torch.float32:
-        if d <= 64:
-            return {"forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2),
-                    "dq": FlashLaunch(64, 32, 4, 2)}
-        return {"forward": FlashLaunch(64, 32, 4, 2), "dkdv": FlashLaunch(16, 32, 4, 2),
-                "dq": FlashLaunch(32, 16, 4, 2)}
-    if d <= 32:
-        return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
-                "dq": FlashLaunch(128, 32, 8, 3)}
-    if d == 64:
-        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch varied at a time:
-        # dK/dV 64 x 128 on one warpgroup took forward+backward from 1.75 to 1.48 ms, dQ 64 x 64
-        # saved 0.04 ms more; the forward's choice was within 1 % of the best tried.
-        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
-                "dq": FlashLaunch(64, 64, 4, 3)}
-    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
-            "dq": FlashLaunch(64, 32, 4, 2)}
-
-
-def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
-    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
-
-    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
-    """
-    if launches is None:
-        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype)
-        return _flash_launches(d, dtype)
-    if not isinstance(launches, dict):
-        raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
-    for kernel, launch in launches.items():
-        if kernel not in FLASH_KERNELS:
-            raise ValueError(f"launches has unknown kernel {kernel!r}: the kernels are {FLASH_KERNELS}")
-        if not isinstance(launch, FlashLaunch):
-            raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
-        launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype), **launches}
-
-
-# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
-ROWDOT_BLOCK_M = 64
-
-
-def _flash_kernel_args(dtype: torch.dtype) -> dict:
-    """The constexprs every flash kernel takes from the dtype: tl.dot's precision and the interpreter's upcast."""
-    return dict(PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
-
-
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
@@ -2167,7 +2118,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         if O.numel() > 0:
             flash_attention_forward_kernel[flash_grid(batch, n_queries, fwd.block_m)](
-                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E,
+                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
                 *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
                 HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
                 num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype),
@@ -2199,7 +2150,7 @@ class FlashAttentionTriton(torch.autograd.Function):
             O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
             HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
         )
-        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E)
+        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
         inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
         common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
         kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
@@ -2218,48 +2169,17 @@ class FlashAttentionTriton(torch.autograd.Function):
 # Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T, target), fused
 # ==============================================================================================
 # x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear stores it, target: (BT,) int64.
-# PyTorch writes the (BT, V) logits (8192 x 128256 in bfloat16 is 2.1 GB; 4.2 GB more for
-# float32 logits, the softmax and their gradient), then reads them back several times. Here the
-# rows go through in chunks, and each chunk's logits live in one reused (rows, V) buffer:
-#
-#   logits = x_c @ W^T          cuBLAS, into the buffer
-#   row kernel (Triton)         per row: log-sum-exp, loss = lse - logit[target], and, when a
-#                               gradient is wanted, the buffer overwritten in place with
-#                               G = (softmax - onehot(target)) * factor
-#   dx_c = G @ W                cuBLAS
-#   dW  += G^T @ x_c            cuBLAS (addmm into dW)
-#
-# so memory beyond the inputs and the gradients is the buffer, sized from V and H
-# (``linear_cross_entropy_launch``), never from BT. For a scalar loss (reduction "mean" or "sum") the
-# gradient's factor is known in the forward (1 / number of rows not ignored, counted on the
-# device, or 1), so dx and dW are computed there and the backward only multiplies them by the
-# upstream gradient, a 0-d tensor, on the device: three products in all, the least possible.
-# For reduction "none" each row's factor is the upstream gradient's entry, known only in the
-# backward: the forward keeps the per-row log-sum-exp and the backward recomputes each chunk's
-# logits (four products).
-#
-# Where the time goes. Each product is 2 BT V H flops: 3 x 8.6 TFLOP at 8192 x 4096 x 128256, 33 ms
-# at cuBLAS's 780 TFLOP/s on an H100. The row kernel reads the logits twice and writes them once:
-# 2.1 GB each way at 8192 x 128256 bfloat16, 1.4 ms at 3 TB/s if the second read comes from L2
-# (it goes back to front, the most recently read tiles first), 2.1 ms if none of it does: a row
-# is 256 KB, and a thousand rows in flight are more than the 50 MB of L2. The upstream-gradient
-# multiply is one pass over dW (2 GB read and written, ~0.7 ms). What a chunk costs beyond its
-# share of the products is re-reading W for the logits and dx products, and reading and writing
-# dW for its update: the dW update alone does 2 rows V H flops on 2 V H element_size bytes, i.e.
-# rows / element_size flops per byte, past an H100's ridge (~260 flop/B) from about 520 rows in
-# bfloat16. Wherever the products stay past the ridge those bytes hide under their flops.
+# PyTorch writes the (BT, V) logits; here rows go through in chunks whose logits live in one
+# reused (rows, V) buffer: cuBLAS logits, a Triton row kernel (log-sum-exp, loss, and in place
+# G = (softmax - onehot(target)) * factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and
+# "sum" the factor is known in the forward, so the gradients are made there and the backward
+# scales them (three products); for "none" the backward recomputes the logits (four). Memory
+# and chunk sizes: outputs/README.md, "Design notes".
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
-# Rows per chunk. The dW update (2 rows V H flops; dW's V H elements read and written) runs at
-# rows / element_size flops per byte of dW: at the H100's ridge (~260 flop/B) from ~520 rows in
-# bfloat16, with twice that margin at 1024. The logits and dx products run at about
-# rows H / (rows + H) flops per byte, past the ridge from ~300 rows at H = 2048. So 1024 rows
-# keep all three compute bound; more rows only grow the buffer. The buffer (rows x V) also gets a
-# memory budget of a quarter of dW (rows <= H / 4), down to 512 rows, where dW's update meets the
-# ridge: at H = 4096 that is 1024 rows; at H = 2048 it is 512 rows (148 MiB at V = 151936
-# instead of 297 MiB). The peak beyond the inputs is then dW + dx + the buffer: 1317 MiB at
-# 8192 x 4096 x 128256 in bfloat16, where a buffer of 250 MiB is the price of cuBLAS-sized products.
+# Rows per chunk: from ~520 bf16 rows the dW update is compute bound, 1024 keeps all three products
+# so; the (rows, V) buffer is also capped at a quarter of dW (rows <= H / 4), down to 512 rows.
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
@@ -2394,8 +2314,8 @@ def _lce_row(
             new_max = tl.maximum(row_max, tl.max(z, 0))
             # The first tile always holds a finite logit, so new_max is finite and the old -inf
             # maximum rescales an empty sum by exp2(-inf) = 0.
-            row_sum = row_sum * tl.math.exp2((row_max - new_max) * 1.4426950408889634) \
-                + tl.sum(tl.math.exp2((z - new_max) * 1.4426950408889634), 0)
+            row_sum = row_sum * tl.math.exp2((row_max - new_max) * LOG2_E) \
+                + tl.sum(tl.math.exp2((z - new_max) * LOG2_E), 0)
             row_max = new_max
         lse = row_max + tl.log(row_sum)
         tl.store(lse_ptr + row, lse)
@@ -2412,7 +2332,7 @@ def _lce_row(
             offs = (n_tiles - 1 - i) * BLOCK_V + cols
             inside = offs < V
             z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
-            p = tl.math.exp2((z - lse) * 1.4426950408889634)
+            p = tl.math.exp2((z - lse) * LOG2_E)
             g = (p - tl.where(offs == target, 1.0, 0.0)) * factor
             if ROUND_BF16:
                 g = _bf16_nearest_even(g)
@@ -2645,34 +2565,10 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V on Hopper in Gluon
 # ----------------------------------------------------------------------------------------------
-# Why a second kernel for the same product: on an H100 triton 3.6 compiles ``fused_softmax_kernel``
-# so that each warpgroup MMA is waited for right after it is issued (its A operand, the softmax
-# weights, is computed in the loop), and a program alternates between the softmax of a tile and
-# its product; the tensor pipe is 31.5 % busy at the spec shape (outputs/README.md). Gluon, the
-# lower-level language inside triton, states the layouts, the shared-memory buffers, the barriers
-# and the warp partitions itself, so the overlap can be written down instead of hoped for:
-#
-# * One program owns BLOCK_M rows of x and BLOCK_D3 columns of V in one batch element.
-# * A loader partition (one warp) streams x tiles (BLOCK_M x BLOCK_N) and V tiles (BLOCK_N x
-#   BLOCK_D3) by TMA into a ring of STAGES slots. x and V have their own "ready" and "free"
-#   mbarriers per slot, since an x tile is free as soon as it is in registers while a V tile is
-#   only free once the product reading it has finished.
-# * The default partition (one warpgroup) computes the online softmax of step i while the
-#   asynchronous warpgroup MMA of step i - 1 runs; it waits for that product only when it must
-#   rescale the accumulator and issue the next one. The weights go to the MMA from registers.
-#
-# Tiles. BLOCK_M = 64 is one warpgroup MMA's height over the warpgroup's 4 warps. Every register
-# budget below is per thread of the 128: the float32 accumulator (64 x BLOCK_D3) costs BLOCK_D3 / 2
-# and the float32 logits of a step (64 x BLOCK_N) BLOCK_N / 2, so BLOCK_D3 = BLOCK_N = 128 hold
-# 128 registers of live tiles, with room for the weights and row statistics under the 255 limit.
-# A wider d3 is split over programs (d3 = 512: four programs per row block, numbered together so
-# that three of them read x from L2); each recomputes its rows' softmax, work that 256-wide d3
-# tiles halve (``gluon_softmax_launch``).
-# TMA needs 16-byte aligned base and strides and a contiguous last dimension (``gluon_softmax_applies``);
-# its descriptors here are 3-D, (batch, rows, columns), so a tile past d1, d2 or d3 reads zeros
-# from the hardware instead of the next batch element's data. Columns of x past d2 are then
-# masked to -inf in registers (zeros are not neutral for a softmax), and V's zero rows past d2
-# meet zero weights.
+# The compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after issuing it; Gluon
+# writes the overlap down: a TMA loader warp feeds a ring of stages while one warpgroup computes
+# step i's softmax during step i - 1's MMA. BLOCK_M = 64 is one warpgroup MMA's height. Layout and
+# register budgets: outputs/README.md, "Design notes".
 GLUON_BLOCK_M = 64
 GLUON_STAGES = 3  # 3 x (64 x 128 + 128 x 128) x 2 B = 144 KiB of the 227 KiB a program may have
 GLUON_LOADER_REGISTERS = 40  # the loader only computes TMA coordinates; setmaxnreg wants a multiple of 8

@@ -25,6 +25,9 @@ Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=Tr
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
 kernels directly, with the launch choices cached per shape, dtype and device.
+
+Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
+softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
 """
 
 from __future__ import annotations
@@ -220,6 +223,16 @@ def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
 # ----------------------------------------------------------------------------------------------
 # Online softmax: BLOCK_1 rows x BLOCK_2 columns per step, any row length
 # ----------------------------------------------------------------------------------------------
+def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
+    """Tiles for ``online_softmax`` on rows of n_cols: about 4096 elements per step.
+
+    Wide steps along the row keep loads long and contiguous; short rows take several rows per
+    step instead, so each program still moves enough bytes to hide memory latency.
+    """
+    block_2 = BLOCK_2 or min(triton.next_power_of_2(n_cols), 4096)
+    return max(1, 4096 // block_2), block_2
+
+
 @triton.jit
 def _row_tile(t, n_row_tiles, d1, BLOCK_1: tl.constexpr):
     """Tile t of the online kernels: its batch element, its rows (a column, int64 for the
@@ -450,109 +463,9 @@ class OnlineSoftmax(torch.autograd.Function):
         return _online_backward_3d(_as_3d(y), _as_3d(dy), *ctx.blocks).reshape(y.shape), None, None
 
 
-def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
-    """Tiles for ``online_softmax`` on rows of n_cols: about 4096 elements per step.
-
-    Wide steps along the row keep loads long and contiguous; short rows take several rows per
-    step instead, so each program still moves enough bytes to hide memory latency.
-    """
-    block_2 = BLOCK_2 or min(triton.next_power_of_2(n_cols), 4096)
-    return max(1, 4096 // block_2), block_2
-
-
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
 # ----------------------------------------------------------------------------------------------
-@triton.jit
-def softmax_row_kernel(
-    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Each program walks rows pid, pid + grid, ...; a whole row sits in registers.
-
-    A row of only -inf has max -inf and gives NaN, as torch; a NaN or +inf logit makes the sum NaN.
-    """
-    cols = tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        p = tl.exp(x - tl.max(x, axis=0))
-        y = p / tl.sum(p, axis=0)
-        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def softmax_row_backward_kernel(
-    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_y, stride_g, stride_gc, stride_d,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """dx = y * (dy - sum(y * dy)) with a whole row of y and dy in registers, rows as the forward."""
-    cols = tl.arange(0, BLOCK_SIZE)
-    mask = cols < n_cols
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        r = tl.cast(row, tl.int64)
-        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
-        g = tl.load(dy_ptr + r * stride_g + cols * stride_gc, mask=mask, other=0.0).to(tl.float32)
-        dx = y * (g - tl.sum(y * g, axis=0))
-        tl.store(dx_ptr + r * stride_d + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def softmax_split_row_kernel(
-    x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-    CHUNK: tl.constexpr, SPLIT: tl.constexpr,
-):
-    """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
-
-    Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
-    waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
-    done); then each combines the SPLIT pairs and writes its chunk. Programs only wait on their
-    own group, and the wrapper launches no more programs than fit on the device at once, so
-    every wait ends. The counters start at zero and the kernel leaves them at zero, so one
-    cached buffer serves every launch, a CUDA graph's replays included.
-    """
-    pid = tl.program_id(0)
-    group = pid // SPLIT
-    part = pid % SPLIT
-    arrived = counters_ptr + 2 * group
-    departed = arrived + 1
-    cols = part * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < n_cols
-    parts = tl.arange(0, SPLIT)
-    target = 0
-    for row in range(group, n_rows, n_groups):
-        target += SPLIT
-        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        m = tl.max(x, axis=0)
-        # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
-        # contributes (max -inf, sum 0) and no NaN, while a NaN or +inf logit still makes the
-        # sum NaN, so its whole row comes out NaN as torch's does.
-        s = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - m)), axis=0)
-        slot = stats_ptr + (tl.cast(row, tl.int64) * SPLIT + part) * 2
-        tl.store(slot, m)
-        tl.store(slot + 1, s)
-        # Every thread's stores are done before the release below publishes them.
-        tl.debug_barrier()
-        tl.atomic_add(arrived, 1, sem="release")
-        while tl.atomic_add(arrived, 0, sem="acquire") < target:
-            pass
-        tl.debug_barrier()
-        # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, cache_modifier=".cg")
-        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, cache_modifier=".cg")
-        row_max = tl.max(ms, axis=0)
-        # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
-        row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
-        y = tl.exp(x - row_max) / row_sum
-        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
-    # Reset the group's counters for the next launch. The last program of the group to get here
-    # does it: every other one has passed its last wait, so none still reads ``arrived``.
-    tl.debug_barrier()
-    if tl.atomic_add(departed, 1, sem="acq_rel") == SPLIT - 1:
-        tl.atomic_xchg(arrived, 0, sem="relaxed")
-        tl.atomic_xchg(departed, 0, sem="relaxed")
-
-
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
@@ -707,6 +620,96 @@ def _aligned(t: torch.Tensor) -> bool:
     return is_fake(t) or t.data_ptr() % 16 == 0
 
 
+@triton.jit
+def softmax_row_kernel(
+    x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """Each program walks rows pid, pid + grid, ...; a whole row sits in registers.
+
+    A row of only -inf has max -inf and gives NaN, as torch; a NaN or +inf logit makes the sum NaN.
+    """
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        p = tl.exp(x - tl.max(x, axis=0))
+        y = p / tl.sum(p, axis=0)
+        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_row_backward_kernel(
+    y_ptr, dy_ptr, dx_ptr, n_rows, n_cols, stride_y, stride_g, stride_gc, stride_d,
+    BLOCK_SIZE: tl.constexpr,
+):
+    """dx = y * (dy - sum(y * dy)) with a whole row of y and dy in registers, rows as the forward."""
+    cols = tl.arange(0, BLOCK_SIZE)
+    mask = cols < n_cols
+    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
+        r = tl.cast(row, tl.int64)
+        y = tl.load(y_ptr + r * stride_y + cols, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + r * stride_g + cols * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        dx = y * (g - tl.sum(y * g, axis=0))
+        tl.store(dx_ptr + r * stride_d + cols, dx.to(dx_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def softmax_split_row_kernel(
+    x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+):
+    """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
+
+    Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
+    waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
+    done); then each combines the SPLIT pairs and writes its chunk. Programs only wait on their
+    own group, and the wrapper launches no more programs than fit on the device at once, so
+    every wait ends. The counters start at zero and the kernel leaves them at zero, so one
+    cached buffer serves every launch, a CUDA graph's replays included.
+    """
+    pid = tl.program_id(0)
+    group = pid // SPLIT
+    part = pid % SPLIT
+    arrived = counters_ptr + 2 * group
+    departed = arrived + 1
+    cols = part * CHUNK + tl.arange(0, CHUNK)
+    mask = cols < n_cols
+    parts = tl.arange(0, SPLIT)
+    target = 0
+    for row in range(group, n_rows, n_groups):
+        target += SPLIT
+        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
+        # contributes (max -inf, sum 0) and no NaN, while a NaN or +inf logit still makes the
+        # sum NaN, so its whole row comes out NaN as torch's does.
+        s = tl.sum(tl.where(x == float("-inf"), 0.0, tl.exp(x - m)), axis=0)
+        slot = stats_ptr + (tl.cast(row, tl.int64) * SPLIT + part) * 2
+        tl.store(slot, m)
+        tl.store(slot + 1, s)
+        # Every thread's stores are done before the release below publishes them.
+        tl.debug_barrier()
+        tl.atomic_add(arrived, 1, sem="release")
+        while tl.atomic_add(arrived, 0, sem="acquire") < target:
+            pass
+        tl.debug_barrier()
+        # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
+        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, cache_modifier=".cg")
+        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, cache_modifier=".cg")
+        row_max = tl.max(ms, axis=0)
+        # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
+        row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
+        y = tl.exp(x - row_max) / row_sum
+        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    # Reset the group's counters for the next launch. The last program of the group to get here
+    # does it: every other one has passed its last wait, so none still reads ``arrived``.
+    tl.debug_barrier()
+    if tl.atomic_add(departed, 1, sem="acq_rel") == SPLIT - 1:
+        tl.atomic_xchg(arrived, 0, sem="relaxed")
+        tl.atomic_xchg(departed, 0, sem="relaxed")
+
+
 def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tensor:
     """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose."""
     y = _empty_like_contiguous(x2)
@@ -808,11 +811,6 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     else:
         y = _row_forward(x2, BLOCK_SIZE or 0, traced=False)
     return y.reshape(x.shape)
-
-
-def row_softmax_flops(M: int, N: int) -> int:
-    """Rough arithmetic per element: max, subtract, exp, sum, divide."""
-    return 5 * M * N
 
 
 __all__ = [

@@ -7,14 +7,19 @@ interpreter (no GPU) before this module imports.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch._functorch.config
 import torch._inductor.config
 
-ON_GPU = torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1"
+from fused_softmax_matmul import (
+    matmul_softmax_fused_bytes, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
+    matmul_softmax_tiled_bytes, matmul_softmax_unfused, matmul_softmax_unfused_bytes, split_k_bytes, tiled_launch,
+)
+from online_softmax import INTERPRET
+
+# The kernel modules' INTERPRET is the one interpreter flag; a GPU is also needed for compiled runs.
+ON_GPU = torch.cuda.is_available() and not INTERPRET
 DEVICE = "cuda" if ON_GPU else "cpu"
 needs_gpu = pytest.mark.skipif(not ON_GPU, reason="needs a GPU running compiled Triton")
 
@@ -171,3 +176,27 @@ def matmul_softmax_inputs(B, K, C, dtype, seed=0, scale=1.0, layout="contiguous"
     else:
         W = randn((K, C), dtype, seed + 1, max(K, 1) ** -0.5)
     return x, W
+
+
+# Each version of softmax(x @ W) under the name the tests and the benchmarks give it.
+MATMUL_SOFTMAX_IMPLS = {
+    "torch": matmul_softmax_ref,
+    "triton_unfused": matmul_softmax_unfused,
+    "triton_fused_simple": matmul_softmax_fused_simple,
+    "triton_fused_tiled": matmul_softmax_fused_tiled,
+}
+
+
+def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
+    """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
+    extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
+    kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
+    wrapper picks. Where the wrapper splits K, the Triton versions also move their partials."""
+    elt = dtype.itemsize
+    if impl == "triton_fused_simple":
+        return matmul_softmax_fused_bytes(B, K, C, elt)
+    launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
+    if impl == "triton_fused_tiled":
+        return matmul_softmax_tiled_bytes(B, K, C, elt, launch)
+    partials = split_k_bytes(B, K, launch) if impl == "triton_unfused" else 0
+    return matmul_softmax_unfused_bytes(B, K, C, elt) + partials

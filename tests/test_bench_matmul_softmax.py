@@ -12,10 +12,10 @@ import torch
 
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
-    matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_impl_bytes,
-    matmul_softmax_ref, matmul_softmax_unfused,
+    matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
+    matmul_softmax_unfused,
 )
-from support import DEVICE, DTYPES, ON_GPU, matmul_softmax_inputs, relative_error
+from support import DEVICE, DTYPES, ON_GPU, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
 
 GROUP = BenchGroup(
     name="matmul_softmax",

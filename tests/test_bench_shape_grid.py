@@ -34,13 +34,13 @@ import torch.nn.functional as F
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
     FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, fused_softmax,
-    fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled, matmul_softmax_impl_bytes,
+    fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
-    DEVICE, DTYPES, ON_GPU, attention_inputs, matmul_softmax_inputs, randn, relative_error, row_softmax_inputs,
-    softmax_matmul_inputs,
+    DEVICE, DTYPES, ON_GPU, attention_inputs, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn, relative_error,
+    row_softmax_inputs, softmax_matmul_inputs,
 )
 from test_bench_matmul_softmax import matmul_softmax_error
 from test_bench_softmax import softmax_error

@@ -12,11 +12,13 @@ import torch
 import triton
 
 from fused_softmax_matmul import (
-    MATMUL_SOFTMAX_IMPLS, SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple,
+    SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple,
     matmul_softmax_fused_tiled, matmul_softmax_ref, simple_launch, tiled_launch,
 )
 import support
-from support import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu
+from support import (
+    DEVICE, DTYPES, MATMUL_SOFTMAX_IMPLS, ON_GPU, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu,
+)
 
 # The versions under test: all but the PyTorch reference they are judged against.
 TRITON_IMPLS = {name: fn for name, fn in MATMUL_SOFTMAX_IMPLS.items() if name.startswith("triton_")}
