@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, kernel_op,
-    needs_op, row_softmax,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, fresh_counters,
+    kernel_op, needs_op, row_softmax,
 )
 
 
@@ -1109,10 +1109,10 @@ def _check_matmul_call(x, W, launch) -> None:
 
 
 @functools.lru_cache(maxsize=None)
-def _split_k_counts(device: torch.device, size: int) -> torch.Tensor:
-    """Zeroed int32 counts for ``split_k_kernel``, one buffer per device and size class, kept
-    across calls: the kernel leaves every count it used at 0 again. Launches on two streams at
-    once would share it, so concurrent split-K launches on one device must not overlap."""
+def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tensor:
+    """Zeroed int32 counts for ``split_k_kernel``, one buffer per (device, stream, size class),
+    kept across calls: the kernel leaves every count it used at 0 again, and launches on one
+    stream never overlap."""
     return torch.zeros((size,), dtype=torch.int32, device=device)
 
 
@@ -1121,16 +1121,17 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
     partials of split x B x block_c (rows padded to the row block), a zeroed count per row block.
 
-    Eager calls take the counts from the cached buffer; inside an op being traced (wrap) they
-    are a fresh zeroed tensor of the graph, which CUDA-graph capture replays as a memset."""
+    Eager calls take the counts from the cached buffer; traced or captured calls make them
+    fresh (``fresh_counters``), a memset that the graph replays."""
     B, K = x.shape
     n_tiles_b = _cdiv(B, launch.block_b)
     k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
-    if wrap:
+    if fresh_counters(x):
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     else:
-        counts = _split_k_counts(x.device, triton.next_power_of_2(n_tiles_b))
+        stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+        counts = _split_k_counts(x.device, stream, triton.next_power_of_2(n_tiles_b))
     _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
         **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
@@ -2811,9 +2812,13 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 
     x: (batch, d1, d2), V: (batch, d2, d3), float16 or bfloat16 -> (batch, d1, d3) in x's dtype,
     accumulated in float32. Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
-    says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning.
+    says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
+    an input that requires grad is refused (``fused_softmax`` has the backward).
     """
     check_softmax_matmul_inputs(x, V)
+    if torch.is_grad_enabled() and (x.requires_grad or V.requires_grad):
+        raise RuntimeError("fused_softmax_gluon has no backward, and x or V requires grad: call fused_softmax, "
+                           "or call this under torch.no_grad()")
     reason = gluon_softmax_unsupported(x, V)
     if reason is not None:
         raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")

@@ -581,13 +581,10 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
 # kernel resets them). One buffer per (device, stream): launches on one stream run one after
-# another, so they never share counters at the same time; two streams get two buffers. A buffer
-# first made during CUDA-graph capture comes from the graph's memory pool and its zero fill is
-# part of the graph, which is harmless (the kernel leaves it zero anyway). What is not covered:
-# a CUDA graph keeps the buffer of the stream it was captured on, so two graphs captured on one
-# stream (torch.cuda.graph's default) and replayed at the same time on different streams would
-# share counters and could hang: replay such graphs on one stream, or capture them on different
-# ones. torch.compile's graphs are not concerned: they zero counters of their own per call.
+# another, so they never share counters at the same time; two streams get two buffers. Nothing
+# is cached while a CUDA graph is being captured (``fresh_counters``): such a buffer would live in
+# that graph's memory pool, zeroed only when that graph first replays, and another graph captured
+# on the same stream would share it. torch.compile's graphs zero counters of their own per call too.
 _SPLIT_COUNTERS: dict = {}
 
 
@@ -601,6 +598,14 @@ def resident_programs(compiled, num_warps: int, props) -> int:
     by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
     by_threads = props.max_threads_per_multi_processor // threads
     return max(0, min(by_regs, by_smem, by_threads))
+
+
+def fresh_counters(t: torch.Tensor) -> bool:
+    """Whether a kernel's zeroed counters must be made for this call, not taken from a cache:
+    torch.compile is tracing (t is fake: a cached buffer would enter the graph as a constant the
+    kernel mutates) or a CUDA graph is being captured (the zero fill then becomes part of the
+    graph, which replays it)."""
+    return is_fake(t) or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 def _split_counters(device: torch.device, index: int) -> torch.Tensor:
@@ -726,10 +731,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tenso
             x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
             launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
         stats = torch.empty((n_rows, launch.split, 2), dtype=torch.float32, device=x2.device)
-        if is_fake(x2):
-            # torch.compile is tracing this body: a cached buffer would enter its graph as a
-            # constant that the kernel mutates, so the graph zeroes its own counters per call
-            # instead (a fill kernel, which a CUDA graph replays).
+        if fresh_counters(x2):
             counters = torch.zeros(2 * (launch.programs // launch.split), dtype=torch.int32, device=x2.device)
         else:
             counters = _split_counters(x2.device, _device_index(x2))

@@ -127,6 +127,17 @@ def test_refuses_float32_and_cpu():
         fused_softmax_gluon(x, V)
 
 
+@pytest.mark.parametrize("which", ["x", "V"])
+def test_refuses_inputs_that_require_grad(which):
+    """Forward only: a gradient would silently go missing, so an input needing one is refused."""
+    x, V = softmax_matmul_inputs(1, 16, 16, 16, torch.bfloat16)
+    (x if which == "x" else V).requires_grad_()
+    with pytest.raises(RuntimeError, match="fused_softmax_gluon has no backward, and x or V requires grad"):
+        fused_softmax_gluon(x, V)
+    with torch.no_grad():  # no gradient wanted: the usual checks apply (here: not this machine's kernel)
+        assert gluon_softmax_applies(x, V) == gluon_softmax_applies(x.detach(), V.detach())
+
+
 @needs_hopper_gluon
 @pytest.mark.parametrize("layout", ["d2 not a multiple of 8", "V transposed"])
 def test_refuses_what_tma_cannot_read(layout):

@@ -430,9 +430,29 @@ def test_split_k_counts_are_reset_by_the_kernel():
     x, W = matmul_softmax_inputs(40, 100, 50, torch.float32, seed=55)
     launch = MatmulLaunch(16, 64, 16, split_k=3)
     first = matmul_softmax_fused_tiled(x, W, launch)
-    counts = fused_softmax_matmul._split_k_counts(x.device, triton.next_power_of_2(3))
+    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    counts = fused_softmax_matmul._split_k_counts(x.device, stream, triton.next_power_of_2(3))
     assert counts.numel() == 4 and not counts.any(), counts
     assert torch.equal(matmul_softmax_fused_tiled(x, W, launch), first)
+
+
+@needs_gpu
+def test_capture_makes_its_own_split_k_counts():
+    """Counts cached during a CUDA-graph capture would live in that graph's pool, zeroed only by
+    its first replay and shared with the next graph captured on the stream: capture makes its own."""
+    import fused_softmax_matmul
+
+    x, W = matmul_softmax_inputs(40, 100, 50, torch.float32, seed=56)
+    launch = MatmulLaunch(16, 64, 16, split_k=3)
+    want = matmul_softmax_fused_tiled(x, W, launch)
+    cached = fused_softmax_matmul._split_k_counts.cache_info().currsize
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = matmul_softmax_fused_tiled(x, W, launch)
+    assert fused_softmax_matmul._split_k_counts.cache_info().currsize == cached
+    for _ in range(2):
+        graph.replay()
+        torch.testing.assert_close(out, want)
 
 
 def test_launch_choices_are_cached():
