@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, fresh_counters,
-    kernel_op, needs_op, row_softmax,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, cdiv,
+    fresh_counters, kernel_op, needs_op, next_power_of_2, row_softmax,
 )
 
 
@@ -127,11 +127,6 @@ def check_int(name: str, value, minimum: int, maximum: int) -> None:
 def check_flag(name: str, value) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def _cdiv(a: int, b: int) -> int:
-    # triton.cdiv is a constexpr function: several microseconds a call on the host's hot path.
-    return -(-a // b)
 
 
 def _grid(programs: int, kernel) -> tuple[int]:
@@ -248,7 +243,7 @@ def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None 
 @functools.lru_cache(maxsize=4096)
 def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
     launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
-    block_3 = max(16, min(launch.block_3, triton.next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+    block_3 = max(16, min(launch.block_3, next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
     per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
     if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
         raise KernelCapacityError(
@@ -273,7 +268,7 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
     """Tiles of the backward kernels: the forward's rows and d2 step up to 64, d3 in 16 to 64
     columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
     float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
-    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, triton.next_power_of_2(d3)))
+    return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, next_power_of_2(d3)))
 
 
 @triton.jit
@@ -530,8 +525,8 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
         return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
     # int(): traced with dynamic shapes d3 is symbolic; the launch is chosen for (so specialises on) its value.
     block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
-    n_tiles_3 = _cdiv(max(d3, 1), block_3)
-    n_tiles = _cdiv(d1, BLOCK_1) * n_tiles_3
+    n_tiles_3 = cdiv(max(d3, 1), block_3)
+    n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
     _jit(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         **constants, STORE_LSE=store_lse)
@@ -574,14 +569,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     if dx.numel():
-        n_tiles_1 = _cdiv(d1, b1)
+        n_tiles_1 = cdiv(d1, b1)
         _jit(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
             num_warps=4, num_stages=2)
     if dV.numel():
-        n_tiles_3 = _cdiv(d3, b3)
-        n_tiles = _cdiv(d2, b2) * n_tiles_3
+        n_tiles_3 = cdiv(d3, b3)
+        n_tiles = cdiv(d2, b2) * n_tiles_3
         _jit(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
@@ -683,7 +678,7 @@ def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch
     Several: the unnormalised tiles are written, read and written again (3 passes, as unfused),
     plus the float32 (max, sum) pair per row and tile, written once and read once.
     """
-    n_tiles = triton.cdiv(C, launch.block_c)
+    n_tiles = cdiv(C, launch.block_c)
     if n_tiles == 1:
         return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
     return matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
@@ -692,8 +687,8 @@ def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch
 def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
     """(slice length, number of slices) for K cut into at most split_k slices of whole block_k
     steps; fewer slices where K is short, at least one."""
-    k_slice = max(block_k, triton.cdiv(triton.cdiv(K, split_k), block_k) * block_k)
-    return k_slice, max(1, triton.cdiv(K, k_slice))
+    k_slice = max(block_k, cdiv(cdiv(K, split_k), block_k) * block_k)
+    return k_slice, max(1, cdiv(K, k_slice))
 
 
 def split_k_bytes(B: int, K: int, launch: MatmulLaunch) -> int:
@@ -703,7 +698,7 @@ def split_k_bytes(B: int, K: int, launch: MatmulLaunch) -> int:
     if launch.split_k == 1:
         return 0
     n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
-    return 2 * n_splits * triton.cdiv(B, launch.block_b) * launch.block_b * launch.block_c * 4
+    return 2 * n_splits * cdiv(B, launch.block_b) * launch.block_b * launch.block_c * 4
 
 
 def matmul_softmax_flops(B: int, K: int, C: int) -> int:
@@ -785,7 +780,7 @@ def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int 
 
     At B = 1024, C = 100 a 64-row block gives 16 programs: 16 of 132 SMs do all the flops.
     """
-    while sms is not None and block_b > least and triton.cdiv(B, block_b) * n_tiles_c < sms:
+    while sms is not None and block_b > least and cdiv(B, block_b) * n_tiles_c < sms:
         block_b //= 2
     return block_b
 
@@ -811,16 +806,16 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     else:
         # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
-    block_c = max(16, min(block_c, triton.next_power_of_2(C)))
+    block_c = max(16, min(block_c, next_power_of_2(C)))
     # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
-    block_b = _fill_sms(B, triton.cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
+    block_b = _fill_sms(B, cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
     split = 1
     if use_split:
         # About one program per SM, each slice at least SPLIT_K_SLICE_STEPS steps of block_k.
-        split = max(1, min(sms // triton.cdiv(B, block_b), K // (SPLIT_K_SLICE_STEPS * block_k)))
+        split = max(1, min(sms // cdiv(B, block_b), K // (SPLIT_K_SLICE_STEPS * block_k)))
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 
@@ -838,7 +833,7 @@ def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> Matmu
     near 32 KiB, so 3 stages fit shared memory even at 1024 classes. K is not used: the simple
     kernel does not split K.
     """
-    block_c = max(16, triton.next_power_of_2(C))
+    block_c = max(16, next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
     block_b = _fill_sms(B, 1, block_b, sms)
     k_in_32_kib = 32 * 1024 // ((block_b + block_c) * dtype.itemsize)
@@ -1078,7 +1073,7 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
 
 
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
-    n_tiles_b, n_tiles_c = _cdiv(B, launch.block_b), _cdiv(C, launch.block_c)
+    n_tiles_b, n_tiles_c = cdiv(B, launch.block_b), cdiv(C, launch.block_c)
     return n_tiles_b, n_tiles_c, (n_tiles_b * n_tiles_c,)
 
 
@@ -1124,14 +1119,14 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     Eager calls take the counts from the cached buffer; traced or captured calls make them
     fresh (``fresh_counters``), a memset that the graph replays."""
     B, K = x.shape
-    n_tiles_b = _cdiv(B, launch.block_b)
+    n_tiles_b = cdiv(B, launch.block_b)
     k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
     parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
     if fresh_counters(x):
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     else:
         stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
-        counts = _split_k_counts(x.device, stream, triton.next_power_of_2(n_tiles_b))
+        counts = _split_k_counts(x.device, stream, next_power_of_2(n_tiles_b))
     _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
         **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
@@ -1170,7 +1165,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     if out.numel() == 0:
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
-    _jit(matmul_softmax_simple_kernel, wrap)[(_cdiv(x.shape[0], launch.block_b),)](
+    _jit(matmul_softmax_simple_kernel, wrap)[(cdiv(x.shape[0], launch.block_b),)](
         x, W, out, *_matmul_args(x, W, out), **_constants(launch, x.dtype, grouped=False))
     return out
 
@@ -1194,7 +1189,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
         x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
         **_constants(launch, x.dtype))
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
-    tiles = min(triton.next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
+    tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
     _jit(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
                                               TILES=tiles, num_warps=4)
     return out
@@ -1207,7 +1202,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
         _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
-            BLOCK_C=min(1024, triton.next_power_of_2(int(y.shape[1]))), num_warps=4)
+            BLOCK_C=min(1024, next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
 
 
@@ -1640,7 +1635,7 @@ FLASH_MAX_PROGRAMS = 2**31 - 1
 
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
     """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
-    tiles = -(-n_rows // block)  # triton.cdiv, a constexpr_function on triton 3.9, costs ~4 us a host call
+    tiles = cdiv(n_rows, block)
     if batch * tiles > FLASH_MAX_PROGRAMS:
         raise ValueError(f"batch {batch} x {tiles} tiles of {block} rows is {batch * tiles} programs, past CUDA's "
                          f"grid limit of {FLASH_MAX_PROGRAMS}: split the batch")
@@ -2230,7 +2225,7 @@ def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> 
     element_size = dtype.itemsize
     rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
     rows = max(1, min(BT, rows))
-    block_v = min(triton.next_power_of_2(V), 8192 // element_size)
+    block_v = min(next_power_of_2(V), 8192 // element_size)
     return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
 
 
@@ -2676,8 +2671,8 @@ def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
     the softmax work repeated per d3 tile; which is faster is for an H100 to say
     (outputs/profiles/gluon_fused_check.py times them).
     """
-    return GluonSoftmaxLaunch(block_n=max(16, min(128, triton.next_power_of_2(d2))),
-                              block_d3=max(16, min(128, triton.next_power_of_2(d3))))
+    return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
+                              block_d3=max(16, min(128, next_power_of_2(d3))))
 
 
 if _GLUON is not None:
@@ -2834,8 +2829,8 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     v_desc = GluonTensorDescriptor(V, list(V.shape), list(V.stride()), v_block,
                                    gl.NVMMASharedLayout.get_default_for(v_block, gl_dtype))
     out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
-    n_tiles_d3 = triton.cdiv(d3, launch.block_d3)
-    grid = (triton.cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
+    n_tiles_d3 = cdiv(d3, launch.block_d3)
+    grid = (cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
     fused_softmax_gluon_kernel[grid](
         x_desc, v_desc, out, *out.stride(), d1, d2, d3, n_tiles_d3,
         STAGES=launch.stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,

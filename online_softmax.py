@@ -185,6 +185,17 @@ def softmax_bytes(M: int, N: int, element_size: int) -> int:
 GRID_0_LIMIT = 2**31 - 1
 
 
+# Integer forms of triton.cdiv and triton.next_power_of_2 for host code: those are constexpr
+# functions, about 2 us a call, and a wrapper's launch choice calls several.
+def cdiv(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def next_power_of_2(n: int) -> int:
+    """The least power of two >= n (0 for 0, as triton's)."""
+    return 1 << (n - 1).bit_length() if n > 0 else 0
+
+
 def _jit(kernel, traced: bool):
     """The kernel as launched: seen by torch.compile inside an op body, called directly otherwise.
 
@@ -229,7 +240,7 @@ def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, 
     Wide steps along the row keep loads long and contiguous; short rows take several rows per
     step instead, so each program still moves enough bytes to hide memory latency.
     """
-    block_2 = BLOCK_2 or min(triton.next_power_of_2(n_cols), 4096)
+    block_2 = BLOCK_2 or min(next_power_of_2(n_cols), 4096)
     return max(1, 4096 // block_2), block_2
 
 
@@ -325,7 +336,7 @@ def _warps_for_tile(elements: int) -> int:
 
 def _online_grid(batch: int, d1: int, BLOCK_1: int) -> tuple[int, int, tuple[int]]:
     # A few integer operations: cheaper to redo per call than to look up in a cache.
-    n_row_tiles = triton.cdiv(d1, BLOCK_1)
+    n_row_tiles = cdiv(d1, BLOCK_1)
     n_tiles = batch * n_row_tiles
     return n_row_tiles, n_tiles, (min(n_tiles, GRID_0_LIMIT),)
 
@@ -524,7 +535,7 @@ def _row_grid(n_rows: int, block: int, warps: int, device_index: int) -> int:
 def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
                 BLOCK_SIZE: int) -> RowLaunch:
     """row_softmax's forward launch for one shape, dtype and device (BLOCK_SIZE 0: the wrapper's choice)."""
-    full = triton.next_power_of_2(n_cols)
+    full = next_power_of_2(n_cols)
     if BLOCK_SIZE and BLOCK_SIZE < full:
         return RowLaunch("online", BLOCK_SIZE, _warps_for_tile(BLOCK_SIZE), n_rows).check()
     if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
@@ -539,7 +550,7 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
 @functools.lru_cache(maxsize=4096)
 def _row_backward_launch(n_rows: int, n_cols: int, device_index: int) -> RowLaunch:
     """The backward holds two rows (y and dy): one program per row while both fit, else online tiles."""
-    full = triton.next_power_of_2(n_cols)
+    full = next_power_of_2(n_cols)
     if 2 * full * 4 > ROW_BYTES_ON_CHIP:
         return RowLaunch("online", LONG_ROW_TILES[1], _warps_for_tile(LONG_ROW_TILES[1]), n_rows).check()
     warps = _row_warps(full)
@@ -554,8 +565,8 @@ def _int_stand_in(v: int) -> int:
 
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int) -> RowLaunch:
     chunk = SPLIT_CHUNK
-    split = triton.next_power_of_2(triton.cdiv(n_cols, chunk))
-    chunk = triton.next_power_of_2(triton.cdiv(n_cols, split))
+    split = next_power_of_2(cdiv(n_cols, chunk))
+    chunk = next_power_of_2(cdiv(n_cols, split))
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
 

@@ -17,6 +17,7 @@ import math
 
 import pytest
 import torch
+import triton
 
 from online_softmax import (
     OnlineSoftmax, naive_softmax, online_softmax, online_softmax_backward, online_softmax_tiles, row_softmax,
@@ -424,3 +425,14 @@ def test_cpu_tensor_refused_on_gpu(impl):
     with pytest.raises(ValueError, match=r"x is on cpu, but compiled Triton kernels need a CUDA tensor"):
         fn(_x().cpu())
 
+
+
+def test_host_integer_helpers_match_triton():
+    """The wrappers' integer cdiv and next_power_of_2 give triton's answers (they replace its
+    constexpr functions on the host's hot path)."""
+    from online_softmax import cdiv, next_power_of_2
+
+    for n in range(0, 2100):
+        assert next_power_of_2(n) == triton.next_power_of_2(n), n
+        for b in (1, 3, 16, 64, 1000):
+            assert cdiv(n, b) == triton.cdiv(n, b), (n, b)
