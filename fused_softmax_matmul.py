@@ -37,8 +37,8 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, _row_backward, cdiv, check_block, check_dense, check_same,
-    check_tensor, fresh_counters, kernel_op, needs_op, next_power_of_2, row_softmax,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, cdiv,
+    fresh_counters, kernel_op, needs_op, next_power_of_2, row_softmax,
 )
 
 
@@ -648,7 +648,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: 
 #
 # Three Triton versions: unfused (matmul, then ``row_softmax``), simple (a program owns a row
 # block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). The
-# backward is shared: row_softmax's backward kernel, then dx and dW by the Triton matmul.
+# backward is shared: ``softmax_grad_kernel``, then dx and dW by the Triton matmul.
 # Why write-then-rescale, and where the time goes: outputs/README.md, "Design notes".
 
 
@@ -1043,6 +1043,30 @@ def rescale_tiles_kernel(
         tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
+@triton.jit
+def softmax_grad_kernel(
+    y_ptr, dy_ptr, dz_ptr, C,
+    stride_yb, stride_yc, stride_gb, stride_gc, stride_zb, stride_zc,
+    BLOCK_C: tl.constexpr,
+):
+    """One row of dz = y * (dy - sum(y * dy)): the logits' gradient from the softmax's output y."""
+    row = tl.program_id(0).to(tl.int64)
+    cs = tl.arange(0, BLOCK_C)
+    dot = tl.zeros((BLOCK_C,), tl.float32)
+    for start in range(0, C, BLOCK_C):
+        mask = start + cs < C
+        y = tl.load(y_ptr + row * stride_yb + (start + cs) * stride_yc, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_gb + (start + cs) * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        dot += y * g
+    total = tl.sum(dot, axis=0)
+    for start in range(0, C, BLOCK_C):
+        mask = start + cs < C
+        y = tl.load(y_ptr + row * stride_yb + (start + cs) * stride_yc, mask=mask, other=0.0).to(tl.float32)
+        g = tl.load(dy_ptr + row * stride_gb + (start + cs) * stride_gc, mask=mask, other=0.0).to(tl.float32)
+        tl.store(dz_ptr + row * stride_zb + (start + cs) * stride_zc, (y * (g - total)).to(dz_ptr.dtype.element_ty),
+                 mask=mask)
+
+
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
     B, K = x.shape
     return (B, K, W.shape[1], *x.stride(), *W.stride(), *out.stride())
@@ -1172,9 +1196,14 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
 
 
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
-    """dz = y * (dy - rowsum(y * dy)), (B, C) in y's dtype (as torch's softmax backward gives it):
-    row_softmax's backward, y being the op's contiguous output."""
-    return _row_backward(y, dy, traced=wrap)
+    """dz = y * (dy - rowsum(y * dy)), (B, C) in y's dtype (as torch's softmax backward gives it)."""
+    dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
+    if dz.numel():
+        # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
+        _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
+            y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
+            BLOCK_C=min(1024, next_power_of_2(int(y.shape[1]))), num_warps=4)
+    return dz
 
 
 def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
@@ -1301,7 +1330,7 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
     block does. Several: unnormalised tiles plus a (2, B, tiles) float32 table
     of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
-    The backward (row_softmax's backward kernel, then the Triton matmul for dx and dW) works from the output.
+    The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
     """
     _check_matmul_call(x, W, launch)
     return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch)
