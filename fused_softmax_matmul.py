@@ -1309,7 +1309,7 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
     (ValueError otherwise, before anything is allocated or launched); a given ``launch`` must
     have block_c >= C.
     """
-    check_matmul_softmax_inputs(x, W)
+    _check_matmul_call(x, W, launch)
     C = W.shape[1]
     if C > SIMPLE_MAX_CLASSES:
         raise KernelCapacityError(f"C = {C} classes is more than matmul_softmax_fused_simple keeps on chip "
@@ -1319,7 +1319,6 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
             raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
         if launch.split_k != 1:
             raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
-    _check_matmul_call(x, W, launch)
     return _run_matmul_family("matmul_softmax_fused_simple", _simple_forward, x, W, launch)
 
 

@@ -484,8 +484,6 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # chunks 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
 # 1024 x 65536 (90 %); small programs let several groups share each SM.
 SPLIT_CHUNK = 8192
-# Tiles of the online kernels where row_softmax's rows are too long for one program.
-LONG_ROW_TILES = (1, 4096)
 
 
 def _row_warps(block: int) -> int:
@@ -540,11 +538,17 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
         return RowLaunch("online", BLOCK_SIZE, _warps_for_tile(BLOCK_SIZE), n_rows).check()
     if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
         if INTERPRET:  # programs run one after another there and cannot wait for each other
-            return RowLaunch("online", LONG_ROW_TILES[1], _warps_for_tile(LONG_ROW_TILES[1]), n_rows).check()
+            return _long_row_launch(n_rows, n_cols)
         return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
     block = max(full, BLOCK_SIZE)
     warps = _row_warps(block)
     return RowLaunch("row", block, warps, _row_grid(n_rows, block, warps, device_index)).check()
+
+
+def _long_row_launch(n_rows: int, n_cols: int) -> RowLaunch:
+    """Rows too long for one program: the online kernels, in online_softmax_tiles' tiles (1 row)."""
+    block = online_softmax_tiles(n_cols)[1]
+    return RowLaunch("online", block, _warps_for_tile(block), n_rows).check()
 
 
 @functools.lru_cache(maxsize=4096)
@@ -552,7 +556,7 @@ def _row_backward_launch(n_rows: int, n_cols: int, device_index: int) -> RowLaun
     """The backward holds two rows (y and dy): one program per row while both fit, else online tiles."""
     full = next_power_of_2(n_cols)
     if 2 * full * 4 > ROW_BYTES_ON_CHIP:
-        return RowLaunch("online", LONG_ROW_TILES[1], _warps_for_tile(LONG_ROW_TILES[1]), n_rows).check()
+        return _long_row_launch(n_rows, n_cols)
     warps = _row_warps(full)
     return RowLaunch("row", full, warps, _row_grid(n_rows, full, warps, device_index)).check()
 
