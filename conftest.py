@@ -300,6 +300,9 @@ def _check_baseline_kind(storage: str) -> None:
 
 def _check_json_writable(config) -> None:
     path = getattr(config.option, "benchmark_json", None)
+    # pytest-benchmark's option opens the file as it parses it: the check reads the open file's name.
+    if hasattr(path, "write"):
+        path = path.name
     if path is not None:
         _check_writable_dir(Path(path).resolve().parent, f"--benchmark-json {path}")
 

@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, cdiv,
-    fresh_counters, kernel_op, needs_op, next_power_of_2, row_softmax,
+    fresh_counters, kernel_op, needs_op, no_cached_buffers, next_power_of_2, row_softmax,
 )
 
 
@@ -769,6 +769,7 @@ def _sm_count(device: torch.device) -> int | None:
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
+@torch.compiler.assume_constant_result  # traced in the flash Function's forward: a constant, no graph break
 @functools.lru_cache(maxsize=None)
 def _device_sms(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
@@ -1125,7 +1126,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     if fresh_counters(x):
         counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
     else:
-        stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+        stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
         counts = _split_k_counts(x.device, stream, next_power_of_2(n_tiles_b))
     _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
         x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
@@ -1259,7 +1260,10 @@ def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
         return x.new_empty((x.shape[0], W.shape[1]))
 
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
-        return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=not opaque)
+        if opaque:
+            with no_cached_buffers():
+                return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=False)
+        return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=True)
 
     if opaque:
         op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(body)
@@ -1678,27 +1682,39 @@ class FlashLaunch:
 FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
-def flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension and dtype (a fresh dict)."""
-    return dict(_flash_launches(d, dtype))
+def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False) -> dict[str, FlashLaunch]:
+    """The wrapper's launch for each kernel on an H100, by head dimension, dtype and whether the
+    work has few query tiles (``few_query_tiles``); a fresh dict."""
+    return dict(_flash_launches(d, dtype, few_tiles))
+
+
+# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
+# its time: (16, 3000, 64) bf16 runs 1.3x faster in 64-query tiles, (16, 8192, 64) 1.1x slower.
+FEW_TILES_PER_SM = 4
+
+
+def few_query_tiles(batch: int, n_queries: int, device: torch.device) -> bool:
+    sms = _sm_count(device)
+    return sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
 
 
 @functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per (d, dtype): callers must not change the dict.
+def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False) -> dict[str, FlashLaunch]:
+    """``flash_launches``, computed once per (d, dtype, few_tiles): callers must not change the dict.
 
-    Untuned first choices, argued from the hardware (tune them: see ``FlashAttentionTriton``).
+    First choices argued from the hardware, then checked by sweeps on an H100 (bf16; the figures
+    are in outputs/README.md). Tune them with ``FlashAttentionTriton.apply(..., launches)``.
     * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
       height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
       while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
       registers a thread) and the fp32 accumulator fit beside each other without spilling.
       Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
-      228 KB of shared memory.
+      228 KB of shared memory. With few query tiles (d = 64): 64 queries and key tiles of 128.
     * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
       twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
-    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d, and streams narrow
-      query tiles (32) so the transposed logits and dP beside them stay small.
-    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays at 32.
+    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d and streams query
+      tiles; at d = 128 tiles of 128 keys by 64 queries over 8 warps beat narrower ones by 1.6x.
+    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays narrow.
     """
     if d not in FLASH_HEAD_DIMS:
         raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
@@ -1712,22 +1728,26 @@ def _flash_launches(d: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
         return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
                 "dq": FlashLaunch(128, 32, 8, 3)}
     if d == 64:
-        # Swept on an H100 at (16, 8192, 64) bf16 causal, one kernel's launch at a time (outputs/README.md).
+        if few_tiles:
+            return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": FlashLaunch(32, 128, 4, 2),
+                    "dq": FlashLaunch(64, 32, 4, 3)}
+        # Swept at (16, 8192, 64) bf16 causal, one kernel's launch at a time (outputs/README.md).
         return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
                 "dq": FlashLaunch(64, 64, 4, 3)}
-    return {"forward": FlashLaunch(128, 64, 8, 2), "dkdv": FlashLaunch(32, 64, 8, 2),
-            "dq": FlashLaunch(64, 32, 4, 2)}
+    return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 8, 2),
+            "dq": FlashLaunch(64, 64, 4, 2)}
 
 
-def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) -> dict[str, FlashLaunch]:
+def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
+                           few_tiles: bool = False) -> dict[str, FlashLaunch]:
     """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
 
     The dict returned is shared between calls when ``launches`` is None: read it, never change it.
     """
     if launches is None:
         if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype)
-        return _flash_launches(d, dtype)
+            return _flash_launches.__wrapped__(d, dtype, few_tiles)
+        return _flash_launches(d, dtype, few_tiles)
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
     for kernel, launch in launches.items():
@@ -1736,7 +1756,7 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None) ->
         if not isinstance(launch, FlashLaunch):
             raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
         launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype), **launches}
+    return {**_flash_launches(d, dtype, few_tiles), **launches}
 
 
 # The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
@@ -2106,7 +2126,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         is_causal = check_attention_inputs(Q, K, V, is_causal)
         batch, n_queries, d = Q.shape
         n_keys = K.shape[1]
-        chosen = resolve_flash_launches(d, Q.dtype, launches)
+        chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device))
         fwd = chosen["forward"]
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)

@@ -1,0 +1,144 @@
+"""The eager launch path (``online_softmax.DirectLauncher``): a compiled kernel is reused only for
+arguments Triton would run with that same kernel, and Triton's own launch takes over where the
+direct one cannot go.
+
+On the CPU a stand-in kernel records what Triton would have been asked; on a GPU the public ops,
+which launch through it, must equal Triton's own launches on aligned and unaligned inputs.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+import triton
+
+import online_softmax as osm
+from support import needs_gpu, randn
+
+
+class Compiled:
+    """A compiled kernel's launch entry: records each direct launch."""
+
+    function, packed_metadata = "function", "metadata"
+
+    def __init__(self, log, refuse=False):
+        self.log, self.refuse = log, refuse
+
+    def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_hook, *args):
+        if self.refuse:
+            raise TypeError("function takes exactly 35 arguments")
+        self.log.append(("direct", (g0, g1, g2), args))
+
+
+class StandIn:
+    """What DirectLauncher reads of a JIT function: parameter names and defaults, and ``[grid](...)``."""
+
+    def __init__(self, refuse=False):
+        def kernel(x_ptr, n, stride, scale, BLOCK, FLAG=False):
+            pass
+        self.params = [Param(p) for p in inspect.signature(kernel).parameters.values()]
+        self.arg_names = [p.name for p in self.params]
+        self.log, self.refuse = [], refuse
+
+    def __getitem__(self, grid):
+        def launch(*args, **kwargs):
+            self.log.append(("triton", grid, args, kwargs))
+            return Compiled(self.log, self.refuse)
+        return launch
+
+
+class Param:
+    def __init__(self, p):
+        self.name, self.default, self.has_default = p.name, p.default, p.default is not inspect.Parameter.empty
+
+
+@pytest.fixture
+def cuda_state(monkeypatch):
+    """The two CUDA queries the launcher makes, answered on a machine without CUDA."""
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+
+
+def kinds(log):
+    return [entry[0] for entry in log]
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_one_compile_per_argument_class_then_direct_launches_with_constexprs_in_order():
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    launcher[(4,)](x, 17, 32, 0.5, BLOCK=128)
+    launcher[(8, 2)](x, 33, 48, 0.25, BLOCK=128)  # 17 -> 33 and 32 -> 48: same classes
+    assert kinds(kernel.log) == ["triton", "direct"]
+    assert kernel.log[1][1:] == ((8, 2, 1), (x, 33, 48, 0.25, 128, False))  # FLAG's default appended
+
+
+@pytest.mark.usefixtures("cuda_state")
+@pytest.mark.parametrize("change", ["unaligned tensor", "dtype", "int becomes 1", "int becomes a multiple of 16",
+                                    "int past 32 bits", "constexpr", "float becomes int"])
+def test_any_change_triton_specialises_on_compiles_again(change):
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    base = dict(args=(x, 17, 32, 0.5), kwargs=dict(BLOCK=128))
+    args, kwargs = list(base["args"]), dict(base["kwargs"])
+    if change == "unaligned tensor":
+        args[0] = x[1:]
+    elif change == "dtype":
+        args[0] = x.half()
+    elif change == "int becomes 1":
+        args[1] = 1
+    elif change == "int becomes a multiple of 16":
+        args[1] = 16
+    elif change == "int past 32 bits":
+        args[1] = 2**31 + 1
+    elif change == "constexpr":
+        kwargs["BLOCK"] = 256
+    else:
+        args[3] = 2
+    launcher[(1,)](*base["args"], **base["kwargs"])
+    launcher[(1,)](*args, **kwargs)
+    launcher[(1,)](*args, **kwargs)
+    assert kinds(kernel.log) == ["triton", "triton", "direct"]
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_a_refused_direct_launch_falls_back_to_triton_for_good():
+    kernel = StandIn(refuse=True)
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    for _ in range(3):
+        launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    assert kinds(kernel.log) == ["triton", "triton", "triton"] and not launcher.usable
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_launch_hooks_and_grid_functions_take_tritons_path(monkeypatch):
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    launcher[lambda meta: (1,)](x, 17, 32, 0.5, BLOCK=128)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda metadata: None)
+    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    assert kinds(kernel.log) == ["triton", "triton", "triton"]
+
+
+@needs_gpu
+def test_direct_launches_equal_tritons_own():
+    """row_softmax on rows whose start is aligned and not, and widths of each class: the launches
+    the public op makes directly give what Triton's own launches give, bit for bit."""
+    x = randn((70, 1000 + 3), torch.float32, seed=5)
+    cases = [x[:, :1000], x[:, 1:1001], x[:, 3:19], x[:, 2:3], x[:3, :1000]]
+    direct = [osm.row_softmax(c) for c in cases]
+    launcher = osm._LAUNCHERS[osm.softmax_row_kernel]
+    assert launcher.usable and len(launcher.compiled) >= 3
+    launcher.usable = False
+    try:
+        for got, c in zip(direct, cases):
+            assert torch.equal(got, osm.row_softmax(c))
+    finally:
+        launcher.usable = True
