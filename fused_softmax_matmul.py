@@ -1682,10 +1682,10 @@ class FlashLaunch:
 FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
-def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension, dtype and whether the
-    work has few query tiles (``few_query_tiles``); a fresh dict."""
-    return dict(_flash_launches(d, dtype, few_tiles))
+def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
+    """The wrapper's launch for each kernel on an H100, by head dimension, dtype, whether the
+    work has few query tiles (``few_query_tiles``) and causal masking; a fresh dict."""
+    return dict(_flash_launches(d, dtype, few_tiles, causal))
 
 
 # Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
@@ -1699,8 +1699,8 @@ def few_query_tiles(batch: int, n_queries: int, device: torch.device) -> bool:
 
 
 @functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per (d, dtype, few_tiles): callers must not change the dict.
+def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
+    """``flash_launches``, computed once per argument tuple: callers must not change the dict.
 
     First choices argued from the hardware, then checked by sweeps on an H100 (bf16; the figures
     are in outputs/README.md). Tune them with ``FlashAttentionTriton.apply(..., launches)``.
@@ -1731,23 +1731,24 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False) -> dict
         if few_tiles:
             return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": FlashLaunch(32, 128, 4, 2),
                     "dq": FlashLaunch(64, 32, 4, 3)}
-        # Swept at (16, 8192, 64) bf16 causal, one kernel's launch at a time (outputs/README.md).
-        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 4, 3),
+        # Causal dK/dV runs three loops (diagonal, full, ragged tiles): with 128 keys over 4 warps
+        # it spills and takes 3x as long as with 64 keys; without the diagonal the wider tile wins.
+        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 64 if causal else 128, 4, 3),
                 "dq": FlashLaunch(64, 64, 4, 3)}
     return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 8, 2),
             "dq": FlashLaunch(64, 64, 4, 2)}
 
 
 def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
-                           few_tiles: bool = False) -> dict[str, FlashLaunch]:
+                           few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
     """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
 
     The dict returned is shared between calls when ``launches`` is None: read it, never change it.
     """
     if launches is None:
         if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype, few_tiles)
-        return _flash_launches(d, dtype, few_tiles)
+            return _flash_launches.__wrapped__(d, dtype, few_tiles, causal)
+        return _flash_launches(d, dtype, few_tiles, causal)
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
     for kernel, launch in launches.items():
@@ -1756,7 +1757,7 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
         if not isinstance(launch, FlashLaunch):
             raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
         launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype, few_tiles), **launches}
+    return {**_flash_launches(d, dtype, few_tiles, causal), **launches}
 
 
 # The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
@@ -2126,7 +2127,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         is_causal = check_attention_inputs(Q, K, V, is_causal)
         batch, n_queries, d = Q.shape
         n_keys = K.shape[1]
-        chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device))
+        chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device), is_causal)
         fwd = chosen["forward"]
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
