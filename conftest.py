@@ -98,7 +98,9 @@ class BenchGroup:
     speedups: dict = dataclasses.field(default_factory=dict)
     # The group's plot beside its CSV: ("line", x column) draws time and peak memory against x,
     # one line per implementation (and block size), one panel per other case value;
-    # ("bar", metric) draws metric per case, one bar per implementation. None: no plot.
+    # ("bar", metric) draws metric per case, one bar per implementation; ("ratio", metric) draws
+    # metric (a ratio to a baseline) as horizontal bars, one panel per value of the first case
+    # column, a line at 1. None: no plot.
     plot: tuple[str, str] | None = None
     csv_impls: tuple[str, ...] | None = None
     pivot: tuple[str, dict] | None = None
@@ -1326,7 +1328,7 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
         return False
     kind, what = group.plot
     ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
-    if kind == "bar":  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
+    if kind in ("bar", "ratio"):  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
         ok = ok[ok[what].notna()]
     if ok.empty:
         return False
@@ -1350,6 +1352,29 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
                 ax.set_title(_label(facets, key) if facets else group.name, fontsize=9)
                 ax.grid(True, which="both", alpha=0.3)
         axes[0][-1].legend(fontsize=7, loc="best")
+    elif kind == "ratio":
+        panels = list(ok.groupby(group.case[0], sort=True))
+        impls = list(dict.fromkeys(ok["impl"]))
+        heights = [panel[list(group.case[1:])].drop_duplicates().shape[0] for _, panel in panels]
+        fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(9.0, 1.0 + 0.32 * sum(heights) * len(impls)),
+                                 gridspec_kw={"height_ratios": heights})
+        width = 0.8 / len(impls)
+        for (name, panel), row in zip(panels, axes):
+            ax = row[0]
+            cases = list(dict.fromkeys(map(tuple, panel[list(group.case[1:])].itertuples(index=False))))
+            for k, impl in enumerate(impls):
+                mine = panel[panel["impl"] == impl]
+                ys = [cases.index(tuple(r)) + k * width for r in mine[list(group.case[1:])].itertuples(index=False)]
+                ax.barh(ys, mine[what], width, label=impl, color=f"C{k}")
+            ax.axvline(1.0, color="black", linewidth=0.8)
+            ax.set_yticks([c + 0.4 - width / 2 for c in range(len(cases))])
+            ax.set_yticklabels([" ".join(map(str, c)) for c in cases], fontsize=7)
+            ax.invert_yaxis()
+            ax.set_title(str(name), fontsize=9)
+            ax.set_xlabel(what)
+            ax.grid(True, axis="x", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{k}") for k in range(len(impls))]
+        axes[-1][0].legend(handles, impls, fontsize=7, loc="lower right")
     else:
         cases = list(ok.groupby(list(group.case), dropna=False, sort=False))
         impls = list(dict.fromkeys(_label(["impl", *variant], tuple(r)) for r in ok[["impl", *variant]].itertuples(index=False)))
@@ -1405,7 +1430,7 @@ def pytest_terminal_summary(terminalreporter, config):
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line: python conftest.py rebuild JSON [--outputs-dir DIR]
+# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC]
 # ----------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
@@ -1414,6 +1439,9 @@ def main(argv=None) -> int:
     rebuild.add_argument("json", type=Path, help="a run's JSON (benchmark.json, a --benchmark-save or "
                                                  "--benchmark-json file) or a benchmark.json.part")
     rebuild.add_argument("--outputs-dir", type=Path, default=None, help="default: the JSON's directory")
+    rebuild.add_argument("--plot", action="append", default=[], metavar="GROUP=KIND:METRIC",
+                         help="draw GROUP's plot as KIND (line, bar, ratio) of METRIC, whatever the run's layout "
+                              "said: a plot kind added after the run")
     args = parser.parse_args(argv)
     if not args.json.is_file():
         parser.error(f"json: {args.json} is not a file")
@@ -1423,6 +1451,13 @@ def main(argv=None) -> int:
         data = json.loads(args.json.read_text(encoding="utf-8"))
     if not data.get("bench_groups"):
         parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
+    for spec in args.plot:
+        name, _, layout = spec.partition("=")
+        kind, _, metric = layout.partition(":")
+        if name not in data["bench_groups"] or kind not in ("line", "bar", "ratio") or not metric:
+            parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
+                         f"({', '.join(data['bench_groups'])}) and KIND line, bar or ratio")
+        data["bench_groups"][name]["plot"] = [kind, metric]
     for path in write_tables(data, args.outputs_dir or args.json.parent):
         print(path)
     return 0

@@ -69,6 +69,8 @@ GROUP = BenchGroup(
     warmup=3,
     rounds=15,
     sort=("workload", "case", "_impl_order"),
+    # Baselines have no speedup (empty): the plot shows the Triton op's and the peers' bars.
+    plot=("ratio", "speedup"),
 )
 
 def role_of(impl: str) -> str:

@@ -431,3 +431,24 @@ def test_bar_plot_skips_cases_without_their_baseline(tmp_path):
         "no baseline anywhere: no speed-up to draw, so no plot (and no TypeError)"
     with_one_baseline = [*only_triton, dict(n=1, impl="torch", ms=2.0)]
     assert [p.name for p in write_tables(run_json(group, with_one_baseline, []), tmp_path)] == ["bars.csv", "bars.png"]
+
+
+def test_ratio_plot_and_a_plot_added_at_rebuild(tmp_path):
+    """A group saved with no plot gets one from ``rebuild --plot`` (a kind added after its run),
+    with its CSV unchanged; a malformed --plot is refused by name."""
+    from conftest import BenchGroup, main, write_tables
+
+    group = BenchGroup(name="grid", csv="grid.csv", columns=("workload", "case", "impl", "forward_ms_mean"),
+                       case=("workload", "case"), impls=("torch", "triton"), speedups={"speedup": "torch"})
+    rows = [dict(workload=w, case=c, impl=i, ms=ms) for w, c in (("a", "x"), ("a", "y"), ("b", "x"))
+            for i, ms in (("torch", 2.0), ("triton", 1.0))]
+    data = run_json(group, rows, [])
+    (tmp_path / "run.json").write_text(json.dumps(data))
+    assert [p.name for p in write_tables(data, tmp_path / "as_run")] == ["grid.csv"]
+    assert main(["rebuild", str(tmp_path / "run.json"), "--outputs-dir", str(tmp_path / "drawn"),
+                 "--plot", "grid=ratio:speedup"]) == 0
+    assert (tmp_path / "drawn" / "grid.png").stat().st_size > 0
+    assert (tmp_path / "drawn" / "grid.csv").read_bytes() == (tmp_path / "as_run" / "grid.csv").read_bytes()
+    for bad in ("other=ratio:speedup", "grid=pie:speedup", "grid=ratio"):
+        with pytest.raises(SystemExit):
+            main(["rebuild", str(tmp_path / "run.json"), "--plot", bad])
