@@ -228,6 +228,17 @@ _FUSED_LAUNCHES = {
 _SHARED_MEMORY_BUDGET = 227 * 1024
 
 
+def fused_blocks(d2: int, dtype: torch.dtype) -> int:
+    """The wrapper's BLOCK_1 = BLOCK_2 for rows of d2: 64, or 32 for float32 under 'high' (TF32)
+    and for rows shorter than 256.
+
+    From the committed H100 tables (softmax_matmul_benchmark.csv, softmax_matmul_precision.csv,
+    blocks 16, 32 and 64): from d2 = 256 on, 64 is the fastest for 16-bit inputs and tf32x3, 1.3-1.7x
+    faster than 16; under TF32 32 is (64 is 1.4x slower); at d2 = 64 and 128, 32 is, by 1.1-1.2x.
+    """
+    return 32 if d2 < 256 or (dtype == torch.float32 and dot_precision(dtype) == "tf32") else 64
+
+
 def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
     """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
 
@@ -619,17 +630,21 @@ def _fused_softmax_grad(ctx, dout, _dlse):
 _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
 
 
-def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16, *,
+def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
                   launch: FusedLaunch | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V without storing the softmax; differentiable in x and V.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
     BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
-    ``tl.dot`` takes) to 256. Strided and transposed inputs are read in place. ``launch`` (a
-    ``FusedLaunch``) overrides the wrapper's choice (``fused_launch``), for tuning. The backward
-    recomputes the softmax from x and the per-row log-sum-exp the forward saves.
+    ``tl.dot`` takes) to 256, or None for the wrapper's (``fused_blocks``). Strided and
+    transposed inputs are read in place. ``launch`` (a ``FusedLaunch``) overrides the wrapper's
+    choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
+    per-row log-sum-exp the forward saves.
     """
     check_softmax_matmul_inputs(x, V)
+    if BLOCK_1 is None or BLOCK_2 is None:
+        block = fused_blocks(int(x.shape[-1]), x.dtype)
+        BLOCK_1, BLOCK_2 = BLOCK_1 or block, BLOCK_2 or block
     check_block("BLOCK_1", BLOCK_1, 16, 256)
     check_block("BLOCK_2", BLOCK_2, 16, 256)
     if launch is not None:
