@@ -921,14 +921,15 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     check_tensor("x", x, ANY_RANK)
     if BLOCK_SIZE is not None:
         check_block("BLOCK_SIZE", BLOCK_SIZE, 8, 1 << 17)
-    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1])
+    flat = x.dim() != 2  # a reshape costs host time even when it changes nothing
+    x2 = x.reshape(math.prod(x.shape[:-1]), x.shape[-1]) if flat else x
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
         y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
         y = _row_forward(x2, BLOCK_SIZE or 0, traced=False)
-    return y.reshape(x.shape)
+    return y.reshape(x.shape) if flat else y
 
 
 __all__ = [
