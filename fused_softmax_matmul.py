@@ -38,7 +38,7 @@ except ImportError:  # pragma: no cover
 
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, cdiv,
-    fresh_counters, kernel_op, needs_op, no_cached_buffers, next_power_of_2, row_softmax,
+    fresh_counters, kernel_op, needs_op, no_cached_buffers, next_power_of_2, one_axis_grid, row_softmax,
 )
 
 
@@ -127,13 +127,6 @@ def check_int(name: str, value, minimum: int, maximum: int) -> None:
 def check_flag(name: str, value) -> None:
     if not isinstance(value, bool):
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
-
-
-def _grid(programs: int, kernel) -> tuple[int]:
-    """A one-axis grid: CUDA's axis 0 takes up to 2^31 - 1 programs (axes 1 and 2 only 65535)."""
-    if programs >= 2**31:
-        raise KernelCapacityError(f"{kernel.__name__} would need {programs} programs, past the 2^31 - 1 of a grid axis")
-    return (programs,)
 
 
 def _backward_fake(x, W, *rest):
@@ -538,7 +531,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
     n_tiles_3 = cdiv(max(d3, 1), block_3)
     n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
-    _jit(fused_softmax_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_kernel)](
+    _jit(fused_softmax_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__)](
         x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles, n_tiles_3,
         **constants, STORE_LSE=store_lse)
     return out, lse
@@ -581,14 +574,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
-        _jit(fused_softmax_backward_dx_kernel, wrap)[_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel)](
+        _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
             x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
             *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
             num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
-        _jit(fused_softmax_backward_dv_kernel, wrap)[_grid(batch * n_tiles, fused_softmax_backward_dv_kernel)](
+        _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
             x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
     return dx, dV
@@ -1648,16 +1641,10 @@ class FlashAttentionPytorch(torch.autograd.Function):
 #
 # Grids are one axis of batch x tiles programs: CUDA caps grid axes 1 and 2 at 65535, which one
 # long sequence reaches (65535 query tiles of 64 are 4M queries); axis 0 takes 2^31 - 1.
-FLASH_MAX_PROGRAMS = 2**31 - 1
-
-
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
     """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
     tiles = cdiv(n_rows, block)
-    if batch * tiles > FLASH_MAX_PROGRAMS:
-        raise ValueError(f"batch {batch} x {tiles} tiles of {block} rows is {batch * tiles} programs, past CUDA's "
-                         f"grid limit of {FLASH_MAX_PROGRAMS}: split the batch")
-    return (batch * tiles,)
+    return one_axis_grid(batch * tiles, f"batch {batch} x {tiles} tiles of {block} rows (split the batch)")
 
 
 # Within one batch element the kernels address rows x row stride + columns x column stride in

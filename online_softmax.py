@@ -187,6 +187,14 @@ def softmax_bytes(M: int, N: int, element_size: int) -> int:
 GRID_0_LIMIT = 2**31 - 1
 
 
+def one_axis_grid(programs: int, what: str) -> tuple[int]:
+    """The grid of a kernel that needs one program per work item (axes 1 and 2 take only 65535):
+    KernelCapacityError, naming ``what`` needs them, past CUDA's limit on axis 0."""
+    if programs > GRID_0_LIMIT:
+        raise KernelCapacityError(f"{what} would need {programs} programs, past CUDA's grid limit of {GRID_0_LIMIT}")
+    return (programs,)
+
+
 # Integer forms of triton.cdiv and triton.next_power_of_2 for host code: those are constexpr
 # functions, about 2 us a call, and a wrapper's launch choice calls several.
 def cdiv(a: int, b: int) -> int:

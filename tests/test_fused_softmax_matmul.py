@@ -540,11 +540,12 @@ def test_sparse_input_refused():
 
 def test_grid_past_axis_limit_refused():
     """Past 2^31 - 1 programs even CUDA's axis 0 cannot hold the grid: refused by name, not launched."""
-    import fused_softmax_matmul
+    from online_softmax import one_axis_grid
 
-    assert fused_softmax_matmul._grid(70000 * 3, fused_softmax_matmul.fused_softmax_kernel) == (210000,)
+    assert one_axis_grid(70000 * 3, "fused_softmax_kernel") == (210000,)
+    assert one_axis_grid(2**31 - 1, "fused_softmax_kernel") == (2**31 - 1,)
     with pytest.raises(KernelCapacityError, match="fused_softmax_kernel would need 2147483648 programs"):
-        fused_softmax_matmul._grid(2**31, fused_softmax_matmul.fused_softmax_kernel)
+        one_axis_grid(2**31, "fused_softmax_kernel")
 
 
 # Run in a fresh process with TRITON_INTERPRET=0: the launch functions that the compiled-mode ops
