@@ -37,7 +37,7 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_same, check_tensor, cdiv,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     fresh_counters, kernel_op, needs_op, no_cached_buffers, next_power_of_2, one_axis_grid, row_softmax,
 )
 
@@ -114,14 +114,6 @@ def check_operands(x, name: str, other, ndim: int) -> None:
     check_tensor("x", x, ndim)
     check_tensor(name, other, ndim)
     check_same("x", x, name, other)
-
-
-def check_int(name: str, value, minimum: int, maximum: int) -> None:
-    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if not minimum <= value <= maximum:
-        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
 
 
 def check_flag(name: str, value) -> None:
@@ -1677,8 +1669,7 @@ class FlashLaunch:
         check_block(f"{kernel}.block_m", self.block_m, 16, 256)
         check_block(f"{kernel}.block_n", self.block_n, 16, 256)
         check_block(f"{kernel}.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.num_stages, bool) or not isinstance(self.num_stages, int) or not 1 <= self.num_stages <= 8:
-            raise ValueError(f"{kernel}.num_stages must be an int from 1 to 8, got {self.num_stages!r}")
+        check_int(f"{kernel}.num_stages", self.num_stages, 1, 8)
 
 
 FLASH_KERNELS = ("forward", "dkdv", "dq")

@@ -110,6 +110,14 @@ def check_block(name: str, value, minimum: int, maximum: int = 1024) -> None:
         raise ValueError(f"{name} must be a power of two between {minimum} and {maximum}, got {value}")
 
 
+def check_int(name: str, value, minimum: int, maximum: int) -> None:
+    """A launch field that need not be a power of two: an int in [minimum, maximum]."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if not minimum <= value <= maximum:
+        raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Custom ops: how every public op reaches torch.compile, CUDA graphs and autograd
 # ----------------------------------------------------------------------------------------------
@@ -599,10 +607,10 @@ class RowLaunch:
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
             raise ValueError(f"RowLaunch.kernel must be 'row', 'online' or 'split', got {self.kernel!r}")
-        for name in ("block", "warps", "programs", "split"):
-            value = getattr(self, name)
-            if value < 1 or (name != "programs" and value & (value - 1)):
-                raise ValueError(f"RowLaunch.{name} must be a positive power of two, got {value}")
+        check_block("RowLaunch.block", self.block, 1, 1 << 20)
+        check_block("RowLaunch.warps", self.warps, 1, 32)
+        check_block("RowLaunch.split", self.split, 1, 1 << 20)
+        check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
 
