@@ -800,7 +800,8 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     softmax epilogue. Float32: 64 x 128 x 32, 4 warps: tf32x3 splits each operand into two TF32
     halves in registers, so the tile is smaller to keep the register budget; 3 stages of
     (64 + 128) x 32 x 4 B = 72 KiB. A class tile narrower than the default is used when C is smaller, so
-    small C runs as one tile and one launch. Given K, a long K may be cut into slices (split_k).
+    small C runs as one tile and one launch, and a row block no taller than B (from 16).
+    Given K, a long K may be cut into slices (split_k).
     """
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 64, 128, 32, 4, 3
@@ -808,6 +809,9 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
         # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, next_power_of_2(C)))
+    # Never a row block taller than the rows there are (at least 16, tl.dot's least): at B = 32 a
+    # 64-row block spends half its products on padding.
+    block_b = min(block_b, max(16, next_power_of_2(B)))
     # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
     block_b = _fill_sms(B, cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)

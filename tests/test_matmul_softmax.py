@@ -194,6 +194,19 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
     check_launch(launch)
 
 
+@pytest.mark.parametrize("B,K,C,dtype,block_b", [
+    (32, 2048, 32000, "float32", 32), (1, 4096, 128256, "bfloat16", 16), (20, 768, 50257, "bfloat16", 32),
+    (8192, 4096, 128256, "bfloat16", 128),  # the LM head keeps its swept tile
+])
+def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, block_b):
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
+    assert launch.block_b == block_b
+    check_launch(launch)
+
+
 def test_simple_refuses_narrow_class_tile():
     x, W = _good(C=40)
     with pytest.raises(ValueError, match="launch.block_c = 32 must cover all C = 40"):
