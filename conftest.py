@@ -1452,12 +1452,15 @@ def main(argv=None) -> int:
     if not data.get("bench_groups"):
         parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
     for spec in args.plot:
-        name, _, layout = spec.partition("=")
-        kind, _, metric = layout.partition(":")
-        if name not in data["bench_groups"] or kind not in ("line", "bar", "ratio") or not metric:
+        name, _, drawn = spec.partition("=")
+        kind, _, metric = drawn.partition(":")
+        layout = data["bench_groups"].get(name, {})
+        known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
+        if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
             parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
-                         f"({', '.join(data['bench_groups'])}) and KIND line, bar or ratio")
-        data["bench_groups"][name]["plot"] = [kind, metric]
+                         f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
+                         f"columns or metrics")
+        layout["plot"] = [kind, metric]
     for path in write_tables(data, args.outputs_dir or args.json.parent):
         print(path)
     return 0

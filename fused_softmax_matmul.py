@@ -218,8 +218,9 @@ def fused_blocks(d2: int, dtype: torch.dtype) -> int:
     and for rows shorter than 256.
 
     From the committed H100 tables (softmax_matmul_benchmark.csv, softmax_matmul_precision.csv,
-    blocks 16, 32 and 64): from d2 = 256 on, 64 is the fastest for 16-bit inputs and tf32x3, 1.3-1.7x
-    faster than 16; under TF32 32 is (64 is 1.4x slower); at d2 = 64 and 128, 32 is, by 1.1-1.2x.
+    blocks 16, 32 and 64): from d2 = 256 on, 64 is the fastest for 16-bit inputs and tf32x3, 1.3-2.0x
+    faster than 16; under TF32 32 is (64 is 1.4x slower); at d2 = 64 and 128 (measured in float32
+    'highest' only) 32 is, by 1.1-1.2x.
     """
     return 32 if d2 < 256 or (dtype == torch.float32 and dot_precision(dtype) == "tf32") else 64
 
@@ -629,7 +630,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     check_softmax_matmul_inputs(x, V)
     if BLOCK_1 is None or BLOCK_2 is None:
         block = fused_blocks(int(x.shape[-1]), x.dtype)
-        BLOCK_1, BLOCK_2 = BLOCK_1 or block, BLOCK_2 or block
+        BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
+        BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
     check_block("BLOCK_1", BLOCK_1, 16, 256)
     check_block("BLOCK_2", BLOCK_2, 16, 256)
     if launch is not None:
@@ -769,10 +771,16 @@ def _sm_count(device: torch.device) -> int | None:
     return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
-@torch.compiler.assume_constant_result  # traced in the flash Function's forward: a constant, no graph break
 @functools.lru_cache(maxsize=None)
-def _device_sms(index: int) -> int:
+def _device_sms_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
+
+
+# Traced in the flash Function's forward: Dynamo takes the count as a constant (an lru_cache
+# wrapper itself would be traced through, with a warning).
+@torch.compiler.assume_constant_result
+def _device_sms(index: int) -> int:
+    return _device_sms_cached(index)
 
 
 def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int = 16) -> int:
@@ -1725,12 +1733,14 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal:
         return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
                 "dq": FlashLaunch(128, 32, 8, 3)}
     if d == 64:
-        if few_tiles:
-            return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": FlashLaunch(32, 128, 4, 2),
-                    "dq": FlashLaunch(64, 32, 4, 3)}
         # Causal dK/dV runs three loops (diagonal, full, ragged tiles): with 128 keys over 4 warps
-        # it spills and takes 3x as long as with 64 keys; without the diagonal the wider tile wins.
-        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 64 if causal else 128, 4, 3),
+        # it spills and takes 3x as long as with 64 keys, and 64 keys beat 32 x 128 tiles too;
+        # without the diagonal the wider tile wins.
+        causal_dkdv = FlashLaunch(64, 64, 4, 3)
+        if few_tiles:
+            return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": causal_dkdv if causal else FlashLaunch(32, 128, 4, 2),
+                    "dq": FlashLaunch(64, 32, 4, 3)}
+        return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": causal_dkdv if causal else FlashLaunch(64, 128, 4, 3),
                 "dq": FlashLaunch(64, 64, 4, 3)}
     return {"forward": FlashLaunch(128, 64, 8, 3), "dkdv": FlashLaunch(64, 128, 8, 2),
             "dq": FlashLaunch(64, 64, 4, 2)}

@@ -251,16 +251,19 @@ class DirectLauncher:
     H100 machine, where the launch itself takes about 10. Here the first call of each argument
     class (``_arg_class``: what Triton specialises on) goes through Triton, which compiles and
     returns the kernel; later calls of that class launch it directly on torch's current stream.
-    Launch hooks (profilers) and grids given as functions take Triton's path, and so does every
-    call if a direct launch is ever refused (a launcher signature of another Triton version).
+    Launch hooks (profilers), pre-run hooks, grids given as functions and constexprs passed by
+    position take Triton's path, and so does every call if a direct launch is ever refused (a
+    launcher signature of another Triton version).
     """
 
-    __slots__ = ("kernel", "names", "defaults", "compiled", "usable")
+    __slots__ = ("kernel", "names", "defaults", "first_constexpr", "compiled", "usable")
 
     def __init__(self, kernel):
         self.kernel = kernel
         self.names = tuple(kernel.arg_names)
         self.defaults = {p.name: p.default for p in kernel.params if p.has_default}
+        # Constexprs are keyed by value, by keyword only: positional arguments are keyed by class.
+        self.first_constexpr = min((i for i, p in enumerate(kernel.params) if p.is_constexpr), default=len(self.names))
         self.compiled = {}
         self.usable = hasattr(triton, "knobs")  # triton 3.4 on
 
@@ -268,17 +271,19 @@ class DirectLauncher:
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
     def launch(self, grid, args, kwargs):
-        if not self.usable or type(grid) is not tuple or _launch_hooks():
+        if (not self.usable or type(grid) is not tuple or len(args) > self.first_constexpr
+                or getattr(self.kernel, "pre_run_hooks", None) or _launch_hooks()):
             return self.kernel[grid](*args, **kwargs)
         device = torch._C._cuda_getDevice()
-        try:
-            key = (device, tuple(map(_arg_class, args)), tuple(kwargs.items()))
+        try:  # a keyword's type too: 1, 1.0 and True are equal keys but not equal constexprs
+            key = (device, tuple(map(_arg_class, args)), tuple((k, type(v), v) for k, v in kwargs.items()))
             entry = self.compiled.get(key)
         except TypeError:  # an unhashable argument: nothing to key on
             return self.kernel[grid](*args, **kwargs)
         if entry is None:
             compiled = self.kernel[grid](*args, **kwargs)
-            if not any(isinstance(v, torch.Tensor) for v in kwargs.values()):  # tensors by keyword: not in the key
+            # Tensors by keyword are not in the key; a cache hook may return no kernel.
+            if compiled is not None and not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 self.compiled[key] = (compiled, tuple(kwargs[n] if n in kwargs else self.defaults[n]
                                                       for n in self.names[len(args):]))
             return compiled

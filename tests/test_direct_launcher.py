@@ -29,36 +29,43 @@ class Compiled:
     def run(self, g0, g1, g2, stream, function, metadata, launch_metadata, enter, exit_hook, *args):
         if self.refuse:
             raise TypeError("function takes exactly 35 arguments")
-        self.log.append(("direct", (g0, g1, g2), args))
+        self.log.append(("direct", (g0, g1, g2), args, stream))
 
 
 class StandIn:
     """What DirectLauncher reads of a JIT function: parameter names and defaults, and ``[grid](...)``."""
 
-    def __init__(self, refuse=False):
+    def __init__(self, refuse=False, compiles=True):
         def kernel(x_ptr, n, stride, scale, BLOCK, FLAG=False):
             pass
-        self.params = [Param(p) for p in inspect.signature(kernel).parameters.values()]
+        self.params = [Param(p, p.name in ("BLOCK", "FLAG")) for p in inspect.signature(kernel).parameters.values()]
         self.arg_names = [p.name for p in self.params]
-        self.log, self.refuse = [], refuse
+        self.log, self.refuse, self.compiles = [], refuse, compiles
+        self.pre_run_hooks = []
 
     def __getitem__(self, grid):
         def launch(*args, **kwargs):
             self.log.append(("triton", grid, args, kwargs))
-            return Compiled(self.log, self.refuse)
+            return Compiled(self.log, self.refuse) if self.compiles else None
         return launch
 
 
 class Param:
-    def __init__(self, p):
+    def __init__(self, p, is_constexpr):
         self.name, self.default, self.has_default = p.name, p.default, p.default is not inspect.Parameter.empty
+        self.is_constexpr = is_constexpr
+
+
+DEVICE = {"index": 0}
 
 
 @pytest.fixture
 def cuda_state(monkeypatch):
-    """The two CUDA queries the launcher makes, answered on a machine without CUDA."""
-    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: 0, raising=False)
-    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 7, raising=False)
+    """The two CUDA queries the launcher makes, answered on a machine without CUDA: the current
+    device (DEVICE["index"]) and its raw stream (100 + the device)."""
+    DEVICE["index"] = 0
+    monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: DEVICE["index"], raising=False)
+    monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 100 + device, raising=False)
 
 
 def kinds(log):
@@ -73,12 +80,13 @@ def test_one_compile_per_argument_class_then_direct_launches_with_constexprs_in_
     launcher[(4,)](x, 17, 32, 0.5, BLOCK=128)
     launcher[(8, 2)](x, 33, 48, 0.25, BLOCK=128)  # 17 -> 33 and 32 -> 48: same classes
     assert kinds(kernel.log) == ["triton", "direct"]
-    assert kernel.log[1][1:] == ((8, 2, 1), (x, 33, 48, 0.25, 128, False))  # FLAG's default appended
+    assert kernel.log[1][1:] == ((8, 2, 1), (x, 33, 48, 0.25, 128, False), 100)  # FLAG's default; device 0's stream
 
 
 @pytest.mark.usefixtures("cuda_state")
 @pytest.mark.parametrize("change", ["unaligned tensor", "dtype", "int becomes 1", "int becomes a multiple of 16",
-                                    "int past 32 bits", "constexpr", "float becomes int"])
+                                    "int past 32 bits", "int past 63 bits", "constexpr", "constexpr's type",
+                                    "float becomes int", "float becomes bool", "another device"])
 def test_any_change_triton_specialises_on_compiles_again(change):
     kernel = StandIn()
     launcher = osm.DirectLauncher(kernel)
@@ -95,14 +103,27 @@ def test_any_change_triton_specialises_on_compiles_again(change):
         args[1] = 16
     elif change == "int past 32 bits":
         args[1] = 2**31 + 1
+    elif change == "int past 63 bits":
+        args[1] = 2**63 + 1
     elif change == "constexpr":
         kwargs["BLOCK"] = 256
-    else:
+    elif change == "constexpr's type":
+        kwargs["BLOCK"] = 128.0
+    elif change == "float becomes int":
         args[3] = 2
+    elif change == "float becomes bool":
+        args[3] = True
     launcher[(1,)](*base["args"], **base["kwargs"])
+    if change == "another device":
+        DEVICE["index"] = 1
+    if change in ("int past 63 bits",):  # from the i64 class of 2**31 + 1, not only from i32
+        launcher[(1,)](x, 2**31 + 1, 32, 0.5, BLOCK=128)
+        kernel.log.pop()
     launcher[(1,)](*args, **kwargs)
     launcher[(1,)](*args, **kwargs)
     assert kinds(kernel.log) == ["triton", "triton", "direct"]
+    if change == "another device":
+        assert kernel.log[-1][-1] == 101
 
 
 @pytest.mark.usefixtures("cuda_state")
@@ -127,14 +148,38 @@ def test_launch_hooks_and_grid_functions_take_tritons_path(monkeypatch):
     assert kinds(kernel.log) == ["triton", "triton", "triton"]
 
 
+@pytest.mark.usefixtures("cuda_state")
+@pytest.mark.parametrize("case", ["constexpr by position", "tensor by keyword", "no kernel returned", "pre-run hook",
+                                  "hook chain"])
+def test_what_the_key_cannot_hold_goes_through_triton_every_time(monkeypatch, case):
+    kernel = StandIn(compiles=case != "no kernel returned")
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    args, kwargs = (x, 17, 32, 0.5), dict(BLOCK=128)
+    if case == "constexpr by position":
+        args, kwargs = (x, 17, 32, 0.5, 128), {}
+    elif case == "tensor by keyword":
+        args, kwargs = (), dict(x_ptr=x, n=17, stride=32, scale=0.5, BLOCK=128)
+    elif case == "pre-run hook":
+        kernel.pre_run_hooks.append(lambda *a, **k: None)
+    elif case == "hook chain":
+        chain = type("Chain", (), {"calls": [print], "__call__": lambda self, *a: None})()
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", chain)
+    for _ in range(3):
+        launcher[(1,)](*args, **kwargs)
+    assert kinds(kernel.log) == ["triton", "triton", "triton"]
+
+
 @needs_gpu
 def test_direct_launches_equal_tritons_own():
     """row_softmax on rows whose start is aligned and not, and widths of each class: the launches
     the public op makes directly give what Triton's own launches give, bit for bit."""
     x = randn((70, 1000 + 3), torch.float32, seed=5)
     cases = [x[:, :1000], x[:, 1:1001], x[:, 3:19], x[:, 2:3], x[:3, :1000]]
-    direct = [osm.row_softmax(c) for c in cases]
+    osm.row_softmax(cases[0])
     launcher = osm._LAUNCHERS[osm.softmax_row_kernel]
+    launcher.compiled.clear()
+    direct = [osm.row_softmax(c) for c in cases]
     assert launcher.usable and len(launcher.compiled) >= 3
     launcher.usable = False
     try:

@@ -704,3 +704,20 @@ def test_offsets_past_32_bits_are_refused():
     wide = torch.empty((1, 4096, 2**20), device="meta")[..., :64]  # 64 columns of rows 2^20 apart: 2^32 span
     with pytest.raises(ValueError, match="dO of shape"):
         fsm.check_flash_offsets(dO=wide)
+
+
+def test_launch_choice_follows_the_shape(monkeypatch):
+    """Few query tiles per SM take 64-query forward tiles; causal dK/dV takes 64-key tiles at
+    d = 64 whatever the length (the 128-key tile spills beside the diagonal loop)."""
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    device = torch.device("cuda")
+    assert fused_softmax_matmul.few_query_tiles(16, 3000, device)  # 384 tiles of 128 < 4 x 132
+    assert not fused_softmax_matmul.few_query_tiles(16, 8192, device)  # 1024
+    for few in (False, True):
+        causal, full = flash_launches(64, torch.bfloat16, few, True), flash_launches(64, torch.bfloat16, few, False)
+        assert causal["dkdv"] == FlashLaunch(64, 64, 4, 3) and full["dkdv"].block_n == 128
+        assert causal["forward"].block_m == full["forward"].block_m == (64 if few else 128)
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: None)  # the interpreter
+    assert not fused_softmax_matmul.few_query_tiles(1, 16, device)

@@ -596,3 +596,25 @@ def test_compiled_op_bodies_trace_to_triton_kernels():
     run = subprocess.run([sys.executable, "-c", _TRACE_COMPILED_BODIES], env=env, capture_output=True, text=True,
                          cwd=os.path.dirname(os.path.dirname(os.path.abspath(__file__))), timeout=300)
     assert run.returncode == 0 and "traced 12" in run.stdout, run.stderr[-3000:]
+
+
+@pytest.mark.parametrize("d2,dtype,precision,block", [
+    (8192, torch.bfloat16, "highest", 64), (256, torch.float16, "highest", 64), (128, torch.bfloat16, "highest", 32),
+    (8192, torch.float32, "highest", 64), (8192, torch.float32, "high", 32), (64, torch.float32, "highest", 32),
+])
+def test_default_blocks_follow_the_committed_tables(d2, dtype, precision, block):
+    """fused_softmax's blocks when none are given: 64, or 32 under TF32 and below d2 = 256."""
+    from fused_softmax_matmul import fused_blocks
+
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision(precision)
+    try:
+        assert fused_blocks(d2, dtype) == block
+    finally:
+        torch.set_float32_matmul_precision(before)
+
+
+def test_explicit_zero_block_is_refused_not_replaced():
+    x, V = randn((1, 16, 16), torch.float32, seed=3), randn((1, 16, 16), torch.float32, seed=4)
+    with pytest.raises(ValueError, match="BLOCK_1 must be a power of two"):
+        fused_softmax(x, V, 0, 16)

@@ -449,6 +449,6 @@ def test_ratio_plot_and_a_plot_added_at_rebuild(tmp_path):
                  "--plot", "grid=ratio:speedup"]) == 0
     assert (tmp_path / "drawn" / "grid.png").stat().st_size > 0
     assert (tmp_path / "drawn" / "grid.csv").read_bytes() == (tmp_path / "as_run" / "grid.csv").read_bytes()
-    for bad in ("other=ratio:speedup", "grid=pie:speedup", "grid=ratio"):
+    for bad in ("other=ratio:speedup", "grid=pie:speedup", "grid=ratio", "grid=ratio:nosuch"):
         with pytest.raises(SystemExit):
             main(["rebuild", str(tmp_path / "run.json"), "--plot", bad])

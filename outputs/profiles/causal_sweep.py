@@ -16,7 +16,8 @@ for (b, n, d, dtype) in ((16, 8192, 64, torch.bfloat16), (1, 32768, 64, torch.fl
         def f():
             torch.autograd.grad(fsm.FlashAttentionTriton.apply(q, k, v, True, launches), (q, k, v), go)
         return bench(f)
-    print(f"== ({b},{n},{d}) {dtype} causal default {fsm.flash_launches(d, dtype)} {run(None):.3f} ms", flush=True)
+    chosen = fsm.flash_launches(d, dtype, fsm.few_query_tiles(b, n, q.device), True)
+    print(f"== ({b},{n},{d}) {dtype} causal default {chosen} {run(None):.3f} ms", flush=True)
     for c in CANDS[d]:
         try:
             print(f"  dkdv {c} {run({'dkdv': c}):.3f}", flush=True)
