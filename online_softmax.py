@@ -244,11 +244,12 @@ def _arg_class(a):
 
 
 class DirectLauncher:
-    """``launcher[grid](*args, **constexprs)`` as ``kernel[grid](...)``, at about half its host cost.
+    """``launcher[grid](*args, **constexprs)`` as ``kernel[grid](...)``, with less host time.
 
     Triton's own launch re-derives, on every call, what the compiled kernel is specialised on,
     looks it up and wraps the launch in hooks and checks: 20-30 us of host time a launch on an
-    H100 machine, where the launch itself takes about 10. Here the first call of each argument
+    H100 machine, where calling the compiled kernel's launcher takes about 8
+    (outputs/profiles/host_cost.txt). Here the first call of each argument
     class (``_arg_class``: what Triton specialises on) goes through Triton, which compiles and
     returns the kernel; later calls of that class launch it directly on torch's current stream.
     Launch hooks (profilers), pre-run hooks, grids given as functions and constexprs passed by
