@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import BenchGroup, Unavailable, compiled
+from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
@@ -38,7 +38,7 @@ GROUP = BenchGroup(
     columns=("BT", "H", "V", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
              "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "loss_rel_error", "grad_rel_error"),
     case=("BT", "H", "V", "dtype", "mode"),
-    impls=("torch", "compile", "liger", "cce", "triton"),
+    impls=("torch", "compile", "liger", "cce", "triton", "triton_compiled", "triton_graph"),
     speedups={"speedup_vs_torch": "torch"},
     plot=("bar", "speedup_vs_torch"),
     pivot=("mode", {"fwd_ms": ("fwd", "forward_ms_mean"), "fwd_bwd_ms": ("fwd_bwd", "forward_ms_mean"),
@@ -61,6 +61,10 @@ else:
     CASES = [(64, 32, 300, "float32")]
     VARIANTS = [(impl, {}) for impl in GROUP.impls if impl != "compile"]
 MODES = ("fwd", "fwd_bwd")
+# The caller forms run at the smallest case only: the larger ones take seconds a call, where a
+# caller's host time and the graph's saving are noise.
+CALLER_FORMS = ("triton_compiled", "triton_graph")
+CALLER_CASE = min(CASES, key=lambda case: case[0] * case[1] * case[2])
 
 
 def liger(x, W, target):
@@ -97,6 +101,10 @@ IMPLS = {
     "liger": peer("liger_kernel.ops.fused_linear_cross_entropy", liger),
     "cce": peer("cut_cross_entropy", cce),
     "triton": lambda launch: functools.partial(linear_cross_entropy, launch=launch),
+    # The op as a caller may run it, at its own launch: under torch.compile(fullgraph=True), and
+    # replayed from a CUDA graph (its eager target check, a host sync, is skipped while capturing).
+    "triton_compiled": lambda launch: compiled_op(linear_cross_entropy),
+    "triton_graph": lambda launch: linear_cross_entropy,
 }
 
 _REFERENCE: dict = {}
@@ -140,6 +148,8 @@ def resolve(overrides: dict, dtype: torch.dtype) -> dict:
 @pytest.mark.parametrize("mode", MODES)
 @pytest.mark.parametrize("BT,H,V,dtype", CASES)
 def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
+    if impl in CALLER_FORMS and (BT, H, V, dtype) != CALLER_CASE:
+        pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":
@@ -152,7 +162,7 @@ def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
         fn = IMPLS[impl](launch)  # a peer that does not import: the harness keeps its row, empty with the reason
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
         if mode == "fwd":
-            return (lambda: fn(x, W, target)), (x, W, target)
+            return caller_form(impl, lambda: fn(x, W, target)), (x, W, target)
         x.requires_grad_()
         W.requires_grad_()
 
@@ -160,7 +170,7 @@ def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
             # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
             loss = fn(x, W, target)
             return (loss, *torch.autograd.grad(loss, (x, W)))
-        return forward_backward, (x, W, target)
+        return caller_form(impl, forward_backward), (x, W, target)
 
     bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype],
           error=linear_cross_entropy_error)
