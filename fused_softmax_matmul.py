@@ -23,6 +23,7 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from dataclasses import dataclass, fields, replace
 
@@ -1272,10 +1273,8 @@ def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
         return x.new_empty((x.shape[0], W.shape[1]))
 
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
-        if opaque:
-            with no_cached_buffers():
-                return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=False)
-        return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=True)
+        with no_cached_buffers() if opaque else contextlib.nullcontext():
+            return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=not opaque)
 
     if opaque:
         op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(body)
