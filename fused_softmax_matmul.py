@@ -2863,3 +2863,241 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
         **({} if launch.maxnreg is None else {"maxnreg": launch.maxnreg}),
     )
     return out
+
+
+# ----------------------------------------------------------------------------------------------
+# Gluon: FlashAttention forward on Hopper, warp-specialised
+# ----------------------------------------------------------------------------------------------
+# One program: GLUON_BLOCK_M queries of one batch element. A loader warp brings Q once, then K and
+# V tiles of GLUON_FLASH_BLOCK_N keys into a ring by TMA; the consumer warpgroup issues S_i = Q K_i^T
+# and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
+# issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
+# tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Forward only;
+# masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
+GLUON_FLASH_BLOCK_N = 128
+GLUON_FLASH_STAGES = 2
+GLUON_FLASH_HEAD_DIMS = (64, 128)
+
+if _GLUON is not None:
+
+    @gluon.jit
+    def _gluon_flash_loader(q_desc, k_desc, v_desc, q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+                            batch, off_m, n_steps):
+        """The producer: Q once, then every step's K and V tiles into the ring."""
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
+        _tma_load(q_desc, [batch, off_m, 0], q_ready.index(0), q_buf)
+        for i in range(n_steps):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1  # a fresh barrier's "free" wait (phase ^ 1) passes at once
+            mbarrier.wait(k_free.index(slot), phase ^ 1)
+            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+            _tma_load(k_desc, [batch, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
+            mbarrier.wait(v_free.index(slot), phase ^ 1)
+            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+            _tma_load(v_desc, [batch, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+
+    @gluon.jit
+    def _gluon_flash_scores(s, rows, cols, start, n_keys, m, qk_scale, IS_CAUSAL: gl.constexpr):
+        """Step's base-2 logits (keys past the end, or after the query when causal, at -inf), the
+        new row maxima, the rescale of what came before, and the unnormalised weights (fp32)."""
+        keys = start + cols
+        visible = gl.expand_dims(keys < n_keys, 0)
+        if IS_CAUSAL:
+            visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+        s = gl.where(visible, s * qk_scale, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        # A row whose logits so far are all -inf subtracts 0: exp2(-inf - -inf) would be NaN.
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2(m - m_sub)
+        w = gl.exp2(s - gl.expand_dims(m_sub, 1))
+        return m_new, alpha, w
+
+    @gluon.jit
+    def _gluon_flash_consumer(q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+                              o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
+                              batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL: gl.constexpr,
+                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr):
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = q_buf.type.shape[1]
+        HEAD_DIM: gl.constexpr = q_buf.type.shape[2]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        dtype: gl.constexpr = q_buf.dtype
+        LN2: gl.constexpr = 0.6931471805599453
+        rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+
+        rows = off_m + gl.arange(0, BLOCK_M, rows_l)
+        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
+        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        mbarrier.wait(q_ready.index(0), 0)
+        q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+
+        # Step 0: its logits alone (nothing to overlap with yet).
+        mbarrier.wait(k_ready.index(0), 0)
+        s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        mbarrier.arrive(k_free.index(0))
+        m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
+        m, alpha, w = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, IS_CAUSAL)
+        l = gl.sum(w, axis=1)
+        p = gl.convert_layout(w.to(dtype), p_layout)
+
+        for i in range(1, n_steps):
+            slot = i % STAGES
+            phase = (i // STAGES) & 1
+            prev = (i - 1) % STAGES
+            prev_phase = ((i - 1) // STAGES) & 1
+            mbarrier.wait(k_ready.index(slot), phase)
+            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            mbarrier.wait(v_ready.index(prev), prev_phase)
+            acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            # S_i was issued first: with one group left outstanding (P V), S_i is complete.
+            s = warpgroup_mma_wait(1, deps=(s,))
+            mbarrier.arrive(k_free.index(slot))
+            m, alpha, w = _gluon_flash_scores(s, rows, cols, i * BLOCK_N, n_keys, m, qk_scale, IS_CAUSAL)
+            l = l * alpha + gl.sum(w, axis=1)
+            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+            mbarrier.arrive(v_free.index(prev))
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+            p = gl.convert_layout(w.to(dtype), p_layout)
+
+        last = (n_steps - 1) % STAGES
+        mbarrier.wait(v_ready.index(last), ((n_steps - 1) // STAGES) & 1)
+        acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        mbarrier.arrive(v_free.index(last))
+
+        # A row with no finite logit has l = 0 and acc = 0: output 0 and L = -inf, as SDPA gives.
+        safe_l = gl.where(l == 0.0, 1.0, l)
+        out = acc / gl.expand_dims(gl.convert_layout(safe_l, gl.SliceLayout(1, acc_layout)), 1)
+        out_rows = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
+        dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
+        o_ptrs = (o_ptr + batch.to(gl.int64) * stride_ob + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1)
+                  + gl.expand_dims(dims * stride_od, 0))
+        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_queries, 1))
+        lse = (m + gl.log2(l)) * LN2
+        gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + rows * stride_lm, lse, mask=rows < n_queries)
+
+    @gluon.jit
+    def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, stride_ob, stride_om, stride_od,
+                                     stride_lb, stride_lm, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
+                                     STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        """Attention output and log-sum-exp of one tile of queries of one batch element (grid: tiles x batch)."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        dtype: gl.constexpr = q_desc.dtype
+        gl.static_assert(num_warps == 4, "one consumer warpgroup")
+        gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
+        qk_scale = qk_scale.to(gl.float32)
+
+        tile = gl.program_id(0)
+        if IS_CAUSAL:  # the last query tiles see the most keys: they go first
+            tile = gl.cdiv(n_queries, BLOCK_M) - 1 - tile
+        batch = gl.program_id(1)
+        off_m = tile * BLOCK_M
+        key_end = n_keys
+        if IS_CAUSAL:
+            key_end = gl.minimum(n_keys, off_m + BLOCK_M)
+        n_steps = gl.cdiv(key_end, BLOCK_N)
+
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+        q_buf = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(q_ready.index(0), count=1)
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(k_ready.index(slot), count=1)
+            mbarrier.init(k_free.index(slot), count=1)
+            mbarrier.init(v_ready.index(slot), count=1)
+            mbarrier.init(v_free.index(slot), count=1)
+
+        gl.warp_specialize([
+            (_gluon_flash_consumer, (q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+                                     o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
+                                     batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout)),
+            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free,
+                                   v_ready, v_free, batch, off_m, n_steps)),
+        ], [1], [LOADER_REGISTERS])
+
+
+def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why ``flash_attention_gluon`` cannot take (Q, K, V), or None when it can: an sm_90 GPU with
+    Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs, and what TMA needs (a contiguous
+    last dimension, 16-byte aligned addresses and strides)."""
+    if GLUON_UNAVAILABLE is not None:
+        return GLUON_UNAVAILABLE
+    if Q.device.type != "cuda":
+        return "Q, K and V must be CUDA tensors"
+    major, minor = torch.cuda.get_device_capability(Q.device)
+    if (major, minor) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
+    if Q.dtype not in _GLUON_DTYPES:
+        return f"Q, K and V must be float16 or bfloat16, got {Q.dtype}"
+    if Q.shape[-1] not in GLUON_FLASH_HEAD_DIMS:
+        return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {Q.shape[-1]}"
+    if Q.numel() == 0 or K.numel() == 0:
+        return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
+    if Q.shape[0] > 65535:
+        return f"a batch of {Q.shape[0]} is past the 65535 programs a grid's second axis can have"
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        if t.stride(2) != 1:
+            return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
+        if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
+            return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
+                    f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
+    return None
+
+
+def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False, *,
+                          stages: int = GLUON_FLASH_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L): FlashAttentionTriton's forward by the warp-specialised Hopper kernel.
+
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
+    O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
+    Only where ``gluon_flash_unsupported`` says None (a ValueError says why otherwise). Forward
+    only: an input that requires grad is refused.
+    """
+    is_causal = check_attention_inputs(Q, K, V, is_causal)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
+        raise RuntimeError("flash_attention_gluon has no backward, and Q, K or V requires grad: call "
+                           "FlashAttentionTriton.apply, or call this under torch.no_grad()")
+    reason = gluon_flash_unsupported(Q, K, V)
+    if reason is not None:
+        raise ValueError(f"flash_attention_gluon cannot take these inputs: {reason}")
+    check_int("stages", stages, 2, 4)
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
+    ring = stages * 2 * GLUON_FLASH_BLOCK_N * d * Q.element_size() + GLUON_BLOCK_M * d * Q.element_size()
+    if ring > _SHARED_MEMORY_BUDGET:
+        raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and a Q tile need "
+                                  f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block,
+                                   gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
+             for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
+    O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
+    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    grid = (cdiv(n_queries, GLUON_BLOCK_M), batch)
+    flash_attention_gluon_kernel[grid](
+        *descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value,
+        IS_CAUSAL=is_causal, STAGES=stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
+    )
+    return O, L

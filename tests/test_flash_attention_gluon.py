@@ -1,0 +1,79 @@
+"""FlashAttention's forward by the Gluon kernel for Hopper (``flash_attention_gluon``) against float64.
+
+Judged as the Triton kernels are (tests/test_flash_attention.py): O within twice PyTorch's own
+error at the inputs' dtype, against attention in float64 on the same rounded inputs; L (float32)
+within twice PyTorch's float32 log-sum-exp error. The kernel only compiles for sm_90 with Gluon:
+its tests skip elsewhere, except those that check what it refuses, which run everywhere.
+
+Shapes are chosen against its tiles: 64 queries per program, key steps of 128 through a ring of
+2 slots (K and V), TMA's zero fill past the last row, and causal programs launched last tile first.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from fused_softmax_matmul import (
+    attention_logsumexp, attention_reference, flash_attention_gluon, gluon_flash_unsupported,
+)
+from support import DTYPES, ON_GPU, assert_close, attention_inputs
+
+
+def _missing_hopper_gluon() -> str | None:
+    if not ON_GPU:
+        return "needs a GPU running compiled Triton"
+    probe = torch.empty((1, 8, 64), dtype=torch.bfloat16, device="cuda")
+    return gluon_flash_unsupported(probe, probe, probe)
+
+
+MISSING = _missing_hopper_gluon()
+needs_hopper_gluon = pytest.mark.skipif(MISSING is not None, reason=MISSING or "")
+
+# (batch, n_queries, n_keys, d): the path each exercises.
+SHAPES = {
+    "one tile": (1, 64, 128, 64),
+    "ragged": (2, 100, 200, 64),      # a second query tile of 36 rows, a last key step of 72
+    "one key": (1, 70, 1, 64),        # a key step of 127 zero-filled rows, all masked
+    "ring": (3, 130, 1000, 128),      # 8 key steps through 2 slots: each barrier changes phase 4 times
+    "more keys": (2, 64, 640, 64),    # causal: queries see only the first 64 keys of 640
+    "more queries": (2, 640, 64, 128),  # causal: every query past 63 sees all keys
+}
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
+def test_against_float64(shape, dtype, is_causal):
+    batch, n_queries, n_keys, d = shape
+    Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries + n_keys, scale=4.0)
+    with torch.no_grad():
+        O, L = flash_attention_gluon(Q, K, V, is_causal)
+    Q64, K64, V64 = (t.double() for t in (Q, K, V))
+    assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
+    assert L.dtype == torch.float32 and L.shape == (batch, n_queries)
+    assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
+
+
+@needs_hopper_gluon
+def test_rows_of_minus_inf_follow_sdpa():
+    """A query whose logits are all -inf: output 0 and L = -inf (SDPA's answer, and the Triton kernel's)."""
+    Q, K, V = attention_inputs(2, 100, 256, 64, torch.bfloat16, seed=3)
+    K[0, :, 0] = -float("inf")
+    Q[0, :, 0] = Q[0, :, 0].abs() + 1  # batch 0: every logit is (positive) x -inf + finite = -inf
+    with torch.no_grad():
+        O, L = flash_attention_gluon(Q, K, V, False)
+    assert torch.equal(O[0], torch.zeros_like(O[0])) and bool((L[0] == -float("inf")).all())
+    assert torch.isfinite(O[1]).all() and torch.isfinite(L[1]).all()  # the other batch element is untouched
+
+
+def test_refuses_by_name_what_it_cannot_take():
+    """Everywhere: inputs that need grad, and (off Hopper or without Gluon) the reason it cannot run."""
+    Q = torch.zeros((1, 8, 64), requires_grad=True)
+    with pytest.raises(RuntimeError, match="flash_attention_gluon has no backward"):
+        flash_attention_gluon(Q, Q, Q)
+    if MISSING is not None:
+        with pytest.raises(ValueError, match="flash_attention_gluon cannot take these inputs"):
+            with torch.no_grad():
+                flash_attention_gluon(Q.detach().to("cuda" if ON_GPU else "cpu"), Q.detach(), Q.detach())
