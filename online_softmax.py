@@ -271,13 +271,21 @@ class DirectLauncher:
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
 
+    def direct(self, grid, args) -> bool:
+        """Whether this call may skip Triton's launch: ones that cannot are launched by Triton."""
+        return not (not self.usable or type(grid) is not tuple or len(args) > self.first_constexpr
+                    or getattr(self.kernel, "pre_run_hooks", None) or _launch_hooks())
+
+    def key(self, device, args, kwargs):
+        # A keyword's type too: 1, 1.0 and True are equal keys but not equal constexprs.
+        return device, tuple(map(_arg_class, args)), tuple((k, type(v), v) for k, v in kwargs.items())
+
     def launch(self, grid, args, kwargs):
-        if (not self.usable or type(grid) is not tuple or len(args) > self.first_constexpr
-                or getattr(self.kernel, "pre_run_hooks", None) or _launch_hooks()):
+        if not self.direct(grid, args):
             return self.kernel[grid](*args, **kwargs)
         device = torch._C._cuda_getDevice()
-        try:  # a keyword's type too: 1, 1.0 and True are equal keys but not equal constexprs
-            key = (device, tuple(map(_arg_class, args)), tuple((k, type(v), v) for k, v in kwargs.items()))
+        try:
+            key = self.key(device, args, kwargs)
             entry = self.compiled.get(key)
         except TypeError:  # an unhashable argument: nothing to key on
             return self.kernel[grid](*args, **kwargs)
@@ -298,8 +306,103 @@ class DirectLauncher:
             return self.kernel[grid](*args, **kwargs)
         return compiled
 
+    def replay(self, grid, args, kwargs, n_tensors: int) -> Replay | None:
+        """The launch just made with these arguments, kept for a wrapper's own cache: later calls
+        pass only the first ``n_tensors`` arguments (tensors of the same classes), the rest fixed.
+        None where the launch did not go direct."""
+        if not self.direct(grid, args):
+            return None
+        device = torch._C._cuda_getDevice()
+        try:
+            entry = self.compiled.get(self.key(device, args, kwargs))
+        except TypeError:
+            return None
+        if entry is None:
+            return None
+        compiled, rest = entry
+        dims = tuple(grid) + (1,) * (3 - len(grid))
+        return Replay(self, compiled, dims, device, tuple(args[n_tensors:]) + rest)
+
+
+class Replay:
+    """One compiled launch with everything but its leading tensors fixed (``DirectLauncher.replay``).
+
+    A wrapper keys these on all that decides its launch (shapes, strides, dtypes, alignment,
+    device, options) and, on a hit, skips its checks and launch choice: the per-call host work
+    left is the key, the output's allocation and the launch itself. Calling it returns False,
+    launching nothing, when a direct launch is no longer allowed (launch hooks were set since).
+    """
+
+    __slots__ = ("launcher", "run", "function", "metadata", "grid", "device", "fixed")
+
+    def __init__(self, launcher, compiled, grid, device, fixed):
+        self.launcher, self.run, self.grid, self.device, self.fixed = launcher, compiled.run, grid, device, fixed
+        self.function, self.metadata = compiled.function, compiled.packed_metadata
+
+    def __call__(self, *tensors) -> bool:
+        if not self.launcher.usable or _launch_hooks():
+            return False
+        g0, g1, g2 = self.grid
+        self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, self.metadata,
+                 None, None, None, *tensors, *self.fixed)
+        return True
+
 
 _LAUNCHERS: dict = {}
+
+
+def replay_key(tensors: tuple, options: tuple):
+    """The key a wrapper's replays are kept under for its input ``tensors``: all that decides its
+    launch (each one's shape, strides, dtype, device and 16-byte alignment; the current CUDA
+    device) and the call's ``options``. None where no replay may serve the call: interpreter
+    mode, a trace by torch.compile, anything but plain CUDA tensors, or a tensor autograd must
+    record."""
+    if INTERPRET or torch.compiler.is_compiling():
+        return None
+    try:
+        hash(options)
+    except TypeError:  # an option nothing can be kept under (the checks name a wrong one)
+        return None
+    key = [options]
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad):
+            return None
+        try:
+            key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
+        except RuntimeError:  # a layout without strides (sparse): the checks name it
+            return None
+    key.append(torch._C._cuda_getDevice())  # the kept launch's stream is this device's
+    return tuple(key)
+
+
+class Replays(dict):
+    """A wrapper's replays by ``replay_key``, at most ``limit`` of them (emptied when full)."""
+
+    def __init__(self, limit: int = 4096):
+        super().__init__()
+        self.limit = limit
+
+    def keeper(self, key):
+        """A function that keeps its one argument, a Replay, under ``key``."""
+        def keep(replay):
+            if len(self) >= self.limit:
+                self.clear()
+            self[key] = replay
+        return keep
+
+
+_ROW_REPLAYS = Replays()
+
+
+def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
+    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the launch went direct,
+    ``keep(replay)`` with its ``Replay`` taking the first ``n_tensors`` arguments."""
+    kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, n_tensors)
+        if replay is not None:
+            keep(replay)
 
 
 def _launch_hooks() -> bool:
@@ -584,10 +687,11 @@ class OnlineSoftmax(torch.autograd.Function):
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
-# 8192 columns over 8 warps (32 values per thread): within 1 point of the best of a sweep of
-# chunks 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
+# 32 KiB of a row per program, 32 values per thread (8192 float32 columns over 8 warps, 16384
+# 16-bit columns over 16): for float32, within 1 point of the best of a sweep of chunks
+# 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
 # 1024 x 65536 (90 %); small programs let several groups share each SM.
-SPLIT_CHUNK = 8192
+SPLIT_CHUNK_BYTES = 32 * 1024
 
 
 def _row_warps(block: int) -> int:
@@ -672,7 +776,7 @@ def _int_stand_in(v: int) -> int:
 
 
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int) -> RowLaunch:
-    chunk = SPLIT_CHUNK
+    chunk = SPLIT_CHUNK_BYTES // dtype.itemsize
     split = next_power_of_2(cdiv(n_cols, chunk))
     chunk = next_power_of_2(cdiv(n_cols, split))
     warps = max(1, min(32, chunk // 1024))
@@ -853,8 +957,11 @@ def softmax_split_row_kernel(
         tl.atomic_xchg(departed, 0, sem="relaxed")
 
 
-def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tensor:
-    """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose."""
+def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> torch.Tensor:
+    """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose.
+
+    ``keep``, if given, receives the launch as a ``Replay`` of (x2, y) when it is one direct launch.
+    """
     y = _empty_like_contiguous(x2)
     if y.numel() == 0:
         return y
@@ -877,8 +984,8 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool) -> torch.Tenso
             x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), launch.programs // launch.split,
             CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps)
         return y
-    _jit(softmax_row_kernel, traced)[(launch.programs,)](
-        x2, y, n_rows, n_cols, x2.stride(0), y.stride(0), BLOCK_SIZE=launch.block, num_warps=launch.warps)
+    launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,), (x2, y, n_rows, n_cols, x2.stride(0), y.stride(0)),
+                    dict(BLOCK_SIZE=launch.block, num_warps=launch.warps), keep, 2)
     return y
 
 
@@ -940,6 +1047,13 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.
     """
+    key = replay_key((x,), (type(BLOCK_SIZE), BLOCK_SIZE))
+    if key is not None:
+        replay = _ROW_REPLAYS.get(key)
+        if replay is not None:
+            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            if replay(x, y):
+                return y
     check_tensor("x", x, ANY_RANK)
     if BLOCK_SIZE is not None:
         check_block("BLOCK_SIZE", BLOCK_SIZE, 8, 1 << 17)
@@ -950,7 +1064,9 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if needs_op(x2):
         y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
-        y = _row_forward(x2, BLOCK_SIZE or 0, traced=False)
+        # The launch takes x itself when x2 is x or a view of contiguous x with its row stride.
+        keep = None if key is None or not (x2 is x or x.is_contiguous()) else _ROW_REPLAYS.keeper(key)
+        y = _row_forward(x2, BLOCK_SIZE or 0, traced=False, keep=keep)
     return y.reshape(x.shape) if flat else y
 
 

@@ -187,3 +187,91 @@ def test_direct_launches_equal_tritons_own():
             assert torch.equal(got, osm.row_softmax(c))
     finally:
         launcher.usable = True
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_a_replay_launches_the_kept_kernel_with_new_tensors_and_the_call_s_other_arguments():
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x, x_next = torch.zeros(64), torch.ones(64)
+    launcher[(4, 2)](x, 17, 32, 0.5, BLOCK=128)
+    replay = launcher.replay((4, 2), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
+    DEVICE["index"] = 1  # the replay launches on the stream of the device it was kept on
+    assert replay(x_next) is True
+    assert kernel.log[-1] == ("direct", (4, 2, 1), (x_next, 17, 32, 0.5, 128, False), 100)
+
+
+@pytest.mark.usefixtures("cuda_state")
+@pytest.mark.parametrize("case", ["not launched yet", "pre-run hook", "no kernel returned"])
+def test_no_replay_where_the_launch_was_not_direct(case):
+    kernel = StandIn(compiles=case != "no kernel returned")
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    if case == "pre-run hook":
+        kernel.pre_run_hooks.append(lambda *a, **k: None)
+    if case != "not launched yet":
+        launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    assert launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1) is None
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_a_replay_declines_once_launch_hooks_are_set(monkeypatch):
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
+    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    assert replay(x) is False
+    assert kinds(kernel.log) == ["triton"]
+
+
+def test_replays_are_emptied_when_full():
+    replays = osm.Replays(limit=2)
+    for key in "abc":
+        replays.keeper(key)(key.upper())
+    assert replays == {"c": "C"}
+
+
+def test_no_replay_key_for_what_a_replay_cannot_serve():
+    assert osm.replay_key((torch.zeros(3),), ()) is None  # a CPU tensor (and, in CI, interpreter mode)
+    assert osm.replay_key(([1.0, 2.0],), ()) is None
+
+
+@needs_gpu
+def test_row_softmax_replays_equal_the_checked_path():
+    """A second call with an input of the same key takes the kept launch: same answers as the
+    first (checked) call and torch's, for contiguous input of any rank and a row-strided view;
+    an input that needs grad never takes it."""
+    wide = randn((64, 1003), torch.float32, seed=6)
+    cases = [randn((64, 1000), torch.float32, seed=7), randn((4, 16, 300), torch.bfloat16, seed=8), wide[:, :1000]]
+    for x in cases:
+        osm._ROW_REPLAYS.clear()
+        first = osm.row_softmax(x)
+        key = osm.replay_key((x,), (type(None), None))
+        assert key in osm._ROW_REPLAYS
+        again = osm.row_softmax(x.clone() if x.is_contiguous() else x)
+        assert torch.equal(first, again)
+        torch.testing.assert_close(again, torch.softmax(x.float(), -1).to(x.dtype))
+    x = cases[0].clone().requires_grad_()
+    assert osm.replay_key((x,), (type(None), None)) is None
+    assert osm.row_softmax(x).grad_fn is not None
+
+
+@needs_gpu
+def test_fused_softmax_and_matmul_replays_equal_the_checked_path():
+    """softmax(x) @ V and the one-launch softmax(x @ W) calls: the kept launch of a second call
+    gives what the first, checked, call gave."""
+    import fused_softmax_matmul as fsm
+    x, V = randn((2, 64, 300), torch.float32, seed=9), randn((2, 300, 64), torch.float32, seed=10)
+    fsm._FUSED_REPLAYS.clear()
+    first = fsm.fused_softmax(x, V)
+    assert len(fsm._FUSED_REPLAYS) == 1
+    assert torch.equal(first, fsm.fused_softmax(x.clone(), V.clone()))
+    xm, Wm = randn((64, 128), torch.bfloat16, seed=11), randn((128, 10), torch.bfloat16, seed=12)
+    for name in ("matmul", "matmul_softmax_fused_simple", "matmul_softmax_fused_tiled"):
+        fsm._MATMUL_REPLAYS.clear()
+        op = getattr(fsm, name)
+        first = op(xm, Wm)
+        assert len(fsm._MATMUL_REPLAYS) == 1, name
+        assert torch.equal(first, op(xm.clone(), Wm.clone())), name
