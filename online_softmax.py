@@ -687,11 +687,18 @@ class OnlineSoftmax(torch.autograd.Function):
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
-# 32 KiB of a row per program, 32 values per thread (8192 float32 columns over 8 warps, 16384
-# 16-bit columns over 16): for float32, within 1 point of the best of a sweep of chunks
-# 2048..32768 and 4 to 32 warps on an H100, at 16384 x 131072 (94 % of copy) and at
-# 1024 x 65536 (90 %); small programs let several groups share each SM.
+# The split kernel (float32 rows): 32 KiB of a row per program, 8192 columns over 8 warps (32
+# values per thread): within 1 point of the best of a sweep of chunks 2048..32768 and 4 to 32
+# warps on an H100, at 16384 x 131072 (94 % of copy) and at 1024 x 65536 (90 %), and of 8 to
+# 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
 SPLIT_CHUNK_BYTES = 32 * 1024
+# 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns instead. It
+# reads x twice (at most 2/3 of copy), yet the split kernel did worse on 16-bit rows: it keeps
+# more registers per value there (165 a thread at 8192 columns over 8 warps, against 126 for
+# float32), so one group fits per SM where float32 fits two. On an H100 at 0.25-2 GiB, widths
+# 50257 to 262144 (outputs/profiles/row_sweep.txt), tiles of 8192: 56-69 % of copy; the split
+# kernel with 8 to 64 KiB a program: 24-68 %, its best at each width 43-68 %.
+LONG_16BIT_TILE = 8192
 
 
 def _row_warps(block: int) -> int:
@@ -747,6 +754,8 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
     if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
         if INTERPRET:  # programs run one after another there and cannot wait for each other
             return _long_row_launch(n_rows, n_cols)
+        if dtype.itemsize < 4:
+            return RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
         return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
     block = max(full, BLOCK_SIZE)
     warps = _row_warps(block)

@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from conftest import BenchGroup, caller_form, compiled, compiled_op
-from fused_softmax_matmul import fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
+from fused_softmax_matmul import fused_blocks, fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
 from support import ON_GPU, relative_error, softmax_matmul_inputs
 
 GROUP = BenchGroup(
@@ -39,7 +39,8 @@ def fused_at(block: int):
 
 # Each factory takes the row's block size (None where the implementation has none) and returns
 # f(x, V). The Triton op is also timed as a caller may run it: under torch.compile(fullgraph=True)
-# and replayed from a CUDA graph (which removes the host's launch cost), at the largest block size.
+# and replayed from a CUDA graph (which removes the host's launch cost), at the wrapper's own
+# blocks (``fused_blocks``: what a caller who names none runs), which the row's BLOCK records.
 IMPLS = {
     "torch": lambda block: softmax_mult,
     "compile": lambda block: compiled(softmax_mult),
@@ -63,7 +64,13 @@ else:  # interpreter: ~3 ms per program per step, so a handful of programs and s
     COMPILE = ()
 CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
     (d2, "triton", b) for d2 in SPEC_D2 for b in SPEC_BLOCKS
-] + [(d2, impl, SPEC_BLOCKS[-1]) for d2 in SPEC_D2 for impl in CALLER_FORMS]
+] + [(d2, impl, None) for d2 in SPEC_D2 for impl in CALLER_FORMS]
+
+
+def wrapper_block(impl: str, block: int | None, d2: int, dtype: torch.dtype) -> int | None:
+    """The row's BLOCK: the given one, or for a caller form the wrapper's choice (under the
+    float32 matmul precision set now)."""
+    return fused_blocks(d2, dtype) if block is None and impl in CALLER_FORMS else block
 
 
 def build_softmax_matmul(impl: str, block: int | None, batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype):
@@ -86,7 +93,8 @@ def softmax_matmul_bytes(impl: str, batch: int, d1: int, d2: int, d3: int, items
 @pytest.mark.parametrize("d2,impl,B", CASES)
 def test_softmax_matmul(bench, d2, impl, B):
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
-    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl.startswith("triton"), BLOCK=B, impl=impl, dtype="float32")
+    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl.startswith("triton"),
+               BLOCK=wrapper_block(impl, B, d2, torch.float32), impl=impl, dtype="float32")
     bench(GROUP, row, lambda: build_softmax_matmul(impl, B, batch, d1, d2, d3, torch.float32),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, 4), flops=softmax_matmul_flops(batch, d1, d2, d3),
           dtype=torch.float32, error=softmax_matmul_error)

@@ -15,6 +15,7 @@ from support import DTYPES, ON_GPU
 # The softmax_matmul group's implementations, shape and builders, at every precision.
 from test_bench_softmax_matmul import (
     CALLER_FORMS, COMPILE, IMPLS, SPEC, SPEC_BLOCKS, build_softmax_matmul, softmax_matmul_bytes, softmax_matmul_error,
+    wrapper_block,
 )
 
 GROUP = BenchGroup(
@@ -39,7 +40,7 @@ else:
     CASES = [(dt, p, 48) for dt, p in VARIANTS]
     BLOCKS = [16]
 IMPL_BLOCKS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) for b in BLOCKS] + [
-    (impl, BLOCKS[-1]) for impl in CALLER_FORMS]
+    (impl, None) for impl in CALLER_FORMS]
 
 
 @pytest.fixture
@@ -55,8 +56,9 @@ def matmul_precision():
 def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl, block):
     matmul_precision(precision)
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
-    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, dtype=dtype, precision=precision, impl=impl, BLOCK=block)
     torch_dtype = DTYPES[dtype]
+    row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, dtype=dtype, precision=precision, impl=impl,
+               BLOCK=wrapper_block(impl, block, d2, torch_dtype))
     bench(GROUP, row, lambda: build_softmax_matmul(impl, block, batch, d1, d2, d3, torch_dtype),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, torch_dtype.itemsize),
           flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error)

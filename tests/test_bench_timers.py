@@ -5,15 +5,23 @@ GPU only (CUDA events, CUDA graphs and triton.testing's timers do not exist in t
 
 from __future__ import annotations
 
+import os
 import statistics
 
+import pytest
 import torch
 
 from conftest import copy_bandwidth_gbps, graph_replay, host_us, launch_floor_us, measure
 from online_softmax import row_softmax
 from support import needs_gpu
 
+# Beside other xdist workers the GPU runs their kernels too: three timers compared then measure
+# the sharing (on an H100 under -n 8 one disagreed by 7 %; alone all three agreed). Run them
+# alone: pytest -p no:xdist tests/test_bench_timers.py (the host-time tests only need a busy GPU).
+SHARED_GPU = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1
 pytestmark = needs_gpu
+alone_on_the_gpu = pytest.mark.skipif(SHARED_GPU, reason="timers compared need the GPU to themselves: run this file "
+                                      "with -p no:xdist, not beside other xdist workers")
 
 
 def median_ms(fn, timer: str) -> float:
@@ -22,6 +30,7 @@ def median_ms(fn, timer: str) -> float:
     return 1e3 * statistics.median(timing.seconds)
 
 
+@alone_on_the_gpu
 def test_the_three_timers_agree_on_a_long_read():
     # ~0.18 ms reading 512 MiB and writing 64 KiB: long enough that launch gaps and flush
     # strategies are noise, and a call leaves the next almost no dirty L2 lines to write back.
@@ -32,6 +41,7 @@ def test_the_three_timers_agree_on_a_long_read():
     assert max(times.values()) / min(times.values()) < 1.05, times
 
 
+@alone_on_the_gpu
 def test_the_three_timers_agree_on_a_long_write_within_one_l2_of_write_back():
     """row_softmax of 256 MiB: 0.18 ms, half of its traffic writes.
 

@@ -70,10 +70,11 @@ def test_rows_of_minus_inf_follow_sdpa():
 
 def test_refuses_by_name_what_it_cannot_take():
     """Everywhere: inputs that need grad, and (off Hopper or without Gluon) the reason it cannot run."""
-    Q = torch.zeros((1, 8, 64), requires_grad=True)
+    # The kernels' device: a CUDA tensor with compiled Triton, a CPU one in interpreter mode.
+    Q = torch.zeros((1, 8, 64), requires_grad=True, device="cuda" if ON_GPU else "cpu")
     with pytest.raises(RuntimeError, match="flash_attention_gluon has no backward"):
         flash_attention_gluon(Q, Q, Q)
     if MISSING is not None:
         with pytest.raises(ValueError, match="flash_attention_gluon cannot take these inputs"):
             with torch.no_grad():
-                flash_attention_gluon(Q.detach().to("cuda" if ON_GPU else "cpu"), Q.detach(), Q.detach())
+                flash_attention_gluon(Q.detach(), Q.detach(), Q.detach())

@@ -162,12 +162,18 @@ def test_no_grad_call_launches_directly():
 # Host cost: launch choices are cached, not recomputed per call
 # ----------------------------------------------------------------------------------------------
 def test_row_launch_is_cached():
+    """The launch choice is made once per shape: a second call looks it up (in the interpreter) or
+    takes the launch kept from the first (compiled), choosing nothing again."""
     x = randn((5, 33), torch.float32, seed=42)
     row_softmax(x)
     before = osm._row_launch.cache_info()
     row_softmax(x)
     after = osm._row_launch.cache_info()
-    assert after.hits == before.hits + 1 and after.misses == before.misses
+    assert after.misses == before.misses
+    if osm.INTERPRET:
+        assert after.hits == before.hits + 1
+    else:
+        assert after.hits == before.hits and osm.replay_key((x,), (type(None), None)) in osm._ROW_REPLAYS
 
 
 # ----------------------------------------------------------------------------------------------

@@ -183,6 +183,23 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_long_16bit_rows_take_the_online_tiles_on_gpu(dtype):
+    """A 16-bit row past the on-chip size (50257 columns, unaligned rows) runs in online tiles of
+    LONG_16BIT_TILE columns: a ragged last tile, a row of only -inf, NaN, +inf, as torch."""
+    n = 50257
+    launch = osm._row_launch(5, n, n, dtype, torch.cuda.current_device(), 0)
+    assert (launch.kernel, launch.block) == ("online", osm.LONG_16BIT_TILE)
+    x = randn((5, n), dtype, seed=68, scale=3.0)
+    x[1, :] = -INF
+    x[2, 6 * osm.LONG_16BIT_TILE + 7] = INF
+    x[3, 3] = NAN
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    assert torch.isnan(out[1:4]).all()
+
+
+@needs_gpu
 def test_online_and_row_kernels_nan_and_inf_compiled():
     """The planted rows through every kernel compiled (the interpreter's NumPy max propagates NaN;
     a GPU's max skips it): the same NaN rows as torch."""
