@@ -1,0 +1,33 @@
+"""Long rows on the split path: bytes per program, online tiles, and aligned against unaligned
+widths, against torch and copy (do_bench means)."""
+import torch, triton
+import online_softmax as osm
+
+GiB = 2**30
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=150)
+
+for n, dtype, nbytes in ((50257, torch.bfloat16, GiB // 4), (50256, torch.bfloat16, GiB // 4), (50257, torch.float32, GiB // 4),
+                          (128256, torch.bfloat16, 2 * GiB), (128256, torch.float32, GiB), (151936, torch.bfloat16, GiB // 4),
+                          (262144, torch.bfloat16, GiB // 4), (65536, torch.bfloat16, GiB // 2)):
+    rows = nbytes // (n * dtype.itemsize)
+    x = torch.randn(rows, n, device="cuda", dtype=dtype)
+    copy_ms = bench(lambda: x.clone())
+    t_torch = bench(lambda: torch.softmax(x, -1))
+    print(f"== {rows} x {n} {dtype}: copy {copy_ms:.3f} torch {t_torch:.3f} ({copy_ms / t_torch:.0%} of copy)", flush=True)
+    for kib in (8, 16, 32, 64):
+        osm.SPLIT_CHUNK_BYTES = kib * 1024
+        osm._row_launch.cache_clear()
+        try:
+            launch = osm._row_launch(rows, n, n, dtype, 0, 0)
+            t = bench(lambda: osm.row_softmax(x))
+            print(f"  split {kib} KiB: {launch} {t:.3f} ms ({copy_ms / t:.0%} of copy)", flush=True)
+        except Exception as exc:
+            print(f"  split {kib} KiB: failed {type(exc).__name__}: {str(exc)[:120]}", flush=True)
+    osm.SPLIT_CHUNK_BYTES = 32 * 1024
+    osm._row_launch.cache_clear()
+    for block in (2048, 4096, 8192):
+        t = bench(lambda: osm.row_softmax(x, block))
+        print(f"  online block {block}: {t:.3f} ms ({copy_ms / t:.0%} of copy)", flush=True)
+    del x
+    torch.cuda.empty_cache()
