@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2, one_axis_grid,
-    replay_key, row_softmax,
+    option_key, replay_key, row_softmax,
 )
 
 
@@ -630,7 +630,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
     per-row log-sum-exp the forward saves.
     """
-    key = replay_key((x, V), (type(BLOCK_1), BLOCK_1, type(BLOCK_2), BLOCK_2, launch, _float32_matmul_precision()))
+    key = replay_key((x, V), (option_key(BLOCK_1), option_key(BLOCK_2), option_key(launch), _float32_matmul_precision()))
     if key is not None:
         replay = _FUSED_REPLAYS.get(key)
         if replay is not None:
@@ -1314,7 +1314,7 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
                        check) -> torch.Tensor:
     """The public op ``name``: a kept launch for inputs and options seen before (a call that made
     one launch), else ``check(x, W, launch)``, then its custom op or an eager ``forward``."""
-    key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
+    key = replay_key((x, W), (name, option_key(launch), _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
         if replay is not None:

@@ -33,6 +33,7 @@ softmax and the row softmax, each as launch chooser, kernels, wrappers and autog
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import math
 import os
@@ -309,7 +310,8 @@ class DirectLauncher:
     def replay(self, grid, args, kwargs, n_tensors: int) -> Replay | None:
         """The launch just made with these arguments, kept for a wrapper's own cache: later calls
         pass only the first ``n_tensors`` arguments (tensors of the same classes), the rest fixed.
-        None where the launch did not go direct."""
+        None where this call could not launch directly (``direct``) or left no compiled kernel of
+        its class; a launch Triton made (the one that compiled) is kept too."""
         if not self.direct(grid, args):
             return None
         device = torch._C._cuda_getDevice()
@@ -330,7 +332,9 @@ class Replay:
     A wrapper keys these on all that decides its launch (shapes, strides, dtypes, alignment,
     device, options) and, on a hit, skips its checks and launch choice: the per-call host work
     left is the key, the output's allocation and the launch itself. Calling it returns False,
-    launching nothing, when a direct launch is no longer allowed (launch hooks were set since).
+    launching nothing, when a direct launch is no longer allowed (launch hooks or pre-run hooks
+    were set since, or the compiled launcher refused its arguments), and the wrapper takes its
+    checked path.
     """
 
     __slots__ = ("launcher", "run", "function", "metadata", "grid", "device", "fixed")
@@ -340,11 +344,16 @@ class Replay:
         self.function, self.metadata = compiled.function, compiled.packed_metadata
 
     def __call__(self, *tensors) -> bool:
-        if not self.launcher.usable or _launch_hooks():
+        launcher = self.launcher
+        if not launcher.usable or _launch_hooks() or getattr(launcher.kernel, "pre_run_hooks", None):
             return False
         g0, g1, g2 = self.grid
-        self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, self.metadata,
-                 None, None, None, *tensors, *self.fixed)
+        try:
+            self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, self.metadata,
+                     None, None, None, *tensors, *self.fixed)
+        except TypeError:  # a launcher of another signature (see DirectLauncher.launch): nothing launched
+            launcher.usable = False
+            return False
         return True
 
 
@@ -354,9 +363,9 @@ _LAUNCHERS: dict = {}
 def replay_key(tensors: tuple, options: tuple):
     """The key a wrapper's replays are kept under for its input ``tensors``: all that decides its
     launch (each one's shape, strides, dtype, device and 16-byte alignment; the current CUDA
-    device) and the call's ``options``. None where no replay may serve the call: interpreter
-    mode, a trace by torch.compile, anything but plain CUDA tensors, or a tensor autograd must
-    record."""
+    device) and the call's ``options`` (see ``option_key``). None where no replay may serve the
+    call: interpreter mode, a trace by torch.compile, anything but plain CUDA tensors (or
+    parameters), or a tensor autograd must record."""
     if INTERPRET or torch.compiler.is_compiling():
         return None
     try:
@@ -366,7 +375,7 @@ def replay_key(tensors: tuple, options: tuple):
     key = [options]
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad):
+        if (type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter) or not t.is_cuda or (grad and t.requires_grad):
             return None
         try:
             key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)
@@ -374,6 +383,14 @@ def replay_key(tensors: tuple, options: tuple):
             return None
     key.append(torch._C._cuda_getDevice())  # the kept launch's stream is this device's
     return tuple(key)
+
+
+def option_key(value):
+    """An option as a key part that tells apart what the checks tell apart: a value with its type
+    (1, 1.0 and True are equal and hash alike), a dataclass (a launch override) field by field."""
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return type(value), tuple(option_key(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return type(value), value
 
 
 class Replays(dict):
@@ -396,8 +413,9 @@ _ROW_REPLAYS = Replays()
 
 
 def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
-    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the launch went direct,
-    ``keep(replay)`` with its ``Replay`` taking the first ``n_tensors`` arguments."""
+    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the kernel is launched
+    through a DirectLauncher, ``keep(replay)`` with its ``Replay`` (``DirectLauncher.replay``)
+    taking the first ``n_tensors`` arguments."""
     kernel[grid](*args, **options)
     if keep is not None and isinstance(kernel, DirectLauncher):
         replay = kernel.replay(grid, args, options, n_tensors)
@@ -683,6 +701,7 @@ class OnlineSoftmax(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
+# (float32; longer 16-bit rows are read twice, in online tiles)
 # ----------------------------------------------------------------------------------------------
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
@@ -693,7 +712,8 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
 SPLIT_CHUNK_BYTES = 32 * 1024
 # 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns instead. It
-# reads x twice (at most 2/3 of copy), yet the split kernel did worse on 16-bit rows: it keeps
+# reads x twice (about 2/3 of copy, unless the second read hits L2), yet the split kernel did
+# worse on 16-bit rows: it keeps
 # more registers per value there (165 a thread at 8192 columns over 8 warps, against 126 for
 # float32), so one group fits per SM where float32 fits two. On an H100 at 0.25-2 GiB, widths
 # 50257 to 262144 (outputs/profiles/row_sweep.txt), tiles of 8192: 56-69 % of copy; the split
@@ -969,7 +989,8 @@ def softmax_split_row_kernel(
 def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> torch.Tensor:
     """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose.
 
-    ``keep``, if given, receives the launch as a ``Replay`` of (x2, y) when it is one direct launch.
+    ``keep``, if given, receives the one-pass row kernel's launch as a ``Replay`` of (x2, y);
+    the online and split launches are not kept.
     """
     y = _empty_like_contiguous(x2)
     if y.numel() == 0:
@@ -1046,17 +1067,20 @@ _row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_con
 
 
 def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
-    """Softmax over the last dimension of x (any rank >= 1), reading x once.
+    """Softmax over the last dimension of x (any rank >= 1).
 
     BLOCK_SIZE=None lets the wrapper choose: the whole row in one program when it fits
-    (``softmax_row_kernel``), else the row split over resident programs
-    (``softmax_split_row_kernel``; in interpreter mode, where programs run one after another and
-    cannot wait for each other, the online kernel instead). A given BLOCK_SIZE (a power of two)
+    (``softmax_row_kernel``, reading x once), else for float32 the row split over resident
+    programs (``softmax_split_row_kernel``, reading x once) and for 16-bit rows the online kernel
+    in tiles of ``LONG_16BIT_TILE`` columns (reading x twice; see that constant for why); in
+    interpreter mode, where programs run one after another and cannot wait for each other, long
+    rows take the online kernel too. A repeated eager call replays the launch kept from the
+    first (``Replay``) where that was the one-pass kernel. A given BLOCK_SIZE (a power of two)
     forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.
     """
-    key = replay_key((x,), (type(BLOCK_SIZE), BLOCK_SIZE))
+    key = replay_key((x,), option_key(BLOCK_SIZE))
     if key is not None:
         replay = _ROW_REPLAYS.get(key)
         if replay is not None:

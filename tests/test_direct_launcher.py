@@ -233,28 +233,78 @@ def test_replays_are_emptied_when_full():
     assert replays == {"c": "C"}
 
 
-def test_no_replay_key_for_what_a_replay_cannot_serve():
-    assert osm.replay_key((torch.zeros(3),), ()) is None  # a CPU tensor (and, in CI, interpreter mode)
-    assert osm.replay_key(([1.0, 2.0],), ()) is None
+@pytest.mark.usefixtures("cuda_state")
+def test_a_replay_declines_once_a_pre_run_hook_is_set():
+    kernel = StandIn()
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
+    kernel.pre_run_hooks.append(lambda *a, **k: None)
+    assert replay(x) is False
+    assert kinds(kernel.log) == ["triton"]
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_a_replay_refused_by_the_launcher_launches_nothing_and_turns_direct_launches_off():
+    """The kept launch is the compiling call's, which Triton made: its first direct launch can
+    still meet a launcher of another signature. Then the wrapper must take its checked path."""
+    kernel = StandIn(refuse=True)
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
+    assert replay(x) is False and not launcher.usable
+    assert kinds(kernel.log) == ["triton"]
+
+
+def test_option_keys_tell_apart_what_the_checks_tell_apart():
+    """1, 1.0 and True are equal and hash alike, and so are dataclasses with such fields: a
+    kept launch for one must not serve the other, which the checks would refuse."""
+    assert len({osm.option_key(v) for v in (1, 1.0, True, None)}) == 4
+    from fused_softmax_matmul import FusedLaunch
+    assert FusedLaunch(128, 4, 2, lazy_rescale=True) == FusedLaunch(128, 4, 2, lazy_rescale=1)
+    assert osm.option_key(FusedLaunch(128, 4, 2, lazy_rescale=True)) != osm.option_key(FusedLaunch(128, 4, 2, lazy_rescale=1))
+    assert osm.option_key(FusedLaunch(128, 4, 2)) == osm.option_key(FusedLaunch(128, 4, 2))
+
+
+def test_no_replay_key_for_what_a_replay_cannot_serve(monkeypatch):
+    x = torch.zeros(3)
+    assert osm.replay_key((x,), ()) is None  # interpreter mode (CI), or no GPU
+    monkeypatch.setattr(osm, "INTERPRET", False)  # as compiled: the filters themselves
+    assert osm.replay_key((x,), ()) is None  # a CPU tensor
+    assert osm.replay_key(([1.0, 2.0],), ()) is None  # not a tensor
+    assert osm.replay_key((x.to_sparse(),), ()) is None
+    assert osm.replay_key((x,), ([1],)) is None  # an unhashable option
 
 
 @needs_gpu
 def test_row_softmax_replays_equal_the_checked_path():
-    """A second call with an input of the same key takes the kept launch: same answers as the
-    first (checked) call and torch's, for contiguous input of any rank and a row-strided view;
-    an input that needs grad never takes it."""
+    """A call with an input of a kept key (another tensor) takes the kept launch: the checked
+    path's answer bit for bit, for contiguous input of any rank and a row-strided view; a
+    non-contiguous N-D input is not kept; an input that needs grad never takes a kept launch."""
     wide = randn((64, 1003), torch.float32, seed=6)
-    cases = [randn((64, 1000), torch.float32, seed=7), randn((4, 16, 300), torch.bfloat16, seed=8), wide[:, :1000]]
-    for x in cases:
+    other = randn((64, 1003), torch.float32, seed=16)
+    cases = [(randn((64, 1000), torch.float32, seed=7), randn((64, 1000), torch.float32, seed=17)),
+             (randn((4, 16, 300), torch.bfloat16, seed=8), randn((4, 16, 300), torch.bfloat16, seed=18)),
+             (wide[:, :1000], other[:, :1000])]  # a row-strided view, then another of the same key
+    for x, x_next in cases:
         osm._ROW_REPLAYS.clear()
-        first = osm.row_softmax(x)
-        key = osm.replay_key((x,), (type(None), None))
-        assert key in osm._ROW_REPLAYS
-        again = osm.row_softmax(x.clone() if x.is_contiguous() else x)
-        assert torch.equal(first, again)
-        torch.testing.assert_close(again, torch.softmax(x.float(), -1).to(x.dtype))
-    x = cases[0].clone().requires_grad_()
-    assert osm.replay_key((x,), (type(None), None)) is None
+        osm.row_softmax(x)
+        key = osm.replay_key((x,), osm.option_key(None))
+        assert key in osm._ROW_REPLAYS and osm.replay_key((x_next,), osm.option_key(None)) == key
+        again = osm.row_softmax(x_next)  # the kept launch
+        osm._ROW_REPLAYS.clear()
+        assert torch.equal(again, osm.row_softmax(x_next))  # the checked path's answer, bit for bit
+        torch.testing.assert_close(again, torch.softmax(x_next.float(), -1).to(x.dtype))
+    # Not kept: a non-contiguous N-D input (its reshape copies) still gives torch's answer.
+    t = randn((4, 300, 16), torch.float32, seed=19).transpose(1, 2)
+    osm._ROW_REPLAYS.clear()
+    for _ in range(2):
+        torch.testing.assert_close(osm.row_softmax(t), torch.softmax(t, -1))
+    assert not osm._ROW_REPLAYS
+    x = cases[0][0].clone().requires_grad_()
+    assert osm.replay_key((x,), osm.option_key(None)) is None
     assert osm.row_softmax(x).grad_fn is not None
 
 
@@ -268,6 +318,19 @@ def test_fused_softmax_and_matmul_replays_equal_the_checked_path():
     first = fsm.fused_softmax(x, V)
     assert len(fsm._FUSED_REPLAYS) == 1
     assert torch.equal(first, fsm.fused_softmax(x.clone(), V.clone()))
+    # The float32 matmul setting is part of the key: TF32 products are a launch of their own.
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("high")
+    try:
+        tf32 = fsm.fused_softmax(x, V)
+    finally:
+        torch.set_float32_matmul_precision(before)
+    assert len(fsm._FUSED_REPLAYS) == 2 and tf32.shape == first.shape
+    # A launch override is an option too.
+    override = fsm.FusedLaunch(32, 4, 2)
+    with_override = fsm.fused_softmax(x, V, 32, 32, launch=override)
+    assert len(fsm._FUSED_REPLAYS) == 3
+    assert torch.equal(with_override, fsm.fused_softmax(x.clone(), V.clone(), 32, 32, launch=override))
     xm, Wm = randn((64, 128), torch.bfloat16, seed=11), randn((128, 10), torch.bfloat16, seed=12)
     for name in ("matmul", "matmul_softmax_fused_simple", "matmul_softmax_fused_tiled"):
         fsm._MATMUL_REPLAYS.clear()
