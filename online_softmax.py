@@ -15,7 +15,8 @@ Three Triton kernels, each for a different question:
   persistent over rows. This is the one to set against ``torch.softmax``.
 * ``softmax_split_row_kernel``: rows too long for one program are split over several programs
   that are all resident at once; they swap their partial (max, sum) through a small workspace, so
-  the input is still read only once. ``row_softmax`` picks it for long rows on a GPU.
+  the input is still read only once. ``row_softmax`` picks it for long float32 rows on a GPU
+  (long 16-bit rows take the online kernel: see ``LONG_16BIT_TILE``).
 
 All kernels compute in float32 whatever the input dtype and write the input dtype. They give
 ``torch.softmax``'s answer at the edges: -inf logits weigh 0 (whole tiles of them too), and a
@@ -24,7 +25,8 @@ row of only -inf, or holding a NaN or +inf, is NaN.
 Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=True) traces it,
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
-kernels directly, with the launch choices cached per shape, dtype and device.
+kernels directly, with the launch choices cached per shape, dtype and device; a repeated call
+of the same key replays the one launch kept from the first (``Replay``).
 
 Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
 softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
