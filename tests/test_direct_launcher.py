@@ -189,13 +189,19 @@ def test_direct_launches_equal_tritons_own():
         launcher.usable = True
 
 
+def kept(kernel, grid=(1,)):
+    """(launcher, replay): a DirectLauncher of ``kernel`` after one launch, and that launch kept."""
+    launcher = osm.DirectLauncher(kernel)
+    args, options = (torch.zeros(64), 17, 32, 0.5), dict(BLOCK=128)
+    launcher[grid](*args, **options)
+    return launcher, launcher.replay(grid, args, options, 1)
+
+
 @pytest.mark.usefixtures("cuda_state")
 def test_a_replay_launches_the_kept_kernel_with_new_tensors_and_the_call_s_other_arguments():
     kernel = StandIn()
-    launcher = osm.DirectLauncher(kernel)
-    x, x_next = torch.zeros(64), torch.ones(64)
-    launcher[(4, 2)](x, 17, 32, 0.5, BLOCK=128)
-    replay = launcher.replay((4, 2), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
+    _, replay = kept(kernel, (4, 2))
+    x_next = torch.ones(64)
     DEVICE["index"] = 1  # the replay launches on the stream of the device it was kept on
     assert replay(x_next) is True
     assert kernel.log[-1] == ("direct", (4, 2, 1), (x_next, 17, 32, 0.5, 128, False), 100)
@@ -215,14 +221,15 @@ def test_no_replay_where_the_launch_was_not_direct(case):
 
 
 @pytest.mark.usefixtures("cuda_state")
-def test_a_replay_declines_once_launch_hooks_are_set(monkeypatch):
+@pytest.mark.parametrize("hook", ["launch hook", "pre-run hook"])
+def test_a_replay_declines_once_a_hook_is_set(monkeypatch, hook):
     kernel = StandIn()
-    launcher = osm.DirectLauncher(kernel)
-    x = torch.zeros(64)
-    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
-    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
-    monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
-    assert replay(x) is False
+    _, replay = kept(kernel)
+    if hook == "launch hook":
+        monkeypatch.setattr(triton.knobs.runtime, "launch_enter_hook", lambda *a: None)
+    else:
+        kernel.pre_run_hooks.append(lambda *a, **k: None)
+    assert replay(torch.zeros(64)) is False
     assert kinds(kernel.log) == ["triton"]
 
 
@@ -234,27 +241,12 @@ def test_replays_are_emptied_when_full():
 
 
 @pytest.mark.usefixtures("cuda_state")
-def test_a_replay_declines_once_a_pre_run_hook_is_set():
-    kernel = StandIn()
-    launcher = osm.DirectLauncher(kernel)
-    x = torch.zeros(64)
-    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
-    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
-    kernel.pre_run_hooks.append(lambda *a, **k: None)
-    assert replay(x) is False
-    assert kinds(kernel.log) == ["triton"]
-
-
-@pytest.mark.usefixtures("cuda_state")
 def test_a_replay_refused_by_the_launcher_launches_nothing_and_turns_direct_launches_off():
     """The kept launch is the compiling call's, which Triton made: its first direct launch can
     still meet a launcher of another signature. Then the wrapper must take its checked path."""
     kernel = StandIn(refuse=True)
-    launcher = osm.DirectLauncher(kernel)
-    x = torch.zeros(64)
-    launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
-    replay = launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1)
-    assert replay(x) is False and not launcher.usable
+    launcher, replay = kept(kernel)
+    assert replay(torch.zeros(64)) is False and not launcher.usable
     assert kinds(kernel.log) == ["triton"]
 
 
