@@ -1185,6 +1185,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
 
 
 def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
+    # Two launches, none kept here (``keep`` is the family's signature); row_softmax keeps its own.
     return row_softmax(_matmul_forward(x, W, launch, wrap))
 
 

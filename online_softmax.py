@@ -715,11 +715,12 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 SPLIT_CHUNK_BYTES = 32 * 1024
 # 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns instead. It
 # reads x twice (about 2/3 of copy, unless the second read hits L2), yet the split kernel did
-# worse on 16-bit rows: it keeps
-# more registers per value there (165 a thread at 8192 columns over 8 warps, against 126 for
-# float32), so one group fits per SM where float32 fits two. On an H100 at 0.25-2 GiB, widths
-# 50257 to 262144 (outputs/profiles/row_sweep.txt), tiles of 8192: 56-69 % of copy; the split
-# kernel with 8 to 64 KiB a program: 24-68 %, its best at each width 43-68 %.
+# worse on 16-bit rows: there it keeps more registers per value (compiled for the H100, 8192
+# columns over 8 warps: 165 a thread against 126 for float32; its per-value -inf test keeps each
+# 16-bit value beside its float32 copy), so one group fits per SM where float32 fits two. On an
+# H100 at 0.25-2 GiB, widths 50257 to 262144 (outputs/profiles/row_sweep.txt), tiles of 8192:
+# 56-69 % of copy; the split kernel with 8 to 64 KiB a program: 24-68 %, its best at each width
+# 43-68 %.
 LONG_16BIT_TILE = 8192
 
 
