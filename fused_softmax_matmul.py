@@ -510,13 +510,18 @@ def fused_softmax_backward_dv_kernel(
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
 
 
+def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
+    """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
+    return torch.empty((x.shape[0], x.shape[1], V.shape[2]), dtype=x.dtype, device=x.device)
+
+
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
                            store_lse: bool, wrap: bool, keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None);
     ``keep`` receives the launch as a Replay of (x, V, out, out) (see ``launch_and_keep``)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
-    out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
+    out = _fused_output(x, V)
     lse = torch.empty((batch, d1), dtype=torch.float32, device=x.device) if store_lse else None
     if out.numel() == 0 and (lse is None or lse.numel() == 0):
         return out, lse
@@ -634,7 +639,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     if key is not None:
         replay = _FUSED_REPLAYS.get(key)
         if replay is not None:
-            out = torch.empty((x.shape[0], x.shape[1], V.shape[2]), dtype=x.dtype, device=x.device)
+            out = _fused_output(x, V)
             if replay(x, V, out, out):
                 return out
     check_softmax_matmul_inputs(x, V)
@@ -2883,7 +2888,7 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
                                    gl.NVMMASharedLayout.get_default_for(x_block, gl_dtype))
     v_desc = GluonTensorDescriptor(V, list(V.shape), list(V.stride()), v_block,
                                    gl.NVMMASharedLayout.get_default_for(v_block, gl_dtype))
-    out = torch.empty((batch, d1, d3), dtype=x.dtype, device=x.device)
+    out = _fused_output(x, V)
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
     fused_softmax_gluon_kernel[grid](
