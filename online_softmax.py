@@ -26,7 +26,7 @@ Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=Tr
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
 kernels directly, with the launch choices cached per shape, dtype and device; a repeated call
-of the same key replays the one launch kept from the first (``Replay``).
+of the same key replays the launches kept from the first (``Replay``, ``ReplayChain``).
 
 Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
 softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
@@ -433,7 +433,7 @@ class Replays(dict):
         self.limit = limit
 
     def keeper(self, key):
-        """A function that keeps its one argument, a Replay, under ``key``."""
+        """A function that keeps its one argument, a Replay or ReplayChain, under ``key``."""
         def keep(replay):
             if len(self) >= self.limit:
                 self.clear()
@@ -1123,7 +1123,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     in tiles of ``LONG_16BIT_TILE`` columns (reading x twice; see that constant for why); in
     interpreter mode, where programs run one after another and cannot wait for each other, long
     rows take the online kernel too. A repeated eager call replays the launch kept from the
-    first (``Replay``) where that was the one-pass kernel. A given BLOCK_SIZE (a power of two)
+    first (``Replay``; with its workspace and counters, ``ReplayChain``). A given BLOCK_SIZE (a power of two)
     forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.

@@ -378,27 +378,69 @@ def test_fused_softmax_and_matmul_replays_equal_the_checked_path():
         assert torch.equal(first, op(xm.clone(), Wm.clone())), name
 
 
+def counting(replays, key):
+    """Wrap the kept entry under key so that each use is recorded: the list of what it returned."""
+    kept, uses = replays[key], []
+    replays[key] = lambda *tensors: uses.append(kept(*tensors)) or uses[-1]
+    return kept, uses
+
+
 @needs_gpu
 def test_kept_chains_and_online_launches_equal_the_checked_path():
     """Launches kept with their workspace or in tiles: the split-row kernel (float32 rows past the
     on-chip size), the online tiles (16-bit ones), the tiled softmax(x @ W) over several class
-    tiles and with K split. A call with another input of a kept key gives the checked path's
-    answer (the split-K reduction's order is fixed, so bit for bit as well)."""
+    tiles and with K split. A call with another input of a kept key runs the kept entry (counted)
+    and gives the checked path's answer bit for bit (the split-K reduction's order is fixed)."""
     import fused_softmax_matmul as fsm
-    for shape, dtype in (((8, 65536), torch.float32), ((8, 50257), torch.bfloat16)):
+    for shape, dtype, kind in (((8, 65536), torch.float32, osm.ReplayChain), ((8, 50257), torch.bfloat16, osm.Replay)):
         x, x_next = randn(shape, dtype, seed=20), randn(shape, dtype, seed=21)
         osm._ROW_REPLAYS.clear()
         osm.row_softmax(x)
-        assert osm.replay_key((x,), osm.option_key(None)) in osm._ROW_REPLAYS, shape
+        key = osm.replay_key((x,), osm.option_key(None))
+        kept, uses = counting(osm._ROW_REPLAYS, key)
+        assert isinstance(kept, kind), shape
         again = osm.row_softmax(x_next)
+        assert uses == [True], shape
         osm._ROW_REPLAYS.clear()
         assert torch.equal(again, osm.row_softmax(x_next)), shape
     W = randn((512, 1000), torch.float32, seed=23)
-    for B, K, C in ((64, 128, 1000), (256, 512, 50)):  # several class tiles; K split (on an H100)
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert fsm.tiled_launch(64, 1000, torch.float32, device, K=128).split_k == 1  # several class tiles
+    assert fsm.tiled_launch(256, 50, torch.float32, device, K=512).split_k > 1  # K split
+    for B, K, C in ((64, 128, 1000), (256, 512, 50)):
         x, x_next, Wc = randn((B, K), torch.float32, seed=22), randn((B, K), torch.float32, seed=24), W[:K, :C]
         fsm._MATMUL_REPLAYS.clear()
         fsm.matmul_softmax_fused_tiled(x, Wc)
-        assert len(fsm._MATMUL_REPLAYS) == 1, (B, K, C)
+        (key,) = fsm._MATMUL_REPLAYS
+        kept, uses = counting(fsm._MATMUL_REPLAYS, key)
+        assert isinstance(kept, osm.ReplayChain), (B, K, C)
         again = fsm.matmul_softmax_fused_tiled(x_next, Wc)
+        assert uses == [True], (B, K, C)
         fsm._MATMUL_REPLAYS.clear()
         assert torch.equal(again, fsm.matmul_softmax_fused_tiled(x_next, Wc)), (B, K, C)
+
+
+@needs_gpu
+def test_a_kept_split_row_chain_captured_in_a_cuda_graph_makes_its_counters_in_the_graph():
+    """Kept outside a capture, replayed inside one: the counters are made zero in the graph (a
+    cached buffer would enter it), so no cached buffer appears for the capture's stream, and the
+    graph's replays give the eager answer."""
+    static_x = randn((8, 65536), torch.float32, seed=25)
+    osm._ROW_REPLAYS.clear()
+    osm.row_softmax(static_x)
+    key = osm.replay_key((static_x,), osm.option_key(None))
+    kept, uses = counting(osm._ROW_REPLAYS, key)
+    before = set(osm._SPLIT_COUNTERS)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph):
+            static_y = osm.row_softmax(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert uses == [True] and set(osm._SPLIT_COUNTERS) == before
+    for seed in (26, 27):
+        static_x.copy_(randn((8, 65536), torch.float32, seed=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, osm.row_softmax(static_x.clone()))
