@@ -39,8 +39,8 @@ except ImportError:  # pragma: no cover
 
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
-    Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2, one_axis_grid,
-    option_key, replay_key, row_softmax,
+    ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
+    one_axis_grid, option_key, replay_key, row_softmax,
 )
 
 
@@ -1145,24 +1145,38 @@ def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tenso
 
 
 def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool,
-                    wrap: bool) -> None:
+                    wrap: bool, keep=None) -> None:
     """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
     partials of split x B x block_c (rows padded to the row block), a zeroed count per row block.
 
     Eager calls take the counts from the cached buffer; traced or captured calls make them
-    fresh (``fresh_counters``), a memset that the graph replays."""
+    fresh (``fresh_counters``), a memset that the graph replays. ``keep`` receives the launch
+    as a ``ReplayChain`` of (x, W, out) that makes the partials and takes the counts likewise."""
     B, K = x.shape
     n_tiles_b = cdiv(B, launch.block_b)
     k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
-    parts = torch.empty((n_splits, n_tiles_b * launch.block_b, launch.block_c), dtype=torch.float32, device=x.device)
+    parts_shape = (n_splits, n_tiles_b * launch.block_b, launch.block_c)
+    parts = torch.empty(parts_shape, dtype=torch.float32, device=x.device)
+    counts = _split_k_counts_for(x, n_tiles_b)
+    kept = []
+    launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_splits,),
+                    (x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice),
+                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax),
+                    None if keep is None else kept.append, 5)
+    if kept:
+        device = x.device
+        keep(ReplayChain((lambda x, W, out: torch.empty(parts_shape, dtype=torch.float32, device=device),
+                          lambda x, W, out: _split_k_counts_for(x, n_tiles_b)),
+                         ((kept[0], (0, 1, 2, 3, 4)),)))
+
+
+def _split_k_counts_for(x: torch.Tensor, n_tiles_b: int) -> torch.Tensor:
+    """split_k_kernel's zeroed counts for a call on x: made for this call where a cached buffer
+    must not be used (``fresh_counters``), else the cached buffer of this device and stream."""
     if fresh_counters(x):
-        counts = torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
-    else:
-        stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
-        counts = _split_k_counts(x.device, stream, next_power_of_2(n_tiles_b))
-    _jit(split_k_kernel, wrap)[(n_tiles_b * n_splits,)](
-        x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice,
-        **_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax)
+        return torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
+    stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
+    return _split_k_counts(x.device, stream, next_power_of_2(n_tiles_b))
 
 
 def _concrete(*sizes) -> tuple[int, ...]:
@@ -1181,7 +1195,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         return out
     launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]))
     if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap)
+        _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
     launch_and_keep(_jit(matmul_kernel, wrap), grid, (x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c),
@@ -1211,21 +1225,28 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     B, C = out.shape
     launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]))
     if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap)
+        _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     if n_tiles_c == 1:
         launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *_matmul_args(x, W, out)),
                         _constants(launch, x.dtype, grouped=False), keep, 3)
         return out
-    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device)
-    _jit(matmul_softmax_tile_kernel, wrap)[grid](
-        x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c,
-        **_constants(launch, x.dtype))
+    stats_shape = (2, B, n_tiles_c)
+    stats = torch.empty(stats_shape, dtype=torch.float32, device=x.device)
+    kept = []
+    keep_step = None if keep is None else kept.append
+    launch_and_keep(_jit(matmul_softmax_tile_kernel, wrap), grid,
+                    (x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c), _constants(launch, x.dtype),
+                    keep_step, 4)
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
     tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
-    _jit(rescale_tiles_kernel, wrap)[(B,)](out, stats, B, C, n_tiles_c, *out.stride(), BLOCK_C=launch.block_c,
-                                              TILES=tiles, num_warps=4)
+    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B,), (out, stats, B, C, n_tiles_c, *out.stride()),
+                    dict(BLOCK_C=launch.block_c, TILES=tiles, num_warps=4), keep_step, 2)
+    if len(kept) == 2:
+        device = x.device
+        keep(ReplayChain((lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),),
+                         ((kept[0], (0, 1, 2, 3)), (kept[1], (2, 3)))))
     return out
 
 
@@ -1318,8 +1339,9 @@ _MATMUL_OPS = {
 
 def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None,
                        check) -> torch.Tensor:
-    """The public op ``name``: a kept launch for inputs and options seen before (a call that made
-    one launch), else ``check(x, W, launch)``, then its custom op or an eager ``forward``."""
+    """The public op ``name``: the launches kept from an earlier call with inputs and options of
+    the same key (one launch, or a chain with its workspace), else ``check(x, W, launch)``, then
+    its custom op or an eager ``forward``."""
     key = replay_key((x, W), (name, option_key(launch), _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)

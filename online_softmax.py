@@ -26,7 +26,7 @@ Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=Tr
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
 kernels directly, with the launch choices cached per shape, dtype and device; a repeated call
-of the same key replays the one launch kept from the first (``Replay``).
+of the same key replays the launches kept from the first (``Replay``, ``ReplayChain``).
 
 Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
 softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
@@ -346,17 +346,47 @@ class Replay:
         self.function, self.metadata = compiled.function, compiled.packed_metadata
 
     def __call__(self, *tensors) -> bool:
+        return self.ready() and self.launch(*tensors)
+
+    def ready(self) -> bool:
+        """Whether a direct launch is still allowed (no launch or pre-run hook set since, the
+        launcher not refused)."""
         launcher = self.launcher
-        if not launcher.usable or _launch_hooks() or getattr(launcher.kernel, "pre_run_hooks", None):
-            return False
+        return launcher.usable and not _launch_hooks() and not getattr(launcher.kernel, "pre_run_hooks", None)
+
+    def launch(self, *tensors) -> bool:
+        """The launch, once ``ready``; False (nothing launched) if the launcher refuses it."""
         g0, g1, g2 = self.grid
         try:
             self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, self.metadata,
                      None, None, None, *tensors, *self.fixed)
         except TypeError:  # a launcher of another signature (see DirectLauncher.launch): nothing launched
-            launcher.usable = False
+            self.launcher.usable = False
             return False
         return True
+
+
+class ReplayChain:
+    """Kept launches replayed in order, over the call's tensors and the buffers each call makes.
+
+    ``buffers``: functions of the call's tensors, each returning one buffer (a fresh workspace,
+    or a cached counter buffer where the call may use one); ``steps``: (Replay, the indices of
+    its tensors among the call's tensors followed by the buffers). Calling it returns False when
+    any step is not ``ready`` (nothing launched), or when a launcher refuses its step: the
+    wrapper's checked path then computes the whole result again (every step writes only the
+    call's own output and buffers, and leaves counters as it found them).
+    """
+
+    __slots__ = ("buffers", "steps")
+
+    def __init__(self, buffers: tuple, steps: tuple):
+        self.buffers, self.steps = buffers, steps
+
+    def __call__(self, *tensors) -> bool:
+        if not all(replay.ready() for replay, _ in self.steps):
+            return False
+        slots = tensors + tuple(make(*tensors) for make in self.buffers)
+        return all(replay.launch(*[slots[i] for i in indices]) for replay, indices in self.steps)
 
 
 _LAUNCHERS: dict = {}
@@ -403,7 +433,7 @@ class Replays(dict):
         self.limit = limit
 
     def keeper(self, key):
-        """A function that keeps its one argument, a Replay, under ``key``."""
+        """A function that keeps its one argument, a Replay or ReplayChain, under ``key``."""
         def keep(replay):
             if len(self) >= self.limit:
                 self.clear()
@@ -568,25 +598,25 @@ def _online_grid(batch: int, d1: int, BLOCK_1: int) -> tuple[int, int, tuple[int
     return n_row_tiles, n_tiles, (min(n_tiles, GRID_0_LIMIT),)
 
 
-def _online_launch(kernel, inputs, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
+def _online_launch(kernel, inputs, BLOCK_1: int, BLOCK_2: int, traced: bool, keep=None) -> torch.Tensor:
     """Launch an online kernel (forward or backward) on 3-D inputs of one shape, validated by the
     caller; each is read through its strides (autograd's gradient of a sum is a stride-0
-    expansion). Returns the contiguous output, allocated here."""
+    expansion). Returns the contiguous output, allocated here; ``keep`` receives the launch as
+    a ``Replay`` of (*inputs, output)."""
     out = _empty_like_contiguous(inputs[0])
     if out.numel() == 0:
         return out
     batch, d1, d2 = out.shape
     n_row_tiles, n_tiles, grid = _online_grid(batch, d1, BLOCK_1)
     strides = [s for t in (*inputs, out) for s in t.stride()]
-    _jit(kernel, traced)[grid](
-        *inputs, out, d1, d2, n_row_tiles, n_tiles, *strides, BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
-        num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2),
-    )
+    launch_and_keep(_jit(kernel, traced), grid, (*inputs, out, d1, d2, n_row_tiles, n_tiles, *strides),
+                    dict(BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2)),
+                    keep, len(inputs) + 1)
     return out
 
 
-def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
-    return _online_launch(online_softmax_kernel, (x,), BLOCK_1, BLOCK_2, traced)
+def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool, keep=None) -> torch.Tensor:
+    return _online_launch(online_softmax_kernel, (x,), BLOCK_1, BLOCK_2, traced, keep)
 
 
 def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
@@ -882,6 +912,14 @@ def no_cached_buffers():
         _NO_CACHED_BUFFERS.depth -= 1
 
 
+def _split_row_counters(x: torch.Tensor, n_groups: int, index: int) -> torch.Tensor:
+    """The split kernel's counters for a launch of n_groups groups on x: made zero for this call
+    where a cached buffer must not be used (``fresh_counters``), else the cached buffer."""
+    if fresh_counters(x):
+        return torch.zeros(2 * n_groups, dtype=torch.int32, device=x.device)
+    return _split_counters(x.device, index)
+
+
 def _split_counters(device: torch.device, index: int) -> torch.Tensor:
     key = (index, torch._C._cuda_getCurrentRawStream(index))  # torch.cuda.current_stream costs ~9 us
     counters = _SPLIT_COUNTERS.get(key)
@@ -995,8 +1033,8 @@ def softmax_split_row_kernel(
 def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> torch.Tensor:
     """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose.
 
-    ``keep``, if given, receives the one-pass row kernel's launch as a ``Replay`` of (x2, y);
-    the online and split launches are not kept.
+    ``keep``, if given, receives the launch as a function of (x2, y) that replays it (a
+    ``Replay``, or for the split kernel a ``ReplayChain`` that makes its workspace and counters).
     """
     y = _empty_like_contiguous(x2)
     if y.numel() == 0:
@@ -1006,19 +1044,26 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
     launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
     if launch.kernel == "online":
-        return _online_forward(x2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
+        return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
     if launch.kernel == "split":
         if not _aligned(x2):
             x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
             launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
-        stats = torch.empty((n_rows, launch.split, 2), dtype=torch.float32, device=x2.device)
-        if fresh_counters(x2):
-            counters = torch.zeros(2 * (launch.programs // launch.split), dtype=torch.int32, device=x2.device)
-        else:
-            counters = _split_counters(x2.device, _device_index(x2))
-        _jit(softmax_split_row_kernel, traced)[(launch.programs,)](
-            x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), launch.programs // launch.split,
-            CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps)
+            keep = None  # the launch reads the copy, not x2
+        n_groups = launch.programs // launch.split
+        device, index = x2.device, _device_index(x2)
+        stats_shape = (n_rows, launch.split, 2)
+        stats = torch.empty(stats_shape, dtype=torch.float32, device=device)
+        counters = _split_row_counters(x2, n_groups, index)
+        kept = []
+        launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
+                        (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
+                        dict(CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps),
+                        None if keep is None else kept.append, 4)
+        if kept:
+            keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),
+                              lambda x, y: _split_row_counters(x, n_groups, index)),
+                             ((kept[0], (0, 1, 2, 3)),)))
         return y
     launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,), (x2, y, n_rows, n_cols, x2.stride(0), y.stride(0)),
                     dict(BLOCK_SIZE=launch.block, num_warps=launch.warps), keep, 2)
@@ -1081,7 +1126,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     in tiles of ``LONG_16BIT_TILE`` columns (reading x twice; see that constant for why); in
     interpreter mode, where programs run one after another and cannot wait for each other, long
     rows take the online kernel too. A repeated eager call replays the launch kept from the
-    first (``Replay``) where that was the one-pass kernel. A given BLOCK_SIZE (a power of two)
+    first (``Replay``; with its workspace and counters, ``ReplayChain``). A given BLOCK_SIZE (a power of two)
     forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.

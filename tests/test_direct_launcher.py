@@ -233,6 +233,52 @@ def test_a_replay_declines_once_a_hook_is_set(monkeypatch, hook):
     assert kinds(kernel.log) == ["triton"]
 
 
+class Step:
+    """A kept launch's stand-in: records the tensors each launch gets."""
+
+    def __init__(self, log, name, ready=True, refuse=False):
+        self.log, self.name, self.is_ready, self.refuse = log, name, ready, refuse
+
+    def ready(self):
+        return self.is_ready
+
+    def launch(self, *tensors):
+        if self.refuse:
+            return False
+        self.log.append((self.name, tensors))
+        return True
+
+
+def test_a_chain_makes_its_buffers_each_call_and_launches_its_steps_in_order_over_their_slots():
+    log, made = [], []
+
+    def workspace(x, out):
+        made.append(torch.empty(4))
+        return made[-1]
+
+    chain = osm.ReplayChain((workspace,), ((Step(log, "first"), (0, 1, 2)), (Step(log, "second"), (1, 2))))
+    x, out = torch.zeros(3), torch.zeros(3)
+    for _ in range(2):
+        assert chain(x, out) is True
+    assert len(made) == 2 and made[0] is not made[1]
+    assert [name for name, _ in log] == ["first", "second"] * 2
+    first, second = log[2][1], log[3][1]
+    assert first[0] is x and first[1] is out and first[2] is made[1] and second == (out, made[1])
+
+
+@pytest.mark.parametrize("case", ["a step not ready", "a step refused"])
+def test_a_chain_that_cannot_run_whole_says_so(case):
+    """Not ready: nothing launched, nothing allocated. Refused (the launcher of another Triton):
+    False, so the wrapper's checked path computes the whole result again."""
+    log, made = [], []
+    steps = ((Step(log, "first"), (0,)), (Step(log, "second", ready=case != "a step not ready",
+                                                 refuse=case == "a step refused"), (0,)))
+    chain = osm.ReplayChain((lambda x: made.append(1) or torch.empty(1),), steps)
+    assert chain(torch.zeros(1)) is False
+    if case == "a step not ready":
+        assert log == [] and made == []
+
+
 def test_replays_are_emptied_when_full():
     replays = osm.Replays(limit=2)
     for key in "abc":
@@ -330,3 +376,71 @@ def test_fused_softmax_and_matmul_replays_equal_the_checked_path():
         first = op(xm, Wm)
         assert len(fsm._MATMUL_REPLAYS) == 1, name
         assert torch.equal(first, op(xm.clone(), Wm.clone())), name
+
+
+def counting(replays, key):
+    """Wrap the kept entry under key so that each use is recorded: the list of what it returned."""
+    kept, uses = replays[key], []
+    replays[key] = lambda *tensors: uses.append(kept(*tensors)) or uses[-1]
+    return kept, uses
+
+
+@needs_gpu
+def test_kept_chains_and_online_launches_equal_the_checked_path():
+    """Launches kept with their workspace or in tiles: the split-row kernel (float32 rows past the
+    on-chip size), the online tiles (16-bit ones), the tiled softmax(x @ W) over several class
+    tiles and with K split. A call with another input of a kept key runs the kept entry (counted)
+    and gives the checked path's answer bit for bit (the split-K reduction's order is fixed)."""
+    import fused_softmax_matmul as fsm
+    for shape, dtype, kind in (((8, 65536), torch.float32, osm.ReplayChain), ((8, 50257), torch.bfloat16, osm.Replay)):
+        x, x_next = randn(shape, dtype, seed=20), randn(shape, dtype, seed=21)
+        osm._ROW_REPLAYS.clear()
+        osm.row_softmax(x)
+        key = osm.replay_key((x,), osm.option_key(None))
+        kept, uses = counting(osm._ROW_REPLAYS, key)
+        assert isinstance(kept, kind), shape
+        again = osm.row_softmax(x_next)
+        assert uses == [True], shape
+        osm._ROW_REPLAYS.clear()
+        assert torch.equal(again, osm.row_softmax(x_next)), shape
+    W = randn((512, 1000), torch.float32, seed=23)
+    device = torch.device("cuda", torch.cuda.current_device())
+    assert fsm.tiled_launch(64, 1000, torch.float32, device, K=128).split_k == 1  # several class tiles
+    assert fsm.tiled_launch(256, 50, torch.float32, device, K=512).split_k > 1  # K split
+    for B, K, C in ((64, 128, 1000), (256, 512, 50)):
+        x, x_next, Wc = randn((B, K), torch.float32, seed=22), randn((B, K), torch.float32, seed=24), W[:K, :C]
+        fsm._MATMUL_REPLAYS.clear()
+        fsm.matmul_softmax_fused_tiled(x, Wc)
+        (key,) = fsm._MATMUL_REPLAYS
+        kept, uses = counting(fsm._MATMUL_REPLAYS, key)
+        assert isinstance(kept, osm.ReplayChain), (B, K, C)
+        again = fsm.matmul_softmax_fused_tiled(x_next, Wc)
+        assert uses == [True], (B, K, C)
+        fsm._MATMUL_REPLAYS.clear()
+        assert torch.equal(again, fsm.matmul_softmax_fused_tiled(x_next, Wc)), (B, K, C)
+
+
+@needs_gpu
+def test_a_kept_split_row_chain_captured_in_a_cuda_graph_makes_its_counters_in_the_graph():
+    """Kept outside a capture, replayed inside one: the counters are made zero in the graph (a
+    cached buffer would enter it), so no cached buffer appears for the capture's stream, and the
+    graph's replays give the eager answer."""
+    static_x = randn((8, 65536), torch.float32, seed=25)
+    osm._ROW_REPLAYS.clear()
+    osm.row_softmax(static_x)
+    key = osm.replay_key((static_x,), osm.option_key(None))
+    kept, uses = counting(osm._ROW_REPLAYS, key)
+    before = set(osm._SPLIT_COUNTERS)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(side):
+        with torch.cuda.graph(graph):
+            static_y = osm.row_softmax(static_x)
+    torch.cuda.current_stream().wait_stream(side)
+    assert uses == [True] and set(osm._SPLIT_COUNTERS) == before
+    for seed in (26, 27):
+        static_x.copy_(randn((8, 65536), torch.float32, seed=seed))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(static_y, osm.row_softmax(static_x.clone()))
