@@ -5,8 +5,9 @@ error at the inputs' dtype, against attention in float64 on the same rounded inp
 within twice PyTorch's float32 log-sum-exp error. The kernel only compiles for sm_90 with Gluon:
 its tests skip elsewhere, except those that check what it refuses, which run everywhere.
 
-Shapes are chosen against its tiles: 64 queries per program, key steps of 128 through a ring of
-2 slots (K and V), TMA's zero fill past the last row, and causal programs launched last tile first.
+Shapes are chosen against its tiles: two consumer warpgroups of 64 queries per program (the second
+with no query in "one tile", 36 in "ragged"), key steps of 128 through a ring of 2 slots (K and V),
+TMA's zero fill past the last row, and causal programs launched last tile first.
 """
 
 from __future__ import annotations
