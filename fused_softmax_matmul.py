@@ -2899,18 +2899,22 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 # One program: GLUON_FLASH_CONSUMERS tiles of GLUON_BLOCK_M queries of one batch element, one per
 # consumer warpgroup. A loader warp brings each Q tile once, then K and V tiles of
 # GLUON_FLASH_BLOCK_N keys into a ring by TMA that both consumers read (a slot is refilled once
-# both have released it), so one warpgroup's softmax can run under the other's products. Each
-# consumer warpgroup issues S_i = Q K_i^T
-# and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
+# both have released it): one warpgroup's softmax can run under the other's products, where the
+# warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
+# O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
 # issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
 # tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Forward only;
 # masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
 # Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
-# V ring: while one computes a step's softmax the other's products keep the tensor cores busy.
+# V ring, so a program keeps twice the products in flight. Nothing orders them: they may run in
+# step (both softmaxes at once) rather than alternate as FlashAttention-3's do (not yet timed).
 GLUON_FLASH_CONSUMERS = 2
-GLUON_FLASH_CONSUMER_REGISTERS = 232  # setmaxnreg for the second consumer (a multiple of 8)
+# setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
+# warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
+# both consumers get 232.
+GLUON_FLASH_CONSUMER_REGISTERS = 232
 GLUON_FLASH_HEAD_DIMS = (64, 128)
 
 if _GLUON is not None:
@@ -3039,11 +3043,13 @@ if _GLUON is not None:
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         dtype: gl.constexpr = q_desc.dtype
-        gl.static_assert(num_warps == 4, "one consumer warpgroup")
+        gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
         qk_scale = qk_scale.to(gl.float32)
 
-        gl.static_assert(CONSUMERS * BLOCK_M % BLOCK_N == 0, "the consumers' causal ends share a key step")
+        # The free barriers count every consumer's release, so every consumer must run the same
+        # key steps; with the program's queries one key step long, the causal end is shared.
+        gl.static_assert(CONSUMERS * BLOCK_M == BLOCK_N, "the consumers' causal ends share a key step")
         tile = gl.program_id(0)
         if IS_CAUSAL:  # the last query tiles see the most keys: they go first
             tile = gl.cdiv(n_queries, CONSUMERS * BLOCK_M) - 1 - tile
@@ -3052,7 +3058,7 @@ if _GLUON is not None:
         key_end = n_keys
         if IS_CAUSAL:
             # The program's last query sees keys up to its own index; the first consumer's last
-            # step is the same one (the program's query block is a whole number of key steps).
+            # step is the same one (the program's queries are one key step long).
             key_end = gl.minimum(n_keys, off_m + CONSUMERS * BLOCK_M)
         n_steps = gl.cdiv(key_end, BLOCK_N)
 
