@@ -2924,26 +2924,41 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 # ----------------------------------------------------------------------------------------------
 # Gluon: FlashAttention forward on Hopper, warp-specialised
 # ----------------------------------------------------------------------------------------------
-# One program: GLUON_BLOCK_M queries of one batch element. A loader warp brings Q once, then K and
-# V tiles of GLUON_FLASH_BLOCK_N keys into a ring by TMA; the consumer warpgroup issues S_i = Q K_i^T
-# and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
+# One program: GLUON_FLASH_CONSUMERS tiles of GLUON_BLOCK_M queries of one batch element, one per
+# consumer warpgroup. A loader warp brings each Q tile once, then K and V tiles of
+# GLUON_FLASH_BLOCK_N keys into a ring by TMA that both consumers read (a slot is refilled once
+# both have released it): one warpgroup's softmax can run under the other's products, where the
+# warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
+# O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
 # issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
 # tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Forward only;
 # masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
+# Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
+# V ring, so a program keeps twice the products in flight. Nothing orders them: they may run in
+# step (both softmaxes at once) rather than alternate as FlashAttention-3's do (not yet timed).
+GLUON_FLASH_CONSUMERS = 2
+# setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
+# warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
+# both consumers get 232.
+GLUON_FLASH_CONSUMER_REGISTERS = 232
 GLUON_FLASH_HEAD_DIMS = (64, 128)
 
 if _GLUON is not None:
 
     @gluon.jit
-    def _gluon_flash_loader(q_desc, k_desc, v_desc, q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+    def _gluon_flash_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
                             batch, off_m, n_steps):
-        """The producer: Q once, then every step's K and V tiles into the ring."""
+        """The producer: each consumer's Q tile once, then every step's K and V tiles into the ring
+        (a slot is free again once every consumer has released it)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
+        CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-        mbarrier.expect(q_ready.index(0), q_desc.block_type.nbytes)
-        _tma_load(q_desc, [batch, off_m, 0], q_ready.index(0), q_buf)
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, off_m + c * BLOCK_M, 0], q_ready.index(c), q_bufs.index(c))
         for i in range(n_steps):
             slot = i % STAGES
             phase = (i // STAGES) & 1  # a fresh barrier's "free" wait (phase ^ 1) passes at once
@@ -2971,10 +2986,16 @@ if _GLUON is not None:
         return m_new, alpha, w
 
     @gluon.jit
-    def _gluon_flash_consumer(q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+    def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, q_ready_all, k_ready, k_free, v_ready, v_free,
                               o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
                               batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL: gl.constexpr,
-                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr):
+                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
+                              CONSUMER: gl.constexpr):
+        """Consumer warpgroup CONSUMER: the queries off_m + CONSUMER * BLOCK_M onwards, through every
+        step of the shared K and V ring."""
+        q_buf = q_bufs.index(CONSUMER)
+        q_ready = q_ready_all.index(CONSUMER)
+        off_m = off_m + CONSUMER * q_buf.type.shape[1]
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = q_buf.type.shape[1]
         HEAD_DIM: gl.constexpr = q_buf.type.shape[2]
@@ -2988,7 +3009,7 @@ if _GLUON is not None:
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-        mbarrier.wait(q_ready.index(0), 0)
+        mbarrier.wait(q_ready, 0)
         q = q_buf.reshape([BLOCK_M, HEAD_DIM])
 
         # Step 0: its logits alone (nothing to overlap with yet).
@@ -3042,24 +3063,31 @@ if _GLUON is not None:
     @gluon.jit
     def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, stride_ob, stride_om, stride_od,
                                      stride_lb, stride_lm, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
-                                     STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
-        """Attention output and log-sum-exp of one tile of queries of one batch element (grid: tiles x batch)."""
+                                     STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+                                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        """Attention output and log-sum-exp of CONSUMERS tiles of queries of one batch element
+        (grid: tile groups x batch)."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
         dtype: gl.constexpr = q_desc.dtype
-        gl.static_assert(num_warps == 4, "one consumer warpgroup")
+        gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
         qk_scale = qk_scale.to(gl.float32)
 
+        # The free barriers count every consumer's release, so every consumer must run the same
+        # key steps; with the program's queries one key step long, the causal end is shared.
+        gl.static_assert(CONSUMERS * BLOCK_M == BLOCK_N, "the consumers' causal ends share a key step")
         tile = gl.program_id(0)
         if IS_CAUSAL:  # the last query tiles see the most keys: they go first
-            tile = gl.cdiv(n_queries, BLOCK_M) - 1 - tile
+            tile = gl.cdiv(n_queries, CONSUMERS * BLOCK_M) - 1 - tile
         batch = gl.program_id(1)
-        off_m = tile * BLOCK_M
+        off_m = tile * (CONSUMERS * BLOCK_M)
         key_end = n_keys
         if IS_CAUSAL:
-            key_end = gl.minimum(n_keys, off_m + BLOCK_M)
+            # The program's last query sees keys up to its own index; the first consumer's last
+            # step is the same one (the program's queries are one key step long).
+            key_end = gl.minimum(n_keys, off_m + CONSUMERS * BLOCK_M)
         n_steps = gl.cdiv(key_end, BLOCK_N)
 
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -3068,29 +3096,35 @@ if _GLUON is not None:
                                                            instr_shape=[16, BLOCK_N, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
 
-        q_buf = gl.allocate_shared_memory(dtype, q_desc.block_type.shape, q_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        q_ready = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(q_ready.index(0), count=1)
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(q_ready.index(c), count=1)
         for slot in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(slot), count=1)
-            mbarrier.init(k_free.index(slot), count=1)
+            mbarrier.init(k_free.index(slot), count=CONSUMERS)  # every consumer reads every slot
             mbarrier.init(v_ready.index(slot), count=1)
-            mbarrier.init(v_free.index(slot), count=1)
+            mbarrier.init(v_free.index(slot), count=CONSUMERS)
 
+        gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
         gl.warp_specialize([
-            (_gluon_flash_consumer, (q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
                                      o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
                                      batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL,
-                                     s_layout, acc_layout, p_layout)),
-            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_buf, k_bufs, v_bufs, q_ready, k_ready, k_free,
+                                     s_layout, acc_layout, p_layout, 0)),
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+                                     o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
+                                     batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout, 1)),
+            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free,
                                    v_ready, v_free, batch, off_m, n_steps)),
-        ], [1], [LOADER_REGISTERS])
+        ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
@@ -3142,18 +3176,20 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     n_keys = K.shape[1]
     gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
     q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
-    ring = stages * 2 * GLUON_FLASH_BLOCK_N * d * Q.element_size() + GLUON_BLOCK_M * d * Q.element_size()
+    ring = (stages * 2 * GLUON_FLASH_BLOCK_N + GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
     if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and a Q tile need "
+        raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
+                                  f"{GLUON_FLASH_CONSUMERS} Q tiles need "
                                   f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
     descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                    gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
              for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
     O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
     L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-    grid = (cdiv(n_queries, GLUON_BLOCK_M), batch)
+    grid = (cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M), batch)
     flash_attention_gluon_kernel[grid](
         *descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value,
-        IS_CAUSAL=is_causal, STAGES=stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
+        IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
+        CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
     )
     return O, L

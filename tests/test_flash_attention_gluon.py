@@ -5,8 +5,9 @@ error at the inputs' dtype, against attention in float64 on the same rounded inp
 within twice PyTorch's float32 log-sum-exp error. The kernel only compiles for sm_90 with Gluon:
 its tests skip elsewhere, except those that check what it refuses, which run everywhere.
 
-Shapes are chosen against its tiles: 64 queries per program, key steps of 128 through a ring of
-2 slots (K and V), TMA's zero fill past the last row, and causal programs launched last tile first.
+Shapes are chosen against its tiles: two consumer warpgroups of 64 queries per program (the second
+with no query in "one tile", 36 in "ragged"), key steps of 128 through a ring of 2 slots (K and V),
+TMA's zero fill past the last row, and causal programs launched last tile first.
 """
 
 from __future__ import annotations
@@ -38,7 +39,21 @@ SHAPES = {
     "ring": (3, 130, 1000, 128),      # 8 key steps through 2 slots: each barrier changes phase 4 times
     "more keys": (2, 64, 640, 64),    # causal: queries see only the first 64 keys of 640
     "more queries": (2, 640, 64, 128),  # causal: every query past 63 sees all keys
+    "many steps": (2, 1000, 1000, 128),  # 8 programs (the last two consumers 104 rows short), up to 8 steps
+    "second ragged": (1, 200, 200, 64),  # the second program's second consumer holds 8 rows
+    "long keys": (1, 300, 700, 64),     # causal: 3 programs of 1 to 3 key steps, run last first
 }
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_three_slot_ring(is_causal):
+    """stages=3: the slots change phase at other steps than with the default 2."""
+    Q, K, V = attention_inputs(2, 300, 900, 64, torch.bfloat16, seed=5, scale=4.0)
+    with torch.no_grad():
+        O, _ = flash_attention_gluon(Q, K, V, is_causal, stages=3)
+    Q64, K64, V64 = (t.double() for t in (Q, K, V))
+    assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
 
 
 @needs_hopper_gluon
