@@ -20,7 +20,8 @@ import triton
 from fused_softmax_matmul import cdiv, fused_blocks, fused_launch, fused_softmax, softmax_mult
 
 PRECISIONS = (("float32", "highest"), ("float32", "high"), ("float16", "n/a"), ("bfloat16", "n/a"))
-SHAPES = [(8, d1, d2, d3) for d1, d2, d3 in itertools.product((1000, 4096), (1000, 8192), (64, 512))]
+SHAPES = [(8, d1, d2, d3) for d1, d2, d3 in itertools.product((1000, 4096), (1000, 8192), (64, 512))] + [
+    (8, 1000, 3000, 96), (8, 2048, 1000, 64), (8, 2048, 4096, 128), (32, 1000, 1000, 64)]
 
 
 def main() -> None:
@@ -33,12 +34,12 @@ def main() -> None:
         gen = torch.Generator(device="cuda").manual_seed(0)
         x = torch.randn((batch, d1, d2), device="cuda", dtype=dtype, generator=gen)
         V = torch.randn((batch, d2, d3), device="cuda", dtype=dtype, generator=gen)
-        t_torch = triton.testing.do_bench(lambda: softmax_mult(x, V), warmup=25, rep=100)
+        t_torch = triton.testing.do_bench(lambda: softmax_mult(x, V), warmup=20, rep=60)
         parts = []
         for block in (16, 32, 64):
             programs = batch * cdiv(d1, block) * cdiv(d3, fused_launch(d3, block, dtype).block_3)
             try:
-                t = triton.testing.do_bench(lambda: fused_softmax(x, V, block, block), warmup=25, rep=100)
+                t = triton.testing.do_bench(lambda: fused_softmax(x, V, block, block), warmup=20, rep=60)
                 parts.append(f"{block}: {t:.4f} ms ({programs} programs, {t_torch / t:.2f}x)")
             except Exception as exc:
                 parts.append(f"{block}: failed {type(exc).__name__} ({programs} programs)")
