@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
-    one_axis_grid, option_key, replay_key, row_softmax,
+    one_axis_grid, replay_key, row_softmax,
 )
 
 
@@ -215,16 +215,28 @@ _FUSED_LAUNCHES = {
 _SHARED_MEMORY_BUDGET = 227 * 1024
 
 
-def fused_blocks(d2: int, dtype: torch.dtype) -> int:
-    """The wrapper's BLOCK_1 = BLOCK_2 for rows of d2: 64, or 32 for float32 under 'high' (TF32)
-    and for rows shorter than 256.
+def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True) -> int:
+    """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3); ``aligned``:
+    x's batch and row strides are multiples of 16 bytes (``vector_strides``).
 
-    From the committed H100 tables (softmax_matmul_benchmark.csv, softmax_matmul_precision.csv,
-    blocks 16, 32 and 64): from d2 = 256 on, 64 is the fastest for 16-bit inputs and tf32x3, 1.3-2.0x
-    faster than 16; under TF32 32 is (64 is 1.4x slower); at d2 = 64 and 128 (measured in float32
-    'highest' only) 32 is, by 1.1-1.2x.
+    Measured on an H100 with triton.testing.do_bench (outputs/profiles/fused_block_sweep.txt,
+    fused_stride_probe.txt), d2 1000 to 8192, d3 64 to 512: from d2 = 256 on, 16-bit inputs run
+    fastest at 64 (1.03-1.3x faster than 32). Float32 turns on the product and d3: tf32x3
+    ('highest') at 32 for d3 <= 64 (1.25-1.45x faster than 64) and at 64 above (1.07-1.2x);
+    TF32 ('high') the other way round: 64 for d3 <= 64 (1.2-1.45x), 32 above (tied at d3 96 and
+    128, 1.3-1.5x faster at 512). Below d2 = 256, 32 (by 1.1-1.2x in float32 'highest'). Rows
+    whose stride is no multiple of 16 bytes load an element at a time: there smaller tiles win
+    (d2 1000 and 3000 unpadded, before ``vector_strides``: float32 at 16, 1.5-2x faster than 64;
+    16-bit at 32).
     """
-    return 32 if d2 < 256 or (dtype == torch.float32 and dot_precision(dtype) == "tf32") else 64
+    if d2 < 256:
+        return 32
+    if not aligned:
+        return 16 if dtype == torch.float32 else 32
+    if dtype != torch.float32:
+        return 64
+    narrow = d3 <= 64
+    return 64 if narrow == (dot_precision(dtype) == "tf32") else 32
 
 
 def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
@@ -291,6 +303,7 @@ def fused_softmax_kernel(
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr, TRANSPOSED: tl.constexpr,
     ROUND_TF32: tl.constexpr, ROUND_V: tl.constexpr, STORE_LSE: tl.constexpr,
+    X_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
@@ -305,7 +318,13 @@ def fused_softmax_kernel(
 
     STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
     float32, from which the backward recomputes the softmax.
+
+    X_ALIGN, V_ALIGN: the batch and row strides of x and V come divided by these (``vector_strides``).
     """
+    stride_xb = stride_xb * X_ALIGN
+    stride_x1 = stride_x1 * X_ALIGN
+    stride_vb = stride_vb * V_ALIGN
+    stride_v2 = stride_v2 * V_ALIGN
     pid = tl.program_id(0)
     batch = (pid // n_tiles).to(tl.int64)
     tile = pid % n_tiles
@@ -419,6 +438,7 @@ def fused_softmax_backward_dx_kernel(
     n_tiles_1,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, DELTA_FROM_DP: tl.constexpr,
+    X_ALIGN: tl.constexpr, D_ALIGN: tl.constexpr,
 ):
     """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
 
@@ -431,7 +451,13 @@ def fused_softmax_backward_dx_kernel(
     softmax is nearly one-hot has dx_j = P_j (dP_j - delta) with delta ~ dP_j, so the two errors
     in dP_j cancel as they do in torch's formula. rowsum(dO * O) has O's independent errors
     instead: on an H100 (4 x 512 x 1024 x 96, logits of size 4) that gave 2.7 x torch's error.
+
+    X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these (``vector_strides``).
     """
+    stride_xb = stride_xb * X_ALIGN
+    stride_x1 = stride_x1 * X_ALIGN
+    stride_db = stride_db * D_ALIGN
+    stride_d1 = stride_d1 * D_ALIGN
     pid = tl.program_id(0)
     batch = (pid // n_tiles_1).to(tl.int64)
     rows = (pid % n_tiles_1) * BLOCK_1 + tl.arange(0, BLOCK_1)
@@ -481,9 +507,12 @@ def fused_softmax_backward_dv_kernel(
     stride_db, stride_d2, stride_d3,
     n_tiles, n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, X_ALIGN: tl.constexpr,
 ):
-    """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a time."""
+    """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a
+    time. X_ALIGN: x's batch and row strides come divided by it (``vector_strides``)."""
+    stride_xb = stride_xb * X_ALIGN
+    stride_x1 = stride_x1 * X_ALIGN
     pid = tl.program_id(0)
     batch = (pid // n_tiles).to(tl.int64)
     tile = pid % n_tiles
@@ -510,6 +539,20 @@ def fused_softmax_backward_dv_kernel(
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
 
 
+def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tuple[int, ...], int]:
+    """t's strides with those of ``dims`` divided by ``align``, the largest power of two up to
+    16 bytes of elements that divides them all, and ``align``: for a kernel that multiplies them
+    back by the constant ``align``. Compiled, Triton only knows whether an int argument divides
+    by 16; a row stride such as 1000 would read as unaligned, and every row of x be loaded one
+    element at a time and staged without asynchronous copies (on an H100, softmax(x) @ V at
+    (8, 2048, 1000, 64) in bfloat16 took 0.103 ms, 0.042 ms with x's rows 1024 apart)."""
+    strides = tuple(int(v) for v in t.stride())
+    align = 16 // t.element_size()
+    while align > 1 and any(strides[d] % align for d in dims):
+        align //= 2
+    return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
+
+
 def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
     return torch.empty((x.shape[0], x.shape[1], V.shape[2]), dtype=x.dtype, device=x.device)
@@ -532,9 +575,12 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
     n_tiles_3 = cdiv(max(d3, 1), block_3)
     n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
+    x_strides, x_align = vector_strides(x)
+    v_strides, v_align = vector_strides(V)
     launch_and_keep(_jit(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
-                    (x, V, out, out if lse is None else lse, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), n_tiles,
-                     n_tiles_3), dict(constants, STORE_LSE=store_lse), None if store_lse else keep, 4)
+                    (x, V, out, out if lse is None else lse, d1, d2, d3, *x_strides, *v_strides, *out.stride(), n_tiles,
+                     n_tiles_3), dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align),
+                    None if store_lse else keep, 4)
     return out, lse
 
 
@@ -573,18 +619,20 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     # A TF32 dP (2^-11) needs the delta made of itself; tf32x3's and 16-bit inputs' float32
     # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
+    x_strides, x_align = vector_strides(x)
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
+        dx_strides, dx_align = vector_strides(dx)
         _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
-            x, V, out, dout, lse, dx, d1, d2, d3, *x.stride(), *V.stride(), *out.stride(), *dout.stride(),
-            *dx.stride(), n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
-            num_warps=4, num_stages=2)
+            x, V, out, dout, lse, dx, d1, d2, d3, *x_strides, *V.stride(), *out.stride(), *dout.stride(),
+            *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
+            X_ALIGN=x_align, D_ALIGN=dx_align, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
         _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
-            x, dout, lse, dV, d1, d2, d3, *x.stride(), *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
-            BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, num_warps=4, num_stages=2)
+            x, dout, lse, dV, d1, d2, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
+            BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, num_warps=4, num_stages=2)
     return dx, dV
 
 
@@ -635,7 +683,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
     per-row log-sum-exp the forward saves.
     """
-    key = replay_key((x, V), (option_key(BLOCK_1), option_key(BLOCK_2), option_key(launch), _float32_matmul_precision()))
+    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _FUSED_REPLAYS.get(key)
         if replay is not None:
@@ -644,7 +692,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
                 return out
     check_softmax_matmul_inputs(x, V)
     if BLOCK_1 is None or BLOCK_2 is None:
-        block = fused_blocks(int(x.shape[-1]), x.dtype)
+        aligned = vector_strides(x)[1] * x.element_size() == 16
+        block = fused_blocks(int(x.shape[-1]), int(V.shape[-1]), x.dtype, aligned)
         BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
         BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
     check_block("BLOCK_1", BLOCK_1, 16, 256)
@@ -1342,7 +1391,7 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
     """The public op ``name``: the launches kept from an earlier call with inputs and options of
     the same key (one launch, or a chain with its workspace), else ``check(x, W, launch)``, then
     its custom op or an eager ``forward``."""
-    key = replay_key((x, W), (name, option_key(launch), _float32_matmul_precision()))
+    key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
         if replay is not None:

@@ -15,8 +15,8 @@ Three Triton kernels, each for a different question:
   persistent over rows. This is the one to set against ``torch.softmax``.
 * ``softmax_split_row_kernel``: rows too long for one program are split over several programs
   that are all resident at once; they swap their partial (max, sum) through a small workspace, so
-  the input is still read only once. ``row_softmax`` picks it for long float32 rows on a GPU
-  (long 16-bit rows take the online kernel: see ``LONG_16BIT_TILE``).
+  the input is still read only once. ``row_softmax`` picks it for long rows on a GPU (16-bit
+  rows only where it beats the online kernel: see ``SPLIT_CHUNK_BYTES_16BIT``).
 
 All kernels compute in float32 whatever the input dtype and write the input dtype. They give
 ``torch.softmax``'s answer at the edges: -inf logits weigh 0 (whole tiles of them too), and a
@@ -395,11 +395,13 @@ _LAUNCHERS: dict = {}
 def replay_key(tensors: tuple, options: tuple):
     """The key a wrapper's replays are kept under for its input ``tensors``: all that decides its
     launch (each one's shape, strides, dtype, device and 16-byte alignment; the current CUDA
-    device) and the call's ``options`` (see ``option_key``). None where no replay may serve the
-    call: interpreter mode, a trace by torch.compile, anything but plain CUDA tensors (or
-    parameters), or a tensor autograd must record."""
+    device) and the call's ``options``, each keyed by ``option_key``. None where no replay may
+    serve the call: interpreter mode, a trace by torch.compile (checked first: the trace must not
+    reach the keys), anything but plain CUDA tensors (or parameters), or a tensor autograd must
+    record."""
     if INTERPRET or torch.compiler.is_compiling():
         return None
+    options = tuple(map(option_key, options))
     try:
         hash(options)
     except TypeError:  # an option nothing can be kept under (the checks name a wrong one)
@@ -733,7 +735,7 @@ class OnlineSoftmax(torch.autograd.Function):
 
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
-# (float32; longer 16-bit rows are read twice, in online tiles)
+# (float32, and 16-bit rows that fill its chunks; other long 16-bit rows are read twice, in online tiles)
 # ----------------------------------------------------------------------------------------------
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
@@ -743,14 +745,16 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # warps on an H100, at 16384 x 131072 (94 % of copy) and at 1024 x 65536 (90 %), and of 8 to
 # 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
 SPLIT_CHUNK_BYTES = 32 * 1024
-# 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns instead. It
-# reads x twice (about 2/3 of copy, unless the second read hits L2), yet the split kernel did
-# worse on 16-bit rows: there it keeps more registers per value (compiled for the H100, 8192
-# columns over 8 warps: 165 a thread against 126 for float32; its per-value -inf test keeps each
-# 16-bit value beside its float32 copy), so one group fits per SM where float32 fits two. On an
-# H100 at 0.25-2 GiB, widths 50257 to 262144 (outputs/profiles/row_sweep.txt), tiles of 8192:
-# 56-69 % of copy; the split kernel with 8 to 64 KiB a program: 24-68 %, its best at each width
-# 43-68 %.
+# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, and only rows that start on 16-byte
+# boundaries and fill at least 3/4 of the power-of-two grid of chunks (split x chunk columns).
+# On an H100 (outputs/profiles/row_sweep.txt, bf16, 0.25-2 GiB): 70-78 % of copy at widths
+# 50256, 65536, 128256 and 262144 (8 KiB chunks 62-80 %, 32 KiB 67-78 %), where the online kernel
+# in tiles of 8192 columns reaches 56-69 %; at 151936 (58 % of 32 x 8192 columns used) 53 %
+# against 60 %, and at the odd width 50257 43 % against 56 %: those take the online tiles.
+SPLIT_CHUNK_BYTES_16BIT = 16 * 1024
+SPLIT_FILL_16BIT = 0.75
+# Other 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns. It
+# reads x twice (about 2/3 of copy, unless the second read hits L2).
 LONG_16BIT_TILE = 8192
 
 
@@ -808,6 +812,8 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
         if INTERPRET:  # programs run one after another there and cannot wait for each other
             return _long_row_launch(n_rows, n_cols)
         if dtype.itemsize < 4:
+            if _split_suits_16bit(n_cols, stride_x, dtype):
+                return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, SPLIT_CHUNK_BYTES_16BIT)
             return RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
         return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
     block = max(full, BLOCK_SIZE)
@@ -837,10 +843,23 @@ def _int_stand_in(v: int) -> int:
     return 1 if v == 1 else 16 if v % 16 == 0 else 3
 
 
-def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int) -> RowLaunch:
-    chunk = SPLIT_CHUNK_BYTES // dtype.itemsize
+def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int, int]:
+    """(split, chunk): programs per row and columns per program, both powers of two."""
+    chunk = chunk_bytes // dtype.itemsize
     split = next_power_of_2(cdiv(n_cols, chunk))
-    chunk = next_power_of_2(cdiv(n_cols, split))
+    return split, next_power_of_2(cdiv(n_cols, split))
+
+
+def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
+    """A long 16-bit row the split kernel reads faster than the online tiles (see SPLIT_CHUNK_BYTES_16BIT)."""
+    vector = 16 // dtype.itemsize
+    split, chunk = _split_shape(n_cols, SPLIT_CHUNK_BYTES_16BIT, dtype)
+    return n_cols % vector == 0 and stride_x % vector == 0 and n_cols >= SPLIT_FILL_16BIT * split * chunk
+
+
+def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
+                  chunk_bytes: int | None = None) -> RowLaunch:
+    split, chunk = _split_shape(n_cols, chunk_bytes or SPLIT_CHUNK_BYTES, dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
 
@@ -1122,8 +1141,8 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
 
     BLOCK_SIZE=None lets the wrapper choose: the whole row in one program when it fits
     (``softmax_row_kernel``, reading x once), else for float32 the row split over resident
-    programs (``softmax_split_row_kernel``, reading x once) and for 16-bit rows the online kernel
-    in tiles of ``LONG_16BIT_TILE`` columns (reading x twice; see that constant for why); in
+    programs (``softmax_split_row_kernel``, reading x once; 16-bit rows only where that is faster,
+    else the online kernel in tiles of ``LONG_16BIT_TILE`` columns: see ``SPLIT_CHUNK_BYTES_16BIT``); in
     interpreter mode, where programs run one after another and cannot wait for each other, long
     rows take the online kernel too. A repeated eager call replays the launch kept from the
     first (``Replay``; with its workspace and counters, ``ReplayChain``). A given BLOCK_SIZE (a power of two)
@@ -1131,7 +1150,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.
     """
-    key = replay_key((x,), option_key(BLOCK_SIZE))
+    key = replay_key((x,), (BLOCK_SIZE,))
     if key is not None:
         replay = _ROW_REPLAYS.get(key)
         if replay is not None:

@@ -67,10 +67,12 @@ CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
 ] + [(d2, impl, None) for d2 in SPEC_D2 for impl in CALLER_FORMS]
 
 
-def wrapper_block(impl: str, block: int | None, d2: int, dtype: torch.dtype) -> int | None:
-    """The row's BLOCK: the given one, or for a caller form the wrapper's choice (under the
-    float32 matmul precision set now)."""
-    return fused_blocks(d2, dtype) if block is None and impl in CALLER_FORMS else block
+def wrapper_block(impl: str, block: int | None, d2: int, d3: int, dtype: torch.dtype) -> int | None:
+    """The row's BLOCK: the given one, or for a caller form the wrapper's choice for contiguous
+    inputs (under the float32 matmul precision set now)."""
+    if block is None and impl in CALLER_FORMS:
+        return fused_blocks(d2, d3, dtype, d2 * dtype.itemsize % 16 == 0)
+    return block
 
 
 def build_softmax_matmul(impl: str, block: int | None, batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype):
@@ -94,7 +96,7 @@ def softmax_matmul_bytes(impl: str, batch: int, d1: int, d2: int, d3: int, items
 def test_softmax_matmul(bench, d2, impl, B):
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, triton=impl.startswith("triton"),
-               BLOCK=wrapper_block(impl, B, d2, torch.float32), impl=impl, dtype="float32")
+               BLOCK=wrapper_block(impl, B, d2, d3, torch.float32), impl=impl, dtype="float32")
     bench(GROUP, row, lambda: build_softmax_matmul(impl, B, batch, d1, d2, d3, torch.float32),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, 4), flops=softmax_matmul_flops(batch, d1, d2, d3),
           dtype=torch.float32, error=softmax_matmul_error)

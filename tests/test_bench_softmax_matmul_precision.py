@@ -58,7 +58,7 @@ def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2,
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     torch_dtype = DTYPES[dtype]
     row = dict(batch_size=batch, d1=d1, d2=d2, d3=d3, dtype=dtype, precision=precision, impl=impl,
-               BLOCK=wrapper_block(impl, block, d2, torch_dtype))
+               BLOCK=wrapper_block(impl, block, d2, d3, torch_dtype))
     bench(GROUP, row, lambda: build_softmax_matmul(impl, block, batch, d1, d2, d3, torch_dtype),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, torch_dtype.itemsize),
           flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error)

@@ -329,8 +329,8 @@ def test_row_softmax_replays_equal_the_checked_path():
     for x, x_next in cases:
         osm._ROW_REPLAYS.clear()
         osm.row_softmax(x)
-        key = osm.replay_key((x,), osm.option_key(None))
-        assert key in osm._ROW_REPLAYS and osm.replay_key((x_next,), osm.option_key(None)) == key
+        key = osm.replay_key((x,), (None,))
+        assert key in osm._ROW_REPLAYS and osm.replay_key((x_next,), (None,)) == key
         again = osm.row_softmax(x_next)  # the kept launch
         osm._ROW_REPLAYS.clear()
         assert torch.equal(again, osm.row_softmax(x_next))  # the checked path's answer, bit for bit
@@ -342,7 +342,7 @@ def test_row_softmax_replays_equal_the_checked_path():
         torch.testing.assert_close(osm.row_softmax(t), torch.softmax(t, -1))
     assert not osm._ROW_REPLAYS
     x = cases[0][0].clone().requires_grad_()
-    assert osm.replay_key((x,), osm.option_key(None)) is None
+    assert osm.replay_key((x,), (None,)) is None
     assert osm.row_softmax(x).grad_fn is not None
 
 
@@ -396,7 +396,7 @@ def test_kept_chains_and_online_launches_equal_the_checked_path():
         x, x_next = randn(shape, dtype, seed=20), randn(shape, dtype, seed=21)
         osm._ROW_REPLAYS.clear()
         osm.row_softmax(x)
-        key = osm.replay_key((x,), osm.option_key(None))
+        key = osm.replay_key((x,), (None,))
         kept, uses = counting(osm._ROW_REPLAYS, key)
         assert isinstance(kept, kind), shape
         again = osm.row_softmax(x_next)
@@ -428,7 +428,7 @@ def test_a_kept_split_row_chain_captured_in_a_cuda_graph_makes_its_counters_in_t
     static_x = randn((8, 65536), torch.float32, seed=25)
     osm._ROW_REPLAYS.clear()
     osm.row_softmax(static_x)
-    key = osm.replay_key((static_x,), osm.option_key(None))
+    key = osm.replay_key((static_x,), (None,))
     kept, uses = counting(osm._ROW_REPLAYS, key)
     before = set(osm._SPLIT_COUNTERS)
     side = torch.cuda.Stream()

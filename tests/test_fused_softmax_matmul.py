@@ -396,6 +396,28 @@ def test_gradients_match_float64(shape, blocks, launch, dtype):
     check_gradients(x.requires_grad_(), V.requires_grad_(), launch, blocks, seed=7)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("row_stride", [40, 38, 37], ids=["16-byte rows", "rows 2 elements apart", "odd stride"])
+def test_gradients_of_rows_at_any_stride(row_stride, dtype):
+    """x and V as views of wider tensors whose row strides divide by 16 bytes, by 2 elements
+    only, or by nothing: the kernels get them divided by as much (``vector_strides``) and must
+    multiply them back, forward and backward."""
+    wide_x, wide_V = softmax_matmul_inputs(2, 19, row_stride, row_stride, DTYPES[dtype], seed=row_stride, scale=2.0)
+    x, V = wide_x[:, :, :35].requires_grad_(), wide_V[:, :35, :20].requires_grad_()
+    check_gradients(x, V, None, (16, 16), seed=row_stride + 1)
+
+
+def test_vector_strides_divide_by_the_largest_power_of_two_up_to_16_bytes():
+    from fused_softmax_matmul import vector_strides
+
+    assert vector_strides(torch.empty(2, 3, 1000)) == ((750, 250, 1), 4)
+    assert vector_strides(torch.empty(2, 3, 1000, dtype=torch.bfloat16)) == ((375, 125, 1), 8)
+    assert vector_strides(torch.empty(2, 3, 18)) == ((27, 9, 1), 2)
+    assert vector_strides(torch.empty(2, 3, 17)) == ((51, 17, 1), 1)
+    assert vector_strides(torch.empty(2, 3, 1000).transpose(1, 2)) == ((3000, 1, 1000), 1)  # a row stride of 1
+    assert vector_strides(torch.empty(4, 8, 16), dims=(1,)) == ((128, 4, 1), 4)
+
+
 @pytest.mark.skipif(ON_GPU, reason="on an H100 torch's own products at these small sizes came out float32-accurate "
                     "under 'high' (error 1.2e-7), no yardstick for TF32 ones: test_gpu_gradients checks the GPU")
 @pytest.mark.parametrize("float32_matmul_precision", ["high"], indirect=True)
@@ -598,18 +620,23 @@ def test_compiled_op_bodies_trace_to_triton_kernels():
     assert run.returncode == 0 and "traced 12" in run.stdout, run.stderr[-3000:]
 
 
-@pytest.mark.parametrize("d2,dtype,precision,block", [
-    (8192, torch.bfloat16, "highest", 64), (256, torch.float16, "highest", 64), (128, torch.bfloat16, "highest", 32),
-    (8192, torch.float32, "highest", 64), (8192, torch.float32, "high", 32), (64, torch.float32, "highest", 32),
+@pytest.mark.parametrize("d2,d3,dtype,precision,aligned,block", [
+    (8192, 512, torch.bfloat16, "highest", True, 64), (256, 64, torch.float16, "highest", True, 64),
+    (128, 512, torch.bfloat16, "highest", True, 32), (64, 64, torch.float32, "highest", True, 32),
+    (8192, 512, torch.float32, "highest", True, 64), (8192, 64, torch.float32, "highest", True, 32),
+    (8192, 512, torch.float32, "high", True, 32), (8192, 64, torch.float32, "high", True, 64),
+    (1001, 64, torch.float32, "high", False, 16), (1001, 512, torch.bfloat16, "highest", False, 32),
 ])
-def test_default_blocks_follow_the_committed_tables(d2, dtype, precision, block):
-    """fused_softmax's blocks when none are given: 64, or 32 under TF32 and below d2 = 256."""
+def test_default_blocks_follow_the_measured_rule(d2, d3, dtype, precision, aligned, block):
+    """fused_softmax's blocks when none are given: 64 for 16-bit rows, for float32 by the product
+    and d3 (tf32x3: 32 to d3 = 64, TF32: 64 to d3 = 64), 32 below d2 = 256, smaller for rows
+    whose stride is no multiple of 16 bytes."""
     from fused_softmax_matmul import fused_blocks
 
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision(precision)
     try:
-        assert fused_blocks(d2, dtype) == block
+        assert fused_blocks(d2, d3, dtype, aligned) == block
     finally:
         torch.set_float32_matmul_precision(before)
 

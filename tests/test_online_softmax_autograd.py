@@ -173,7 +173,7 @@ def test_row_launch_is_cached():
     if osm.INTERPRET:
         assert after.hits == before.hits + 1
     else:
-        assert after.hits == before.hits and osm.replay_key((x,), osm.option_key(None)) in osm._ROW_REPLAYS
+        assert after.hits == before.hits and osm.replay_key((x,), (None,)) in osm._ROW_REPLAYS
 
 
 # ----------------------------------------------------------------------------------------------

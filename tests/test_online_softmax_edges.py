@@ -13,7 +13,7 @@ import torch
 
 import online_softmax as osm
 from online_softmax import OnlineSoftmax, online_softmax, online_softmax_backward, row_softmax
-from support import assert_close, needs_gpu, randn
+from support import ON_GPU, assert_close, needs_gpu, randn
 
 INF = float("inf")
 NAN = float("nan")
@@ -193,6 +193,33 @@ def test_long_16bit_rows_take_the_online_tiles_on_gpu(dtype):
     x = randn((5, n), dtype, seed=68, scale=3.0)
     x[1, :] = -INF
     x[2, 6 * osm.LONG_16BIT_TILE + 7] = INF
+    x[3, 3] = NAN
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    assert torch.isnan(out[1:4]).all()
+
+
+@pytest.mark.parametrize("n,stride,kernel", [(50257, 50257, "online"), (50256, 50256, "split"), (50256, 50257, "online"),
+                                              (151936, 151936, "online"), (128256, 128256, "split")])
+def test_long_16bit_rows_split_only_when_aligned_and_filling_the_chunks(n, stride, kernel):
+    """Rows that start on 16-byte boundaries and fill 3/4 of the split grid's columns take the
+    split kernel; odd widths, odd strides and 151936 (58 % filled) the online tiles."""
+    assert osm._split_suits_16bit(n, stride, torch.bfloat16) == (kernel == "split")
+    if ON_GPU:
+        launch = osm._row_launch(4, n, stride, torch.bfloat16, torch.cuda.current_device(), 0)
+        assert launch.kernel == kernel and (kernel == "online" or launch.block * 2 == osm.SPLIT_CHUNK_BYTES_16BIT)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_long_aligned_16bit_rows_on_the_split_kernel(dtype):
+    """The split kernel on 16-bit rows (65536 columns: 8 programs a row): a row of only -inf, NaN,
+    +inf in a later chunk, as torch."""
+    n = 65536
+    assert osm._row_launch(5, n, n, dtype, torch.cuda.current_device(), 0).kernel == "split"
+    x = randn((5, n), dtype, seed=69, scale=3.0)
+    x[1, :] = -INF
+    x[2, 5 * 8192 + 7] = INF
     x[3, 3] = NAN
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))

@@ -44,7 +44,7 @@ def main() -> None:
             except Exception as exc:
                 parts.append(f"{block}: failed {type(exc).__name__} ({programs} programs)")
         print(f"({batch}, {d1}, {d2}, {d3}) {dtype_name} {precision}: torch {t_torch:.4f} ms; default "
-              f"{fused_blocks(d2, dtype)}; " + "; ".join(parts), flush=True)
+              f"{fused_blocks(d2, d3, dtype, d2 * dtype.itemsize % 16 == 0)}; " + "; ".join(parts), flush=True)
     torch.set_float32_matmul_precision("highest")
 
 
