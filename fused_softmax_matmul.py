@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
-    one_axis_grid, replay_key, row_softmax,
+    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides,
 )
 
 
@@ -539,20 +539,6 @@ def fused_softmax_backward_dv_kernel(
     tl.store(d_ptrs, acc.to(dv_ptr.dtype.element_ty), mask=k_ok[:, None] & c_ok[None, :])
 
 
-def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tuple[int, ...], int]:
-    """t's strides with those of ``dims`` divided by ``align``, the largest power of two up to
-    16 bytes of elements that divides them all, and ``align``: for a kernel that multiplies them
-    back by the constant ``align``. Compiled, Triton only knows whether an int argument divides
-    by 16; a row stride such as 1000 would read as unaligned, and every row of x be loaded one
-    element at a time and staged without asynchronous copies (on an H100, softmax(x) @ V at
-    (8, 2048, 1000, 64) in bfloat16 took 0.103 ms, 0.042 ms with x's rows 1024 apart)."""
-    strides = tuple(int(v) for v in t.stride())
-    align = 16 // t.element_size()
-    while align > 1 and any(strides[d] % align for d in dims):
-        align //= 2
-    return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
-
-
 def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
     return torch.empty((x.shape[0], x.shape[1], V.shape[2]), dtype=x.dtype, device=x.device)
@@ -973,9 +959,11 @@ def matmul_kernel(
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
     n_tiles_b, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
 ):
-    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype."""
+    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype. The row
+    strides of x, W and out come divided by VEC (``_matmul_args``)."""
+    stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1003,9 +991,11 @@ def matmul_softmax_simple_kernel(
     x_ptr, w_ptr, out_ptr, B, K, C,
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
 ):
-    """softmax(x @ W) for BLOCK_B rows; BLOCK_C >= C, so each row's logits are all in registers."""
+    """softmax(x @ W) for BLOCK_B rows; BLOCK_C >= C, so each row's logits are all in registers.
+    Row strides divided by VEC, as ``matmul_kernel``'s."""
+    stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_C)
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
@@ -1019,7 +1009,7 @@ def split_k_kernel(
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
     n_splits, k_slice,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, VEC: tl.constexpr,
 ):
     """One K slice of a row block's logits, all C classes in one tile (BLOCK_C >= C).
 
@@ -1028,7 +1018,9 @@ def split_k_kernel(
     adds the partials in slice order, so the sum is the same whichever slice finishes last,
     and stores the logits, or with SOFTMAX their softmax. The count's atomic is acquire-release:
     a slice's partial is in memory before its count, and the last program reads all of them after.
+    Row strides divided by VEC, as ``matmul_kernel``'s.
     """
+    stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
     tile_b = tl.program_id(0) // n_splits
     part = tl.program_id(0) % n_splits
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -1059,13 +1051,15 @@ def matmul_softmax_tile_kernel(
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
     n_tiles_b, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
 ):
     """One (rows, class tile) of exp(logit - tile max), and per row the tile's (max, sum).
 
     stats: (2, B, n_tiles_c) float32, [0] the maxima, [1] the sums of exp(logit - max) taken in
-    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax.
+    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax. Row
+    strides divided by VEC, as ``matmul_kernel``'s.
     """
+    stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1149,9 +1143,13 @@ def softmax_grad_kernel(
                  mask=mask)
 
 
-def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple:
+def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[tuple, int]:
+    """(B, K, C and the strides of x, W and out; VEC): the kernels' shape arguments, the row
+    strides divided by VEC, which the kernels multiply back (see ``vector_strides``)."""
     B, K = x.shape
-    return (B, K, W.shape[1], *x.stride(), *W.stride(), *out.stride())
+    (xb, xk), (wk, wc), (ob, oc) = (tuple(int(v) for v in t.stride()) for t in (x, W, out))
+    vec = vector_align((xb, wk, ob), x.element_size())
+    return (B, K, W.shape[1], xb // vec, xk, wk // vec, wc, ob // vec, oc), vec
 
 
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
@@ -1208,9 +1206,10 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     parts = torch.empty(parts_shape, dtype=torch.float32, device=x.device)
     counts = _split_k_counts_for(x, n_tiles_b)
     kept = []
+    args, vec = _matmul_args(x, W, out)
     launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_splits,),
-                    (x, W, out, parts, counts, *_matmul_args(x, W, out), n_splits, k_slice),
-                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax),
+                    (x, W, out, parts, counts, *args, n_splits, k_slice),
+                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, VEC=vec),
                     None if keep is None else kept.append, 5)
     if kept:
         device = x.device
@@ -1247,8 +1246,9 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
-    launch_and_keep(_jit(matmul_kernel, wrap), grid, (x, W, out, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c),
-                    _constants(launch, x.dtype), keep, 3)
+    args, vec = _matmul_args(x, W, out)
+    launch_and_keep(_jit(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
+                    dict(_constants(launch, x.dtype), VEC=vec), keep, 3)
     return out
 
 
@@ -1262,8 +1262,9 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     if out.numel() == 0:
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
+    args, vec = _matmul_args(x, W, out)
     launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
-                    (x, W, out, *_matmul_args(x, W, out)), _constants(launch, x.dtype, grouped=False), keep, 3)
+                    (x, W, out, *args), dict(_constants(launch, x.dtype, grouped=False), VEC=vec), keep, 3)
     return out
 
 
@@ -1277,16 +1278,17 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
         _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)
         return out
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    args, vec = _matmul_args(x, W, out)
     if n_tiles_c == 1:
-        launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *_matmul_args(x, W, out)),
-                        _constants(launch, x.dtype, grouped=False), keep, 3)
+        launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
+                        dict(_constants(launch, x.dtype, grouped=False), VEC=vec), keep, 3)
         return out
     stats_shape = (2, B, n_tiles_c)
     stats = torch.empty(stats_shape, dtype=torch.float32, device=x.device)
     kept = []
     keep_step = None if keep is None else kept.append
     launch_and_keep(_jit(matmul_softmax_tile_kernel, wrap), grid,
-                    (x, W, out, stats, *_matmul_args(x, W, out), n_tiles_b, n_tiles_c), _constants(launch, x.dtype),
+                    (x, W, out, stats, *args, n_tiles_b, n_tiles_c), dict(_constants(launch, x.dtype), VEC=vec),
                     keep_step, 4)
     # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
     tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
