@@ -303,7 +303,7 @@ def fused_softmax_kernel(
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, LAZY_RESCALE: tl.constexpr, TRANSPOSED: tl.constexpr,
     ROUND_TF32: tl.constexpr, ROUND_V: tl.constexpr, STORE_LSE: tl.constexpr,
-    X_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr,
+    X_ALIGN: tl.constexpr, V_ALIGN: tl.constexpr, K_ALIGN: tl.constexpr,
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
@@ -319,8 +319,10 @@ def fused_softmax_kernel(
     STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
     float32, from which the backward recomputes the softmax.
 
-    X_ALIGN, V_ALIGN: the batch and row strides of x and V come divided by these (``vector_strides``).
+    X_ALIGN, V_ALIGN: the batch and row strides of x and V come divided by these, d2 by K_ALIGN
+    (``vector_strides``, ``vector_align``): the masks on d2 then hold over whole vectors.
     """
+    d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
     stride_x1 = stride_x1 * X_ALIGN
     stride_vb = stride_vb * V_ALIGN
@@ -438,7 +440,7 @@ def fused_softmax_backward_dx_kernel(
     n_tiles_1,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, DELTA_FROM_DP: tl.constexpr,
-    X_ALIGN: tl.constexpr, D_ALIGN: tl.constexpr,
+    X_ALIGN: tl.constexpr, D_ALIGN: tl.constexpr, K_ALIGN: tl.constexpr,
 ):
     """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
 
@@ -452,8 +454,10 @@ def fused_softmax_backward_dx_kernel(
     in dP_j cancel as they do in torch's formula. rowsum(dO * O) has O's independent errors
     instead: on an H100 (4 x 512 x 1024 x 96, logits of size 4) that gave 2.7 x torch's error.
 
-    X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these (``vector_strides``).
+    X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these, d2 by K_ALIGN
+    (``vector_strides``, ``vector_align``).
     """
+    d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
     stride_x1 = stride_x1 * X_ALIGN
     stride_db = stride_db * D_ALIGN
@@ -508,9 +512,11 @@ def fused_softmax_backward_dv_kernel(
     n_tiles, n_tiles_3,
     BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, X_ALIGN: tl.constexpr,
+    K_ALIGN: tl.constexpr,
 ):
     """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a
-    time. X_ALIGN: x's batch and row strides come divided by it (``vector_strides``)."""
+    time. X_ALIGN: x's batch and row strides come divided by it, d2 by K_ALIGN (``vector_strides``)."""
+    d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
     stride_x1 = stride_x1 * X_ALIGN
     pid = tl.program_id(0)
@@ -563,9 +569,11 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
     x_strides, x_align = vector_strides(x)
     v_strides, v_align = vector_strides(V)
+    k_align = vector_align((int(d2),), x.element_size())
     launch_and_keep(_jit(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
-                    (x, V, out, out if lse is None else lse, d1, d2, d3, *x_strides, *v_strides, *out.stride(), n_tiles,
-                     n_tiles_3), dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align),
+                    (x, V, out, out if lse is None else lse, d1, int(d2) // k_align, d3, *x_strides, *v_strides,
+                     *out.stride(), n_tiles, n_tiles_3),
+                    dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
                     None if store_lse else keep, 4)
     return out, lse
 
@@ -606,19 +614,20 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     x_strides, x_align = vector_strides(x)
+    k_align = vector_align((int(d2),), x.element_size())
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
         dx_strides, dx_align = vector_strides(dx)
         _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
-            x, V, out, dout, lse, dx, d1, d2, d3, *x_strides, *V.stride(), *out.stride(), *dout.stride(),
-            *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, DELTA_FROM_DP=delta_from_dp,
-            X_ALIGN=x_align, D_ALIGN=dx_align, num_warps=4, num_stages=2)
+            x, V, out, dout, lse, dx, d1, int(d2) // k_align, d3, *x_strides, *V.stride(), *out.stride(),
+            *dout.stride(), *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision,
+            DELTA_FROM_DP=delta_from_dp, X_ALIGN=x_align, D_ALIGN=dx_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
         _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
-            x, dout, lse, dV, d1, d2, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
-            BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, num_warps=4, num_stages=2)
+            x, dout, lse, dV, d1, int(d2) // k_align, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
+            BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     return dx, dV
 
 
@@ -961,9 +970,10 @@ def matmul_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
 ):
-    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype. The row
-    strides of x, W and out come divided by VEC (``_matmul_args``)."""
+    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype. K, C and the
+    row strides of x, W and out come divided by VEC (``_matmul_args``)."""
     stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
+    K, C = K * VEC, C * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -994,8 +1004,9 @@ def matmul_softmax_simple_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
 ):
     """softmax(x @ W) for BLOCK_B rows; BLOCK_C >= C, so each row's logits are all in registers.
-    Row strides divided by VEC, as ``matmul_kernel``'s."""
+    K, C and the row strides divided by VEC, as ``matmul_kernel``'s."""
     stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
+    K, C = K * VEC, C * VEC
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_C)
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
@@ -1018,9 +1029,10 @@ def split_k_kernel(
     adds the partials in slice order, so the sum is the same whichever slice finishes last,
     and stores the logits, or with SOFTMAX their softmax. The count's atomic is acquire-release:
     a slice's partial is in memory before its count, and the last program reads all of them after.
-    Row strides divided by VEC, as ``matmul_kernel``'s.
+    K, C and the row strides divided by VEC, as ``matmul_kernel``'s.
     """
     stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
+    K, C = K * VEC, C * VEC
     tile_b = tl.program_id(0) // n_splits
     part = tl.program_id(0) % n_splits
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
@@ -1056,10 +1068,11 @@ def matmul_softmax_tile_kernel(
     """One (rows, class tile) of exp(logit - tile max), and per row the tile's (max, sum).
 
     stats: (2, B, n_tiles_c) float32, [0] the maxima, [1] the sums of exp(logit - max) taken in
-    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax. Row
-    strides divided by VEC, as ``matmul_kernel``'s.
+    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax. K, C
+    and the row strides divided by VEC, as ``matmul_kernel``'s.
     """
     stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
+    K, C = K * VEC, C * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1144,12 +1157,13 @@ def softmax_grad_kernel(
 
 
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[tuple, int]:
-    """(B, K, C and the strides of x, W and out; VEC): the kernels' shape arguments, the row
-    strides divided by VEC, which the kernels multiply back (see ``vector_strides``)."""
-    B, K = x.shape
+    """(B, K, C and the strides of x, W and out; VEC): the kernels' shape arguments, K, C and the
+    row strides divided by VEC, which the kernels multiply back (see ``vector_strides``): rows
+    and the masks on K and C then cover whole vectors."""
+    B, K, C = int(x.shape[0]), int(x.shape[1]), int(W.shape[1])
     (xb, xk), (wk, wc), (ob, oc) = (tuple(int(v) for v in t.stride()) for t in (x, W, out))
-    vec = vector_align((xb, wk, ob), x.element_size())
-    return (B, K, W.shape[1], xb // vec, xk, wk // vec, wc, ob // vec, oc), vec
+    vec = vector_align((xb, wk, ob, K, C), x.element_size())
+    return (B, K // vec, C // vec, xb // vec, xk, wk // vec, wc, ob // vec, oc), vec
 
 
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:

@@ -397,13 +397,15 @@ def test_gradients_match_float64(shape, blocks, launch, dtype):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("d2", [35, 36, 32])
 @pytest.mark.parametrize("row_stride", [40, 38, 37], ids=["16-byte rows", "rows 2 elements apart", "odd stride"])
-def test_gradients_of_rows_at_any_stride(row_stride, dtype):
+def test_gradients_of_rows_at_any_stride(row_stride, d2, dtype):
     """x and V as views of wider tensors whose row strides divide by 16 bytes, by 2 elements
-    only, or by nothing: the kernels get them divided by as much (``vector_strides``) and must
-    multiply them back, forward and backward."""
+    only, or by nothing, and d2 odd, a multiple of 4 or of 16: the kernels get strides and d2
+    divided by as much (``vector_strides``, ``vector_align``) and must multiply them back,
+    forward and backward."""
     wide_x, wide_V = softmax_matmul_inputs(2, 19, row_stride, row_stride, DTYPES[dtype], seed=row_stride, scale=2.0)
-    x, V = wide_x[:, :, :35].requires_grad_(), wide_V[:, :35, :20].requires_grad_()
+    x, V = wide_x[:, :, :d2].requires_grad_(), wide_V[:, :d2, :20].requires_grad_()
     check_gradients(x, V, None, (16, 16), seed=row_stride + 1)
 
 
