@@ -1147,7 +1147,7 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
     """(B, K, C and the strides of x, W and out; VEC): the kernels' shape arguments, the row
     strides divided by VEC, which the kernels multiply back (see ``vector_strides``)."""
     B, K = x.shape
-    (xb, xk), (wk, wc), (ob, oc) = (tuple(int(v) for v in t.stride()) for t in (x, W, out))
+    (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))  # no int(): see vector_strides
     vec = vector_align((xb, wk, ob), x.element_size())
     return (B, K, W.shape[1], xb // vec, xk, wk // vec, wc, ob // vec, oc), vec
 
