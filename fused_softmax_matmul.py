@@ -569,9 +569,9 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
     n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
     x_strides, x_align = vector_strides(x)
     v_strides, v_align = vector_strides(V)
-    k_align = vector_align((int(d2),), x.element_size())
+    k_align = vector_align((d2,), x.element_size())
     launch_and_keep(_jit(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
-                    (x, V, out, out if lse is None else lse, d1, int(d2) // k_align, d3, *x_strides, *v_strides,
+                    (x, V, out, out if lse is None else lse, d1, d2 // k_align, d3, *x_strides, *v_strides,
                      *out.stride(), n_tiles, n_tiles_3),
                     dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
                     None if store_lse else keep, 4)
@@ -614,19 +614,19 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     x_strides, x_align = vector_strides(x)
-    k_align = vector_align((int(d2),), x.element_size())
+    k_align = vector_align((d2,), x.element_size())
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
         dx_strides, dx_align = vector_strides(dx)
         _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
-            x, V, out, dout, lse, dx, d1, int(d2) // k_align, d3, *x_strides, *V.stride(), *out.stride(),
+            x, V, out, dout, lse, dx, d1, d2 // k_align, d3, *x_strides, *V.stride(), *out.stride(),
             *dout.stride(), *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision,
             DELTA_FROM_DP=delta_from_dp, X_ALIGN=x_align, D_ALIGN=dx_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
         _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
-            x, dout, lse, dV, d1, int(d2) // k_align, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
+            x, dout, lse, dV, d1, d2 // k_align, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     return dx, dV
 
@@ -1160,8 +1160,8 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
     """(B, K, C and the strides of x, W and out; VEC): the kernels' shape arguments, K, C and the
     row strides divided by VEC, which the kernels multiply back (see ``vector_strides``): rows
     and the masks on K and C then cover whole vectors."""
-    B, K, C = int(x.shape[0]), int(x.shape[1]), int(W.shape[1])
-    (xb, xk), (wk, wc), (ob, oc) = (tuple(int(v) for v in t.stride()) for t in (x, W, out))
+    (B, K), C = x.shape, W.shape[1]
+    (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))  # no int(): see vector_strides
     vec = vector_align((xb, wk, ob, K, C), x.element_size())
     return (B, K // vec, C // vec, xb // vec, xk, wk // vec, wc, ob // vec, oc), vec
 

@@ -1054,7 +1054,13 @@ def softmax_split_row_kernel(
 
 
 def vector_align(strides, itemsize: int) -> int:
-    """The largest power of two of elements, up to 16 bytes, that divides every stride."""
+    """The largest power of two of elements, up to 16 bytes, that divides every stride; 1 where
+    Triton knows as much already (every stride a multiple of 16 elements: what it specialises
+    on, so the compiled kernel stays the one it always was) or where any stride is 2^31 or more
+    (passed as a 64-bit int; divided, it would come as a 32-bit one and overflow when the
+    kernel multiplies it back)."""
+    if any(v >= 2**31 for v in strides) or not any(v % 16 for v in strides):
+        return 1
     align = 16 // itemsize
     while align > 1 and any(v % align for v in strides):
         align //= 2
@@ -1068,7 +1074,7 @@ def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tup
     read as unaligned, and every row be loaded one element at a time and staged without
     asynchronous copies (on an H100, softmax(x) @ V at (8, 2048, 1000, 64) in bfloat16 took
     0.103 ms, 0.042 ms with x's rows 1024 apart: outputs/profiles/fused_stride_probe.txt)."""
-    strides = tuple(int(v) for v in t.stride())
+    strides = tuple(t.stride())  # symbolic under torch.compile: no int(), which would pin the shape
     align = vector_align([strides[d] for d in dims], t.element_size())
     return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
 
@@ -1086,6 +1092,10 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     # (and the compiled graph guarded on) the concrete shape, as the cache needs plain ints.
     n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
     launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
+    if launch.kernel == "split" and not _aligned(x2) and x2.element_size() < 4:
+        # A 16-bit row takes the split kernel only where that beats the online tiles; copied
+        # first (four passes over x) it would not.
+        launch = RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
     if launch.kernel == "online":
         return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
     if launch.kernel == "split":
@@ -1112,9 +1122,9 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     # are then whole vectors. (Strides alone, without the width, lay values out for vectors
     # the mask then splits into scalar loads: on an H100 at 67108 x 1000 float32 that ran
     # 0.240 ms against 0.197.)
-    vec = vector_align((n_cols, int(x2.stride(0)), int(y.stride(0))), x2.element_size())
+    vec = vector_align((n_cols, x2.stride(0), y.stride(0)), x2.element_size())
     launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,),
-                    (x2, y, n_rows, n_cols // vec, int(x2.stride(0)) // vec, int(y.stride(0)) // vec),
+                    (x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, y.stride(0) // vec),
                     dict(BLOCK_SIZE=launch.block, VEC=vec, num_warps=launch.warps), keep, 2)
     return y
 

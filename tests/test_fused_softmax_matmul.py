@@ -410,14 +410,17 @@ def test_gradients_of_rows_at_any_stride(row_stride, d2, dtype):
 
 
 def test_vector_strides_divide_by_the_largest_power_of_two_up_to_16_bytes():
-    from fused_softmax_matmul import vector_strides
+    from online_softmax import vector_align, vector_strides
 
     assert vector_strides(torch.empty(2, 3, 1000)) == ((750, 250, 1), 4)
     assert vector_strides(torch.empty(2, 3, 1000, dtype=torch.bfloat16)) == ((375, 125, 1), 8)
     assert vector_strides(torch.empty(2, 3, 18)) == ((27, 9, 1), 2)
     assert vector_strides(torch.empty(2, 3, 17)) == ((51, 17, 1), 1)
     assert vector_strides(torch.empty(2, 3, 1000).transpose(1, 2)) == ((3000, 1, 1000), 1)  # a row stride of 1
-    assert vector_strides(torch.empty(4, 8, 16), dims=(1,)) == ((128, 4, 1), 4)
+    assert vector_strides(torch.empty(4, 8, 20), dims=(1,)) == ((160, 5, 1), 4)
+    # Multiples of 16 elements, which Triton knows already, and 64-bit strides stay whole.
+    assert vector_strides(torch.empty(2, 3, 1024)) == ((3072, 1024, 1), 1)
+    assert vector_align((2**31 + 8, 8), 2) == 1 and vector_align((2**31 - 8, 8), 2) == 8
 
 
 @pytest.mark.skipif(ON_GPU, reason="on an H100 torch's own products at these small sizes came out float32-accurate "
@@ -606,6 +609,10 @@ for mode, args in ((static, fakes), (symbolic, dynamic)):
         with mode:
             nodes = [n for n in make_fx(fn)(*args).graph.nodes if "triton_kernel_wrapper" in str(n.target)]
         assert len(nodes) == launches, (name, len(nodes))
+        if mode is symbolic and name == "fused_softmax":
+            # x's strides reach the launch symbolic: the body must not pin d1 and d2 (int() would)
+            launched = nodes[0].kwargs["kwargs"]
+            assert all(isinstance(launched[k], torch.fx.Node) for k in ("stride_xb", "stride_x1")), launched
 print("traced", 2 * len(bodies))
 """
 

@@ -211,6 +211,21 @@ def test_long_16bit_rows_split_only_when_aligned_and_filling_the_chunks(n, strid
 
 
 @needs_gpu
+def test_long_16bit_rows_off_16_bytes_take_the_online_tiles_in_place(monkeypatch):
+    """A bf16 view whose width and stride suit the split kernel but whose data starts 2 bytes
+    past a 16-byte boundary runs in online tiles on x itself, not on a copy."""
+    wide = randn((3, 65536 + 8), torch.bfloat16, seed=70, scale=3.0)
+    x = wide[:, 1:65537]
+    assert osm._split_suits_16bit(65536, x.stride(0), x.dtype) and x.data_ptr() % 16
+    seen = []
+    online = osm._online_forward
+    monkeypatch.setattr(osm, "_online_forward", lambda x3, *a: seen.append(x3.data_ptr()) or online(x3, *a))
+    out = row_softmax(x)
+    assert seen == [x.data_ptr()]
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 def test_long_aligned_16bit_rows_on_the_split_kernel(dtype):
     """The split kernel on 16-bit rows (65536 columns: 8 programs a row): a row of only -inf, NaN,
