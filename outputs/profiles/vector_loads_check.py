@@ -25,16 +25,17 @@ import fused_softmax_matmul as fsm
 import online_softmax as osm
 
 
-def memory_ops(kernel, constants: dict, divisible: tuple = (), unit_strides: tuple = (), num_warps: int = 4) -> Counter:
-    """Compile ``kernel`` for sm_90 with float32 pointers; int arguments in ``divisible`` are known
-    multiples of 16 (as Triton specialises them at a launch), those in ``unit_strides`` equal 1."""
+def memory_ops(kernel, constants: dict, divisible: tuple = (), unit_strides: tuple = (), num_warps: int = 4,
+               pointer: str = "*fp32") -> Counter:
+    """Compile ``kernel`` for sm_90 with ``pointer`` pointers; int arguments in ``divisible`` are
+    known multiples of 16 (as Triton specialises them at a launch), those in ``unit_strides`` equal 1."""
     signature, fixed, attrs = {}, {}, {}
     for i, name in enumerate(kernel.arg_names):
         if name in constants or name in unit_strides:
             signature[name] = "constexpr"
             fixed[(i,)] = constants.get(name, 1)
         elif name.endswith("_ptr"):
-            signature[name] = "*fp32"
+            signature[name] = pointer
             attrs[(i,)] = [["tt.divisibility", 16]]
         else:
             signature[name] = "i32"
@@ -58,6 +59,14 @@ def main() -> None:
         ops = memory_ops(fsm.matmul_softmax_tile_kernel, constants, divisible=("stride_xb", "K"),
                          unit_strides=("stride_xk", "stride_wc", "stride_oc"))
         print(f"matmul_softmax_tile_kernel, 512 x 2048 x 1000 float32, VEC {vec}: {dict(ops)}")
+    for k_align in (1, 8):
+        constants = dict(BLOCK_1=64, BLOCK_2=64, BLOCK_3=128, PRECISION="ieee", UPCAST=False, LAZY_RESCALE=False,
+                         TRANSPOSED=True, ROUND_TF32=False, ROUND_V=False, STORE_LSE=False, X_ALIGN=8, V_ALIGN=1,
+                         K_ALIGN=k_align)
+        ops = memory_ops(fsm.fused_softmax_kernel, constants, num_warps=8, pointer="*bf16",
+                         divisible=("d3", "stride_vb", "stride_v2", "stride_ob", "stride_o1"),
+                         unit_strides=("stride_x2", "stride_v3", "stride_o3"))
+        print(f"fused_softmax_kernel, (8, 2048, 1000, 64) bfloat16, X_ALIGN 8, K_ALIGN {k_align}: {dict(ops)}")
 
 
 if __name__ == "__main__":
