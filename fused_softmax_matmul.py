@@ -239,6 +239,13 @@ def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True) -> 
     return 64 if narrow == (dot_precision(dtype) == "tf32") else 32
 
 
+def default_block(x: torch.Tensor, V: torch.Tensor) -> int:
+    """``fused_blocks`` for these inputs: their d2, d3 and dtype, and whether x's batch and row
+    strides are multiples of 16 bytes."""
+    aligned = not any(v * x.element_size() % 16 for v in x.stride()[:2])
+    return fused_blocks(int(x.shape[-1]), int(V.shape[-1]), x.dtype, aligned)
+
+
 def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
     """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
 
@@ -687,8 +694,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
                 return out
     check_softmax_matmul_inputs(x, V)
     if BLOCK_1 is None or BLOCK_2 is None:
-        aligned = vector_strides(x)[1] * x.element_size() == 16
-        block = fused_blocks(int(x.shape[-1]), int(V.shape[-1]), x.dtype, aligned)
+        block = default_block(x, V)
         BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
         BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
     check_block("BLOCK_1", BLOCK_1, 16, 256)

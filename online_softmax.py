@@ -814,11 +814,16 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
         if dtype.itemsize < 4:
             if _split_suits_16bit(n_cols, stride_x, dtype):
                 return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, SPLIT_CHUNK_BYTES_16BIT)
-            return RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
+            return _long_16bit_launch(n_rows)
         return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
     block = max(full, BLOCK_SIZE)
     warps = _row_warps(block)
     return RowLaunch("row", block, warps, _row_grid(n_rows, block, warps, device_index)).check()
+
+
+def _long_16bit_launch(n_rows: int) -> RowLaunch:
+    """Long 16-bit rows off the split kernel: the online kernel in tiles of LONG_16BIT_TILE columns."""
+    return RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
 
 
 def _long_row_launch(n_rows: int, n_cols: int) -> RowLaunch:
@@ -1064,7 +1069,7 @@ def vector_align(strides, itemsize: int) -> int:
     align = 16 // itemsize
     while align > 1 and any(v % align for v in strides):
         align //= 2
-    return max(align, 1)
+    return align
 
 
 def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tuple[int, ...], int]:
@@ -1095,7 +1100,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     if launch.kernel == "split" and not _aligned(x2) and x2.element_size() < 4:
         # A 16-bit row takes the split kernel only where that beats the online tiles; copied
         # first (four passes over x) it would not.
-        launch = RowLaunch("online", LONG_16BIT_TILE, _warps_for_tile(LONG_16BIT_TILE), n_rows).check()
+        launch = _long_16bit_launch(n_rows)
     if launch.kernel == "online":
         return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
     if launch.kernel == "split":

@@ -650,6 +650,18 @@ def test_default_blocks_follow_the_measured_rule(d2, d3, dtype, precision, align
         torch.set_float32_matmul_precision(before)
 
 
+@pytest.mark.parametrize("d2,dtype,aligned", [(8192, torch.float32, True), (1000, torch.bfloat16, True),
+                                              (1000, torch.float32, True), (1001, torch.float32, False)])
+def test_default_block_reads_the_alignment_of_the_inputs(d2, dtype, aligned):
+    """The wrapper's block for contiguous inputs: rows of 16-byte multiples are aligned, whatever
+    Triton already knows of them (8192 columns: strides passed whole)."""
+    from fused_softmax_matmul import default_block, fused_blocks
+
+    x, V = torch.empty(2, 16, d2, dtype=dtype), torch.empty(2, d2, 64, dtype=dtype)
+    assert default_block(x, V) == fused_blocks(d2, 64, dtype, aligned)
+    assert default_block(x[:, :, : d2 - 1], V[:, : d2 - 1]) == fused_blocks(d2 - 1, 64, dtype, aligned)
+
+
 def test_explicit_zero_block_is_refused_not_replaced():
     x, V = randn((1, 16, 16), torch.float32, seed=3), randn((1, 16, 16), torch.float32, seed=4)
     with pytest.raises(ValueError, match="BLOCK_1 must be a power of two"):
