@@ -40,7 +40,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
-    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides,
+    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, DirectLauncher,
 )
 
 
@@ -1273,8 +1273,18 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
 
 
 def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
-    # Two launches, none kept here (``keep`` is the family's signature); row_softmax keeps its own.
-    return row_softmax(_matmul_forward(x, W, launch, wrap))
+    """The logits by ``matmul``'s launch, then ``row_softmax``'s; with ``keep``, both kept as one
+    chain over (x, W, out) that makes its own logits buffer."""
+    if keep is None:
+        return row_softmax(_matmul_forward(x, W, launch, wrap))
+    kept = []
+    logits = _matmul_forward(x, W, launch, wrap, keep=kept.append)
+    out = _row_forward(logits, 0, traced=False, keep=kept.append)
+    if len(kept) == 2:
+        shape, dtype, device = logits.shape, logits.dtype, logits.device
+        keep(ReplayChain((lambda x, W, out: torch.empty(shape, dtype=dtype, device=device),),
+                         ((kept[0], (0, 1, 3)), (kept[1], (3, 2)))))
+    return out
 
 
 def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
@@ -2242,6 +2252,26 @@ def flash_attention_backward_dq_kernel(
              dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
+def _flash_kernel(kernel):
+    """The kernel as the Function launches it: itself under torch.compile (Dynamo traces a JIT
+    function's launch) and in the interpreter, else its ``DirectLauncher`` (less host time, and
+    the launch can be kept)."""
+    return kernel if torch.compiler.is_compiling() else _jit(kernel, traced=False)
+
+
+def _keep_flash_launch(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None) -> None:
+    """Append the launch just made to ``kept`` as a ``Replay`` of its first ``n_tensors`` arguments
+    (``DirectLauncher.replay``), or None where it cannot be kept."""
+    if kept is not None:
+        kept.append(kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None)
+
+
+def _flash_replay_key(tensors: tuple, is_causal, launches) -> tuple | None:
+    """The key a Function call's kept launches go under; None for a call with a launch override
+    (tuning) or one no kept launch may serve (``replay_key``)."""
+    return None if launches is not None else replay_key(tensors, (is_causal, _float32_matmul_precision()))
+
+
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
@@ -2250,13 +2280,25 @@ class FlashAttentionTriton(torch.autograd.Function):
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
-    CUDA graph captures them. A backward taken with create_graph=True (for a second derivative)
-    is computed by the recorded PyTorch tiling (``flash_pytorch_gradients_twice_differentiable``):
-    the kernels' gradients would carry no history.
+    CUDA graph captures them. An eager call whose inputs match an earlier call's in everything the
+    launches depend on (``replay_key``) replays that call's kept launches and skips the checks
+    and launch choices (the host cost of small attention calls). A backward taken with
+    create_graph=True (for a second derivative) is computed by the recorded PyTorch tiling
+    (``flash_pytorch_gradients_twice_differentiable``): the kernels' gradients would carry no history.
     """
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, launches=None):
+        key = _flash_replay_key((Q, K, V), is_causal, launches)
+        kept = _FLASH_FORWARDS.get(key) if key is not None else None
+        if kept is not None:
+            replay, chosen, causal = kept
+            O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
+            L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
+            if replay(Q, K, V, O, L):
+                ctx.save_for_backward(Q, K, V, O, L)
+                ctx.is_causal, ctx.launches, ctx.override = causal, chosen, None
+                return O
         is_causal = check_attention_inputs(Q, K, V, is_causal)
         batch, n_queries, d = Q.shape
         n_keys = K.shape[1]
@@ -2266,15 +2308,20 @@ class FlashAttentionTriton(torch.autograd.Function):
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         if O.numel() > 0:
-            flash_attention_forward_kernel[flash_grid(batch, n_queries, fwd.block_m)](
-                Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
-                *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride(),
-                HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
-                num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype),
-            )
+            kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
+            args = (Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
+                    *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
+            options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
+                           num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
+            kernel[grid](*args, **options)
+            steps = [] if key is not None else None
+            _keep_flash_launch(kernel, grid, args, options, 5, steps)
+            if steps and steps[0] is not None:
+                _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
         ctx.launches = chosen
+        ctx.override = launches  # a call with one keeps no backward launches either
         return O
 
     @staticmethod
@@ -2293,25 +2340,45 @@ class FlashAttentionTriton(torch.autograd.Function):
         # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
         # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
         dO = dO.to(Q.dtype).contiguous()
+        # O and L are the forward's own (contiguous, fresh): Q's shape and dtype decide theirs.
+        key = _flash_replay_key((Q, K, V, dO), ctx.is_causal, ctx.override)
+        chain = _FLASH_BACKWARDS.get(key) if key is not None else None
+        if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
+            return dQ, dK, dV, None, None
         check_flash_offsets(dO=dO)
         delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-        flash_attention_backward_rowdot_kernel[flash_grid(batch, n_queries, ROWDOT_BLOCK_M)](
-            O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride(),
-            HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4,
-        )
+        steps = [] if key is not None else None
+        kernel, grid = _flash_kernel(flash_attention_backward_rowdot_kernel), flash_grid(batch, n_queries, ROWDOT_BLOCK_M)
+        args = (O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride())
+        options = dict(HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4)
+        kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 3, steps)
         sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
         inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
         common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
         kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
-        flash_attention_backward_dkdv_kernel[flash_grid(batch, n_keys, kv.block_n)](
-            Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride(),
-            BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common,
-        )
-        flash_attention_backward_dq_kernel[flash_grid(batch, n_queries, qd.block_m)](
-            Q, K, V, dO, L, delta, dQ, *sizes_and_scales, *inputs, *dQ.stride(),
-            BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common,
-        )
+        kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
+        args = (Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride())
+        options = dict(BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common)
+        kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 8, steps)
+        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
+        args = (Q, K, V, dO, L, delta, dQ, *sizes_and_scales, *inputs, *dQ.stride())
+        options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
+        kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 7, steps)
+        if steps and all(step is not None for step in steps):
+            # Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call).
+            device = Q.device
+            _FLASH_BACKWARDS.keeper(key)(ReplayChain(
+                (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
+                ((steps[0], (3, 5, 9)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)), (steps[2], (0, 1, 2, 5, 4, 9, 6)))))
         return dQ, dK, dV, None, None
+
+
+# Eager calls' kept launches: forwards as (Replay, launch choice, is_causal), backwards as chains.
+_FLASH_FORWARDS = Replays()
+_FLASH_BACKWARDS = Replays()
 
 
 # ==============================================================================================

@@ -370,8 +370,8 @@ class ReplayChain:
     """Kept launches replayed in order, over the call's tensors and the buffers each call makes.
 
     ``buffers``: functions of the call's tensors, each returning one buffer (a fresh workspace,
-    or a cached counter buffer where the call may use one); ``steps``: (Replay, the indices of
-    its tensors among the call's tensors followed by the buffers). Calling it returns False when
+    or a cached counter buffer where the call may use one); ``steps``: (Replay or ReplayChain,
+    the indices of its tensors among the call's tensors followed by the buffers). Calling it returns False when
     any step is not ``ready`` (nothing launched), or when a launcher refuses its step: the
     wrapper's checked path then computes the whole result again (every step writes only the
     call's own output and buffers, and leaves counters as it found them).
@@ -383,8 +383,14 @@ class ReplayChain:
         self.buffers, self.steps = buffers, steps
 
     def __call__(self, *tensors) -> bool:
-        if not all(replay.ready() for replay, _ in self.steps):
-            return False
+        return self.ready() and self.launch(*tensors)
+
+    def ready(self) -> bool:
+        """Whether every step may launch (``Replay.ready``); a chain may itself be a step."""
+        return all(replay.ready() for replay, _ in self.steps)
+
+    def launch(self, *tensors) -> bool:
+        """The steps in order, once ``ready``; False where a launcher refused one."""
         slots = tensors + tuple(make(*tensors) for make in self.buffers)
         return all(replay.launch(*[slots[i] for i in indices]) for replay, indices in self.steps)
 
@@ -769,7 +775,8 @@ class RowLaunch:
 
     kernel: "row" (a whole row per program, ``block`` columns), "online" (tiles of one row by
     ``block`` columns) or "split" (``split`` programs of ``block`` columns per row, ``programs``
-    of them in all, resident at once).
+    of them in all, resident at once; ``vec`` > 1: chunks laid from 16-byte boundaries, for rows
+    that do not start on one: see ``softmax_split_row_kernel``).
     """
 
     kernel: str
@@ -777,6 +784,7 @@ class RowLaunch:
     warps: int
     programs: int
     split: int = 1
+    vec: int = 1
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -784,6 +792,7 @@ class RowLaunch:
         check_block("RowLaunch.block", self.block, 1, 1 << 20)
         check_block("RowLaunch.warps", self.warps, 1, 32)
         check_block("RowLaunch.split", self.split, 1, 1 << 20)
+        check_block("RowLaunch.vec", self.vec, 1, 16)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -811,11 +820,12 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
     if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
         if INTERPRET:  # programs run one after another there and cannot wait for each other
             return _long_row_launch(n_rows, n_cols)
+        vec = _split_vec(n_cols, stride_x, dtype)
         if dtype.itemsize < 4:
             if _split_suits_16bit(n_cols, stride_x, dtype):
-                return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, SPLIT_CHUNK_BYTES_16BIT)
+                return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, SPLIT_CHUNK_BYTES_16BIT, vec)
             return _long_16bit_launch(n_rows)
-        return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
+        return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, vec=vec or 1)
     block = max(full, BLOCK_SIZE)
     warps = _row_warps(block)
     return RowLaunch("row", block, warps, _row_grid(n_rows, block, warps, device_index)).check()
@@ -855,16 +865,31 @@ def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int
     return split, next_power_of_2(cdiv(n_cols, split))
 
 
-def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
-    """A long 16-bit row the split kernel reads faster than the online tiles (see SPLIT_CHUNK_BYTES_16BIT)."""
+def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
+    """The split kernel's VEC for rows of n_cols columns stride_x apart (y's rows: n_cols apart),
+    x's data on 16 bytes: 1 where every row starts on 16 bytes; the elements in 16 bytes where
+    rows do not, but x's and y's rows start equally far past a boundary (so one layout of chunks
+    suits both); None where neither (their loads or stores go element by element)."""
     vector = 16 // dtype.itemsize
-    split, chunk = _split_shape(n_cols, SPLIT_CHUNK_BYTES_16BIT, dtype)
-    return n_cols % vector == 0 and stride_x % vector == 0 and n_cols >= SPLIT_FILL_16BIT * split * chunk
+    if n_cols % vector == 0 and stride_x % vector == 0:
+        return 1
+    return vector if (stride_x - n_cols) % vector == 0 else None
+
+
+def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
+    """A long 16-bit row the split kernel reads faster than the online tiles (see SPLIT_CHUNK_BYTES_16BIT):
+    read in whole vectors (``_split_vec``), filling enough of the chunks' columns."""
+    vec = _split_vec(n_cols, stride_x, dtype)
+    if vec is None:
+        return False
+    split, chunk = _split_shape(n_cols + vec - 1, SPLIT_CHUNK_BYTES_16BIT, dtype)
+    return n_cols >= SPLIT_FILL_16BIT * split * chunk
 
 
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
-                  chunk_bytes: int | None = None) -> RowLaunch:
-    split, chunk = _split_shape(n_cols, chunk_bytes or SPLIT_CHUNK_BYTES, dtype)
+                  chunk_bytes: int | None = None, vec: int = 1) -> RowLaunch:
+    # VEC > 1 lays the chunks from the 16-byte boundary before each row: up to vec - 1 more columns.
+    split, chunk = _split_shape(n_cols + vec - 1, chunk_bytes or SPLIT_CHUNK_BYTES, dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
 
@@ -872,7 +897,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         compiled = softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, num_warps=warps, grid=(1,))
+            CHUNK=chunk, SPLIT=split, VEC=vec, num_warps=warps, grid=(1,))
         return resident_programs(compiled, warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
@@ -885,7 +910,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -1002,9 +1027,16 @@ def softmax_row_backward_kernel(
 @triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-    CHUNK: tl.constexpr, SPLIT: tl.constexpr,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
+
+    VEC > 1 is for rows that do not start on 16-byte boundaries (an odd width): the chunks are
+    laid from the 16-byte boundary at or before each row's start (``shift`` = the row's offset
+    mod VEC elements), so every load is whole aligned vectors; the values of neighbouring rows
+    they take in weigh as -inf. The wrapper passes VEC only where x's and y's rows share their
+    offset mod VEC, and the chunks cover n_cols + VEC - 1 columns. Stores are whole vectors in
+    chunks inside the row, masked element by element only in its first and last chunk.
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
     waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
@@ -1024,7 +1056,18 @@ def softmax_split_row_kernel(
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
+        x_row = tl.cast(row, tl.int64) * stride_x
+        y_row = tl.cast(row, tl.int64) * stride_y
+        if VEC > 1:
+            shift = x_row % VEC
+            x_row = tl.multiple_of(x_row - shift, VEC)
+            y_row = tl.multiple_of(y_row - shift, VEC)
+            end = n_cols + shift
+            # Whole vectors up to the one holding the row's last value (never past it: no fault).
+            x = tl.load(x_ptr + x_row + cols, mask=cols < (end + VEC - 1) // VEC * VEC, other=float("-inf"))
+            x = tl.where((cols >= shift) & (cols < end), x.to(tl.float32), float("-inf"))
+        else:
+            x = tl.load(x_ptr + x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
         # has max -inf and is shifted by 0 instead, so it contributes sum 0 and no NaN, while a
@@ -1048,8 +1091,14 @@ def softmax_split_row_kernel(
         row_max = tl.max(ms, axis=0)
         # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
-        y = tl.exp(x - row_max) / row_sum
-        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+        y = (tl.exp(x - row_max) / row_sum).to(y_ptr.dtype.element_ty)
+        if VEC > 1:
+            if (part * CHUNK >= VEC) & ((part + 1) * CHUNK <= end):
+                tl.store(y_ptr + y_row + cols, y)
+            else:
+                tl.store(y_ptr + y_row + cols, y, mask=(cols >= shift) & (cols < end))
+        else:
+            tl.store(y_ptr + y_row + cols, y, mask=mask)
     # Reset the group's counters for the next launch. The last program of the group to get here
     # does it: every other one has passed its last wait, so none still reads ``arrived``.
     tl.debug_barrier()
@@ -1116,7 +1165,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         kept = []
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
-                        dict(CHUNK=launch.block, SPLIT=launch.split, num_warps=launch.warps),
+                        dict(CHUNK=launch.block, SPLIT=launch.split, VEC=launch.vec, num_warps=launch.warps),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),

@@ -266,6 +266,22 @@ def test_a_chain_makes_its_buffers_each_call_and_launches_its_steps_in_order_ove
     assert first[0] is x and first[1] is out and first[2] is made[1] and second == (out, made[1])
 
 
+def test_a_chain_may_be_a_step_of_another_over_the_outer_chain_s_slots():
+    """softmax(x @ W) unfused keeps the matmul's launch and the row softmax's (itself a chain for
+    long rows) as one chain over (x, W, out) with the logits as its buffer."""
+    log = []
+    inner = osm.ReplayChain((lambda x, y: torch.empty(2),), ((Step(log, "split"), (0, 1, 2)),))
+    outer = osm.ReplayChain((lambda x, W, out: torch.empty(5),), ((Step(log, "matmul"), (0, 1, 3)), (inner, (3, 2))))
+    x, W, out = torch.zeros(1), torch.zeros(2), torch.zeros(3)
+    assert outer(x, W, out) is True
+    assert [name for name, _ in log] == ["matmul", "split"]
+    logits = log[0][1][2]
+    assert log[0][1][:2] == (x, W) and log[1][1][0] is logits and log[1][1][1] is out and logits.shape == (5,)
+    log.clear()
+    stalled = osm.ReplayChain((), ((Step(log, "matmul"), (0, 1, 2)), (osm.ReplayChain((), ((Step(log, "row", ready=False), (0,)),)), (2,))))
+    assert stalled(x, W, out) is False and log == []  # a step of the inner chain not ready: nothing launched
+
+
 @pytest.mark.parametrize("case", ["a step not ready", "a step refused"])
 def test_a_chain_that_cannot_run_whole_says_so(case):
     """Not ready: nothing launched, nothing allocated. Refused (the launcher of another Triton):
@@ -418,6 +434,63 @@ def test_kept_chains_and_online_launches_equal_the_checked_path():
         assert uses == [True], (B, K, C)
         fsm._MATMUL_REPLAYS.clear()
         assert torch.equal(again, fsm.matmul_softmax_fused_tiled(x_next, Wc)), (B, K, C)
+
+
+@needs_gpu
+def test_unfused_softmax_of_logits_keeps_one_chain_of_both_launches():
+    """matmul_softmax_unfused: the matmul's launch and the row softmax's (one launch, or the
+    split-row chain for long float32 rows) kept as one chain; a second call runs it and gives the
+    checked path's answer bit for bit."""
+    import fused_softmax_matmul as fsm
+    for B, K, C in ((64, 128, 1000), (16, 64, 65536)):
+        x, x_next, W = (randn(shape, torch.float32, seed=seed) for shape, seed in (((B, K), 30), ((B, K), 31), ((K, C), 32)))
+        fsm._MATMUL_REPLAYS.clear()
+        fsm.matmul_softmax_unfused(x, W)
+        (key,) = fsm._MATMUL_REPLAYS
+        kept, uses = counting(fsm._MATMUL_REPLAYS, key)
+        assert isinstance(kept, osm.ReplayChain) and len(kept.steps) == 2, C
+        again = fsm.matmul_softmax_unfused(x_next, W)
+        assert uses == [True], C
+        fsm._MATMUL_REPLAYS.clear()
+        assert torch.equal(again, fsm.matmul_softmax_unfused(x_next, W)), C
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_attention_function_replays_equal_the_checked_path(dtype):
+    """FlashAttentionTriton.apply: a second call of the same key replays the forward's kept launch
+    and the backward's kept chain (counted) and gives the checked path's O, dQ, dK, dV bit for
+    bit; a call with a launch override keeps nothing; a strided view is a key of its own."""
+    import fused_softmax_matmul as fsm
+
+    def run(Q, K, V, launches=None):
+        leaves = [t.detach().clone().requires_grad_() for t in (Q, K, V)]
+        O = fsm.FlashAttentionTriton.apply(*leaves, True, launches)
+        return [O.detach(), *torch.autograd.grad(O, leaves, torch.ones_like(O))]  # dO expanded: copied
+
+    first = [randn((2, 300, 64), dtype, seed=s) for s in (40, 41, 42)]
+    second = [randn((2, 300, 64), dtype, seed=s) for s in (43, 44, 45)]
+    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    run(*first)
+    assert len(fsm._FLASH_FORWARDS) == 1 and len(fsm._FLASH_BACKWARDS) == 1
+    (fkey,), (bkey,) = fsm._FLASH_FORWARDS, fsm._FLASH_BACKWARDS
+    forward, forward_uses = fsm._FLASH_FORWARDS[fkey][0], []
+    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: forward_uses.append(forward(*t)) or forward_uses[-1]),
+                                 *fsm._FLASH_FORWARDS[fkey][1:])
+    _, backward_uses = counting(fsm._FLASH_BACKWARDS, bkey)
+    again = run(*second)
+    assert forward_uses == [True] and backward_uses == [True]
+    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    checked = run(*second)
+    for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
+        assert torch.equal(got, want), name
+    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    run(*first, launches={"dq": fsm.flash_launches(64, dtype)["dq"]})
+    assert not fsm._FLASH_FORWARDS and not fsm._FLASH_BACKWARDS
+    run(*first)
+    strided = [randn((2, 600, 64), dtype, seed=s)[:, ::2] for s in (46, 47, 48)]  # row stride 128: another key
+    run(*strided)
+    assert len(fsm._FLASH_FORWARDS) == 2 and len(fsm._FLASH_BACKWARDS) == 2
 
 
 @needs_gpu

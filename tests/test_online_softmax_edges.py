@@ -182,28 +182,56 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
     assert out[6, 3 * chunk] == 1 and torch.isnan(out[[3, 4, 5, 7]]).all()
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype):
+    """VEC > 1 (rows that do not start on 16 bytes: width 37, so row r starts 37 r elements in):
+    chunks laid from the boundary before each row, the neighbours' values read in weigh -inf.
+    One program a row (SPLIT 1) is what the interpreter can run (programs there never wait for
+    each other); the planted rows as torch."""
+    x = planted_rows(dtype).reshape(-1, D2)
+    y = torch.empty_like(x)
+    vec = 16 // x.element_size()
+    n_rows = x.shape[0]
+    osm.softmax_split_row_kernel[(n_rows,)](
+        x, y, torch.empty((n_rows, 1, 2)), torch.zeros(2 * n_rows, dtype=torch.int32), n_rows, D2, D2, D2, n_rows,
+        CHUNK=osm.next_power_of_2(D2 + vec - 1), SPLIT=1, VEC=vec)
+    assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
 @needs_gpu
-@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_long_16bit_rows_take_the_online_tiles_on_gpu(dtype):
-    """A 16-bit row past the on-chip size (50257 columns, unaligned rows) runs in online tiles of
-    LONG_16BIT_TILE columns: a ragged last tile, a row of only -inf, NaN, +inf, as torch."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_long_rows_off_16_bytes_on_the_split_kernel_on_gpu(dtype):
+    """Rows past the on-chip size of an odd width (50257 columns: each row starts at another
+    offset from a 16-byte boundary) on the split kernel with chunks laid from the boundary: -inf
+    in the first and last values, a row of only -inf, NaN, +inf next to a chunk's edge, as torch;
+    and a view whose row stride differs from its width by a multiple of the vector (as its
+    output's does) too."""
     n = 50257
-    launch = osm._row_launch(5, n, n, dtype, torch.cuda.current_device(), 0)
-    assert (launch.kernel, launch.block) == ("online", osm.LONG_16BIT_TILE)
-    x = randn((5, n), dtype, seed=68, scale=3.0)
+    launch = osm._row_launch(6, n, n, dtype, torch.cuda.current_device(), 0)
+    assert launch.kernel == "split" and launch.vec == 16 // dtype.itemsize
+    x = randn((6, n), dtype, seed=68, scale=3.0)
+    x[0, 0], x[0, -1] = -INF, -INF
     x[1, :] = -INF
-    x[2, 6 * osm.LONG_16BIT_TILE + 7] = INF
+    x[2, launch.block - 1] = INF
     x[3, 3] = NAN
+    x[4, :] = -INF
+    x[4, -1] = 1.0  # the row's only live value in its last chunk: exactly 1
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
-    assert torch.isnan(out[1:4]).all()
+    assert torch.isnan(out[1:4]).all() and out[4, -1] == 1
+    wide = randn((6, n + 16), dtype, seed=69, scale=3.0)
+    view = wide[:, :n]
+    assert osm._row_launch(6, n, n + 16, dtype, torch.cuda.current_device(), 0).vec > 1
+    assert_close(row_softmax(view), torch.softmax(view.double(), dim=-1), torch.softmax(view, dim=-1))
 
 
-@pytest.mark.parametrize("n,stride,kernel", [(50257, 50257, "online"), (50256, 50256, "split"), (50256, 50257, "online"),
-                                              (151936, 151936, "online"), (128256, 128256, "split")])
-def test_long_16bit_rows_split_only_when_aligned_and_filling_the_chunks(n, stride, kernel):
-    """Rows that start on 16-byte boundaries and fill 3/4 of the split grid's columns take the
-    split kernel; odd widths, odd strides and 151936 (58 % filled) the online tiles."""
+@pytest.mark.parametrize("n,stride,kernel", [(50257, 50257, "split"), (50256, 50256, "split"), (50256, 50257, "online"),
+                                              (50257, 50258, "online"), (151936, 151936, "online"),
+                                              (128256, 128256, "split")])
+def test_long_16bit_rows_split_only_when_read_in_vectors_and_filling_the_chunks(n, stride, kernel):
+    """Rows whose loads and stores can both be whole vectors (all on 16-byte boundaries, or x's
+    and y's rows equally far past one) and that fill 3/4 of the split grid's columns take the
+    split kernel; strides that shift x's rows against y's, and 151936 (58 % filled), the online tiles."""
     assert osm._split_suits_16bit(n, stride, torch.bfloat16) == (kernel == "split")
     if ON_GPU:
         launch = osm._row_launch(4, n, stride, torch.bfloat16, torch.cuda.current_device(), 0)
