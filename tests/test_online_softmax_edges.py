@@ -193,7 +193,8 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype):
     vec = 16 // x.element_size()
     n_rows = x.shape[0]
     osm.softmax_split_row_kernel[(n_rows,)](
-        x, y, torch.empty((n_rows, 1, 2)), torch.zeros(2 * n_rows, dtype=torch.int32), n_rows, D2, D2, D2, n_rows,
+        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * n_rows, dtype=torch.int32, device=x.device),
+        n_rows, D2, D2, D2, n_rows,
         CHUNK=osm.next_power_of_2(D2 + vec - 1), SPLIT=1, VEC=vec)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
 
