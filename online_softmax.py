@@ -751,12 +751,14 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # warps on an H100, at 16384 x 131072 (94 % of copy) and at 1024 x 65536 (90 %), and of 8 to
 # 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
 SPLIT_CHUNK_BYTES = 32 * 1024
-# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, and only rows that start on 16-byte
-# boundaries and fill at least 3/4 of the power-of-two grid of chunks (split x chunk columns).
+# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, and only rows read in whole vectors
+# (``_split_vec``) that fill at least 3/4 of the power-of-two grid of chunks (split x chunk columns).
 # On an H100 (outputs/profiles/row_sweep.txt, bf16, 0.25-2 GiB): 70-78 % of copy at widths
 # 50256, 65536, 128256 and 262144 (8 KiB chunks 62-80 %, 32 KiB 67-78 %), where the online kernel
 # in tiles of 8192 columns reaches 56-69 %; at 151936 (58 % of 32 x 8192 columns used) 53 %
-# against 60 %, and at the odd width 50257 43 % against 56 %: those take the online tiles.
+# against 60 %: it takes the online tiles. Odd widths (rows off 16-byte boundaries, chunks laid
+# from the boundaries: VEC) 56-67 % at 50257, 100003 and 128257 against 48-56 % online
+# (outputs/profiles/shifted_split_probe.txt); 65537 (50 % filled) stays online.
 SPLIT_CHUNK_BYTES_16BIT = 16 * 1024
 SPLIT_FILL_16BIT = 0.75
 # Other 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns. It
@@ -1035,10 +1037,11 @@ def softmax_split_row_kernel(
     laid from the 16-byte boundary at or before each row's start (``shift`` = the row's offset
     mod VEC elements), and the chunks load and store the row's whole vectors only, masked by
     vector; the values before the row's first boundary and after its last (fewer than VEC
-    each) are the group's first program's, one small masked load and store. No test per value
-    (which made the compiler keep float32 copies: 89 registers a thread against 58 this way at
-    8192 bf16 columns over 8 warps, compiled for sm_90). The wrapper passes VEC only where x's
-    and y's rows share their offset mod VEC, and the chunks cover n_cols + VEC - 1 columns.
+    each) are the group's first program's, one small masked load and store. No chunk tests its
+    values one by one: a first version that did (which columns are the row's) ran 2670 x 50257
+    bf16 at 32 % of copy on an H100, this one at 60 % (outputs/profiles/shifted_split_probe.txt).
+    The wrapper passes VEC only where x's and y's rows share their offset mod VEC, and the
+    chunks cover n_cols + VEC - 1 columns.
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
     waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
