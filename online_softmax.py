@@ -751,18 +751,18 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # warps on an H100, at 16384 x 131072 (94 % of copy) and at 1024 x 65536 (90 %), and of 8 to
 # 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
 SPLIT_CHUNK_BYTES = 32 * 1024
-# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, and only rows read in whole vectors
-# (``_split_vec``) that fill at least 3/4 of the power-of-two grid of chunks (split x chunk columns).
-# On an H100 (outputs/profiles/row_sweep.txt, bf16, 0.25-2 GiB): 70-78 % of copy at widths
-# 50256, 65536, 128256 and 262144 (8 KiB chunks 62-80 %, 32 KiB 67-78 %), where the online kernel
-# in tiles of 8192 columns reaches 56-69 %; at 151936 (58 % of 32 x 8192 columns used) 53 %
-# against 60 %: it takes the online tiles. Odd widths (rows off 16-byte boundaries, chunks laid
-# from the boundaries: VEC) 56-67 % at 50257, 100003 and 128257 against 48-56 % online
-# (outputs/profiles/shifted_split_probe.txt); 65537 (50 % filled) stays online.
+# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, for rows read in whole vectors
+# (``_split_vec``). On an H100 (outputs/profiles/row_sweep.txt, bf16, 0.25-2 GiB): 70-78 % of
+# copy at widths 50256, 65536, 128256 and 262144 (8 KiB chunks 62-80 %, 32 KiB 67-78 %), where
+# the online kernel in tiles of 8192 columns reaches 56-69 %; odd widths (rows off 16-byte
+# boundaries, chunks laid from the boundaries: VEC) 56-67 % at 50257, 100003 and 128257 against
+# 48-56 % online (outputs/profiles/shifted_split_probe.txt). With a power-of-two count of
+# programs a row, 151936 left 13 of 32 idle (53 % against 60 % online); the count is now as
+# few as cover the row (19), so every long 16-bit row fills at least 4/5 of its programs.
 SPLIT_CHUNK_BYTES_16BIT = 16 * 1024
-SPLIT_FILL_16BIT = 0.75
-# Other 16-bit rows past the on-chip size take the online kernel in tiles of 8192 columns. It
-# reads x twice (about 2/3 of copy, unless the second read hits L2).
+# 16-bit rows read element by element (x's and y's rows off 16 bytes by different amounts) take
+# the online kernel in tiles of 8192 columns. It reads x twice (about 2/3 of copy, unless the
+# second read hits L2).
 LONG_16BIT_TILE = 8192
 
 
@@ -793,7 +793,7 @@ class RowLaunch:
             raise ValueError(f"RowLaunch.kernel must be 'row', 'online' or 'split', got {self.kernel!r}")
         check_block("RowLaunch.block", self.block, 1, 1 << 20)
         check_block("RowLaunch.warps", self.warps, 1, 32)
-        check_block("RowLaunch.split", self.split, 1, 1 << 20)
+        check_int("RowLaunch.split", self.split, 1, 1 << 20)
         check_block("RowLaunch.vec", self.vec, 1, 16)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
@@ -861,9 +861,15 @@ def _int_stand_in(v: int) -> int:
 
 
 def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int, int]:
-    """(split, chunk): programs per row and columns per program, both powers of two."""
+    """(split, chunk): programs per row and columns per program (a power of two, at most
+    chunk_bytes). 16-bit rows take as few programs as cover the row; float32 rows a power of two
+    of them: compiled for sm_90, a count that is not one took the float32 kernel from 64 to 80
+    registers a thread (and 80 to 90 with VEC), fewer programs resident, where the 16-bit
+    kernel's count stayed the same."""
     chunk = chunk_bytes // dtype.itemsize
-    split = next_power_of_2(cdiv(n_cols, chunk))
+    split = cdiv(n_cols, chunk)
+    if dtype.itemsize >= 4:
+        split = next_power_of_2(split)
     return split, next_power_of_2(cdiv(n_cols, split))
 
 
@@ -879,13 +885,9 @@ def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
 
 
 def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
-    """A long 16-bit row the split kernel reads faster than the online tiles (see SPLIT_CHUNK_BYTES_16BIT):
-    read in whole vectors (``_split_vec``), filling enough of the chunks' columns."""
-    vec = _split_vec(n_cols, stride_x, dtype)
-    if vec is None:
-        return False
-    split, chunk = _split_shape(n_cols + vec - 1, SPLIT_CHUNK_BYTES_16BIT, dtype)
-    return n_cols >= SPLIT_FILL_16BIT * split * chunk
+    """A long 16-bit row the split kernel reads faster than the online tiles (see
+    SPLIT_CHUNK_BYTES_16BIT): one read in whole vectors (``_split_vec``)."""
+    return _split_vec(n_cols, stride_x, dtype) is not None
 
 
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
@@ -899,7 +901,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         compiled = softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, VEC=vec, num_warps=warps, grid=(1,))
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, num_warps=warps, grid=(1,))
         return resident_programs(compiled, warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
@@ -1029,7 +1031,7 @@ def softmax_row_backward_kernel(
 @triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-    CHUNK: tl.constexpr, SPLIT: tl.constexpr, VEC: tl.constexpr = 1,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1057,7 +1059,7 @@ def softmax_split_row_kernel(
     departed = arrived + 1
     cols = part * CHUNK + tl.arange(0, CHUNK)
     mask = cols < n_cols
-    parts = tl.arange(0, SPLIT)
+    parts = tl.arange(0, PARTS)  # PARTS: SPLIT rounded up to a power of two (tl.arange's sizes)
     lanes = tl.arange(0, 2 * VEC)  # VEC > 1: the row's first partial vector, then its last
     target = 0
     for row in range(group, n_rows, n_groups):
@@ -1100,8 +1102,10 @@ def softmax_split_row_kernel(
             pass
         tl.debug_barrier()
         # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, cache_modifier=".cg")
-        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, cache_modifier=".cg")
+        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, mask=parts < SPLIT,
+                     other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, mask=parts < SPLIT, other=0.0,
+                     cache_modifier=".cg")
         row_max = tl.max(ms, axis=0)
         # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
@@ -1178,7 +1182,8 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         kept = []
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
-                        dict(CHUNK=launch.block, SPLIT=launch.split, VEC=launch.vec, num_warps=launch.warps),
+                        dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
+                             num_warps=launch.warps),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),

@@ -404,12 +404,15 @@ def counting(replays, key):
 @needs_gpu
 def test_kept_chains_and_online_launches_equal_the_checked_path():
     """Launches kept with their workspace or in tiles: the split-row kernel (float32 rows past the
-    on-chip size), the online tiles (16-bit ones), the tiled softmax(x @ W) over several class
-    tiles and with K split. A call with another input of a kept key runs the kept entry (counted)
-    and gives the checked path's answer bit for bit (the split-K reduction's order is fixed)."""
+    on-chip size; bf16 rows of an odd width), the online tiles (16-bit rows off 16 bytes by a
+    stride one more than their width), the tiled softmax(x @ W) over several class tiles and with
+    K split. A call with another input of a kept key runs the kept entry (counted) and gives the
+    checked path's answer bit for bit (the split-K reduction's order is fixed)."""
     import fused_softmax_matmul as fsm
-    for shape, dtype, kind in (((8, 65536), torch.float32, osm.ReplayChain), ((8, 151936), torch.bfloat16, osm.Replay)):
-        x, x_next = randn(shape, dtype, seed=20), randn(shape, dtype, seed=21)
+    for shape, stride, dtype, kind in (((8, 65536), 65536, torch.float32, osm.ReplayChain),
+                                       ((8, 50257), 50257, torch.bfloat16, osm.ReplayChain),
+                                       ((8, 50257), 50258, torch.bfloat16, osm.Replay)):
+        x, x_next = (randn((shape[0], stride), dtype, seed=seed)[:, :shape[1]] for seed in (20, 21))
         osm._ROW_REPLAYS.clear()
         osm.row_softmax(x)
         key = osm.replay_key((x,), (None,))

@@ -182,12 +182,14 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
     assert out[6, 3 * chunk] == 1 and torch.isnan(out[[3, 4, 5, 7]]).all()
 
 
+@pytest.mark.parametrize("parts", [1, 2], ids=["parts1", "parts2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype):
+def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts):
     """VEC > 1 (rows that do not start on 16 bytes: width 37, so row r starts 37 r elements in):
     chunks laid from the boundary before each row, the neighbours' values read in weigh -inf.
     One program a row (SPLIT 1) is what the interpreter can run (programs there never wait for
-    each other); the planted rows as torch."""
+    each other); PARTS 2 (a count of programs that is no power of two rounds up): the combine
+    step's slot past SPLIT must be masked off, not read from the next row's. The planted rows as torch."""
     x = planted_rows(dtype).reshape(-1, D2)
     y = torch.empty_like(x)
     vec = 16 // x.element_size()
@@ -195,7 +197,7 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype):
     osm.softmax_split_row_kernel[(n_rows,)](
         x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * n_rows, dtype=torch.int32, device=x.device),
         n_rows, D2, D2, D2, n_rows,
-        CHUNK=osm.next_power_of_2(D2 + vec - 1), SPLIT=1, VEC=vec)
+        CHUNK=osm.next_power_of_2(D2 + vec - 1), SPLIT=1, PARTS=parts, VEC=vec)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
 
 
@@ -226,14 +228,17 @@ def test_long_rows_off_16_bytes_on_the_split_kernel_on_gpu(dtype):
     assert_close(row_softmax(view), torch.softmax(view.double(), dim=-1), torch.softmax(view, dim=-1))
 
 
-@pytest.mark.parametrize("n,stride,kernel", [(50257, 50257, "split"), (50256, 50256, "split"), (50256, 50257, "online"),
-                                              (50257, 50258, "online"), (151936, 151936, "online"),
-                                              (128256, 128256, "split")])
-def test_long_16bit_rows_split_only_when_read_in_vectors_and_filling_the_chunks(n, stride, kernel):
+@pytest.mark.parametrize("n,stride,kernel,split", [(50257, 50257, "split", 7), (50256, 50256, "split", 7),
+                                                    (50256, 50257, "online", 0), (50257, 50258, "online", 0),
+                                                    (151936, 151936, "split", 19), (128256, 128256, "split", 16)])
+def test_long_16bit_rows_split_only_when_read_in_vectors(n, stride, kernel, split):
     """Rows whose loads and stores can both be whole vectors (all on 16-byte boundaries, or x's
-    and y's rows equally far past one) and that fill 3/4 of the split grid's columns take the
-    split kernel; strides that shift x's rows against y's, and 151936 (58 % filled), the online tiles."""
+    and y's rows equally far past one) take the split kernel, in as few programs as cover the row
+    (151936: 19, not 32); strides that shift x's rows against y's take the online tiles."""
     assert osm._split_suits_16bit(n, stride, torch.bfloat16) == (kernel == "split")
+    if kernel == "split":
+        vec = osm._split_vec(n, stride, torch.bfloat16)
+        assert osm._split_shape(n + vec - 1, osm.SPLIT_CHUNK_BYTES_16BIT, torch.bfloat16) == (split, 8192)
     if ON_GPU:
         launch = osm._row_launch(4, n, stride, torch.bfloat16, torch.cuda.current_device(), 0)
         assert launch.kernel == kernel and (kernel == "online" or launch.block * 2 == osm.SPLIT_CHUNK_BYTES_16BIT)
