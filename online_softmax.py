@@ -12,11 +12,11 @@ Three Triton kernels, each for a different question:
   writes ``exp(x - max) / sum``. It works for rows of any length with fixed-size tiles of
   ``BLOCK_1`` rows by ``BLOCK_2`` columns. Its backward (``OnlineSoftmax``) is a Triton kernel too.
 * ``row_softmax`` (``softmax_row_kernel``): one pass for rows that fit in one program's registers,
-  persistent over rows. This is the one to set against ``torch.softmax``.
+  one program a row (or a block of narrow rows). This is the one to set against ``torch.softmax``.
 * ``softmax_split_row_kernel``: rows too long for one program are split over several programs
   that are all resident at once; they swap their partial (max, sum) through a small workspace, so
   the input is still read only once. ``row_softmax`` picks it for long rows on a GPU (16-bit
-  rows only where it beats the online kernel: see ``SPLIT_CHUNK_BYTES_16BIT``).
+  rows only where it beats the online kernel: see ``_split_suits_16bit``).
 
 All kernels compute in float32 whatever the input dtype and write the input dtype. They give
 ``torch.softmax``'s answer at the edges: -inf logits weigh 0 (whole tiles of them too), and a
@@ -49,6 +49,14 @@ from torch._subclasses.fake_tensor import is_fake
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+# Compiled for an NVIDIA GPU, the row kernels take exp of each value as one ex2.approx.ftz
+# instruction. tl.exp compiles to six on sm_90 (the scaling by log2(e), then ex2 without .ftz
+# and its fix-up of results below 2^-126), which made 16-bit long rows compute-bound. .ftz
+# flushes an exp below 2^-126 to 0: a probability that small relative to the row's largest
+# (x - max < -87.3) comes out 0 instead of a float32 subnormal. The interpreter (and ROCm)
+# take tl.exp.
+FAST_EXP = tl.constexpr(not INTERPRET and torch.version.hip is None)
+LOG2_E = tl.constexpr(1.4426950408889634)
 
 SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -746,20 +754,20 @@ class OnlineSoftmax(torch.autograd.Function):
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
-# The split kernel (float32 rows): 32 KiB of a row per program, 8192 columns over 8 warps (32
-# values per thread): within 1 point of the best of a sweep of chunks 2048..32768 and 4 to 32
-# warps on an H100, at 16384 x 131072 (94 % of copy) and at 1024 x 65536 (90 %), and of 8 to
-# 64 KiB at 2092 x 128256 (92 %); small programs let several groups share each SM.
-SPLIT_CHUNK_BYTES = 32 * 1024
-# 16-bit rows: 16 KiB (8192 columns over 8 warps) a program, for rows read in whole vectors
-# (``_split_vec``). On an H100 (outputs/profiles/row_sweep.txt, bf16, 0.25-2 GiB): 70-78 % of
-# copy at widths 50256, 65536, 128256 and 262144 (8 KiB chunks 62-80 %, 32 KiB 67-78 %), where
-# the online kernel in tiles of 8192 columns reaches 56-69 %; odd widths (rows off 16-byte
-# boundaries, chunks laid from the boundaries: VEC) 56-67 % at 50257, 100003 and 128257 against
-# 48-56 % online (outputs/profiles/shifted_split_probe.txt). With a power-of-two count of
-# programs a row, 151936 left 13 of 32 idle (53 % against 60 % online); the count is now as
-# few as cover the row (19), so every long 16-bit row fills at least 4/5 of its programs.
-SPLIT_CHUNK_BYTES_16BIT = 16 * 1024
+# The split kernel's columns a program: SPLIT_SHORT_COLUMNS while a row takes at most
+# SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS; 32 values a thread (4 or 8
+# warps). On an H100 (outputs/profiles/row_launch_probe.txt, 0.25-2 GiB, each chunk's
+# exponentials kept across the wait): float32 rows 90-95 % of copy at widths 50257 to 262144,
+# 16-bit rows read in whole vectors (``_split_vec``) 78-91 %; the other of the two sizes was as
+# fast or up to 16 points slower at each width but 100003 bf16 (1 point faster), and 16384
+# columns slower than both but at 151936 float32 (72-82 %). Wide rows in
+# narrow chunks take many programs a row, each of which the row's wait includes (262144 bf16 in
+# 64 programs of 4096: 63 %, in 32 of 8192: 79 %); short rows in wide chunks leave few programs
+# a row to spread over the SMs (50257 float32 in 8 of 8192: 86 %, in 16 of 4096: 92 %). The
+# online kernel in tiles of 8192 columns reaches 49-69 % (outputs/profiles/shifted_split_probe.txt).
+SPLIT_SHORT_COLUMNS = 4096
+SPLIT_LONG_COLUMNS = 8192
+SPLIT_SHORT_PROGRAMS = 16
 # 16-bit rows read element by element (x's and y's rows off 16 bytes by different amounts) take
 # the online kernel in tiles of 8192 columns. It reads x twice (about 2/3 of copy, unless the
 # second read hits L2).
@@ -778,7 +786,8 @@ class RowLaunch:
     kernel: "row" (a whole row per program, ``block`` columns), "online" (tiles of one row by
     ``block`` columns) or "split" (``split`` programs of ``block`` columns per row, ``programs``
     of them in all, resident at once; ``vec`` > 1: chunks laid from 16-byte boundaries, for rows
-    that do not start on one: see ``softmax_split_row_kernel``).
+    that do not start on one: see ``softmax_split_row_kernel``). ``rows``: rows a block of the
+    "row" kernel (its programs loop over blocks where ``programs`` holds fewer).
     """
 
     kernel: str
@@ -787,6 +796,8 @@ class RowLaunch:
     programs: int
     split: int = 1
     vec: int = 1
+    rows: int = 1
+    prefetch: int = 0
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -795,21 +806,26 @@ class RowLaunch:
         check_block("RowLaunch.warps", self.warps, 1, 32)
         check_int("RowLaunch.split", self.split, 1, 1 << 20)
         check_block("RowLaunch.vec", self.vec, 1, 16)
+        check_block("RowLaunch.rows", self.rows, 1, ROW_BLOCK_VALUES)
+        check_int("RowLaunch.prefetch", self.prefetch, 0, 1)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
 
-def _row_grid(n_rows: int, block: int, warps: int, device_index: int) -> int:
-    if INTERPRET:
-        return min(n_rows, 4)
-    if block >= 2048:
-        # One program per row: on an H100 this beat every persistent grid (1 to 16 programs per
-        # SM) by 3 to 8 points of copy bandwidth for rows of 8 KiB and more; the hardware
-        # scheduler balances the tail better than a fixed row-per-program split.
-        return min(n_rows, GRID_0_LIMIT)
-    # Short rows: a few resident programs per SM, each looping over rows, save launch work.
-    per_sm = max(1, 2048 // (warps * 32))
-    return min(n_rows, _device_properties(device_index).multi_processor_count * per_sm)
+# The one-pass kernel holds at least this many values a program: rows narrower than half of it
+# go ROWS to a program (ROWS x BLOCK_SIZE values).
+ROW_BLOCK_VALUES = 2048
+
+
+def _row_grid(n_rows: int, rows: int = 1) -> int:
+    """Programs for the one-pass kernels: one a block of ``rows`` rows. On an H100 this beat a
+    persistent grid (the SMs' worth of programs looping over the rows) at every width tried,
+    512 to 4096 columns (92-96 % of copy looping, 98-101 % one a block: part 2 of
+    outputs/profiles/row_launch_probe.txt; an earlier sweep found the same, by 3 to 8 points, for
+    rows of 8 KiB and more): the hardware fills each SM as programs finish. In the interpreter a
+    few programs loop over the rows instead."""
+    blocks = cdiv(n_rows, rows)
+    return min(blocks, 4) if INTERPRET else min(blocks, GRID_0_LIMIT)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -823,14 +839,17 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
         if INTERPRET:  # programs run one after another there and cannot wait for each other
             return _long_row_launch(n_rows, n_cols)
         vec = _split_vec(n_cols, stride_x, dtype)
-        if dtype.itemsize < 4:
-            if _split_suits_16bit(n_cols, stride_x, dtype):
-                return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, SPLIT_CHUNK_BYTES_16BIT, vec)
+        if dtype.itemsize < 4 and not _split_suits_16bit(n_cols, stride_x, dtype):
             return _long_16bit_launch(n_rows)
-        return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, vec=vec or 1)
+        try:
+            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, vec or 1)
+        except KernelCapacityError:
+            # A row needing more split programs than the device holds at once: the online
+            # tiles, which take rows of any length.
+            return _long_16bit_launch(n_rows) if dtype.itemsize < 4 else _long_row_launch(n_rows, n_cols)
     block = max(full, BLOCK_SIZE)
-    warps = _row_warps(block)
-    return RowLaunch("row", block, warps, _row_grid(n_rows, block, warps, device_index)).check()
+    rows = max(1, min(ROW_BLOCK_VALUES // block, next_power_of_2(n_rows)))
+    return RowLaunch("row", block, _row_warps(block), _row_grid(n_rows, rows), rows=rows).check()
 
 
 def _long_16bit_launch(n_rows: int) -> RowLaunch:
@@ -851,7 +870,7 @@ def _row_backward_launch(n_rows: int, n_cols: int, device_index: int) -> RowLaun
     if 2 * full * 4 > ROW_BYTES_ON_CHIP:
         return _long_row_launch(n_rows, n_cols)
     warps = _row_warps(full)
-    return RowLaunch("row", full, warps, _row_grid(n_rows, full, warps, device_index)).check()
+    return RowLaunch("row", full, warps, _row_grid(n_rows)).check()
 
 
 def _int_stand_in(v: int) -> int:
@@ -862,15 +881,29 @@ def _int_stand_in(v: int) -> int:
 
 def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int, int]:
     """(split, chunk): programs per row and columns per program (a power of two, at most
-    chunk_bytes). 16-bit rows take as few programs as cover the row; float32 rows a power of two
-    of them: compiled for sm_90, a count that is not one took the float32 kernel from 64 to 80
-    registers a thread (and 80 to 90 with VEC), fewer programs resident, where the 16-bit
-    kernel's count stayed the same."""
+    chunk_bytes). 16-bit rows take as few programs as cover the row. float32 rows take a power
+    of two of them where that leaves at most a quarter idle, else as few as cover the row:
+    compiled for sm_90, a count that is no power of two costs the float32 kernel 8 to 10
+    registers a thread, which cost more than the idle programs at 1335 x 50257 (13 programs
+    87 % of copy, 16 92 %) and less at 441 x 151936 (19 programs 94 %, 32 83 %; H100,
+    outputs/profiles/row_launch_probe.txt)."""
     chunk = chunk_bytes // dtype.itemsize
     split = cdiv(n_cols, chunk)
-    if dtype.itemsize >= 4:
+    if dtype.itemsize >= 4 and next_power_of_2(split) * 3 <= split * 4:
         split = next_power_of_2(split)
     return split, next_power_of_2(cdiv(n_cols, split))
+
+
+def _split_chunk_bytes(n_cols: int, dtype: torch.dtype) -> int:
+    """Bytes of a row per split program (see SPLIT_SHORT_COLUMNS)."""
+    if cdiv(n_cols, SPLIT_SHORT_COLUMNS) <= SPLIT_SHORT_PROGRAMS:
+        return SPLIT_SHORT_COLUMNS * dtype.itemsize
+    return SPLIT_LONG_COLUMNS * dtype.itemsize
+
+
+def _split_prefetch(dtype: torch.dtype) -> bool:
+    """Whether the split kernel loads each program's next chunk while its group waits."""
+    return True
 
 
 def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
@@ -886,14 +919,16 @@ def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
 
 def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
     """A long 16-bit row the split kernel reads faster than the online tiles (see
-    SPLIT_CHUNK_BYTES_16BIT): one read in whole vectors (``_split_vec``)."""
+    SPLIT_SHORT_COLUMNS): one read in whole vectors (``_split_vec``)."""
     return _split_vec(n_cols, stride_x, dtype) is not None
 
 
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
-                  chunk_bytes: int | None = None, vec: int = 1) -> RowLaunch:
-    # VEC > 1 lays the chunks from the 16-byte boundary before each row: up to vec - 1 more columns.
-    split, chunk = _split_shape(n_cols + vec - 1, chunk_bytes or SPLIT_CHUNK_BYTES, dtype)
+                  vec: int = 1) -> RowLaunch:
+    # VEC > 1 lays the chunks from the 16-byte boundary before each row; they need only cover
+    # n_cols even so (see softmax_split_row_kernel).
+    split, chunk = _split_shape(n_cols, _split_chunk_bytes(n_cols, dtype), dtype)
+    prefetch = _split_prefetch(dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
 
@@ -901,7 +936,8 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         compiled = softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, num_warps=warps, grid=(1,))
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, num_warps=warps,
+            grid=(1,))
         return resident_programs(compiled, warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
@@ -914,7 +950,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split, vec).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=int(prefetch)).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -991,25 +1027,39 @@ def _aligned(t: torch.Tensor) -> bool:
 
 
 @triton.jit
+def fast_exp(x):
+    """exp of float32 x elementwise: one ex2.approx.ftz where FAST_EXP holds, else tl.exp."""
+    if FAST_EXP:
+        return tl.inline_asm_elementwise("ex2.approx.ftz.f32 $0, $1;", "=f,f", [x * LOG2_E], dtype=tl.float32,
+                                         is_pure=True, pack=1)
+    else:
+        return tl.exp(x)
+
+
+@triton.jit
 def softmax_row_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
-    BLOCK_SIZE: tl.constexpr, VEC: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, VEC: tl.constexpr, ROWS: tl.constexpr,
 ):
-    """Each program walks rows pid, pid + grid, ...; a whole row sits in registers.
+    """Each program walks blocks of ROWS rows: pid, pid + grid, ...; whole rows sit in registers.
 
     A row of only -inf has max -inf and gives NaN, as torch; a NaN or +inf logit makes the sum NaN.
-    n_cols and the row strides come divided by VEC (``vector_align``).
+    n_cols and the row strides come divided by VEC (``vector_align``). Rows past n_rows in the
+    last block read -inf and are not stored.
     """
     n_cols = n_cols * VEC
     stride_x = stride_x * VEC
     stride_y = stride_y * VEC
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        x = tl.load(x_ptr + tl.cast(row, tl.int64) * stride_x + cols, mask=mask, other=float("-inf")).to(tl.float32)
-        p = tl.exp(x - tl.max(x, axis=0))
-        y = p / tl.sum(p, axis=0)
-        tl.store(y_ptr + tl.cast(row, tl.int64) * stride_y + cols, y.to(y_ptr.dtype.element_ty), mask=mask)
+    for block in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
+        rows = block * ROWS + tl.arange(0, ROWS)
+        ok = (rows < n_rows)[:, None] & mask[None, :]
+        rows = tl.cast(rows, tl.int64)
+        x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=ok, other=float("-inf")).to(tl.float32)
+        p = fast_exp(x - tl.max(x, axis=1)[:, None])
+        y = p / tl.sum(p, axis=1)[:, None]
+        tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
 @triton.jit
@@ -1029,9 +1079,40 @@ def softmax_row_backward_kernel(
 
 
 @triton.jit
+def _split_row_frame(row, n_rows, n_cols, stride_x, stride_y, cols, lanes, part, VEC: tl.constexpr):
+    """Where one program of softmax_split_row_kernel reads and writes ``row``: (x_row, y_row,
+    body, edge_cols, edge_ok), the row offsets of its frame, the chunk's mask, and (VEC > 1)
+    the columns and mask of the row's partial first and last vectors. A row past n_rows (the
+    prefetch past the last row) has no columns: every mask is empty."""
+    n_cols = tl.where(row < n_rows, n_cols, 0)
+    x_row = tl.cast(row, tl.int64) * stride_x
+    y_row = tl.cast(row, tl.int64) * stride_y
+    if VEC > 1:
+        shift = (x_row % VEC).to(tl.int32)
+        x_row = tl.multiple_of(x_row - shift, VEC)
+        y_row = tl.multiple_of(y_row - shift, VEC)
+        end = n_cols + shift
+        last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
+        # The row's whole vectors: [VEC, last) of the frame. Its first and last partial ones
+        # (up to VEC - 1 values each) go apart, to the group's first program, in ``edge``. A row
+        # shorter than a vector (end < VEC; a direct call only) has last = 0: the first partial
+        # vector stops at end and the second is empty.
+        body = (cols >= VEC) & (cols < last)
+        edge_cols = tl.where(lanes < VEC, lanes, last + lanes - VEC)
+        first = (lanes < VEC) & (lanes >= shift) & (lanes < end)
+        after = (lanes >= VEC) & (edge_cols >= VEC) & (edge_cols < end)
+        edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
+    else:
+        body = cols < n_cols
+        edge_cols = lanes
+        edge_ok = lanes < 0
+    return x_row, y_row, body, edge_cols, edge_ok
+
+
+@triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-    CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1042,8 +1123,10 @@ def softmax_split_row_kernel(
     each) are the group's first program's, one small masked load and store. No chunk tests its
     values one by one: a first version that did (which columns are the row's) ran 2670 x 50257
     bf16 at 32 % of copy on an H100, this one at 60 % (outputs/profiles/shifted_split_probe.txt).
-    The wrapper passes VEC only where x's and y's rows share their offset mod VEC, and the
-    chunks cover n_cols + VEC - 1 columns.
+    The wrapper passes VEC only where x's and y's rows share their offset mod VEC. The chunks
+    need cover only n_cols columns: the whole vectors end at ``last``, a multiple of VEC at
+    most n_cols + shift < n_cols + VEC, so at most the first multiple of VEC from n_cols on,
+    which SPLIT x CHUNK (a multiple of VEC, at least n_cols) reaches.
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
     waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
@@ -1058,46 +1141,57 @@ def softmax_split_row_kernel(
     arrived = counters_ptr + 2 * group
     departed = arrived + 1
     cols = part * CHUNK + tl.arange(0, CHUNK)
-    mask = cols < n_cols
     parts = tl.arange(0, PARTS)  # PARTS: SPLIT rounded up to a power of two (tl.arange's sizes)
     lanes = tl.arange(0, 2 * VEC)  # VEC > 1: the row's first partial vector, then its last
+    if PREFETCH:
+        x_row, _, body, edge_cols, edge_ok = _split_row_frame(group, n_rows, n_cols, stride_x, stride_y, cols, lanes,
+                                                             part, VEC)
+        x_next = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf"))
+        if VEC > 1:
+            edge_next = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf"))
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        x_row = tl.cast(row, tl.int64) * stride_x
-        y_row = tl.cast(row, tl.int64) * stride_y
-        if VEC > 1:
-            shift = (x_row % VEC).to(tl.int32)
-            x_row = tl.multiple_of(x_row - shift, VEC)
-            y_row = tl.multiple_of(y_row - shift, VEC)
-            end = n_cols + shift
-            last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
-            # The row's whole vectors: [VEC, last) of the frame. Its first and last partial ones
-            # (up to VEC - 1 values each) go apart, to the group's first program, in ``edge``.
-            body = (cols >= VEC) & (cols < last)
-            x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
-            edge_cols = tl.where(lanes < VEC, lanes, last + lanes - VEC)
-            edge_ok = (((lanes < VEC) & (lanes >= shift)) | ((lanes >= VEC) & (edge_cols < end))) & (tl.full((2 * VEC,), part, tl.int32) == 0)
-            edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
-            m = tl.maximum(tl.max(x, axis=0), tl.max(edge, axis=0))
+        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_rows, n_cols, stride_x, stride_y, cols, lanes,
+                                                                  part, VEC)
+        if PREFETCH:
+            x = x_next.to(tl.float32)
         else:
-            x = tl.load(x_ptr + x_row + cols, mask=mask, other=float("-inf")).to(tl.float32)
-            m = tl.max(x, axis=0)
+            x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
+        m = tl.max(x, axis=0)
+        if VEC > 1:
+            if PREFETCH:
+                edge = edge_next.to(tl.float32)
+            else:
+                edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
+            m = tl.maximum(m, tl.max(edge, axis=0))
         # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
         # has max -inf and is shifted by 0 instead, so it contributes sum 0 and no NaN, while a
         # NaN or +inf logit still makes the sum NaN, so its whole row comes out NaN as torch's
         # does. One test per chunk, not per value: compared per value, the compiler kept each
         # 16-bit value beside its float32 copy (111 registers a thread at 8192 bf16 columns over
         # 8 warps, 64 this way; triton 3.6, ptxas for sm_90).
-        s = tl.sum(tl.exp(x - tl.where(m == float("-inf"), 0.0, m)), axis=0)
+        # The exponentials stay in registers (in x's place) until the row's max and sum are
+        # known, then one multiply per value rescales them: each exp costs six instructions on
+        # sm_90 (ex2 with its range fix-up), which a second pass over the chunk would pay again.
+        x = fast_exp(x - tl.where(m == float("-inf"), 0.0, m))
+        s = tl.sum(x, axis=0)
         if VEC > 1:
-            s += tl.sum(tl.exp(edge - tl.where(m == float("-inf"), 0.0, m)), axis=0)
+            edge = fast_exp(edge - tl.where(m == float("-inf"), 0.0, m))
+            s += tl.sum(edge, axis=0)
         slot = stats_ptr + (tl.cast(row, tl.int64) * SPLIT + part) * 2
         tl.store(slot, m)
         tl.store(slot + 1, s)
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
+        if PREFETCH:
+            # The next row's chunk loads while this group waits for its slowest program.
+            next_row, _, next_body, next_edge_cols, next_edge_ok = _split_row_frame(
+                row + n_groups, n_rows, n_cols, stride_x, stride_y, cols, lanes, part, VEC)
+            x_next = tl.load(x_ptr + next_row + cols, mask=next_body, other=float("-inf"))
+            if VEC > 1:
+                edge_next = tl.load(x_ptr + next_row + next_edge_cols, mask=next_edge_ok, other=float("-inf"))
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
@@ -1109,13 +1203,13 @@ def softmax_split_row_kernel(
         row_max = tl.max(ms, axis=0)
         # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
-        y = (tl.exp(x - row_max) / row_sum).to(y_ptr.dtype.element_ty)
+        # exp(x - row_max) / row_sum = exp(x - m) * scale. A chunk of only -inf (m = -inf) holds
+        # zeros and scales by exp(-inf - row_max) = 0 (not by exp(0 - row_max), which overflows
+        # for a row of very negative logits and would make 0 x inf = NaN); NaN where row_max is.
+        scale = tl.exp(m - row_max) / row_sum
+        tl.store(y_ptr + y_row + cols, (x * scale).to(y_ptr.dtype.element_ty), mask=body)
         if VEC > 1:
-            tl.store(y_ptr + y_row + cols, y, mask=body)
-            y_edge = tl.exp(edge - row_max) / row_sum
-            tl.store(y_ptr + y_row + edge_cols, y_edge.to(y_ptr.dtype.element_ty), mask=edge_ok)
-        else:
-            tl.store(y_ptr + y_row + cols, y, mask=mask)
+            tl.store(y_ptr + y_row + edge_cols, (edge * scale).to(y_ptr.dtype.element_ty), mask=edge_ok)
     # Reset the group's counters for the next launch. The last program of the group to get here
     # does it: every other one has passed its last wait, so none still reads ``arrived``.
     tl.debug_barrier()
@@ -1183,6 +1277,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
+                             PREFETCH=bool(launch.prefetch),
                              num_warps=launch.warps),
                         None if keep is None else kept.append, 4)
         if kept:
@@ -1197,7 +1292,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     vec = vector_align((n_cols, x2.stride(0), y.stride(0)), x2.element_size())
     launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,),
                     (x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, y.stride(0) // vec),
-                    dict(BLOCK_SIZE=launch.block, VEC=vec, num_warps=launch.warps), keep, 2)
+                    dict(BLOCK_SIZE=launch.block, VEC=vec, ROWS=launch.rows, num_warps=launch.warps), keep, 2)
     return y
 
 
@@ -1254,7 +1349,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     BLOCK_SIZE=None lets the wrapper choose: the whole row in one program when it fits
     (``softmax_row_kernel``, reading x once), else for float32 the row split over resident
     programs (``softmax_split_row_kernel``, reading x once; 16-bit rows only where that is faster,
-    else the online kernel in tiles of ``LONG_16BIT_TILE`` columns: see ``SPLIT_CHUNK_BYTES_16BIT``); in
+    else the online kernel in tiles of ``LONG_16BIT_TILE`` columns: see ``_split_suits_16bit``); in
     interpreter mode, where programs run one after another and cannot wait for each other, long
     rows take the online kernel too. A repeated eager call replays the launch kept from the
     first (``Replay``; with its workspace and counters, ``ReplayChain``). A given BLOCK_SIZE (a power of two)

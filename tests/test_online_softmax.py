@@ -257,7 +257,8 @@ def test_online_softmax_backward_returns_none_for_blocks():
 # shape, BLOCK_SIZE: the path each takes (full = next power of two of the row length).
 ROW_CASES = {
     "1-D 37": ((37,), None),  # one row, one program, 27 masked columns
-    "2-D 5x100": ((5, 100), None),  # the interpreter's 4 programs: one loops over 2 rows
+    "2-D 5x100": ((5, 100), None),  # one block of 8 rows (ROW_BLOCK_VALUES // 128 is 16), 3 past the end
+    "2-D 70x100": ((70, 100), None),  # 5 blocks of 16 rows, the last of 6; the interpreter's 4 programs loop
     "3-D 2x3x33": ((2, 3, 33), None),
     "4-D 2x2x3x17": ((2, 2, 3, 17), None),
     "1x1": ((1, 1), None),
@@ -309,7 +310,7 @@ def test_row_softmax_empty(shape):
 # ----------------------------------------------------------------------------------------------
 @needs_gpu
 @pytest.mark.parametrize("M,N,dtype", [
-    (1024, 65536, "float32"),  # 256 KiB rows: split-row kernel, 8 programs of 8192 columns per row
+    (1024, 65536, "float32"),  # 256 KiB rows: split-row kernel, 16 programs of 4096 columns per row
     (3, 200_000, "float32"),  # 32 programs per row: chunk 24 ragged, chunks 25 to 31 all masked
     (8192, 8192, "bfloat16"),  # the benchmark's square bf16 case, one-pass kernel
     (4096, 1000, "float16"),  # odd rows, persistent programs loop over many rows

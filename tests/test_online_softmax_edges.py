@@ -161,7 +161,7 @@ def test_online_softmax_batch_past_65535_on_gpu():
 def test_split_row_masked_chunks_nan_and_inf_on_gpu():
     """200_000 columns: 32 programs per row of 8192 columns (chunk 24 ragged, 25 to 31 past the
     row). Whole chunks of -inf first, in the middle and last; rows of only -inf; NaN inside a chunk
-    of -inf; +inf: each as torch."""
+    of -inf; +inf; very negative logits beside a chunk of -inf: each as torch."""
     n = 200_000
     chunk = 8192
     launch = osm._row_launch(9, n, n, torch.float32, torch.cuda.current_device(), 0)
@@ -177,14 +177,18 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
     x[6, :] = -INF
     x[6, 3 * chunk] = 2.0  # one live logit: exactly 1
     x[7, 42] = NAN
+    x[8] -= 1000.0  # very negative logits beside a chunk of only -inf: that chunk's zeros scale by 0, not exp(1000)
+    x[8, 2 * chunk:3 * chunk] = -INF
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     assert out[6, 3 * chunk] == 1 and torch.isnan(out[[3, 4, 5, 7]]).all()
 
 
+@pytest.mark.parametrize("groups", [0, 3], ids=["a group a row", "3 groups"])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
 @pytest.mark.parametrize("parts", [1, 2], ids=["parts1", "parts2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts):
+def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, prefetch, groups):
     """VEC > 1 (rows that do not start on 16 bytes: width 37, so row r starts 37 r elements in):
     chunks laid from the boundary before each row, the neighbours' values read in weigh -inf.
     One program a row (SPLIT 1) is what the interpreter can run (programs there never wait for
@@ -194,11 +198,33 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts):
     y = torch.empty_like(x)
     vec = 16 // x.element_size()
     n_rows = x.shape[0]
-    osm.softmax_split_row_kernel[(n_rows,)](
-        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * n_rows, dtype=torch.int32, device=x.device),
-        n_rows, D2, D2, D2, n_rows,
-        CHUNK=osm.next_power_of_2(D2 + vec - 1), SPLIT=1, PARTS=parts, VEC=vec)
+    groups = groups or n_rows
+    osm.softmax_split_row_kernel[(groups,)](
+        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * groups, dtype=torch.int32, device=x.device),
+        n_rows, D2, D2, D2, groups,
+        CHUNK=osm.next_power_of_2(D2), SPLIT=1, PARTS=parts, VEC=vec, PREFETCH=prefetch)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
+@pytest.mark.parametrize("width", [1, 3, 9])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, prefetch):
+    """VEC > 1 on rows that end before their first 16-byte boundary (width 3: row r starts 3 r
+    elements in, and most rows hold no whole vector): each value is read and written once, and
+    nothing past the rows is written. The wrapper never sends rows this short to the split
+    kernel; a direct call must still be right."""
+    n_rows = 16
+    x = randn((n_rows, width), dtype, seed=71, scale=3.0)
+    out = torch.full((n_rows * width + 32,), 7.0, dtype=dtype, device=x.device)
+    y = out[:n_rows * width].view(n_rows, width)
+    vec = 16 // x.element_size()
+    osm.softmax_split_row_kernel[(5,)](  # 5 groups of one program: each loops over 3 or 4 rows
+        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
+        n_rows, width, width, width, 5, CHUNK=max(vec, osm.next_power_of_2(width)), SPLIT=1, PARTS=1, VEC=vec,
+        PREFETCH=prefetch)
+    assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    assert (out[n_rows * width:] == 7).all()
 
 
 @needs_gpu
@@ -228,20 +254,41 @@ def test_long_rows_off_16_bytes_on_the_split_kernel_on_gpu(dtype):
     assert_close(row_softmax(view), torch.softmax(view.double(), dim=-1), torch.softmax(view, dim=-1))
 
 
-@pytest.mark.parametrize("n,stride,kernel,split", [(50257, 50257, "split", 7), (50256, 50256, "split", 7),
-                                                    (50256, 50257, "online", 0), (50257, 50258, "online", 0),
-                                                    (151936, 151936, "split", 19), (128256, 128256, "split", 16)])
-def test_long_16bit_rows_split_only_when_read_in_vectors(n, stride, kernel, split):
+@pytest.mark.parametrize("n,stride,kernel,split,chunk", [
+    (50257, 50257, "split", 13, 4096), (50256, 50256, "split", 13, 4096), (65536, 65536, "split", 16, 4096),
+    (50256, 50257, "online", 0, 0), (50257, 50258, "online", 0, 0),
+    (65537, 65537, "split", 9, 8192), (151936, 151936, "split", 19, 8192), (128256, 128256, "split", 16, 8192)])
+def test_long_16bit_rows_split_only_when_read_in_vectors(n, stride, kernel, split, chunk):
     """Rows whose loads and stores can both be whole vectors (all on 16-byte boundaries, or x's
     and y's rows equally far past one) take the split kernel, in as few programs as cover the row
-    (151936: 19, not 32); strides that shift x's rows against y's take the online tiles."""
+    (151936: 19, not 32), of 4096 columns while that takes at most SPLIT_SHORT_PROGRAMS of them,
+    else 8192; strides that shift x's rows against y's take the online tiles."""
     assert osm._split_suits_16bit(n, stride, torch.bfloat16) == (kernel == "split")
     if kernel == "split":
-        vec = osm._split_vec(n, stride, torch.bfloat16)
-        assert osm._split_shape(n + vec - 1, osm.SPLIT_CHUNK_BYTES_16BIT, torch.bfloat16) == (split, 8192)
+        assert osm._split_shape(n, osm._split_chunk_bytes(n, torch.bfloat16), torch.bfloat16) == (split, chunk)
     if ON_GPU:
         launch = osm._row_launch(4, n, stride, torch.bfloat16, torch.cuda.current_device(), 0)
-        assert launch.kernel == kernel and (kernel == "online" or launch.block * 2 == osm.SPLIT_CHUNK_BYTES_16BIT)
+        assert launch.kernel == kernel and (kernel == "online" or (launch.split, launch.block) == (split, chunk))
+
+
+@pytest.mark.parametrize("n,split,chunk", [(50257, 16, 4096), (65536, 16, 4096), (128256, 16, 8192),
+                                           (151936, 19, 8192), (262144, 32, 8192), (200_000, 32, 8192)])
+def test_long_float32_rows_split_in_a_power_of_two_when_it_fills_three_quarters(n, split, chunk):
+    """float32 rows: a power of two of programs where it leaves at most a quarter of them idle
+    (50257 in 16 of 4096 columns, 13 needed), else as few as cover the row (151936 in 19 of 8192,
+    not 32)."""
+    assert osm._split_shape(n, osm._split_chunk_bytes(n, torch.float32), torch.float32) == (split, chunk)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_rows_past_the_split_capacity_take_the_online_tiles_on_gpu(dtype):
+    """A row needing more split programs than the device holds at once (8_000_001 columns) runs in
+    online tiles rather than failing, as torch."""
+    n = 8_000_001 if dtype == torch.bfloat16 else 8_000_000
+    assert osm._row_launch(2, n, n, dtype, torch.cuda.current_device(), 0).kernel == "online"
+    x = randn((2, n), dtype, seed=70, scale=3.0)
+    assert_close(row_softmax(x), torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
 
 
 @needs_gpu
