@@ -797,7 +797,6 @@ class RowLaunch:
     split: int = 1
     vec: int = 1
     rows: int = 1
-    prefetch: int = 0
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -807,7 +806,6 @@ class RowLaunch:
         check_int("RowLaunch.split", self.split, 1, 1 << 20)
         check_block("RowLaunch.vec", self.vec, 1, 16)
         check_block("RowLaunch.rows", self.rows, 1, ROW_BLOCK_VALUES)
-        check_int("RowLaunch.prefetch", self.prefetch, 0, 1)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -901,11 +899,6 @@ def _split_chunk_bytes(n_cols: int, dtype: torch.dtype) -> int:
     return SPLIT_LONG_COLUMNS * dtype.itemsize
 
 
-def _split_prefetch(dtype: torch.dtype) -> bool:
-    """Whether the split kernel loads each program's next chunk while its group waits."""
-    return True
-
-
 def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
     """The split kernel's VEC for rows of n_cols columns stride_x apart (y's rows: n_cols apart),
     x's data on 16 bytes: 1 where every row starts on 16 bytes; the elements in 16 bytes where
@@ -928,7 +921,6 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     # VEC > 1 lays the chunks from the 16-byte boundary before each row; they need only cover
     # n_cols even so (see softmax_split_row_kernel).
     split, chunk = _split_shape(n_cols, _split_chunk_bytes(n_cols, dtype), dtype)
-    prefetch = _split_prefetch(dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
 
@@ -936,8 +928,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         compiled = softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, num_warps=warps,
-            grid=(1,))
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, num_warps=warps, grid=(1,))
         return resident_programs(compiled, warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
@@ -950,7 +941,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=int(prefetch)).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -1079,12 +1070,10 @@ def softmax_row_backward_kernel(
 
 
 @triton.jit
-def _split_row_frame(row, n_rows, n_cols, stride_x, stride_y, cols, lanes, part, VEC: tl.constexpr):
+def _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part, VEC: tl.constexpr):
     """Where one program of softmax_split_row_kernel reads and writes ``row``: (x_row, y_row,
     body, edge_cols, edge_ok), the row offsets of its frame, the chunk's mask, and (VEC > 1)
-    the columns and mask of the row's partial first and last vectors. A row past n_rows (the
-    prefetch past the last row) has no columns: every mask is empty."""
-    n_cols = tl.where(row < n_rows, n_cols, 0)
+    the columns and mask of the row's partial first and last vectors."""
     x_row = tl.cast(row, tl.int64) * stride_x
     y_row = tl.cast(row, tl.int64) * stride_y
     if VEC > 1:
@@ -1112,7 +1101,7 @@ def _split_row_frame(row, n_rows, n_cols, stride_x, stride_y, cols, lanes, part,
 @triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
-    CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr, PREFETCH: tl.constexpr,
+    CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1143,27 +1132,14 @@ def softmax_split_row_kernel(
     cols = part * CHUNK + tl.arange(0, CHUNK)
     parts = tl.arange(0, PARTS)  # PARTS: SPLIT rounded up to a power of two (tl.arange's sizes)
     lanes = tl.arange(0, 2 * VEC)  # VEC > 1: the row's first partial vector, then its last
-    if PREFETCH:
-        x_row, _, body, edge_cols, edge_ok = _split_row_frame(group, n_rows, n_cols, stride_x, stride_y, cols, lanes,
-                                                             part, VEC)
-        x_next = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf"))
-        if VEC > 1:
-            edge_next = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf"))
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_rows, n_cols, stride_x, stride_y, cols, lanes,
-                                                                  part, VEC)
-        if PREFETCH:
-            x = x_next.to(tl.float32)
-        else:
-            x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
+        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part, VEC)
+        x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         if VEC > 1:
-            if PREFETCH:
-                edge = edge_next.to(tl.float32)
-            else:
-                edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
+            edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
             m = tl.maximum(m, tl.max(edge, axis=0))
         # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
         # has max -inf and is shifted by 0 instead, so it contributes sum 0 and no NaN, while a
@@ -1185,13 +1161,10 @@ def softmax_split_row_kernel(
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
-        if PREFETCH:
-            # The next row's chunk loads while this group waits for its slowest program.
-            next_row, _, next_body, next_edge_cols, next_edge_ok = _split_row_frame(
-                row + n_groups, n_rows, n_cols, stride_x, stride_y, cols, lanes, part, VEC)
-            x_next = tl.load(x_ptr + next_row + cols, mask=next_body, other=float("-inf"))
-            if VEC > 1:
-                edge_next = tl.load(x_ptr + next_row + next_edge_cols, mask=next_edge_ok, other=float("-inf"))
+        # The wait is most of the time a program does not issue (an H100 profile: 37 % of its
+        # stalls at the barriers, 37 % on loads). Loading the next row's chunk during it (tried
+        # at 71cac17) lost or tied at every width: 15 to 40 more registers a thread, fewer
+        # programs resident (outputs/profiles/split_prefetch_probe.txt).
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
@@ -1277,7 +1250,6 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=bool(launch.prefetch),
                              num_warps=launch.warps),
                         None if keep is None else kept.append, 4)
         if kept:

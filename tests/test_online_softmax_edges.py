@@ -185,14 +185,13 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
 
 
 @pytest.mark.parametrize("groups", [0, 3], ids=["a group a row", "3 groups"])
-@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
 @pytest.mark.parametrize("parts", [1, 2], ids=["parts1", "parts2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, prefetch, groups):
+def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, groups):
     """VEC > 1 (rows that do not start on 16 bytes: width 37, so row r starts 37 r elements in):
     chunks laid from the boundary before each row, the neighbours' values read in weigh -inf.
     One program a row (SPLIT 1) is what the interpreter can run (programs there never wait for
-    each other); PARTS 2 (a count of programs that is no power of two rounds up): the combine
+    each other), a group a row or 3 groups looping over the rows; PARTS 2 (a count of programs that is no power of two rounds up): the combine
     step's slot past SPLIT must be masked off, not read from the next row's. The planted rows as torch."""
     x = planted_rows(dtype).reshape(-1, D2)
     y = torch.empty_like(x)
@@ -202,14 +201,13 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, p
     osm.softmax_split_row_kernel[(groups,)](
         x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * groups, dtype=torch.int32, device=x.device),
         n_rows, D2, D2, D2, groups,
-        CHUNK=osm.next_power_of_2(D2), SPLIT=1, PARTS=parts, VEC=vec, PREFETCH=prefetch)
+        CHUNK=osm.next_power_of_2(D2), SPLIT=1, PARTS=parts, VEC=vec)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
 
 
-@pytest.mark.parametrize("prefetch", [False, True], ids=["load", "prefetch"])
 @pytest.mark.parametrize("width", [1, 3, 9])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, prefetch):
+def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width):
     """VEC > 1 on rows that end before their first 16-byte boundary (width 3: row r starts 3 r
     elements in, and most rows hold no whole vector): each value is read and written once, and
     nothing past the rows is written. The wrapper never sends rows this short to the split
@@ -221,8 +219,7 @@ def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, prefetch):
     vec = 16 // x.element_size()
     osm.softmax_split_row_kernel[(5,)](  # 5 groups of one program: each loops over 3 or 4 rows
         x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
-        n_rows, width, width, width, 5, CHUNK=max(vec, osm.next_power_of_2(width)), SPLIT=1, PARTS=1, VEC=vec,
-        PREFETCH=prefetch)
+        n_rows, width, width, width, 5, CHUNK=max(vec, osm.next_power_of_2(width)), SPLIT=1, PARTS=1, VEC=vec)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     assert (out[n_rows * width:] == 7).all()
 
