@@ -1161,8 +1161,8 @@ def softmax_split_row_kernel(
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
-        # The wait is most of the time a program does not issue (an H100 profile: 37 % of its
-        # stalls at the barriers, 37 % on loads). Loading the next row's chunk during it (tried
+        # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
+        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt). Loading the next row's chunk during it (tried
         # at 71cac17) lost or tied at every width: 15 to 40 more registers a thread, fewer
         # programs resident (outputs/profiles/split_prefetch_probe.txt).
         while tl.atomic_add(arrived, 0, sem="acquire") < target:

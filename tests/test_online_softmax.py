@@ -313,7 +313,7 @@ def test_row_softmax_empty(shape):
     (1024, 65536, "float32"),  # 256 KiB rows: split-row kernel, 16 programs of 4096 columns per row
     (3, 200_000, "float32"),  # 32 programs per row: chunk 24 ragged, chunks 25 to 31 all masked
     (8192, 8192, "bfloat16"),  # the benchmark's square bf16 case, one-pass kernel
-    (4096, 1000, "float16"),  # odd rows, persistent programs loop over many rows
+    (4096, 1000, "float16"),  # odd rows, two rows a program (ROW_BLOCK_VALUES)
 ])
 def test_row_softmax_on_gpu(M, N, dtype):
     x = randn((M, N), DTYPES[dtype], seed=M, scale=3.0)
