@@ -875,14 +875,17 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
 
     16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
     4 stages: a 128 KiB float32 accumulator (128 registers a thread) still leaves room for the
-    softmax epilogue. Float32: 64 x 128 x 32, 4 warps: tf32x3 splits each operand into two TF32
-    halves in registers, so the tile is smaller to keep the register budget; 3 stages of
-    (64 + 128) x 32 x 4 B = 72 KiB. A class tile narrower than the default is used when C is smaller, so
+    softmax epilogue. Float32: 32 x 128 x 32, 4 warps, 3 stages: tf32x3 splits each operand into
+    two TF32 halves in registers, so the tile is small. On an H100 (outputs/profiles/
+    matmul_tile_probe.txt) 32-row tiles beat 64-row ones by 1.5-3.9x at every shape tried (4096
+    x 4096 x 4096: 2.69 against 5.89 ms, torch 2.69) and 16-row ones by 1.2-1.3x at B = 512,
+    so float32 rows are thinned to 16 only while 32-row tiles would give fewer programs than
+    half the SMs. A class tile narrower than the default is used when C is smaller, so
     small C runs as one tile and one launch, and a row block no taller than B (from 16).
     Given K, a long K may be cut into slices (split_k).
     """
     if dtype == torch.float32:
-        block_b, block_c, block_k, warps, stages = 64, 128, 32, 4, 3
+        block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
         # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
@@ -892,7 +895,8 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     block_b = min(block_b, max(16, next_power_of_2(B)))
     # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
-    block_b = _fill_sms(B, cdiv(C, block_c), block_b, sms, least=SPLIT_K_ROWS if use_split else 16)
+    fill = sms // 2 if sms is not None and dtype == torch.float32 and not use_split else sms
+    block_b = _fill_sms(B, cdiv(C, block_c), block_b, fill, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
     split = 1

@@ -197,6 +197,11 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
 @pytest.mark.parametrize("B,K,C,dtype,block_b", [
     (32, 2048, 32000, "float32", 32), (1, 4096, 128256, "bfloat16", 16), (20, 768, 50257, "bfloat16", 32),
     (8192, 4096, 128256, "bfloat16", 128),  # the LM head keeps its swept tile
+    # float32: 32-row tiles, not 64 where there are many rows, and thinned to 16 only below half
+    # the SMs' worth of programs (512 x 1000: 128 programs of 32 rows, kept; 256 x 1000: 64, thinned;
+    # both choices measured: outputs/profiles/matmul_tile_probe.txt)
+    (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
+    (8, 768, 1000, "float32", 16),
 ])
 def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, block_b):
     import fused_softmax_matmul
