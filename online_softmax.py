@@ -1043,10 +1043,10 @@ def softmax_row_kernel(
     stride_y = stride_y * VEC
     cols = tl.arange(0, BLOCK_SIZE)
     mask = cols < n_cols
-    for block in range(tl.program_id(0), tl.cdiv(n_rows, ROWS), tl.num_programs(0)):
-        rows = block * ROWS + tl.arange(0, ROWS)
+    # (n_rows - 1) // ROWS + 1 blocks, and rows in int64: n_rows + ROWS - 1 may pass 2^31.
+    for block in range(tl.program_id(0), (n_rows - 1) // ROWS + 1, tl.num_programs(0)):
+        rows = tl.cast(block, tl.int64) * ROWS + tl.arange(0, ROWS)
         ok = (rows < n_rows)[:, None] & mask[None, :]
-        rows = tl.cast(rows, tl.int64)
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=ok, other=float("-inf")).to(tl.float32)
         p = fast_exp(x - tl.max(x, axis=1)[:, None])
         y = p / tl.sum(p, axis=1)[:, None]
@@ -1241,6 +1241,8 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
             x2 = x2.clone()  # the capacity check compiled the aligned variant of the kernel
             launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
             keep = None  # the launch reads the copy, not x2
+            if launch.kernel != "split":  # the copy's variant may hold fewer programs: online tiles
+                return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, None).squeeze(0)
         n_groups = launch.programs // launch.split
         device, index = x2.device, _device_index(x2)
         stats_shape = (n_rows, launch.split, 2)

@@ -278,6 +278,17 @@ def test_long_float32_rows_split_in_a_power_of_two_when_it_fills_three_quarters(
 
 
 @needs_gpu
+def test_unaligned_float32_rows_whose_copy_misses_the_split_capacity_on_gpu():
+    """float32 rows not starting on 16 bytes are copied before the split kernel, and the copy's
+    row stride (its width, 2457604: no multiple of 16) compiles another variant, which may hold
+    fewer programs than the 301 this row needs (compiled by triton 3.9 for sm_90 it does, and the
+    copy then takes the online tiles): whichever launch each gets, the answer is torch's."""
+    big = randn((2, 2457616), torch.float32, seed=72, scale=3.0)
+    view = big[:, 1:2457605]
+    assert_close(row_softmax(view), torch.softmax(view.double(), dim=-1), torch.softmax(view, dim=-1))
+
+
+@needs_gpu
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_rows_past_the_split_capacity_take_the_online_tiles_on_gpu(dtype):
     """A row needing more split programs than the device holds at once (8_000_001 columns) runs in

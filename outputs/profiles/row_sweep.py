@@ -1,7 +1,13 @@
 """Long rows on the split path: bytes per program, online tiles, and aligned against unaligned
 widths, against torch and copy (do_bench means)."""
+import sys
+
 import torch, triton
 import online_softmax as osm
+
+if not hasattr(osm, "SPLIT_CHUNK_BYTES"):
+    sys.exit("row_sweep.py sets SPLIT_CHUNK_BYTES, which 71cac17 replaced by _split_chunk_bytes: run it on the "
+             "code of b176104 (its output), or see row_launch_probe.py")
 
 GiB = 2**30
 def bench(fn):
