@@ -882,9 +882,11 @@ def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int
     chunk_bytes). 16-bit rows take as few programs as cover the row. float32 rows take a power
     of two of them where that leaves at most a quarter idle, else as few as cover the row:
     compiled for sm_90, a count that is no power of two costs the float32 kernel 8 to 10
-    registers a thread, which cost more than the idle programs at 1335 x 50257 (13 programs
-    87 % of copy, 16 92 %) and less at 441 x 151936 (19 programs 94 %, 32 83 %; H100,
-    outputs/profiles/row_launch_probe.txt)."""
+    registers a thread (fewer programs resident). Where a power of two leaves many idle that
+    costs less than they do: 441 x 151936 in 19 programs 94 % of copy, in 32 83 % (H100,
+    outputs/profiles/row_launch_probe.txt). Where it leaves few the two are close and two runs
+    the same day disagreed (1335 x 50257: 13 programs 87 % and 90 %, 16 programs 92 % and 87 %),
+    so the count with fewer registers stays."""
     chunk = chunk_bytes // dtype.itemsize
     split = cdiv(n_cols, chunk)
     if dtype.itemsize >= 4 and next_power_of_2(split) * 3 <= split * 4:
@@ -1135,7 +1137,8 @@ def softmax_split_row_kernel(
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part, VEC)
+        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part,
+                                                                  VEC)
         x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         if VEC > 1:
@@ -1162,9 +1165,10 @@ def softmax_split_row_kernel(
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
         # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
-        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt). Loading the next row's chunk during it (tried
-        # at 71cac17) lost or tied at every width: 15 to 40 more registers a thread, fewer
-        # programs resident (outputs/profiles/split_prefetch_probe.txt).
+        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
+        # Loading the next row's chunk during it (tried at 71cac17) lost or tied at every width:
+        # 15 to 40 more registers a thread, fewer programs resident
+        # (outputs/profiles/split_prefetch_probe.txt).
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
