@@ -757,14 +757,15 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # The split kernel's columns a program: SPLIT_SHORT_COLUMNS while a row takes at most
 # SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS; 32 values a thread (4 or 8
 # warps). On an H100 (outputs/profiles/row_launch_probe.txt, 0.25-2 GiB, each chunk's
-# exponentials kept across the wait): float32 rows 90-95 % of copy at widths 50257 to 262144,
-# 16-bit rows read in whole vectors (``_split_vec``) 78-91 %; the other of the two sizes was as
-# fast or up to 16 points slower at each width but 100003 bf16 (1 point faster), and 16384
-# columns slower than both but at 151936 float32 (72-82 %). Wide rows in
-# narrow chunks take many programs a row, each of which the row's wait includes (262144 bf16 in
-# 64 programs of 4096: 63 %, in 32 of 8192: 79 %); short rows in wide chunks leave few programs
-# a row to spread over the SMs (50257 float32 in 8 of 8192: 86 %, in 16 of 4096: 92 %). The
-# online kernel in tiles of 8192 columns reaches 49-69 % (outputs/profiles/shifted_split_probe.txt).
+# exponentials kept across the wait): float32 rows 86-96 % of copy at widths 50257 to 262144,
+# 16-bit rows read in whole vectors (``_split_vec``) 78-89 %. The other of the two sizes was as
+# fast or 1 to 14 points slower at each width but 50257 float32 (4-5 points faster in that run,
+# 4 slower in another the same day), and 16384 columns slower than the better of the two
+# everywhere. Wide rows in narrow chunks take many programs a row, each of which the row's wait
+# includes (262144 bf16 in 64 programs of 4096: 66 %, in 32 of 8192: 80 %); rows up to 65536
+# columns in wide chunks leave few programs a row to spread over the SMs (65536 bf16 in 8 of
+# 8192: 84 %, in 16 of 4096: 89 %). The online kernel in tiles of 8192 columns reaches 49-69 %
+# (outputs/profiles/shifted_split_probe.txt).
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
