@@ -847,8 +847,19 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
             # tiles, which take rows of any length.
             return _long_16bit_launch(n_rows) if dtype.itemsize < 4 else _long_row_launch(n_rows, n_cols)
     block = max(full, BLOCK_SIZE)
-    rows = max(1, min(ROW_BLOCK_VALUES // block, next_power_of_2(n_rows)))
+    rows = _row_block_rows(n_rows, block, device_index)
     return RowLaunch("row", block, _row_warps(block), _row_grid(n_rows, rows), rows=rows).check()
+
+
+def _row_block_rows(n_rows: int, block: int, device_index: int) -> int:
+    """Rows a program of the one-pass kernel: up to ROW_BLOCK_VALUES values, but on a GPU no
+    fewer programs than SMs where the rows allow (a power of two). Packing 256 rows of 50 into
+    8 programs ran the unfused softmax(x @ W) 256 x 512 x 50 0.7 us slower than 256 programs
+    (outputs/README.md); this bound is not yet timed."""
+    rows = min(ROW_BLOCK_VALUES // block, next_power_of_2(n_rows))
+    if not INTERPRET:
+        rows = min(rows, cdiv(n_rows, _device_properties(device_index).multi_processor_count))
+    return 1 << (max(1, rows).bit_length() - 1)
 
 
 def _long_16bit_launch(n_rows: int) -> RowLaunch:
