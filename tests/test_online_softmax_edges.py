@@ -8,6 +8,8 @@ one-pass row kernel; the split-row kernel and the CUDA limits exist only on a GP
 
 from __future__ import annotations
 
+import types
+
 import pytest
 import torch
 
@@ -275,6 +277,16 @@ def test_long_float32_rows_split_in_a_power_of_two_when_it_fills_three_quarters(
     (50257 in 16 of 4096 columns, 13 needed), else as few as cover the row (151936 in 19 of 8192,
     not 32)."""
     assert osm._split_shape(n, osm._split_chunk_bytes(n, torch.float32), torch.float32) == (split, chunk)
+
+
+@pytest.mark.parametrize("n_rows,block,rows", [(67108, 1024, 2), (131072, 512, 4), (256, 64, 2), (64, 16, 1),
+                                           (1000, 8, 8), (5, 128, 1)])
+def test_narrow_rows_pack_into_programs_while_every_sm_keeps_one(monkeypatch, n_rows, block, rows):
+    """On a GPU (132 SMs here) the one-pass kernel takes up to ROW_BLOCK_VALUES values a program,
+    in a power of two of rows, but never fewer programs than SMs where the rows allow."""
+    monkeypatch.setattr(osm, "INTERPRET", False)
+    monkeypatch.setattr(osm, "_device_properties", lambda index: types.SimpleNamespace(multi_processor_count=132))
+    assert osm._row_block_rows(n_rows, block, 0) == rows
 
 
 @needs_gpu
