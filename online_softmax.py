@@ -1084,35 +1084,6 @@ def softmax_row_backward_kernel(
 
 
 @triton.jit
-def _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part, VEC: tl.constexpr):
-    """Where one program of softmax_split_row_kernel reads and writes ``row``: (x_row, y_row,
-    body, edge_cols, edge_ok), the row offsets of its frame, the chunk's mask, and (VEC > 1)
-    the columns and mask of the row's partial first and last vectors."""
-    x_row = tl.cast(row, tl.int64) * stride_x
-    y_row = tl.cast(row, tl.int64) * stride_y
-    if VEC > 1:
-        shift = (x_row % VEC).to(tl.int32)
-        x_row = tl.multiple_of(x_row - shift, VEC)
-        y_row = tl.multiple_of(y_row - shift, VEC)
-        end = n_cols + shift
-        last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
-        # The row's whole vectors: [VEC, last) of the frame. Its first and last partial ones
-        # (up to VEC - 1 values each) go apart, to the group's first program, in ``edge``. A row
-        # shorter than a vector (end < VEC; a direct call only) has last = 0: the first partial
-        # vector stops at end and the second is empty.
-        body = (cols >= VEC) & (cols < last)
-        edge_cols = tl.where(lanes < VEC, lanes, last + lanes - VEC)
-        first = (lanes < VEC) & (lanes >= shift) & (lanes < end)
-        after = (lanes >= VEC) & (edge_cols >= VEC) & (edge_cols < end)
-        edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
-    else:
-        body = cols < n_cols
-        edge_cols = lanes
-        edge_ok = lanes < 0
-    return x_row, y_row, body, edge_cols, edge_ok
-
-
-@triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
@@ -1149,8 +1120,25 @@ def softmax_split_row_kernel(
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        x_row, y_row, body, edge_cols, edge_ok = _split_row_frame(row, n_cols, stride_x, stride_y, cols, lanes, part,
-                                                                  VEC)
+        x_row = tl.cast(row, tl.int64) * stride_x
+        y_row = tl.cast(row, tl.int64) * stride_y
+        if VEC > 1:
+            shift = (x_row % VEC).to(tl.int32)
+            x_row = tl.multiple_of(x_row - shift, VEC)
+            y_row = tl.multiple_of(y_row - shift, VEC)
+            end = n_cols + shift
+            last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
+            # The row's whole vectors: [VEC, last) of the frame. Its first and last partial ones
+            # (up to VEC - 1 values each) go apart, to the group's first program, in ``edge``. A
+            # row shorter than a vector (end < VEC; a direct call only) has last = 0: the first
+            # partial vector stops at end and the second is empty.
+            body = (cols >= VEC) & (cols < last)
+            edge_cols = tl.where(lanes < VEC, lanes, last + lanes - VEC)
+            first = (lanes < VEC) & (lanes >= shift) & (lanes < end)
+            after = (lanes >= VEC) & (edge_cols >= VEC) & (edge_cols < end)
+            edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
+        else:
+            body = cols < n_cols
         x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         if VEC > 1:
