@@ -19,6 +19,8 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
 * softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
+* Attention's forward in Gluon for Hopper: ``flash_attention_gluon``, which FlashAttentionTriton
+  runs for large 16-bit problems at head dimension 128 (``flash_forward_path``).
 """
 
 from __future__ import annotations
@@ -1907,8 +1909,24 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
     return {**_flash_launches(d, dtype, few_tiles, causal), **launches}
 
 
-# The rowsum kernel only streams O and dO: 64 rows of up to 128 values, 4 warps, many programs.
-ROWDOT_BLOCK_M = 64
+# FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``, two consumer
+# warpgroups fed by TMA) at head dimension 128 from this much forward work on: on an H100 it took
+# 0.78-0.93x the Triton kernel's time there (0.24 against 0.30 ms at (16, 4096, 128) full, 0.45
+# against 0.57 at (4, 16384, 128) causal; outputs/profiles/gluon_forward_sweep.txt), but it costs
+# about 140 us of host time a call against the Triton path's 43, so below some 0.1 ms of kernel an
+# eager caller would wait on the host. At d = 64 neither kernel is ahead everywhere (0.80-1.09x).
+GLUON_FLASH_MIN_FLOPS = 60 * 10**9
+
+
+def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
+                       launches: dict | None = None) -> str:
+    """Which kernel ``FlashAttentionTriton.apply(Q, K, V, is_causal, launches)`` runs forward:
+    "gluon" (Hopper, 16-bit, d = 128, at least GLUON_FLASH_MIN_FLOPS, inputs TMA can read) or
+    "triton" (everywhere else, under torch.compile, and where ``launches`` sets the forward's)."""
+    if (torch.compiler.is_compiling() or (launches is not None and "forward" in launches) or Q.shape[-1] != 128
+            or attention_flops(Q.shape[0], Q.shape[1], K.shape[1], 128, bool(is_causal)) < GLUON_FLASH_MIN_FLOPS):
+        return "triton"
+    return "gluon" if gluon_flash_unsupported(Q, K, V) is None else "triton"
 
 
 def _flash_kernel_args(dtype: torch.dtype) -> dict:
@@ -2059,26 +2077,6 @@ def flash_attention_forward_kernel(
 
 
 @triton.jit
-def flash_attention_backward_rowdot_kernel(
-    o_ptr, do_ptr, delta_ptr, n_batch, n_queries,
-    stride_ob, stride_om, stride_od,
-    stride_gb, stride_gm, stride_gd,
-    stride_db, stride_dm,
-    HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr,
-):
-    """D = rowsum(dO * O) for BLOCK_M queries (grid: batch x query tiles): the softmax Jacobian's row term."""
-    batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, False)
-    rows = tile * BLOCK_M + tl.arange(0, BLOCK_M)
-    row_ok = rows < n_queries
-    dims = tl.arange(0, HEAD_DIM)
-    o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
-                mask=row_ok[:, None], other=0.0).to(tl.float32)
-    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
-                 mask=row_ok[:, None], other=0.0).to(tl.float32)
-    tl.store(delta_ptr + batch * stride_db + rows * stride_dm, tl.sum(o * do, axis=1), mask=row_ok)
-
-
-@triton.jit
 def _flash_dkdv_tiles(
     dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs, stride_qm, stride_gm, stride_lm, stride_dm,
     query_start, query_end, n_queries, qk_scale,
@@ -2211,7 +2209,7 @@ def _flash_dq_tiles(
 
 @triton.jit
 def flash_attention_backward_dq_kernel(
-    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr,
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, o_ptr,
     n_batch, n_queries, n_keys, sm_scale, qk_scale,
     stride_qb, stride_qm, stride_qd,
     stride_kb, stride_kn, stride_kd,
@@ -2220,13 +2218,16 @@ def flash_attention_backward_dq_kernel(
     stride_lb, stride_lm,
     stride_db, stride_dm,
     stride_dqb, stride_dqm, stride_dqd,
+    stride_ob, stride_om, stride_od,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One program owns BLOCK_M queries and their dQ, streaming the keys they see like the forward.
 
     It recomputes S and dP that the dK/dV kernel also computed: two more products than one fused
-    kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles).
+    kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles). It runs
+    first and also writes D = rowsum(dO * O) of its queries, the softmax Jacobian's row term,
+    which the dK/dV kernel then reads for every query it streams.
     """
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -2240,7 +2241,10 @@ def flash_attention_backward_dq_kernel(
     do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
                  mask=row_ok[:, None], other=0.0)
     lse = _flash_load_lse(lse_ptr + batch * stride_lb, rows * stride_lm, row_ok)
-    delta = tl.load(delta_ptr + batch * stride_db + rows * stride_dm, mask=row_ok, other=0.0)
+    o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
+                mask=row_ok[:, None], other=0.0)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    tl.store(delta_ptr + batch * stride_db + rows * stride_dm, delta, mask=row_ok)
     tile_keys = tl.arange(0, BLOCK_N)
     k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
     v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
@@ -2280,7 +2284,9 @@ class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
-    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is three Triton kernels.
+    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two Triton kernels.
+    On Hopper the forward of large 16-bit problems at d = 128 runs the Gluon kernel instead
+    (``flash_forward_path`` says which runs; ``GLUON_FLASH_MIN_FLOPS``).
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
@@ -2311,7 +2317,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
-        if O.numel() > 0:
+        if O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
+            _gluon_flash_forward(Q, K, V, is_causal, O, L)  # no launch kept: the next call chooses again
+        elif O.numel() > 0:
             kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
             args = (Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
                     *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
@@ -2352,31 +2360,27 @@ class FlashAttentionTriton(torch.autograd.Function):
         check_flash_offsets(dO=dO)
         delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         steps = [] if key is not None else None
-        kernel, grid = _flash_kernel(flash_attention_backward_rowdot_kernel), flash_grid(batch, n_queries, ROWDOT_BLOCK_M)
-        args = (O, dO, delta, batch, n_queries, *O.stride(), *dO.stride(), *delta.stride())
-        options = dict(HEAD_DIM=d, BLOCK_M=ROWDOT_BLOCK_M, num_warps=4)
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 3, steps)
         sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
         inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
         common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
         kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
+        # dQ first: it writes D (delta), which the dK/dV kernel reads.
+        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
+        args = (Q, K, V, dO, L, delta, dQ, O, *sizes_and_scales, *inputs, *dQ.stride(), *O.stride())
+        options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
+        kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 8, steps)
         kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
         args = (Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride())
         options = dict(BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages, **common)
         kernel[grid](*args, **options)
         _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
-        args = (Q, K, V, dO, L, delta, dQ, *sizes_and_scales, *inputs, *dQ.stride())
-        options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 7, steps)
         if steps and all(step is not None for step in steps):
             # Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call).
             device = Q.device
             _FLASH_BACKWARDS.keeper(key)(ReplayChain(
                 (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
-                ((steps[0], (3, 5, 9)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)), (steps[2], (0, 1, 2, 5, 4, 9, 6)))))
+                ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
         return dQ, dK, dV, None, None
 
 
@@ -3073,18 +3077,21 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 # warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
 # O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
 # issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
-# tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Forward only;
-# masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
+# tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Steps whose keys
+# every query of the program sees skip the mask. Forward only; masking, -inf rows and the saved
+# log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
 # Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
-# V ring, so a program keeps twice the products in flight. Nothing orders them: they may run in
-# step (both softmaxes at once) rather than alternate as FlashAttention-3's do (not yet timed).
+# V ring, so a program keeps twice the products in flight (GLUON_FLASH_PINGPONG orders them).
 GLUON_FLASH_CONSUMERS = 2
 # setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
 # warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
 # both consumers get 232.
 GLUON_FLASH_CONSUMER_REGISTERS = 232
+# Whether the two consumers take turns to issue their products (FlashAttention-3's ping-pong: one
+# warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
+GLUON_FLASH_PINGPONG = True
 GLUON_FLASH_HEAD_DIMS = (64, 128)
 
 if _GLUON is not None:
@@ -3112,39 +3119,84 @@ if _GLUON is not None:
             _tma_load(v_desc, [batch, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
 
     @gluon.jit
-    def _gluon_flash_scores(s, rows, cols, start, n_keys, m, qk_scale, IS_CAUSAL: gl.constexpr):
-        """Step's base-2 logits (keys past the end, or after the query when causal, at -inf), the
-        new row maxima, the rescale of what came before, and the unnormalised weights (fp32)."""
-        keys = start + cols
-        visible = gl.expand_dims(keys < n_keys, 0)
-        if IS_CAUSAL:
-            visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
-        s = gl.where(visible, s * qk_scale, float("-inf"))
-        m_new = gl.maximum(m, gl.max(s, axis=1))
+    def _gluon_flash_scores(s, rows, cols, start, n_keys, m, qk_scale, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
+        """Step's new row maxima (base 2), the rescale of what came before, and the unnormalised
+        weights (fp32). MASKED: keys past the end, or after the query when causal, weigh 0; an
+        unmasked step scales the row maxima rather than the logits, so the scale rides in the
+        one multiply-add before exp2."""
+        if MASKED:
+            keys = start + cols
+            visible = gl.expand_dims(keys < n_keys, 0)
+            if IS_CAUSAL:
+                visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+            s = gl.where(visible, s * qk_scale, float("-inf"))
+            m_new = gl.maximum(m, gl.max(s, axis=1))
+        else:
+            m_new = gl.maximum(m, gl.max(s, axis=1) * qk_scale)
         # A row whose logits so far are all -inf subtracts 0: exp2(-inf - -inf) would be NaN.
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2(m - m_sub)
-        w = gl.exp2(s - gl.expand_dims(m_sub, 1))
+        if MASKED:
+            w = gl.exp2(s - gl.expand_dims(m_sub, 1))
+        else:
+            w = gl.exp2(s * qk_scale - gl.expand_dims(m_sub, 1))
         return m_new, alpha, w
 
     @gluon.jit
-    def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, q_ready_all, k_ready, k_free, v_ready, v_free,
+    def _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn, their_turn,
+                          acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero, acc_layout: gl.constexpr,
+                          p_layout: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr,
+                          PINGPONG: gl.constexpr):
+        """Key step i >= 1 of one consumer: issue S_i = Q K_i^T and O += P_{i-1} V_{i-1}, wait for
+        S_i only (MMAs finish in issue order, so "all but one outstanding" is S_i), run the online
+        softmax of S_i while the tensor cores still work on P_{i-1} V_{i-1}, then wait for that
+        and rescale O. PINGPONG: the two consumers take turns to issue their products."""
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        prev = (i - 1) % STAGES
+        prev_phase = ((i - 1) // STAGES) & 1
+        mbarrier.wait(k_ready.index(slot), phase)
+        if PINGPONG:
+            mbarrier.wait(my_turn, (i - 1) & 1)
+        s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                          use_acc=False, is_async=True)
+        mbarrier.wait(v_ready.index(prev), prev_phase)
+        acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(their_turn)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        mbarrier.arrive(k_free.index(slot))
+        m, alpha, w = _gluon_flash_scores(s, rows, cols, i * BLOCK_N, n_keys, m, qk_scale, MASKED, IS_CAUSAL)
+        l = l * alpha + gl.sum(w, axis=1)
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        mbarrier.arrive(v_free.index(prev))
+        acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+        p = gl.convert_layout(w.to(p.dtype), p_layout)
+        return acc, m, l, p
+
+    @gluon.jit
+    def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, q_ready_all, k_ready, k_free, v_ready, v_free, turns,
                               o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                              batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL: gl.constexpr,
+                              batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL: gl.constexpr,
                               s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
-                              CONSUMER: gl.constexpr):
+                              CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer warpgroup CONSUMER: the queries off_m + CONSUMER * BLOCK_M onwards, through every
-        step of the shared K and V ring."""
+        step of the shared K and V ring; steps before full_steps need no mask."""
         q_buf = q_bufs.index(CONSUMER)
         q_ready = q_ready_all.index(CONSUMER)
         off_m = off_m + CONSUMER * q_buf.type.shape[1]
-        STAGES: gl.constexpr = k_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = q_buf.type.shape[1]
         HEAD_DIM: gl.constexpr = q_buf.type.shape[2]
         BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
         dtype: gl.constexpr = q_buf.dtype
         LN2: gl.constexpr = 0.6931471805599453
         rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        my_turn = turns.index(CONSUMER)
+        their_turn = turns.index(1 - CONSUMER)
 
         rows = off_m + gl.arange(0, BLOCK_M, rows_l)
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
@@ -3153,37 +3205,29 @@ if _GLUON is not None:
         acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
         mbarrier.wait(q_ready, 0)
         q = q_buf.reshape([BLOCK_M, HEAD_DIM])
+        if PINGPONG:
+            if CONSUMER == 1:  # consumer 0 issues first
+                mbarrier.arrive(their_turn)
 
-        # Step 0: its logits alone (nothing to overlap with yet).
+        # Step 0: its logits alone (nothing to overlap with yet), masked whatever it holds.
         mbarrier.wait(k_ready.index(0), 0)
         s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         mbarrier.arrive(k_free.index(0))
         m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
-        m, alpha, w = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, IS_CAUSAL)
+        m, alpha, w = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, True, IS_CAUSAL)
         l = gl.sum(w, axis=1)
         p = gl.convert_layout(w.to(dtype), p_layout)
 
-        for i in range(1, n_steps):
-            slot = i % STAGES
-            phase = (i // STAGES) & 1
-            prev = (i - 1) % STAGES
-            prev_phase = ((i - 1) // STAGES) & 1
-            mbarrier.wait(k_ready.index(slot), phase)
-            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                              use_acc=False, is_async=True)
-            mbarrier.wait(v_ready.index(prev), prev_phase)
-            acc = warpgroup_mma(p, v_bufs.index(prev).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-            # S_i was issued first: with one group left outstanding (P V), S_i is complete.
-            s = warpgroup_mma_wait(1, deps=(s,))
-            mbarrier.arrive(k_free.index(slot))
-            m, alpha, w = _gluon_flash_scores(s, rows, cols, i * BLOCK_N, n_keys, m, qk_scale, IS_CAUSAL)
-            l = l * alpha + gl.sum(w, axis=1)
-            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-            mbarrier.arrive(v_free.index(prev))
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
-            p = gl.convert_layout(w.to(dtype), p_layout)
+        for i in range(1, full_steps):
+            acc, m, l, p = _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn,
+                                             their_turn, acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero,
+                                             acc_layout, p_layout, False, IS_CAUSAL, PINGPONG)
+        for i in range(gl.maximum(full_steps, 1), n_steps):
+            acc, m, l, p = _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn,
+                                             their_turn, acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero,
+                                             acc_layout, p_layout, True, IS_CAUSAL, PINGPONG)
 
         last = (n_steps - 1) % STAGES
         mbarrier.wait(v_ready.index(last), ((n_steps - 1) // STAGES) & 1)
@@ -3206,7 +3250,7 @@ if _GLUON is not None:
     def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, stride_ob, stride_om, stride_od,
                                      stride_lb, stride_lm, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
-                                     CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+                                     CONSUMER_REGISTERS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
         """Attention output and log-sum-exp of CONSUMERS tiles of queries of one batch element
         (grid: tile groups x batch)."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
@@ -3231,6 +3275,11 @@ if _GLUON is not None:
             # step is the same one (the program's queries are one key step long).
             key_end = gl.minimum(n_keys, off_m + CONSUMERS * BLOCK_M)
         n_steps = gl.cdiv(key_end, BLOCK_N)
+        # Steps every query of the program sees whole: all but a ragged last one; when causal, those
+        # before the program's first query (off_m is a multiple of BLOCK_N).
+        full_steps = n_keys // BLOCK_N
+        if IS_CAUSAL:
+            full_steps = gl.minimum(off_m, n_keys) // BLOCK_N
 
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
@@ -3246,8 +3295,10 @@ if _GLUON is not None:
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_ready.index(c), count=1)
+            mbarrier.init(turns.index(c), count=1)
         for slot in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(slot), count=1)
             mbarrier.init(k_free.index(slot), count=CONSUMERS)  # every consumer reads every slot
@@ -3256,14 +3307,14 @@ if _GLUON is not None:
 
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
         gl.warp_specialize([
-            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free, turns,
                                      o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                                     batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL,
-                                     s_layout, acc_layout, p_layout, 0)),
-            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
+                                     batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout, 0, PINGPONG)),
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free, turns,
                                      o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                                     batch, off_m, n_queries, n_keys, n_steps, qk_scale, IS_CAUSAL,
-                                     s_layout, acc_layout, p_layout, 1)),
+                                     batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout, 1, PINGPONG)),
             (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free,
                                    v_ready, v_free, batch, off_m, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
@@ -3298,7 +3349,8 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
 
 
 def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False, *,
-                          stages: int = GLUON_FLASH_STAGES) -> tuple[torch.Tensor, torch.Tensor]:
+                          stages: int = GLUON_FLASH_STAGES,
+                          pingpong: bool = GLUON_FLASH_PINGPONG) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L): FlashAttentionTriton's forward by the warp-specialised Hopper kernel.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
@@ -3314,6 +3366,16 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     if reason is not None:
         raise ValueError(f"flash_attention_gluon cannot take these inputs: {reason}")
     check_int("stages", stages, 2, 4)
+    check_flag("pingpong", pingpong)
+    O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
+    L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
+    _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong)
+    return O, L
+
+
+def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
+                         L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG) -> None:
+    """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
@@ -3326,12 +3388,9 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block,
                                    gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
              for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
-    O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
-    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
     grid = (cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M), batch)
     flash_attention_gluon_kernel[grid](
         *descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value,
         IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
-        CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
+        CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS, PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16,
     )
-    return O, L

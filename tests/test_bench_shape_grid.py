@@ -5,7 +5,8 @@ attention each SDPA backend alone, in SDPA's fast 4-D layout), its peers (FlexAt
 torch.compile, Liger-Kernel's softmax) and this project's public op as a user calls it. The CSV
 outputs/shape_grid_benchmark.csv has one row per (workload, case, impl); ``speedup`` on a Triton
 or peer row is the fastest baseline's time on that case over the row's own (conftest.py's
-``BenchGroup.best_of``). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
+``BenchGroup.best_of``); ``path`` on an attention Triton row says which kernel its forward ran
+(``flash_forward_path``: "gluon" or "triton"). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
 it does not take) or is not installed leaves an empty row with the reason, as does a case that
 runs out of memory.
 
@@ -33,7 +34,7 @@ import torch.nn.functional as F
 
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
-    FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, fused_softmax,
+    FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -57,7 +58,7 @@ TRITON = "triton"
 GROUP = BenchGroup(
     name="shape_grid",
     csv="shape_grid_benchmark.csv",
-    columns=("workload", "case", "dtype", "impl", "role", "ms", "best_baseline_ms", "speedup", "forward_ms_std",
+    columns=("workload", "case", "dtype", "impl", "role", "path", "ms", "best_baseline_ms", "speedup", "forward_ms_std",
              "tflops", "pct_of_matmul_peak", "gbps", "pct_of_copy", "rel_error", "forward_peak_MiB"),
     case=("workload", "case"),
     impls=(*BASELINES, *PEERS, TRITON),
@@ -217,6 +218,8 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
 
     def build():
         Q, K, V = attention_inputs(bh, n, n, d, torch_dtype)
+        if impl == TRITON:  # which kernel its forward runs, known once the inputs exist
+            row["path"] = flash_forward_path(Q, K, V, is_causal)
         fn = attention_impl(impl, n, is_causal, heads)
         if mode == "fwd":
             call = lambda: fn(Q, K, V)  # noqa: E731

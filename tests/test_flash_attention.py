@@ -204,6 +204,42 @@ def test_gpu_sized_case(dtype):
     check_against_float64("flash_triton", 2, 8192, 8192, 64, DTYPES[dtype], True, launches=None)
 
 
+def _gluon_missing() -> str | None:
+    if not ON_GPU:
+        return "needs a GPU running compiled Triton"
+    probe = torch.empty((1, 8, 128), dtype=torch.bfloat16, device="cuda")
+    return fsm.gluon_flash_unsupported(probe, probe, probe)
+
+
+@pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("batch,n_queries,n_keys,scale", [(2, 113, 203, 1.0), (3, 257, 255, 4.0), (1, 640, 64, 1.0)])
+def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, dtype, is_causal):
+    """With the work threshold at 0, the Function's forward runs the Gluon kernel at d = 128 (its
+    O and L then feed the Triton backward): the whole check against float64, as for the Triton path."""
+    monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+    Q, K, V = attention_inputs(batch, n_queries, n_keys, 128, DTYPES[dtype], seed=n_queries, scale=scale)
+    assert fsm.flash_forward_path(Q, K, V, is_causal) == "gluon"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
+
+
+def test_forward_path_rule(monkeypatch):
+    """Gluon's forward only at d = 128, from GLUON_FLASH_MIN_FLOPS of work, where its kernel takes
+    the inputs and no forward launch is set; the Triton kernel everywhere else."""
+    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    big, small, d64 = meta(16, 4096, 128), meta(4, 512, 128), meta(16, 8192, 64)
+    assert fsm.attention_flops(16, 4096, 4096, 128, True) >= fsm.GLUON_FLASH_MIN_FLOPS  # causal halves it
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
+    assert fsm.flash_forward_path(big, big, big, True) == "gluon"
+    assert fsm.flash_forward_path(small, small, small, False) == "triton"
+    assert fsm.flash_forward_path(d64, d64, d64, False) == "triton"
+    assert fsm.flash_forward_path(big, big, big, False, {"forward": FlashLaunch(64, 64, 4, 2)}) == "triton"
+    assert fsm.flash_forward_path(big, big, big, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
+    assert fsm.flash_forward_path(big, big, big, False) == "triton"
+
+
 # ----------------------------------------------------------------------------------------------
 # The contract: what is saved, conventions, edges
 # ----------------------------------------------------------------------------------------------
@@ -570,13 +606,21 @@ def test_compiled_fullgraph_matches_float64(dtype, is_causal):
 
 
 @needs_gpu
+@pytest.mark.parametrize("path", ["triton", "gluon"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_cuda_graph_replay_matches_eager(is_causal):
+def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
     """Forward and backward captured in one CUDA graph, replayed on new inputs copied into the
-    captured ones: the same bits as eager calls (no host sync, no allocation outside the graph's pool)."""
+    captured ones: the same bits as eager calls (no host sync, no allocation outside the graph's
+    pool). "gluon": d = 128 with the Gluon forward's work threshold at 0."""
     shape = (2, 300, 500, 64)
+    if path == "gluon":
+        if _gluon_missing() is not None:
+            pytest.skip(_gluon_missing())
+        monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+        shape = (2, 300, 500, 128)
     Q, K, V = (t.requires_grad_() for t in attention_inputs(*shape, torch.bfloat16))
     dO = randn(Q.shape, torch.bfloat16, 7)
+    assert fsm.flash_forward_path(Q, K, V, is_causal) == path
 
     def step(Q, K, V, dO):
         O = FlashAttentionTriton.apply(Q, K, V, is_causal)
@@ -659,9 +703,6 @@ class _StandInKernel:
             o, lse = fsm.flash_pytorch_forward(Q, K, V, causal)
             O.copy_(o)
             L.copy_(lse)
-        elif self.which == "rowdot":
-            O, dO, delta = args[:3]
-            delta.copy_((O * dO).sum(-1))
         else:
             Q, K, V, dO, L = args[:5]
             O, _ = fsm.flash_pytorch_forward(Q, K, V, causal)
@@ -669,8 +710,9 @@ class _StandInKernel:
             if self.which == "dkdv":
                 args[6].copy_(dk)
                 args[7].copy_(dv)
-            else:
+            else:  # dQ, and D = rowsum(dO * O) for the dK/dV kernel
                 args[6].copy_(dq)
+                args[5].copy_((args[7] * dO).sum(-1))
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_matches_eager compiles the Function with its real kernels")
@@ -679,8 +721,7 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
     launches, grids, saved tensors, both methods), each kernel replaced by a PyTorch stand-in:
     the half of test_compiled_fullgraph_matches_eager that runs on a CPU too. A numpy bool, which torch.compile
     traces as a tensor, gets an error saying to pass a Python bool."""
-    for name, which in (("forward", "forward"), ("backward_rowdot", "rowdot"), ("backward_dkdv", "dkdv"),
-                        ("backward_dq", "dq")):
+    for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     torch._dynamo.reset()
     compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")

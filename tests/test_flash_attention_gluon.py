@@ -7,7 +7,8 @@ its tests skip elsewhere, except those that check what it refuses, which run eve
 
 Shapes are chosen against its tiles: two consumer warpgroups of 64 queries per program (the second
 with no query in "one tile", 36 in "ragged"), key steps of 128 through a ring of 2 slots (K and V),
-TMA's zero fill past the last row, and causal programs launched last tile first.
+steps with and without the mask, TMA's zero fill past the last row, and causal programs launched
+last tile first.
 """
 
 from __future__ import annotations
@@ -46,25 +47,28 @@ SHAPES = {
 
 
 @needs_hopper_gluon
+@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-def test_three_slot_ring(is_causal):
+def test_three_slot_ring(is_causal, pingpong):
     """stages=3: the slots change phase at other steps than with the default 2."""
     Q, K, V = attention_inputs(2, 300, 900, 64, torch.bfloat16, seed=5, scale=4.0)
     with torch.no_grad():
-        O, _ = flash_attention_gluon(Q, K, V, is_causal, stages=3)
+        O, _ = flash_attention_gluon(Q, K, V, is_causal, stages=3, pingpong=pingpong)
     Q64, K64, V64 = (t.double() for t in (Q, K, V))
     assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
 
 
 @needs_hopper_gluon
+@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("shape", list(SHAPES.values()), ids=list(SHAPES))
-def test_against_float64(shape, dtype, is_causal):
+def test_against_float64(shape, dtype, is_causal, pingpong):
+    """pingpong: the consumers take turns to issue their products, or run free."""
     batch, n_queries, n_keys, d = shape
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries + n_keys, scale=4.0)
     with torch.no_grad():
-        O, L = flash_attention_gluon(Q, K, V, is_causal)
+        O, L = flash_attention_gluon(Q, K, V, is_causal, pingpong=pingpong)
     Q64, K64, V64 = (t.double() for t in (Q, K, V))
     assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
     assert L.dtype == torch.float32 and L.shape == (batch, n_queries)

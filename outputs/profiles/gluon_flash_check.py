@@ -7,8 +7,9 @@ A one-off diagnostic, not part of the benchmark suite. From the repository root:
 
 Each case runs in its own process under ``timeout``, so a kernel that never finishes (a barrier
 waiting for a phase that never completes) costs that case only. "check" runs the kernel's tests;
-"bench" prints ``triton.testing.do_bench`` means of the forward at the issue's shapes beside
-FlashAttentionTriton's and SDPA's (cuDNN), with the kernel's error against float64 on the first head.
+"bench" prints ``triton.testing.do_bench`` means of the forward at the issue's shapes (with the
+consumers' ping-pong, and without: gluon_free) beside FlashAttentionTriton's and SDPA's (cuDNN),
+with the kernel's error against float64 on the first head.
 """
 
 from __future__ import annotations
@@ -30,7 +31,8 @@ def bench() -> None:
     from fused_softmax_matmul import FlashAttentionTriton, attention_reference, flash_attention_gluon
 
     for batch, n, d, causal in ((16, 8192, 64, True), (16, 8192, 64, False), (16, 4096, 128, True),
-                                (16, 4096, 128, False), (16, 3000, 64, False)):
+                                (16, 4096, 128, False), (16, 3000, 64, False), (4, 16384, 128, True),
+                                (32, 1000, 128, False), (32, 1024, 64, False)):
         gen = torch.Generator(device="cuda").manual_seed(0)
         Q, K, V = (torch.randn((batch, n, d), device="cuda", dtype=torch.bfloat16, generator=gen) for _ in range(3))
         with torch.no_grad():
@@ -43,6 +45,7 @@ def bench() -> None:
                     return F.scaled_dot_product_attention(Q[:, None], K[:, None], V[:, None], is_causal=causal)
             times = {name: triton.testing.do_bench(fn, warmup=50, rep=300) for name, fn in (
                 ("gluon", lambda: flash_attention_gluon(Q, K, V, causal)),
+                ("gluon_free", lambda: flash_attention_gluon(Q, K, V, causal, pingpong=False)),
                 ("triton", lambda: FlashAttentionTriton.apply(Q, K, V, causal)),
                 ("sdpa_cudnn", cudnn))}
         line = " ".join(f"{k} {v:.4f}" for k, v in times.items())
