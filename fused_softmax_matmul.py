@@ -3320,6 +3320,12 @@ if _GLUON is not None:
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block: tuple, gl_dtype):
+    """The shared-memory layout of a TMA tile of this block and dtype, built once (some us a call)."""
+    return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
     """Why ``flash_attention_gluon`` cannot take (Q, K, V), or None when it can: an sm_90 GPU with
     Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs, and what TMA needs (a contiguous
@@ -3385,11 +3391,10 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
         raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
                                   f"{GLUON_FLASH_CONSUMERS} Q tiles need "
                                   f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
-    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block,
-                                   gl.NVMMASharedLayout.get_default_for(block, gl_dtype))
+    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
              for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
     grid = (cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M), batch)
-    flash_attention_gluon_kernel[grid](
+    _jit(flash_attention_gluon_kernel, traced=False)[grid](
         *descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value,
         IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
         CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS, PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16,

@@ -245,13 +245,20 @@ def _jit(kernel, traced: bool):
 def _arg_class(a):
     """What Triton specialises a kernel argument on: a tensor's dtype and 16-byte alignment; an
     int's being 1 (a constant), a multiple of 16, and its width (i32, i64, u64); a float's or a
-    bool's type. Anything else stands for itself. Equal classes run the same compiled kernel."""
+    bool's type; a host-side tensor descriptor's type, block, layout and padding, and the classes
+    of its base, sizes and strides (more than Triton keys on: never less). Anything else stands
+    for itself. Equal classes run the same compiled kernel."""
     if isinstance(a, torch.Tensor):
         return a.dtype, a.data_ptr() & 15 == 0
     kind = type(a)
     if kind is int:
         return a == 1, a & 15 == 0, -0x80000000 <= a < 0x80000000, a < 0x8000000000000000
-    return kind if kind is float or kind is bool else a
+    if kind is float or kind is bool:
+        return kind
+    if hasattr(a, "block_shape") and isinstance(getattr(a, "base", None), torch.Tensor):
+        return (kind, _arg_class(a.base), tuple(a.block_shape), getattr(a, "layout", None), getattr(a, "padding", None),
+                tuple(map(_arg_class, a.shape)), tuple(map(_arg_class, a.strides)))
+    return a
 
 
 class DirectLauncher:

@@ -126,6 +126,25 @@ def test_any_change_triton_specialises_on_compiles_again(change):
         assert kernel.log[-1][-1] == 101
 
 
+def test_tensor_descriptors_are_keyed_by_what_their_kernel_depends_on():
+    """A host-side tensor descriptor (the Gluon attention's Q, K, V) keys on its type, block,
+    padding, and the classes of its base, sizes and strides: equal for another tensor of the same
+    classes, different where any of them changes, hashable throughout."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t, block=(16, 32)):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), list(block))
+
+    a, b = torch.zeros(64, 32), torch.ones(64, 32)
+    key = osm._arg_class(desc(a))
+    hash(key)
+    assert key == osm._arg_class(desc(b))
+    assert key != osm._arg_class(desc(a, (32, 32)))
+    assert key != osm._arg_class(desc(a.half()))
+    assert key != osm._arg_class(desc(torch.zeros(1, 32)))  # a size of 1 Triton may treat as a constant
+    assert key != osm._arg_class(desc(torch.zeros(64, 40)))  # a row stride no multiple of 16 elements
+
+
 @pytest.mark.usefixtures("cuda_state")
 def test_a_refused_direct_launch_falls_back_to_triton_for_good():
     kernel = StandIn(refuse=True)
