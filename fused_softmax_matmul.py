@@ -1910,12 +1910,14 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
 
 
 # FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``, two consumer
-# warpgroups fed by TMA) at head dimension 128 from this much forward work on: on an H100 it took
-# 0.78-0.93x the Triton kernel's time there (0.24 against 0.30 ms at (16, 4096, 128) full, 0.45
-# against 0.57 at (4, 16384, 128) causal; outputs/profiles/gluon_forward_sweep.txt), but it costs
-# about 140 us of host time a call against the Triton path's 43, so below some 0.1 ms of kernel an
-# eager caller would wait on the host. At d = 64 neither kernel is ahead everywhere (0.80-1.09x).
-GLUON_FLASH_MIN_FLOPS = 60 * 10**9
+# warpgroups fed by TMA) at head dimension 128 from this much forward work on. On an H100 its
+# kernel took 0.78-0.93x the Triton kernel's time at d = 128 from (16, 2048) on (0.24 against
+# 0.30 ms at (16, 4096, 128) full, 0.45 against 0.57 at (4, 16384, 128) causal;
+# outputs/profiles/gluon_forward_sweep.txt), but a call costs 110-190 us of host time against the
+# Triton path's 75-96 (outputs/profiles/gluon_host_cost.txt): below some 0.2 ms of kernel (100
+# GFLOP at its 550 TFLOP/s) an eager caller would wait on the host instead. At d = 64 neither
+# kernel is ahead everywhere (0.80-1.09x).
+GLUON_FLASH_MIN_FLOPS = 100 * 10**9
 
 
 def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
