@@ -1,20 +1,11 @@
 """Host time per call of the attention forward and backward (the GPU kept busy by a spin), ours
 and cuDNN's, and a cProfile of 50 backward calls. PYTHONPATH=. python3 outputs/profiles/attention_host_probe.py"""
-import cProfile, pstats, io, time
+import cProfile, pstats, io
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import sdpa_kernel, SDPBackend
 import fused_softmax_matmul as fsm
-
-def host_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))  # ~50 ms of spin at ~2 GHz
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return s / n * 1e6
+from probe_timing import host_us
 
 @triton.jit
 def empty_kernel(x):

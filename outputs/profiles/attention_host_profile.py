@@ -3,16 +3,7 @@ torch.profiler of 50 calls at (32, 1000, 128) bf16. PYTHONPATH=. python3 outputs
 import cProfile, pstats, io, time
 import torch
 import fused_softmax_matmul as fsm
-
-def host_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return s / n * 1e6
+from probe_timing import host_us
 
 b, n, d, causal = 32, 1000, 128, False
 g = torch.Generator(device="cuda").manual_seed(0)

@@ -18,11 +18,9 @@ import online_softmax as osm
 from fused_softmax_matmul import FlashLaunch as FL
 import flash_bwd_atomic as fba
 import flash_desc as fd
+from probe_timing import bench
 
 triton.set_allocator(lambda size, align, stream: torch.empty(size, dtype=torch.int8, device="cuda"))
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150)
-
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
 part = sys.argv[1] if len(sys.argv) > 1 else "all"
 SHAPES = [(16, 4096, 128, False, torch.bfloat16), (16, 4096, 128, True, torch.bfloat16), (32, 1000, 128, False, torch.bfloat16),

@@ -9,22 +9,7 @@ import torch, triton
 import fused_softmax_matmul as fsm
 import online_softmax as osm
 from fused_softmax_matmul import FlashLaunch as FL
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150)
-
-def graph_ms(step, iters=10):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            step()
-    g.replay(); torch.cuda.synchronize()
-    return bench(g.replay) / iters
+from probe_timing import bench, graph_ms
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
 part = sys.argv[1] if len(sys.argv) > 1 else "all"

@@ -5,36 +5,10 @@ backward's host time per call. From the repository root, with the earlier module
     git show 0feb774:fused_softmax_matmul.py > outputs/profiles/before_fsm.py
     PYTHONPATH=.:outputs/profiles python3 outputs/profiles/backward_two_kernels.py
 """
-import time
 import torch, triton
 import fused_softmax_matmul as now
 import before_fsm as before
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150)
-
-def graph_ms(step, iters=10):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            step()
-    g.replay(); torch.cuda.synchronize()
-    return bench(g.replay) / iters
-
-def host_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return s / n * 1e6
+from probe_timing import bench, graph_ms, host_us
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
 for (b, n, d, causal, dt) in ((64, 512, 128, False, torch.bfloat16), (32, 1000, 128, False, torch.bfloat16),

@@ -2,37 +2,11 @@
 FlashAttentionTriton's Triton kernel and SDPA (cuDNN), each replayed from a CUDA graph (GPU time
 alone), on the shape grid's attention cases and a few between; then the host time of one call.
 From the repository root on an H100: PYTHONPATH=. python3 outputs/profiles/gluon_forward_sweep.py"""
-import time
 import torch, triton
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 import fused_softmax_matmul as fsm
-
-def bench(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=150)
-
-def graph_ms(step, iters=10):
-    s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(iters):
-            step()
-    g.replay(); torch.cuda.synchronize()
-    return bench(g.replay) / iters
-
-def host_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return s / n * 1e6
+from probe_timing import graph_ms, host_us
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; ms per call from CUDA graphs", flush=True)
 CASES = [(32, 1024, 64, False), (32, 1024, 128, True), (32, 1000, 128, False), (16, 2048, 128, False), (16, 2048, 64, False),

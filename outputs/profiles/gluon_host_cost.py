@@ -2,20 +2,10 @@
 GLUON_FLASH_MIN_FLOPS, and flash_attention_gluon itself) beside the Triton path and SDPA: calls
 enqueued back to back while the GPU spins, so no launch waits. From the repository root on an H100:
 PYTHONPATH=. python3 outputs/profiles/gluon_host_cost.py"""
-import time
 import torch, triton
 import torch.nn.functional as F
 import fused_softmax_matmul as fsm
-
-def host_us(fn, n=100):
-    fn(); torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    s = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return s / n * 1e6
+from probe_timing import host_us
 
 @triton.jit
 def empty_kernel(x):

@@ -1,0 +1,39 @@
+"""Timing helpers the attention and Gluon probes share (one-off diagnostics, not the harness):
+``bench`` (a do_bench mean, ms), ``graph_ms`` (ms per call replayed from a CUDA graph of ten
+calls: GPU time alone) and ``host_us`` (host time per call, enqueued while the GPU spins)."""
+import time
+
+import torch
+import triton
+
+
+def bench(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=150)
+
+
+def graph_ms(step, iters=10):
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(iters):
+            step()
+    graph.replay()
+    torch.cuda.synchronize()
+    return bench(graph.replay) / iters
+
+
+def host_us(fn, n=100):
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(int(2e9 * 0.05))  # about 50 ms of spin: no launch below waits for the GPU
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    seconds = time.perf_counter() - t0
+    torch.cuda.synchronize()
+    return seconds / n * 1e6
