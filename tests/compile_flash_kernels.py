@@ -61,6 +61,8 @@ def main() -> int:
         constexprs = dict(HEAD_DIM=64, BLOCK_M=64, **extra)
         if "BLOCK_N" in kernel.arg_names:
             constexprs.update(BLOCK_N=64, UPCAST=False)
+        if "FULL_TILE_MASKS" in kernel.arg_names:
+            constexprs.update(FULL_TILE_MASKS=False)
         try:
             compile_one(kernel, element, constexprs)
             print(f"ok      {kernel.__name__} {element} {extra}")

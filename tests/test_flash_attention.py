@@ -224,6 +224,14 @@ def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, dtype,
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
 
 
+def test_dkdv_full_tile_masks_rule():
+    """The dK/dV kernel drops the row masks of its whole query tiles at d <= 64, and at d = 128 on
+    full attention over a length no multiple of 16; it keeps them at d = 128 otherwise."""
+    assert not fsm.dkdv_full_tile_masks(64, True, 4096) and not fsm.dkdv_full_tile_masks(64, False, 3000)
+    assert not fsm.dkdv_full_tile_masks(128, False, 3000) and not fsm.dkdv_full_tile_masks(128, False, 4097)
+    assert fsm.dkdv_full_tile_masks(128, False, 4096) and fsm.dkdv_full_tile_masks(128, True, 3000)
+
+
 def test_forward_path_rule(monkeypatch):
     """Gluon's forward only at d = 128, from GLUON_FLASH_MIN_FLOPS of work, where its kernel takes
     the inputs and no forward launch is set; the Triton kernel everywhere else."""
