@@ -2109,7 +2109,8 @@ def _flash_dkdv_tiles(
     dV += P^T dO, dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q (scaled by the caller).
     MASKED tiles (the causal diagonal, the ragged last query tile) zero P^T and dS^T where a
     query does not see the key or does not exist: a padding query's zeros times an infinite key
-    are NaN, which would otherwise reach dK and dV.
+    are NaN, which would otherwise reach dK and dV. ROW_MASKS: load with masks on the rows past
+    n_queries (needed on MASKED tiles; on whole tiles a choice, ``dkdv_full_tile_masks``).
     """
     for start in range(query_start, query_end, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
