@@ -747,6 +747,31 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
         compiled(Q, K, V, np.bool_(True))
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a GPU test_gluon_forward_path and the compiled tests run the real kernels")
+def test_compiled_function_keeps_the_triton_forward(monkeypatch):
+    """Where an eager call would take the Gluon forward (here: its kernel said to take the inputs,
+    the work threshold at 0), torch.compile(fullgraph=True) traces the Triton kernel's launch
+    instead (Gluon kernels are no wrap_triton user kernels): the trace never reaches the Gluon path."""
+    for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
+        monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
+    monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+
+    def no_gluon(*args):
+        raise AssertionError("the Gluon forward ran under torch.compile")
+
+    monkeypatch.setattr(fsm, "_gluon_flash_forward", no_gluon)
+    Q, K, V = attention_inputs(1, 20, 24, 128, torch.float32)
+    assert fsm.flash_forward_path(Q, K, V, False) == "gluon"  # what an eager call would take
+    torch._dynamo.reset()
+    compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")
+    dO = randn(Q.shape, torch.float32, 7)
+    got = run_with_grads_of(compiled, Q, K, V, dO, False)
+    want = reference_with_grads(Q, K, V, dO, False, torch.float32)
+    for name, g, w in zip(("O", "dQ", "dK", "dV"), got, want):
+        torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+
+
 def test_offsets_past_32_bits_are_refused():
     """One batch element spanning 2^31 elements would wrap the kernels' 32-bit offsets: an error
     naming the tensor (checked on meta tensors: no memory behind them)."""
