@@ -20,7 +20,7 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
 * softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
 * Attention's forward in Gluon for Hopper: ``flash_attention_gluon``, which FlashAttentionTriton
-  runs for large 16-bit problems at head dimension 128 (``flash_forward_path``).
+  runs for 16-bit problems where it is the faster kernel (``flash_forward_path``).
 """
 
 from __future__ import annotations
@@ -42,7 +42,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
     ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
-    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, DirectLauncher,
+    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, DescriptorReplay, DirectLauncher,
 )
 
 
@@ -1909,26 +1909,46 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
     return {**_flash_launches(d, dtype, few_tiles, causal), **launches}
 
 
-# FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``, two consumer
-# warpgroups fed by TMA) at head dimension 128 from this much forward work on. On an H100 its
-# kernel took 0.78-0.93x the Triton kernel's time at d = 128 from (16, 2048) on (0.24 against
-# 0.30 ms at (16, 4096, 128) full, 0.45 against 0.57 at (4, 16384, 128) causal;
-# outputs/profiles/gluon_forward_sweep.txt), but a call costs 110-190 us of host time against the
-# Triton path's 75-96 (outputs/profiles/gluon_host_cost.txt): below some 0.2 ms of kernel (100
-# GFLOP at its 550 TFLOP/s) an eager caller would wait on the host instead. At d = 64 neither
-# kernel is ahead everywhere (0.80-1.09x).
-GLUON_FLASH_MIN_FLOPS = 100 * 10**9
+# FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``: two consumer
+# warpgroups of 64 queries fed by TMA, one 128-query program an SM) where it measured ahead of the
+# Triton kernel on an H100: GPU time from CUDA graphs, bf16, 55 shapes, most of them off the shape
+# grid (outputs/profiles/gluon_path_probe.txt). Once its launch is kept, an eager call's host
+# time is within some 10 us of the Triton path's. In "waves" (128-query programs per SM):
+# * d = 128, full: everywhere, 1.00x at (64, 512) to 1.31x the Triton kernel's speed.
+# * d = 128, causal: everywhere but on rows of at most GLUON_FLASH_SHORT_KEYS keys between one
+#   wave and FEW_TILES_PER_SM waves, where the Triton kernel runs 64-query tiles
+#   (few_query_tiles) that spread the causal triangle's uneven work over the SMs better than
+#   one program an SM whose few key steps leave its fixed costs showing: 0.79-0.96x at (40, 512)
+#   to (48, 1024). Within one wave, on longer rows or from FEW_TILES_PER_SM waves: 1.02-1.40x.
+# * d = 64: past 1.5 waves, from GLUON_FLASH_D64_MIN_KEYS keys (full / causal). There the
+#   products are short against the exponentials: Gluon gains 1-9 % on such shapes, loses up to
+#   30 % on shorter causal rows and 13-22 % at fewer programs ((4, 2048) full, (1, 16384) causal).
+GLUON_FLASH_SHORT_KEYS = 2048
+GLUON_FLASH_D64_MIN_KEYS = {False: 2048, True: 16384}
+
+
+def gluon_flash_forward_wins(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, sms: int) -> bool:
+    """Whether the Gluon attention forward is the faster kernel for this shape on a GPU of
+    ``sms`` SMs (the rule above); it must also take the inputs (``gluon_flash_unsupported``)."""
+    waves = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) / sms
+    if d == 128:
+        return not (is_causal and n_keys <= GLUON_FLASH_SHORT_KEYS and 1 < waves < FEW_TILES_PER_SM)
+    if d == 64:
+        return waves > 1.5 and n_keys >= GLUON_FLASH_D64_MIN_KEYS[bool(is_causal)]
+    return False
 
 
 def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
                        launches: dict | None = None) -> str:
     """Which kernel ``FlashAttentionTriton.apply(Q, K, V, is_causal, launches)`` runs forward:
-    "gluon" (Hopper, 16-bit, d = 128, at least GLUON_FLASH_MIN_FLOPS, inputs TMA can read) or
-    "triton" (everywhere else, under torch.compile, and where ``launches`` sets the forward's)."""
-    if (torch.compiler.is_compiling() or (launches is not None and "forward" in launches) or Q.shape[-1] != 128
-            or attention_flops(Q.shape[0], Q.shape[1], K.shape[1], 128, bool(is_causal)) < GLUON_FLASH_MIN_FLOPS):
+    "gluon" (Hopper, 16-bit, d 64 or 128, inputs TMA can read, where ``gluon_flash_forward_wins``)
+    or "triton" (everywhere else, under torch.compile, and where ``launches`` sets the forward's)."""
+    if (torch.compiler.is_compiling() or (launches is not None and "forward" in launches)
+            or gluon_flash_unsupported(Q, K, V) is not None):
         return "triton"
-    return "gluon" if gluon_flash_unsupported(Q, K, V) is None else "triton"
+    batch, n_queries, d = Q.shape
+    wins = gluon_flash_forward_wins(batch, n_queries, K.shape[1], d, bool(is_causal), _sm_count(Q.device))
+    return "gluon" if wins else "triton"
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
@@ -2314,8 +2334,8 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
     dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two Triton kernels.
-    On Hopper the forward of large 16-bit problems at d = 128 runs the Gluon kernel instead
-    (``flash_forward_path`` says which runs; ``GLUON_FLASH_MIN_FLOPS``).
+    On Hopper the forward of 16-bit problems at d = 128, and of long ones at d = 64, runs the
+    Gluon kernel instead (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why).
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
@@ -2346,8 +2366,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
+        steps = [] if key is not None else None
         if O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
-            _gluon_flash_forward(Q, K, V, is_causal, O, L)  # no launch kept: the next call chooses again
+            _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
         elif O.numel() > 0:
             kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
             args = (Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
@@ -2355,10 +2376,9 @@ class FlashAttentionTriton(torch.autograd.Function):
             options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
                            num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
             kernel[grid](*args, **options)
-            steps = [] if key is not None else None
             _keep_flash_launch(kernel, grid, args, options, 5, steps)
-            if steps and steps[0] is not None:
-                _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
+        if steps and steps[0] is not None:
+            _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
         ctx.launches = chosen
@@ -3410,8 +3430,11 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
 
 
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
-                         L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG) -> None:
-    """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32)."""
+                         L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
+                         kept: list | None = None) -> None:
+    """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32).
+    With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of (Q, K, V, O, L), or
+    None where it cannot be kept."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
@@ -3424,8 +3447,12 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
     descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
              for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
     grid = (cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M), batch)
-    _jit(flash_attention_gluon_kernel, traced=False)[grid](
-        *descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value,
-        IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
-        CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS, PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16,
-    )
+    kernel = _jit(flash_attention_gluon_kernel, traced=False)
+    args = (*descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value)
+    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
+                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
+                   PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
+    kernel[grid](*args, **options)
+    if kept is not None:
+        replay = kernel.replay(grid, args, options, 5) if isinstance(kernel, DirectLauncher) else None
+        kept.append(None if replay is None else DescriptorReplay(replay, tuple(descs)))

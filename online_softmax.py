@@ -381,6 +381,38 @@ class Replay:
         return True
 
 
+class DescriptorReplay:
+    """A ``Replay`` whose first arguments are host-side TMA tensor descriptors (Gluon kernels),
+    called with the tensors those descriptors read, then the replay's own leading tensors.
+
+    A descriptor's class checks its tensor on construction (some us each). Here each call makes
+    its descriptors from the ones of the call that was kept, with only the tensor replaced: the
+    wrapper's ``replay_key`` already holds each tensor's shape, strides, dtype and alignment,
+    all that those checks read. Launching one still encodes its tensor map (in Triton's launcher).
+    """
+
+    __slots__ = ("replay", "kind", "fields")
+
+    def __init__(self, replay: Replay, descriptors: tuple):
+        self.replay, self.kind = replay, type(descriptors[0])
+        self.fields = tuple({k: v for k, v in vars(d).items() if k != "base"} for d in descriptors)
+
+    def __call__(self, *tensors) -> bool:
+        return self.ready() and self.launch(*tensors)
+
+    def ready(self) -> bool:
+        return self.replay.ready()
+
+    def launch(self, *tensors) -> bool:
+        n = len(self.fields)
+        descriptors = []
+        for base, fields in zip(tensors[:n], self.fields):
+            descriptor = object.__new__(self.kind)  # skips the class's checks: see above
+            vars(descriptor).update(fields, base=base)
+            descriptors.append(descriptor)
+        return self.replay.launch(*descriptors, *tensors[n:])
+
+
 class ReplayChain:
     """Kept launches replayed in order, over the call's tensors and the buffers each call makes.
 

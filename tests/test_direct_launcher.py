@@ -314,6 +314,32 @@ def test_a_chain_that_cannot_run_whole_says_so(case):
         assert log == [] and made == []
 
 
+def test_a_descriptor_replay_makes_each_call_s_descriptors_from_the_kept_ones_over_the_new_tensors():
+    """The Gluon attention's kept launch: each call's Q, K, V get descriptors equal to the kept
+    call's in all but their tensor (made without the class's checks), fresh objects each call,
+    passed before the replay's own tensors; not ready or refused, it says so."""
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    def desc(t):
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), [16, 32])
+
+    log = []
+    kept = [desc(torch.zeros(64, 32)), desc(torch.zeros(64, 32))]
+    replay = osm.DescriptorReplay(Step(log, "gluon"), tuple(kept))
+    q, k, out = torch.ones(64, 32), torch.full((64, 32), 2.0), torch.zeros(64)
+    for _ in range(2):
+        assert replay(q, k, out) is True
+    (_, (dq, dk, got_out)), (_, (dq_again, _, _)) = log
+    assert dq.base is q and dk.base is k and got_out is out and dq is not dq_again
+    for made, was in ((dq, kept[0]), (dk, kept[1])):
+        assert type(made) is TensorDescriptor and made is not was
+        assert {**vars(was), "base": made.base} == vars(made)
+    assert kept[0].base is not q  # the kept descriptors are left as they were
+    assert osm.DescriptorReplay(Step(log, "gluon", ready=False), tuple(kept))(q, k, out) is False
+    assert osm.DescriptorReplay(Step(log, "gluon", refuse=True), tuple(kept))(q, k, out) is False
+    assert len(log) == 2
+
+
 def test_replays_are_emptied_when_full():
     replays = osm.Replays(limit=2)
     for key in "abc":
@@ -513,6 +539,39 @@ def test_attention_function_replays_equal_the_checked_path(dtype):
     strided = [randn((2, 600, 64), dtype, seed=s)[:, ::2] for s in (46, 47, 48)]  # row stride 128: another key
     run(*strided)
     assert len(fsm._FLASH_FORWARDS) == 2 and len(fsm._FLASH_BACKWARDS) == 2
+
+
+@needs_gpu
+@pytest.mark.parametrize("is_causal", [False, True])
+def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_causal):
+    """The Gluon forward (Hopper) is kept as a DescriptorReplay: a second call of the same key
+    replays it (counted) and gives the checked path's O, and the backward's gradients, bit for bit."""
+    import fused_softmax_matmul as fsm
+    probe = torch.empty((1, 8, 128), dtype=torch.bfloat16, device="cuda")
+    if fsm.gluon_flash_unsupported(probe, probe, probe) is not None:
+        pytest.skip(fsm.gluon_flash_unsupported(probe, probe, probe))
+    monkeypatch.setattr(fsm, "flash_forward_path", lambda *args: "gluon")
+
+    def run(Q, K, V):
+        leaves = [t.detach().requires_grad_() for t in (Q, K, V)]
+        O = fsm.FlashAttentionTriton.apply(*leaves, is_causal)
+        return [O.detach(), *torch.autograd.grad(O, leaves, torch.ones_like(O))]
+
+    first = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (50, 51, 52)]
+    second = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (53, 54, 55)]
+    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    run(*first)
+    (fkey,) = fsm._FLASH_FORWARDS
+    forward = fsm._FLASH_FORWARDS[fkey][0]
+    assert isinstance(forward, osm.DescriptorReplay)
+    uses = []
+    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *fsm._FLASH_FORWARDS[fkey][1:])
+    again = run(*second)
+    assert uses == [True]
+    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    checked = run(*second)
+    for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
+        assert torch.equal(got, want), name
 
 
 @needs_gpu

@@ -216,9 +216,10 @@ def _gluon_missing() -> str | None:
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("batch,n_queries,n_keys,scale", [(2, 113, 203, 1.0), (3, 257, 255, 4.0), (1, 640, 64, 1.0)])
 def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, dtype, is_causal):
-    """With the work threshold at 0, the Function's forward runs the Gluon kernel at d = 128 (its
-    O and L then feed the Triton backward): the whole check against float64, as for the Triton path."""
-    monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+    """Where the rule picks it (full attention at d = 128; causal here too, forced), the Function's
+    forward runs the Gluon kernel (its O and L then feed the Triton backward): the whole check
+    against float64, as for the Triton path."""
+    monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
     Q, K, V = attention_inputs(batch, n_queries, n_keys, 128, DTYPES[dtype], seed=n_queries, scale=scale)
     assert fsm.flash_forward_path(Q, K, V, is_causal) == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
@@ -233,22 +234,34 @@ def test_dkdv_full_tile_masks_rule():
 
 
 def test_forward_path_rule(monkeypatch):
-    """Gluon's forward only at d = 128, from GLUON_FLASH_MIN_FLOPS of work, where its kernel takes
-    the inputs and no forward launch is set; the Triton kernel everywhere else."""
+    """Gluon's forward where it measured faster (132 SMs, waves of 128-query programs): d = 128
+    full everywhere; causal but on rows of at most 2048 keys between 1 and 4 waves; d = 64 past
+    1.5 waves from 2048 keys full, 16384 causal. Only where its kernel takes the inputs and no
+    forward launch is set."""
+    wins = fsm.gluon_flash_forward_wins
+    assert wins(64, 512, 512, 128, False, 132) and wins(1, 40, 40, 128, False, 132)
+    assert wins(8, 2048, 2048, 128, True, 132)  # 128 programs: one wave
+    assert not wins(8, 2048, 2048, 128, True, 120)  # the same on fewer SMs: past one wave
+    assert not wins(32, 1024, 1024, 128, True, 132) and not wins(16, 1500, 1500, 128, True, 132)
+    assert not wins(65, 1024, 1024, 128, True, 132) and wins(66, 1024, 1024, 128, True, 132)  # 520 | 528 programs
+    assert wins(1, 32768, 32768, 128, True, 132) and wins(8, 2049, 2049, 128, True, 132)  # longer rows
+    assert wins(16, 2048, 2048, 64, False, 132) and not wins(16, 2047, 2047, 64, False, 132)
+    assert not wins(8, 3000, 3000, 64, False, 132) and wins(9, 3000, 3000, 64, False, 132)  # 192 | 216 programs
+    assert wins(2, 16384, 16384, 64, True, 132) and not wins(1, 16384, 16384, 64, True, 132)
+    assert not wins(16, 8192, 8192, 64, True, 132)
+    assert not wins(16, 4096, 4096, 32, False, 132) and not wins(16, 4096, 4096, 256, False, 132)
     meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    big, small, d64 = meta(16, 4096, 128), meta(4, 512, 128), meta(16, 8192, 64)
-    # (16, 4096, 128): 137 GFLOP in full, half that causal, either side of the threshold.
-    assert fsm.attention_flops(16, 4096, 4096, 128, True) < fsm.GLUON_FLASH_MIN_FLOPS
-    assert fsm.attention_flops(16, 4096, 4096, 128, False) >= fsm.GLUON_FLASH_MIN_FLOPS
+    wide, short, d64 = meta(32, 1024, 128), meta(16, 1024, 64), meta(16, 8192, 64)  # 256, 128, 1024 programs
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    assert fsm.flash_forward_path(big, big, big, False) == "gluon"
-    assert fsm.flash_forward_path(big, big, big, True) == "triton"
-    assert fsm.flash_forward_path(small, small, small, False) == "triton"
-    assert fsm.flash_forward_path(d64, d64, d64, False) == "triton"
-    assert fsm.flash_forward_path(big, big, big, False, {"forward": FlashLaunch(64, 64, 4, 2)}) == "triton"
-    assert fsm.flash_forward_path(big, big, big, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
+    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
+    assert fsm.flash_forward_path(wide, wide, wide, False) == "gluon"
+    assert fsm.flash_forward_path(wide, wide, wide, True) == "triton"  # 256 programs on 132 SMs
+    assert fsm.flash_forward_path(short, short, short, False) == "triton"
+    assert fsm.flash_forward_path(d64, d64, d64, False) == "gluon"
+    assert fsm.flash_forward_path(wide, wide, wide, False, {"forward": FlashLaunch(64, 64, 4, 2)}) == "triton"
+    assert fsm.flash_forward_path(wide, wide, wide, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
-    assert fsm.flash_forward_path(big, big, big, False) == "triton"
+    assert fsm.flash_forward_path(wide, wide, wide, False) == "triton"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -622,12 +635,12 @@ def test_compiled_fullgraph_matches_float64(dtype, is_causal):
 def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
     """Forward and backward captured in one CUDA graph, replayed on new inputs copied into the
     captured ones: the same bits as eager calls (no host sync, no allocation outside the graph's
-    pool). "gluon": d = 128 with the Gluon forward's work threshold at 0."""
+    pool). "gluon": d = 128 with the Gluon forward forced by its rule."""
     shape = (2, 300, 500, 64)
     if path == "gluon":
         if _gluon_missing() is not None:
             pytest.skip(_gluon_missing())
-        monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+        monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
         shape = (2, 300, 500, 128)
     Q, K, V = (t.requires_grad_() for t in attention_inputs(*shape, torch.bfloat16))
     dO = randn(Q.shape, torch.bfloat16, 7)
@@ -750,12 +763,12 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_gluon_forward_path and the compiled tests run the real kernels")
 def test_compiled_function_keeps_the_triton_forward(monkeypatch):
     """Where an eager call would take the Gluon forward (here: its kernel said to take the inputs,
-    the work threshold at 0), torch.compile(fullgraph=True) traces the Triton kernel's launch
+    its rule forced), torch.compile(fullgraph=True) traces the Triton kernel's launch
     instead (Gluon kernels are no wrap_triton user kernels): the trace never reaches the Gluon path."""
     for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    monkeypatch.setattr(fsm, "GLUON_FLASH_MIN_FLOPS", 0)
+    monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
 
     def no_gluon(*args):
         raise AssertionError("the Gluon forward ran under torch.compile")
