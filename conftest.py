@@ -1429,8 +1429,45 @@ def pytest_terminal_summary(terminalreporter, config):
                 tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
 
 
+def merge_runs(parts: list[tuple[str, dict]]) -> dict:
+    """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
+    split over calls), so that one set of tables holds them: same commit, same GPU, no case in two
+    parts, a group's layout the same in each. Rows keep their own rounds; the ceilings (the
+    yardsticks of the derived metrics) are per value the median of the parts' (as across a run's
+    workers), each part's own kept under ``merged_from``. Raises ValueError naming the part and
+    what differs."""
+    if len(parts) < 2:
+        raise ValueError(f"merge takes two runs or more, got {len(parts)}")
+    first_name, first = parts[0]
+    merged = {**first, "benchmarks": [], "failed_cases": [], "bench_groups": {}, "merged_from": []}
+    seen: dict[str, str] = {}
+    for name, data in parts:
+        for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
+                         ("run settings", lambda d: {k: v for k, v in d.get("bench_run", {}).items() if k != "complete"})):
+            if of(data) != of(first):
+                raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
+        for group, layout in (data.get("bench_groups") or {}).items():
+            if merged["bench_groups"].setdefault(group, layout) != layout:
+                raise ValueError(f"{name}: group {group!r} has another layout than in an earlier part")
+        for record in (*data.get("benchmarks", []), *data.get("failed_cases", [])):
+            test = record.get("fullname") or record.get("test")
+            if test in seen:
+                raise ValueError(f"{name}: {test} was measured in {seen[test]} already")
+            seen[test] = name
+        merged["benchmarks"] += data.get("benchmarks", [])
+        merged["failed_cases"] += data.get("failed_cases", [])
+        merged["merged_from"].append({"file": name, "datetime": data.get("datetime"),
+                                      "complete": data.get("bench_run", {}).get("complete", True),
+                                      "ceilings": data.get("ceilings")})
+    merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
+    merged["bench_run"] = {**first.get("bench_run", {}),
+                           "complete": all(part["complete"] for part in merged["merged_from"])}
+    return merged
+
+
 # ----------------------------------------------------------------------------------------------
 # Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC]
+#               python conftest.py merge JSON JSON... --output JSON
 # ----------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
@@ -1442,7 +1479,24 @@ def main(argv=None) -> int:
     rebuild.add_argument("--plot", action="append", default=[], metavar="GROUP=KIND:METRIC",
                          help="draw GROUP's plot as KIND (line, bar, ratio) of METRIC, whatever the run's layout "
                               "said: a plot kind added after the run")
+    merge = sub.add_parser("merge", help="one run's JSON from runs that measured parts of the same cases "
+                                         "(same commit and GPU); then rebuild its tables")
+    merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files)")
+    merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
     args = parser.parse_args(argv)
+    if args.command == "merge":
+        for path in args.parts:
+            if not path.is_file():
+                parser.error(f"parts: {path} is not a file")
+        parts = [(path.name, read_part(path) if path.name.endswith(".part") else
+                  json.loads(path.read_text(encoding="utf-8"))) for path in args.parts]
+        try:
+            merged = merge_runs(parts)
+        except ValueError as error:
+            parser.error(f"parts: {error}")
+        args.output.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+        print(args.output)
+        return 0
     if not args.json.is_file():
         parser.error(f"json: {args.json} is not a file")
     if args.json.name.endswith(".part"):

@@ -452,3 +452,47 @@ def test_ratio_plot_and_a_plot_added_at_rebuild(tmp_path):
     for bad in ("other=ratio:speedup", "grid=pie:speedup", "grid=ratio", "grid=ratio:nosuch"):
         with pytest.raises(SystemExit):
             main(["rebuild", str(tmp_path / "run.json"), "--plot", bad])
+
+
+def test_runs_of_parts_of_a_grid_merge_into_one_set_of_tables(tmp_path):
+    """``python conftest.py merge A B --output M``: the parts' rows in one JSON whose tables equal
+    one run's (a baseline measured in one part, its Triton row in the other, still pair up), the
+    ceilings their median with each part's kept; parts of another commit or GPU, or measuring a
+    case twice, are refused by name."""
+    from conftest import BenchGroup, main, merge_runs, write_tables
+
+    group = BenchGroup(name="grid", csv="grid.csv", columns=("workload", "case", "impl", "forward_ms_mean", "speedup"),
+                       case=("workload", "case"), impls=("torch", "triton"), speedups={"speedup": "torch"})
+    rows = [dict(workload="a", case=c, impl=i, ms=ms) for c in "xy" for i, ms in (("torch", 2.0), ("triton", 1.0))]
+    whole = run_json(group, rows, [])
+    parts = []
+    for n, (mine, copy) in enumerate(((rows[:3], 1000.0), (rows[3:], 3000.0))):
+        part = run_json(group, mine, [] if n else [(dict(workload="b", case="z", impl="triton"), "Unavailable: none")])
+        for i, b in enumerate(part["benchmarks"]):
+            b["fullname"] = f"test_grid[{n}-{i}]"
+        part.update(ceilings={"copy_GBps": copy}, commit_info={"id": "abc", "dirty": False},
+                    machine_info={"gpu": {"name": "H100"}}, datetime=f"day {n}")
+        part["failed_cases"] = [{**f, "test": "test_grid[b-z]"} for f in part["failed_cases"]]
+        (tmp_path / f"part{n}.json").write_text(json.dumps(part))
+        parts.append((f"part{n}.json", part))
+    assert main(["merge", str(tmp_path / "part0.json"), str(tmp_path / "part1.json"),
+                 "--output", str(tmp_path / "merged.json")]) == 0
+    merged = json.loads((tmp_path / "merged.json").read_text())
+    assert merged["ceilings"]["copy_GBps"] == 2000.0
+    assert [p["ceilings"]["copy_GBps"] for p in merged["merged_from"]] == [1000.0, 3000.0]
+    assert merged["bench_run"]["complete"] and len(merged["benchmarks"]) == 4 and len(merged["failed_cases"]) == 1
+    whole["failed_cases"] = merged["failed_cases"]
+    write_tables(whole, tmp_path / "whole")
+    write_tables(merged, tmp_path / "merged")
+    assert (tmp_path / "merged" / "grid.csv").read_bytes() == (tmp_path / "whole" / "grid.csv").read_bytes()
+    _, table = read_csv(tmp_path / "merged" / "grid.csv")
+    assert [r["speedup"] for r in table if r["impl"] == "triton" and r["case"] == "y"] == ["2"]
+    for change, message in ((lambda p: p["commit_info"].update(id="def"), "commit"),
+                            (lambda p: p["machine_info"]["gpu"].update(name="A100"), "GPU"),
+                            (lambda p: p["benchmarks"].append(dict(parts[0][1]["benchmarks"][0])), "measured in part0.json")):
+        other = json.loads(json.dumps(parts[1][1]))
+        change(other)
+        with pytest.raises(ValueError, match=message):
+            merge_runs([parts[0], ("part1.json", other)])
+    with pytest.raises(SystemExit):
+        main(["merge", str(tmp_path / "part0.json"), "--output", str(tmp_path / "alone.json")])

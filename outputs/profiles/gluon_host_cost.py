@@ -1,5 +1,6 @@
 """Host time of one attention forward call on the Gluon path (FlashAttentionTriton at d = 128 past
-GLUON_FLASH_MIN_FLOPS, and flash_attention_gluon itself) beside the Triton path and SDPA: calls
+GLUON_FLASH_MIN_FLOPS at cc57a42, a floor since replaced by gluon_flash_forward_wins, and
+flash_attention_gluon itself) beside the Triton path and SDPA: calls
 enqueued back to back while the GPU spins, so no launch waits. From the repository root on an H100:
 PYTHONPATH=. python3 outputs/profiles/gluon_host_cost.py"""
 import torch, triton
