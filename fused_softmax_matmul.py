@@ -1910,32 +1910,27 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
 
 
 # FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``: two consumer
-# warpgroups of 64 queries fed by TMA, one 128-query program an SM) where it measured ahead of the
-# Triton kernel on an H100: GPU time from CUDA graphs, bf16, 55 shapes, most of them off the shape
-# grid (outputs/profiles/gluon_path_probe.txt). Once its launch is kept, an eager call's host
-# time is within some 10 us of the Triton path's. In "waves" (128-query programs per SM):
-# * d = 128, full: everywhere, 1.00x at (64, 512) to 1.31x the Triton kernel's speed.
-# * d = 128, causal: everywhere but on rows of at most GLUON_FLASH_SHORT_KEYS keys between one
-#   wave and FEW_TILES_PER_SM waves, where the Triton kernel runs 64-query tiles
-#   (few_query_tiles) that spread the causal triangle's uneven work over the SMs better than
-#   one program an SM whose few key steps leave its fixed costs showing: 0.79-0.96x at (40, 512)
-#   to (48, 1024). Within one wave, on longer rows or from FEW_TILES_PER_SM waves: 1.02-1.40x.
-# * d = 64: past 1.5 waves, from GLUON_FLASH_D64_MIN_KEYS keys (full / causal). There the
-#   products are short against the exponentials: Gluon gains 1-9 % on such shapes, loses up to
-#   30 % on shorter causal rows and 13-22 % at fewer programs ((4, 2048) full, (1, 16384) causal).
-GLUON_FLASH_SHORT_KEYS = 2048
-GLUON_FLASH_D64_MIN_KEYS = {False: 2048, True: 16384}
+# warpgroups of 64 queries fed by TMA, one 128-query tile a program or a persistent grid) where it
+# measured ahead of the Triton kernel on an H100: GPU time from CUDA graphs, bf16, 55 shapes, most
+# of them off the shape grid (outputs/profiles/gluon_path_probe.txt, its last part). Once its
+# launch is kept, an eager call's host time is within some 10 us of the Triton path's.
+# * d = 128: everywhere, 1.09x ((40, 512) causal) to 1.43x the Triton kernel's speed.
+# * d = 64: past 1.5 waves of 128-query tiles per SM, 1.02-1.19x but at (16, 4097) full 0.98x
+#   and (64, 512) causal 0.92x. With fewer tiles the Triton kernel runs 64-query tiles
+#   (few_query_tiles) that fill the GPU better: Gluon 0.77x at (4, 2048) full (half a wave),
+#   0.91-0.99x at 1-1.5 waves.
+GLUON_FLASH_D64_MIN_WAVES = 1.5
 
 
 def gluon_flash_forward_wins(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, sms: int) -> bool:
     """Whether the Gluon attention forward is the faster kernel for this shape on a GPU of
-    ``sms`` SMs (the rule above); it must also take the inputs (``gluon_flash_unsupported``)."""
-    waves = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) / sms
+    ``sms`` SMs (the rule above); it must also take the inputs (``gluon_flash_unsupported``).
+    n_keys and is_causal are not part of today's rule: the kernels' rates meet on the same side
+    of it whatever the length and mask, in the shapes measured."""
     if d == 128:
-        return not (is_causal and n_keys <= GLUON_FLASH_SHORT_KEYS and 1 < waves < FEW_TILES_PER_SM)
-    if d == 64:
-        return waves > 1.5 and n_keys >= GLUON_FLASH_D64_MIN_KEYS[bool(is_causal)]
-    return False
+        return True
+    waves = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) / sms
+    return d == 64 and waves > GLUON_FLASH_D64_MIN_WAVES
 
 
 def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
@@ -2871,8 +2866,9 @@ _GLUON, GLUON_UNAVAILABLE = _import_gluon()
 if _GLUON is not None:
     (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
      GluonTensorDescriptor) = _GLUON
-    # The TMA load was renamed after triton 3.6 (the old name now raises); same arguments.
+    # The TMA load and store were renamed after triton 3.6 (the old names now raise); same arguments.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
+    _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
 
 
 def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
@@ -3120,15 +3116,16 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 # ----------------------------------------------------------------------------------------------
 # Gluon: FlashAttention forward on Hopper, warp-specialised
 # ----------------------------------------------------------------------------------------------
-# One program: GLUON_FLASH_CONSUMERS tiles of GLUON_BLOCK_M queries of one batch element, one per
-# consumer warpgroup. A loader warp brings each Q tile once, then K and V tiles of
+# A tile: GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, GLUON_BLOCK_M for each
+# consumer warpgroup; a program runs one tile or, persistent (``gluon_flash_persistent``), one of
+# every so many. A loader warp brings each Q tile once, then K and V tiles of
 # GLUON_FLASH_BLOCK_N keys into a ring by TMA that both consumers read (a slot is refilled once
 # both have released it): one warpgroup's softmax can run under the other's products, where the
 # warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
 # O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
 # issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
 # tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Steps whose keys
-# every query of the program sees skip the mask. Forward only; masking, -inf rows and the saved
+# every query of the tile sees skip the mask. Forward only; masking, -inf rows and the saved
 # log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
@@ -3142,31 +3139,77 @@ GLUON_FLASH_CONSUMER_REGISTERS = 232
 # Whether the two consumers take turns to issue their products (FlashAttention-3's ping-pong: one
 # warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
+# A program runs one tile (a grid of batch x query tiles, the heaviest causal tiles first), or,
+# persistent, one program an SM loops over the tiles: its loader then brings the next tile's Q, K
+# and V while the consumers finish the last one, and no program start or end lies between two
+# tiles. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
+# 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-5 % slower
+# past that, and causal tiles, whose lengths differ, balance better on the hardware's own
+# scheduling of one-tile programs taken heaviest first (1.01-1.41x; persistent 0.75-1.25x).
+GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
+
+
+def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
+    """Whether the Gluon attention forward runs a persistent grid for this shape (see above)."""
+    return not is_causal and n_keys <= GLUON_FLASH_PERSISTENT_MAX_KEYS
+
 GLUON_FLASH_HEAD_DIMS = (64, 128)
 
 if _GLUON is not None:
 
     @gluon.jit
-    def _gluon_flash_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free,
-                            batch, off_m, n_steps):
-        """The producer: each consumer's Q tile once, then every step's K and V tiles into the ring
-        (a slot is free again once every consumer has released it)."""
+    def _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL: gl.constexpr, BLOCK_Q: gl.constexpr,
+                          BLOCK_N: gl.constexpr):
+        """Work item w: (batch element, first query, key steps that need no mask, key steps) of a
+        tile of BLOCK_Q queries. Full: batch-major, so the programs running together share K and V.
+        Causal: the last query tiles of every batch element first (they see the most keys)."""
+        n_tiles = gl.cdiv(n_queries, BLOCK_Q)
+        if IS_CAUSAL:
+            batch = w % n_batch
+            off_m = (n_tiles - 1 - w // n_batch) * BLOCK_Q
+        else:
+            batch = w // n_tiles
+            off_m = (w % n_tiles) * BLOCK_Q
+        key_end = n_keys
+        full_steps = n_keys // BLOCK_N
+        if IS_CAUSAL:
+            # The tile's last query sees keys up to its own index; the first consumer's last step
+            # is the same one (BLOCK_Q is one key step). Steps before the tile's first query need
+            # no mask (off_m is a multiple of BLOCK_N).
+            key_end = gl.minimum(n_keys, off_m + BLOCK_Q)
+            full_steps = gl.minimum(off_m, n_keys) // BLOCK_N
+        return batch, off_m, full_steps, gl.cdiv(key_end, BLOCK_N)
+
+    @gluon.jit
+    def _gluon_flash_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free, v_ready,
+                            v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL: gl.constexpr):
+        """The producer: for each of the program's tiles, each consumer's Q tile once its last one
+        is released, then every step's K and V tiles into the ring (a slot is free again once
+        every consumer has released it). Ring slots and phases run on across tiles."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-        for c in gl.static_range(CONSUMERS):
-            mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, off_m + c * BLOCK_M, 0], q_ready.index(c), q_bufs.index(c))
-        for i in range(n_steps):
-            slot = i % STAGES
-            phase = (i // STAGES) & 1  # a fresh barrier's "free" wait (phase ^ 1) passes at once
-            mbarrier.wait(k_free.index(slot), phase ^ 1)
-            mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-            _tma_load(k_desc, [batch, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
-            mbarrier.wait(v_free.index(slot), phase ^ 1)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [batch, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+        it = 0
+        t = 0
+        for w in range(first, n_work, gl.num_programs(0)):
+            batch, off_m, full_steps, n_steps = _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL,
+                                                                  CONSUMERS * BLOCK_M, BLOCK_N)
+            for c in gl.static_range(CONSUMERS):
+                mbarrier.wait(q_free.index(c), (t & 1) ^ 1)  # a fresh barrier's "free" wait passes at once
+                mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
+                _tma_load(q_desc, [batch, off_m + c * BLOCK_M, 0], q_ready.index(c), q_bufs.index(c))
+            for i in range(n_steps):
+                slot = it % STAGES
+                phase = (it // STAGES) & 1
+                mbarrier.wait(k_free.index(slot), phase ^ 1)
+                mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
+                _tma_load(k_desc, [batch, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
+                mbarrier.wait(v_free.index(slot), phase ^ 1)
+                mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
+                _tma_load(v_desc, [batch, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+                it += 1
+            t += 1
 
     @gluon.jit
     def _gluon_flash_scores(s, rows, cols, start, n_keys, m, qk_scale, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
@@ -3193,24 +3236,25 @@ if _GLUON is not None:
         return m_new, alpha, w
 
     @gluon.jit
-    def _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn, their_turn,
+    def _gluon_flash_step(i, j, turn_phase, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn, their_turn,
                           acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero, acc_layout: gl.constexpr,
                           p_layout: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr,
                           PINGPONG: gl.constexpr):
-        """Key step i >= 1 of one consumer: issue S_i = Q K_i^T and O += P_{i-1} V_{i-1}, wait for
-        S_i only (MMAs finish in issue order, so "all but one outstanding" is S_i), run the online
-        softmax of S_i while the tensor cores still work on P_{i-1} V_{i-1}, then wait for that
-        and rescale O. PINGPONG: the two consumers take turns to issue their products."""
+        """Key step i >= 1 of one consumer's tile, the program's j-th through the ring: issue S_i =
+        Q K_i^T and O += P_{i-1} V_{i-1}, wait for S_i only (MMAs finish in issue order, so "all
+        but one outstanding" is S_i), run the online softmax of S_i while the tensor cores still
+        work on P_{i-1} V_{i-1}, then wait for that and rescale O. PINGPONG: the two consumers take
+        turns to issue their products (this consumer's turn barrier at turn_phase)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
         HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
-        slot = i % STAGES
-        phase = (i // STAGES) & 1
-        prev = (i - 1) % STAGES
-        prev_phase = ((i - 1) // STAGES) & 1
+        slot = j % STAGES
+        phase = (j // STAGES) & 1
+        prev = (j - 1) % STAGES
+        prev_phase = ((j - 1) // STAGES) & 1
         mbarrier.wait(k_ready.index(slot), phase)
         if PINGPONG:
-            mbarrier.wait(my_turn, (i - 1) & 1)
+            mbarrier.wait(my_turn, turn_phase)
         s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
                           use_acc=False, is_async=True)
         mbarrier.wait(v_ready.index(prev), prev_phase)
@@ -3228,16 +3272,20 @@ if _GLUON is not None:
         return acc, m, l, p
 
     @gluon.jit
-    def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, q_ready_all, k_ready, k_free, v_ready, v_free, turns,
-                              o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                              batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL: gl.constexpr,
+    def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, o_bufs, q_ready_all, q_free_all, k_ready, k_free, v_ready, v_free,
+                              turns, o_desc, lse_ptr, stride_lb, stride_lm,
+                              first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                               s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                               CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
-        """Consumer warpgroup CONSUMER: the queries off_m + CONSUMER * BLOCK_M onwards, through every
-        step of the shared K and V ring; steps before full_steps need no mask."""
+        """Consumer warpgroup CONSUMER: in each of the program's tiles, the queries from the tile's
+        first + CONSUMER * BLOCK_M, through every step of the shared K and V ring; steps before
+        the tile's full_steps need no mask. Ring slots, phases and turns run on across tiles. O
+        leaves through its own shared buffer by TMA store, under the next tile's steps."""
         q_buf = q_bufs.index(CONSUMER)
+        o_buf = o_bufs.index(CONSUMER)
         q_ready = q_ready_all.index(CONSUMER)
-        off_m = off_m + CONSUMER * q_buf.type.shape[1]
+        q_free = q_free_all.index(CONSUMER)
+        CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = q_buf.type.shape[1]
         HEAD_DIM: gl.constexpr = q_buf.type.shape[2]
         BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
@@ -3247,62 +3295,77 @@ if _GLUON is not None:
         rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
         my_turn = turns.index(CONSUMER)
         their_turn = turns.index(1 - CONSUMER)
-
-        rows = off_m + gl.arange(0, BLOCK_M, rows_l)
+        q = q_buf.reshape([BLOCK_M, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
-        # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
-        acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
-        mbarrier.wait(q_ready, 0)
-        q = q_buf.reshape([BLOCK_M, HEAD_DIM])
         if PINGPONG:
             if CONSUMER == 1:  # consumer 0 issues first
                 mbarrier.arrive(their_turn)
 
-        # Step 0: its logits alone (nothing to overlap with yet), masked whatever it holds.
-        mbarrier.wait(k_ready.index(0), 0)
-        s = warpgroup_mma(q, k_bufs.index(0).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
-                          use_acc=False, is_async=True)
-        s = warpgroup_mma_wait(0, deps=(s,))
-        mbarrier.arrive(k_free.index(0))
-        m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
-        m, alpha, w = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, True, IS_CAUSAL)
-        l = gl.sum(w, axis=1)
-        p = gl.convert_layout(w.to(dtype), p_layout)
+        it = 0  # the program's key steps so far: ring slot and phase
+        turn = 0  # its steps past each tile's first: turn phase
+        t = 0  # its tiles so far: Q phase
+        for w in range(first, n_work, gl.num_programs(0)):
+            batch, off_m, full_steps, n_steps = _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL,
+                                                                  CONSUMERS * BLOCK_M, BLOCK_N)
+            off_m = off_m + CONSUMER * BLOCK_M
+            rows = off_m + gl.arange(0, BLOCK_M, rows_l)
+            # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
+            acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+            mbarrier.wait(q_ready, t & 1)
 
-        for i in range(1, full_steps):
-            acc, m, l, p = _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn,
-                                             their_turn, acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero,
-                                             acc_layout, p_layout, False, IS_CAUSAL, PINGPONG)
-        for i in range(gl.maximum(full_steps, 1), n_steps):
-            acc, m, l, p = _gluon_flash_step(i, q, k_bufs, v_bufs, k_ready, k_free, v_ready, v_free, my_turn,
-                                             their_turn, acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero,
-                                             acc_layout, p_layout, True, IS_CAUSAL, PINGPONG)
+            # Step 0: its logits alone (nothing to overlap with yet), masked whatever it holds.
+            slot = it % STAGES
+            mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
+            s = warpgroup_mma(q, k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM]).permute((1, 0)), s_zero,
+                              use_acc=False, is_async=True)
+            s = warpgroup_mma_wait(0, deps=(s,))
+            mbarrier.arrive(k_free.index(slot))
+            m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
+            m, alpha, w8 = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, True, IS_CAUSAL)
+            l = gl.sum(w8, axis=1)
+            p = gl.convert_layout(w8.to(dtype), p_layout)
 
-        last = (n_steps - 1) % STAGES
-        mbarrier.wait(v_ready.index(last), ((n_steps - 1) // STAGES) & 1)
-        acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
-        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-        mbarrier.arrive(v_free.index(last))
+            for i in range(1, full_steps):
+                acc, m, l, p = _gluon_flash_step(i, it + i, (turn + i - 1) & 1, q, k_bufs, v_bufs, k_ready, k_free,
+                                                 v_ready, v_free, my_turn, their_turn, acc, m, l, p, rows, cols,
+                                                 n_keys, qk_scale, s_zero, acc_layout, p_layout, False, IS_CAUSAL,
+                                                 PINGPONG)
+            for i in range(gl.maximum(full_steps, 1), n_steps):
+                acc, m, l, p = _gluon_flash_step(i, it + i, (turn + i - 1) & 1, q, k_bufs, v_bufs, k_ready, k_free,
+                                                 v_ready, v_free, my_turn, their_turn, acc, m, l, p, rows, cols,
+                                                 n_keys, qk_scale, s_zero, acc_layout, p_layout, True, IS_CAUSAL,
+                                                 PINGPONG)
+            mbarrier.arrive(q_free)  # every S of the tile is done: the loader may bring the next Q
 
-        # A row with no finite logit has l = 0 and acc = 0: output 0 and L = -inf, as SDPA gives.
-        safe_l = gl.where(l == 0.0, 1.0, l)
-        out = acc / gl.expand_dims(gl.convert_layout(safe_l, gl.SliceLayout(1, acc_layout)), 1)
-        out_rows = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
-        dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
-        o_ptrs = (o_ptr + batch.to(gl.int64) * stride_ob + gl.expand_dims(out_rows.to(gl.int64) * stride_om, 1)
-                  + gl.expand_dims(dims * stride_od, 0))
-        gl.store(o_ptrs, out.to(dtype), mask=gl.expand_dims(out_rows < n_queries, 1))
-        lse = (m + gl.log2(l)) * LN2
-        gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + rows * stride_lm, lse, mask=rows < n_queries)
+            last = (it + n_steps - 1) % STAGES
+            mbarrier.wait(v_ready.index(last), ((it + n_steps - 1) // STAGES) & 1)
+            acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
+            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+            mbarrier.arrive(v_free.index(last))
+
+            # A row with no finite logit has l = 0 and acc = 0: output 0 and L = -inf, as SDPA gives.
+            safe_l = gl.where(l == 0.0, 1.0, l)
+            out = acc / gl.expand_dims(gl.convert_layout(safe_l, gl.SliceLayout(1, acc_layout)), 1)
+            tma.store_wait(0)  # the last tile's O has left the buffer
+            o_buf.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))
+            fence_async_shared()
+            _tma_store(o_desc, [batch, off_m, 0], o_buf)  # rows past n_queries are not written
+            lse = (m + gl.log2(l)) * LN2
+            gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + rows * stride_lm, lse, mask=rows < n_queries)
+            it += n_steps
+            turn += n_steps - 1
+            t += 1
+        tma.store_wait(0)
 
     @gluon.jit
-    def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_ptr, lse_ptr, stride_ob, stride_om, stride_od,
-                                     stride_lb, stride_lm, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
+    def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lm, n_batch, n_queries,
+                                     n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
                                      CONSUMER_REGISTERS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
-        """Attention output and log-sum-exp of CONSUMERS tiles of queries of one batch element
-        (grid: tile groups x batch)."""
+        """Attention output and log-sum-exp of tiles of CONSUMERS x BLOCK_M queries: the work items
+        are batch x query tiles (``_gluon_flash_tile``), and program p takes items p, p + grid,
+        ... (a grid of one program an item, or a persistent grid of fewer)."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
@@ -3310,26 +3373,11 @@ if _GLUON is not None:
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
         qk_scale = qk_scale.to(gl.float32)
-
         # The free barriers count every consumer's release, so every consumer must run the same
-        # key steps; with the program's queries one key step long, the causal end is shared.
+        # key steps; with a tile's queries one key step long, the causal end is shared.
         gl.static_assert(CONSUMERS * BLOCK_M == BLOCK_N, "the consumers' causal ends share a key step")
-        tile = gl.program_id(0)
-        if IS_CAUSAL:  # the last query tiles see the most keys: they go first
-            tile = gl.cdiv(n_queries, CONSUMERS * BLOCK_M) - 1 - tile
-        batch = gl.program_id(1)
-        off_m = tile * (CONSUMERS * BLOCK_M)
-        key_end = n_keys
-        if IS_CAUSAL:
-            # The program's last query sees keys up to its own index; the first consumer's last
-            # step is the same one (the program's queries are one key step long).
-            key_end = gl.minimum(n_keys, off_m + CONSUMERS * BLOCK_M)
-        n_steps = gl.cdiv(key_end, BLOCK_N)
-        # Steps every query of the program sees whole: all but a ragged last one; when causal, those
-        # before the program's first query (off_m is a multiple of BLOCK_N).
-        full_steps = n_keys // BLOCK_N
-        if IS_CAUSAL:
-            full_steps = gl.minimum(off_m, n_keys) // BLOCK_N
+        n_work = n_batch * gl.cdiv(n_queries, CONSUMERS * BLOCK_M)
+        first = gl.program_id(0)
 
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
@@ -3340,7 +3388,9 @@ if _GLUON is not None:
         q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        o_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + o_desc.block_type.shape, o_desc.layout)
         q_ready = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
+        q_free = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         k_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         k_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -3348,6 +3398,7 @@ if _GLUON is not None:
         turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(q_ready.index(c), count=1)
+            mbarrier.init(q_free.index(c), count=1)
             mbarrier.init(turns.index(c), count=1)
         for slot in gl.static_range(STAGES):
             mbarrier.init(k_ready.index(slot), count=1)
@@ -3357,16 +3408,16 @@ if _GLUON is not None:
 
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
         gl.warp_specialize([
-            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free, turns,
-                                     o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                                     batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL,
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
+                                     turns, o_desc, lse_ptr, stride_lb, stride_lm,
+                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
                                      s_layout, acc_layout, p_layout, 0, PINGPONG)),
-            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free, v_ready, v_free, turns,
-                                     o_ptr, lse_ptr, stride_ob, stride_om, stride_od, stride_lb, stride_lm,
-                                     batch, off_m, n_queries, n_keys, full_steps, n_steps, qk_scale, IS_CAUSAL,
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
+                                     turns, o_desc, lse_ptr, stride_lb, stride_lm,
+                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
                                      s_layout, acc_layout, p_layout, 1, PINGPONG)),
-            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, k_ready, k_free,
-                                   v_ready, v_free, batch, off_m, n_steps)),
+            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
+                                   v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -3393,8 +3444,6 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
         return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {Q.shape[-1]}"
     if Q.numel() == 0 or K.numel() == 0:
         return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
-    if Q.shape[0] > 65535:
-        return f"a batch of {Q.shape[0]} is past the 65535 programs a grid's second axis can have"
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if t.stride(2) != 1:
             return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
@@ -3405,14 +3454,16 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
 
 
 def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False, *,
-                          stages: int = GLUON_FLASH_STAGES,
-                          pingpong: bool = GLUON_FLASH_PINGPONG) -> tuple[torch.Tensor, torch.Tensor]:
+                          stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
+                          persistent: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L): FlashAttentionTriton's forward by the warp-specialised Hopper kernel.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
     O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
     Only where ``gluon_flash_unsupported`` says None (a ValueError says why otherwise). Forward
-    only: an input that requires grad is refused.
+    only: an input that requires grad is refused. ``stages``: K and V ring slots; ``pingpong``:
+    the consumers take turns to issue their products; ``persistent``: one program an SM looping
+    over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
     """
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
@@ -3423,32 +3474,40 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
         raise ValueError(f"flash_attention_gluon cannot take these inputs: {reason}")
     check_int("stages", stages, 2, 4)
     check_flag("pingpong", pingpong)
+    if persistent is not None:
+        check_flag("persistent", persistent)
     O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
-    _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong)
+    _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong, persistent=persistent)
     return O, L
 
 
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
                          L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
-                         kept: list | None = None) -> None:
+                         kept: list | None = None, persistent: bool | None = None,
+                         programs: int | None = None) -> None:
     """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32).
     With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of (Q, K, V, O, L), or
-    None where it cannot be kept."""
+    None where it cannot be kept. ``persistent``: None takes ``gluon_flash_persistent``'s choice;
+    ``programs`` caps a persistent grid below the SM count (tests: several tiles a program on
+    small inputs)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
     q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
-    ring = (stages * 2 * GLUON_FLASH_BLOCK_N + GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
+    ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
     if ring > _SHARED_MEMORY_BUDGET:
         raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
-                                  f"{GLUON_FLASH_CONSUMERS} Q tiles need "
+                                  f"{GLUON_FLASH_CONSUMERS} Q and O tiles need "
                                   f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
     descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
-             for t, block in ((Q, q_block), (K, kv_block), (V, kv_block))]
-    grid = (cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M), batch)
+             for t, block in ((Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))]
+    n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
+    if persistent is None:
+        persistent = gluon_flash_persistent(n_keys, is_causal)
+    grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
     kernel = _jit(flash_attention_gluon_kernel, traced=False)
-    args = (*descs, O, L, *O.stride(), *L.stride(), n_queries, n_keys, d ** -0.5 * LOG2_E.value)
+    args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
     options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
                    LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)

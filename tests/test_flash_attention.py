@@ -234,29 +234,24 @@ def test_dkdv_full_tile_masks_rule():
 
 
 def test_forward_path_rule(monkeypatch):
-    """Gluon's forward where it measured faster (132 SMs, waves of 128-query programs): d = 128
-    full everywhere; causal but on rows of at most 2048 keys between 1 and 4 waves; d = 64 past
-    1.5 waves from 2048 keys full, 16384 causal. Only where its kernel takes the inputs and no
-    forward launch is set."""
+    """Gluon's forward where it measured faster (132 SMs, waves of 128-query tiles): d = 128
+    everywhere; d = 64 past 1.5 waves. Only where its kernel takes the inputs and no forward
+    launch is set."""
     wins = fsm.gluon_flash_forward_wins
-    assert wins(64, 512, 512, 128, False, 132) and wins(1, 40, 40, 128, False, 132)
-    assert wins(8, 2048, 2048, 128, True, 132)  # 128 programs: one wave
-    assert not wins(8, 2048, 2048, 128, True, 120)  # the same on fewer SMs: past one wave
-    assert not wins(32, 1024, 1024, 128, True, 132) and not wins(16, 1500, 1500, 128, True, 132)
-    assert not wins(65, 1024, 1024, 128, True, 132) and wins(66, 1024, 1024, 128, True, 132)  # 520 | 528 programs
-    assert wins(1, 32768, 32768, 128, True, 132) and wins(8, 2049, 2049, 128, True, 132)  # longer rows
-    assert wins(16, 2048, 2048, 64, False, 132) and not wins(16, 2047, 2047, 64, False, 132)
-    assert not wins(8, 3000, 3000, 64, False, 132) and wins(9, 3000, 3000, 64, False, 132)  # 192 | 216 programs
-    assert wins(2, 16384, 16384, 64, True, 132) and not wins(1, 16384, 16384, 64, True, 132)
-    assert not wins(16, 8192, 8192, 64, True, 132)
+    for shape in ((64, 512, 512), (1, 40, 40), (8, 2048, 2048), (32, 1024, 1024), (1, 32768, 32768)):
+        assert wins(*shape, 128, False, 132) and wins(*shape, 128, True, 132)
+    assert wins(16, 2048, 2048, 64, False, 132) and wins(16, 2048, 2048, 64, True, 132)  # 256 tiles
+    assert not wins(8, 3000, 3000, 64, False, 132) and wins(9, 3000, 3000, 64, False, 132)  # 192 | 216 tiles
+    assert not wins(9, 3000, 3000, 64, False, 160)  # the same 216 tiles on more SMs
+    assert not wins(1, 16384, 16384, 64, True, 132) and wins(2, 16384, 16384, 64, True, 132)
     assert not wins(16, 4096, 4096, 32, False, 132) and not wins(16, 4096, 4096, 256, False, 132)
     meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    wide, short, d64 = meta(32, 1024, 128), meta(16, 1024, 64), meta(16, 8192, 64)  # 256, 128, 1024 programs
+    wide, short, d64 = meta(32, 1024, 128), meta(16, 1024, 64), meta(16, 8192, 64)  # 256, 128, 1024 tiles
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
     monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
     assert fsm.flash_forward_path(wide, wide, wide, False) == "gluon"
-    assert fsm.flash_forward_path(wide, wide, wide, True) == "triton"  # 256 programs on 132 SMs
-    assert fsm.flash_forward_path(short, short, short, False) == "triton"
+    assert fsm.flash_forward_path(wide, wide, wide, True) == "gluon"
+    assert fsm.flash_forward_path(short, short, short, False) == "triton"  # 128 tiles: one wave
     assert fsm.flash_forward_path(d64, d64, d64, False) == "gluon"
     assert fsm.flash_forward_path(wide, wide, wide, False, {"forward": FlashLaunch(64, 64, 4, 2)}) == "triton"
     assert fsm.flash_forward_path(wide, wide, wide, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"

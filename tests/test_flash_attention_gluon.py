@@ -5,10 +5,10 @@ error at the inputs' dtype, against attention in float64 on the same rounded inp
 within twice PyTorch's float32 log-sum-exp error. The kernel only compiles for sm_90 with Gluon:
 its tests skip elsewhere, except those that check what it refuses, which run everywhere.
 
-Shapes are chosen against its tiles: two consumer warpgroups of 64 queries per program (the second
+Shapes are chosen against its tiles: two consumer warpgroups of 64 queries per tile (the second
 with no query in "one tile", 36 in "ragged"), key steps of 128 through a ring of 2 slots (K and V),
-steps with and without the mask, TMA's zero fill past the last row, and causal programs launched
-last tile first.
+steps with and without the mask, TMA's zero fill past the last row (and its clipped store), causal
+tiles taken last tile first, and programs running several tiles in turn (a persistent grid).
 """
 
 from __future__ import annotations
@@ -72,6 +72,30 @@ def test_against_float64(shape, dtype, is_causal, pingpong):
     Q64, K64, V64 = (t.double() for t in (Q, K, V))
     assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
     assert L.dtype == torch.float32 and L.shape == (batch, n_queries)
+    assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_programs_of_several_tiles(d, is_causal, pingpong):
+    """A persistent grid of 3 programs over 3 x 6 tiles of 128 queries (the last one ragged): ring
+    slots, barrier phases and turns run on from tile to tile, Q and the O buffer are reused, tiles
+    of different lengths (causal) follow each other; equal to the grid of one tile a program."""
+    import fused_softmax_matmul as fsm
+    Q, K, V = attention_inputs(3, 700, 700, d, torch.bfloat16, seed=d, scale=4.0)
+    outs = []
+    for programs in (3, None):
+        O, L = torch.empty_like(Q), torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
+        with torch.no_grad():
+            fsm._gluon_flash_forward(Q, K, V, is_causal, O, L, pingpong=pingpong, persistent=programs is not None,
+                                     programs=programs)
+        outs.append((O, L))
+    (O, L), (O1, L1) = outs
+    assert torch.equal(O, O1) and torch.equal(L, L1)  # the same tiles, computed the same way
+    Q64, K64, V64 = (t.double() for t in (Q, K, V))
+    assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
     assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
 
 

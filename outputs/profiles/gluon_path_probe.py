@@ -3,7 +3,7 @@ forward path (the Gluon kernel, the Triton kernel) forced through the Function, 
 launch replayed; host time per call (enqueued while the GPU spins) beside SDPA and an empty
 kernel's launch, a cProfile table of the Gluon path, then GPU time from CUDA graphs over shapes
 of both head dims, most of them off the shape grid. From the repository root on an H100:
-PYTHONPATH=. python3 outputs/profiles/gluon_path_probe.py [host] [gpu] [rule]"""
+PYTHONPATH=. python3 outputs/profiles/gluon_path_probe.py [host] [gpu] [rule] [all]"""
 import cProfile
 import pstats
 import sys
@@ -117,3 +117,5 @@ if __name__ == "__main__":
         gpu()
     if "rule" in parts:
         gpu(RULE_CASES)
+    if "all" in parts:
+        gpu(CASES + RULE_CASES)
