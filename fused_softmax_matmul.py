@@ -3143,9 +3143,9 @@ GLUON_FLASH_PINGPONG = True
 # persistent, one program an SM loops over the tiles: its loader then brings the next tile's Q, K
 # and V while the consumers finish the last one, and no program start or end lies between two
 # tiles. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
-# 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-5 % slower
+# 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-6 % slower
 # past that, and causal tiles, whose lengths differ, balance better on the hardware's own
-# scheduling of one-tile programs taken heaviest first (1.01-1.41x; persistent 0.75-1.25x).
+# scheduling of one-tile programs taken heaviest first (0.98-1.41x; persistent 0.75-1.25x).
 GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 
 
