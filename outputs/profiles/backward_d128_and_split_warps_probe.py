@@ -9,7 +9,7 @@ import torch, triton
 import fused_softmax_matmul as fsm
 import online_softmax as osm
 from fused_softmax_matmul import FlashLaunch as FL
-from probe_timing import bench, graph_ms
+from probe_timing import attention_training_step, bench, graph_ms
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
 part = sys.argv[1] if len(sys.argv) > 1 else "all"
@@ -19,14 +19,8 @@ if part in ("all", "attention"):
     DKDV = [FL(64, 128, 8, 2), FL(32, 128, 8, 2), FL(32, 128, 8, 3), FL(32, 128, 4, 2)]
     DQ = [FL(32, 64, 4, 2), FL(64, 32, 4, 2), FL(128, 64, 8, 2), FL(64, 64, 8, 2)]
     for b, n, causal in SHAPES:
-        d, dt = 128, torch.bfloat16
-        g = torch.Generator(device="cuda").manual_seed(0)
-        q, k, v = (torch.randn(b, n, d, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
-        go = torch.randn_like(q)
-        now = fsm.resolve_flash_launches(d, dt, None, fsm.few_query_tiles(b, n, q.device), causal)
-        def step(launches=None):
-            o = fsm.FlashAttentionTriton.apply(q, k, v, causal, launches)
-            return torch.autograd.grad(o, (q, k, v), go)
+        d = 128
+        step, now, q = attention_training_step(fsm, b, n, d, causal)
         eager = bench(lambda: step())
         graph = graph_ms(lambda: step())
         print(f"== ({b},{n},{d}) causal={causal}: now dkdv {now['dkdv']} dq {now['dq']}: fwd+bwd graph {graph:.4f} eager {eager:.4f}", flush=True)
@@ -37,7 +31,7 @@ if part in ("all", "attention"):
                     print(f"  {name} {c}: graph {t:.4f} ({graph / t:.2f}x now)", flush=True)
                 except Exception as e:
                     print(f"  {name} {c}: failed {type(e).__name__} {str(e)[:100]}", flush=True)
-        del q, k, v, go
+        del step, q
         torch.cuda.empty_cache()
 
 if part in ("all", "rows"):

@@ -9,7 +9,7 @@ import triton
 
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import FlashLaunch as FL
-from probe_timing import graph_ms
+from probe_timing import attention_training_step, graph_ms
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
 SHAPES = [(16, 4096, False), (1, 32768, False), (16, 8192, False), (32, 1024, False), (16, 8192, True),
@@ -17,19 +17,11 @@ SHAPES = [(16, 4096, False), (1, 32768, False), (16, 8192, False), (32, 1024, Fa
 DKDV = [FL(32, 128, 4, 2), FL(64, 128, 4, 3), FL(64, 128, 8, 2), FL(64, 128, 8, 3), FL(128, 128, 8, 2), FL(64, 64, 4, 3)]
 DQ = [FL(64, 32, 4, 3), FL(64, 64, 4, 3), FL(128, 64, 8, 2), FL(128, 64, 8, 3)]
 for b, n, causal in SHAPES:
-    d, dt = 64, torch.bfloat16
-    g = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(b, n, d, device="cuda", dtype=dt, generator=g).requires_grad_() for _ in range(3))
-    go = torch.randn_like(q)
-    now = fsm.resolve_flash_launches(d, dt, None, fsm.few_query_tiles(b, n, q.device), causal)
-
-    def step(launches=None):
-        o = fsm.FlashAttentionTriton.apply(q, k, v, causal, launches)
-        return torch.autograd.grad(o, (q, k, v), go)
-
+    d = 64
+    step, now, q = attention_training_step(fsm, b, n, d, causal)
     base = graph_ms(lambda: step())
     print(f"== ({b},{n},{d}) {'causal' if causal else 'full'}: now dkdv {now['dkdv']} dq {now['dq']}, "
-          f"forward path {fsm.flash_forward_path(q, k, v, causal)}: fwd+bwd {base:.4f} ms", flush=True)
+          f"forward path {fsm.flash_forward_path(q, q, q, causal)}: fwd+bwd {base:.4f} ms", flush=True)
     for name, candidates in (("dkdv", DKDV), ("dq", DQ)):
         for c in candidates:
             if c == now[name]:

@@ -1,6 +1,7 @@
 """Timing helpers the attention and Gluon probes share (one-off diagnostics, not the harness):
 ``bench`` (a do_bench mean, ms), ``graph_ms`` (ms per call replayed from a CUDA graph of ten
-calls: GPU time alone) and ``host_us`` (host time per call, enqueued while the GPU spins)."""
+calls: GPU time alone), ``host_us`` (host time per call, enqueued while the GPU spins) and
+``attention_training_step`` (an attention forward + backward to time under launch overrides)."""
 import time
 
 import torch
@@ -37,3 +38,17 @@ def host_us(fn, n=100):
     seconds = time.perf_counter() - t0
     torch.cuda.synchronize()
     return seconds / n * 1e6
+
+
+def attention_training_step(fsm, b, n, d, causal, dtype=torch.bfloat16):
+    """FlashAttentionTriton forward + backward on seeded (b, n, d) inputs: (step, the launches the
+    Function chooses, Q), where step(launches=None) returns the gradients of Q, K and V."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(b, n, d, device="cuda", dtype=dtype, generator=g).requires_grad_() for _ in range(3))
+    go = torch.randn_like(q)
+    chosen = fsm.resolve_flash_launches(d, dtype, None, fsm.few_query_tiles(b, n, q.device), causal)
+
+    def step(launches=None):
+        o = fsm.FlashAttentionTriton.apply(q, k, v, causal, launches)
+        return torch.autograd.grad(o, (q, k, v), go)
+    return step, chosen, q
