@@ -401,7 +401,8 @@ class RunRecord:
         self.groups: dict[str, dict] = {}
         self.path = out / f"{RUN_JSON}.part"
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
-        self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info()})
+        self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info(),
+                     "commit_info": run_commit_info(config)})
 
     def _write(self, obj: dict) -> None:
         self.file.write(json.dumps(obj, default=str, sort_keys=True) + "\n")
@@ -540,6 +541,13 @@ def timer_name(config) -> str:
     return config.getoption("timer") if ON_GPU else "perf_counter"
 
 
+def run_commit_info(config) -> dict:
+    """The commit the run's code came from, as pytest-benchmark's JSON records it."""
+    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
+    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    return commit_info
+
+
 def run_info(config) -> dict:
     return {"timer": timer_name(config), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
             "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
@@ -556,6 +564,8 @@ def read_part(path: Path) -> dict:
         if "run" in line:
             data["bench_run"] = {**line["run"], "complete": False}
             data["machine_info"] = line.get("machine_info", {})
+            if "commit_info" in line:
+                data["commit_info"] = line["commit_info"]
         if "group" in line:
             data["bench_groups"][line["group"]["name"]] = line["group"]
         if "benchmark" in line:
@@ -1151,8 +1161,7 @@ def pytest_sessionfinish(session):
     if not bs.benchmarks and not run.failed:
         run.close(remove=True)
         return
-    commit_info = config.hook.pytest_benchmark_generate_commit_info(config=config)
-    config.hook.pytest_benchmark_update_commit_info(config=config, commit_info=commit_info)
+    commit_info = run_commit_info(config)
     data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
                                                       machine_info=bs.get_machine_info(), commit_info=commit_info)
     config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
@@ -1429,21 +1438,28 @@ def pytest_terminal_summary(terminalreporter, config):
                 tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
 
 
+# What two parts of one grid must share: their commit, GPU and the run settings that decide a
+# time (each run's own workers, with their measured ceilings, may differ).
+MERGE_SETTINGS = ("timer", "l2_flush", "execution", "gpu")
+
+
 def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
-    split over calls), so that one set of tables holds them: same commit, same GPU, no case in two
-    parts, a group's layout the same in each. Rows keep their own rounds; the ceilings (the
-    yardsticks of the derived metrics) are per value the median of the parts' (as across a run's
-    workers), each part's own kept under ``merged_from``. Raises ValueError naming the part and
-    what differs."""
+    split over calls), so that one set of tables holds them: same commit, same GPU and run
+    settings (``MERGE_SETTINGS``), no case in two parts, a group's layout the same in each. Rows
+    keep their own rounds; the ceilings (the yardsticks of the derived metrics) are per value the
+    median of the parts' (as across a run's workers), each part's own ceilings and run record kept
+    under ``merged_from``. Raises ValueError naming the part and what differs or is missing."""
     if len(parts) < 2:
         raise ValueError(f"merge takes two runs or more, got {len(parts)}")
     first_name, first = parts[0]
     merged = {**first, "benchmarks": [], "failed_cases": [], "bench_groups": {}, "merged_from": []}
     seen: dict[str, str] = {}
     for name, data in parts:
+        if not (data.get("commit_info") or {}).get("id"):
+            raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
         for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
-                         ("run settings", lambda d: {k: v for k, v in d.get("bench_run", {}).items() if k != "complete"})):
+                         ("run settings", lambda d: {k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS})):
             if of(data) != of(first):
                 raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
         for group, layout in (data.get("bench_groups") or {}).items():
@@ -1451,17 +1467,18 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
                 raise ValueError(f"{name}: group {group!r} has another layout than in an earlier part")
         for record in (*data.get("benchmarks", []), *data.get("failed_cases", [])):
             test = record.get("fullname") or record.get("test")
+            if test is None:
+                continue
             if test in seen:
-                raise ValueError(f"{name}: {test} was measured in {seen[test]} already")
+                raise ValueError(f"{name}: {test} was measured (or failed) in {seen[test]} already")
             seen[test] = name
         merged["benchmarks"] += data.get("benchmarks", [])
         merged["failed_cases"] += data.get("failed_cases", [])
-        merged["merged_from"].append({"file": name, "datetime": data.get("datetime"),
-                                      "complete": data.get("bench_run", {}).get("complete", True),
+        merged["merged_from"].append({"file": name, "datetime": data.get("datetime"), "bench_run": data.get("bench_run"),
                                       "ceilings": data.get("ceilings")})
     merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
-    merged["bench_run"] = {**first.get("bench_run", {}),
-                           "complete": all(part["complete"] for part in merged["merged_from"])}
+    merged["bench_run"] = {**{k: first.get("bench_run", {}).get(k) for k in MERGE_SETTINGS},
+                           "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts)}
     return merged
 
 

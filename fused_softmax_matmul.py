@@ -3140,9 +3140,9 @@ GLUON_FLASH_CONSUMER_REGISTERS = 232
 # warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
 # A program runs one tile (a grid of batch x query tiles, the heaviest causal tiles first), or,
-# persistent, one program an SM loops over the tiles: its loader then brings the next tile's Q, K
-# and V while the consumers finish the last one, and no program start or end lies between two
-# tiles. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
+# persistent, one program an SM loops over the tiles: no program start or end lies between two
+# tiles, and the loader brings the next tile's Q, then its K and V, as soon as both consumers are
+# past their last Q K^T product, under their last P V product and O's store. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
 # 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-6 % slower
 # past that, and causal tiles, whose lengths differ, balance better on the hardware's own
 # scheduling of one-tile programs taken heaviest first (0.98-1.41x; persistent 0.75-1.25x).
@@ -3152,6 +3152,7 @@ GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
     """Whether the Gluon attention forward runs a persistent grid for this shape (see above)."""
     return not is_causal and n_keys <= GLUON_FLASH_PERSISTENT_MAX_KEYS
+
 
 GLUON_FLASH_HEAD_DIMS = (64, 128)
 
@@ -3461,7 +3462,8 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
     O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
     Only where ``gluon_flash_unsupported`` says None (a ValueError says why otherwise). Forward
-    only: an input that requires grad is refused. ``stages``: K and V ring slots; ``pingpong``:
+    only: an input that requires grad is refused. ``stages``: K and V ring slots (3 fit in shared
+    memory beside the Q and O tiles at d = 64 only: KernelCapacityError at d = 128); ``pingpong``:
     the consumers take turns to issue their products; ``persistent``: one program an SM looping
     over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
     """

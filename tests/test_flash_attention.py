@@ -211,18 +211,40 @@ def _gluon_missing() -> str | None:
     return fsm.gluon_flash_unsupported(probe, probe, probe)
 
 
+def _forget_kept_launches():
+    """A kept launch of an earlier test of the same key would skip the path choice a test forces."""
+    fsm._FLASH_FORWARDS.clear()
+    fsm._FLASH_BACKWARDS.clear()
+
+
 @pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("batch,n_queries,n_keys,scale", [(2, 113, 203, 1.0), (3, 257, 255, 4.0), (1, 640, 64, 1.0)])
-def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, dtype, is_causal):
-    """Where the rule picks it (full attention at d = 128; causal here too, forced), the Function's
-    forward runs the Gluon kernel (its O and L then feed the Triton backward): the whole check
-    against float64, as for the Triton path."""
+def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype, is_causal):
+    """Where the rule picks it (forced here for these small shapes), the Function's forward runs
+    the Gluon kernel (its O and L then feed the Triton backward): the whole check against
+    float64, as for the Triton path."""
     monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
-    Q, K, V = attention_inputs(batch, n_queries, n_keys, 128, DTYPES[dtype], seed=n_queries, scale=scale)
+    _forget_kept_launches()
+    Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries, scale=scale)
     assert fsm.flash_forward_path(Q, K, V, is_causal) == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_triton_forward_at_d128(dtype, is_causal):
+    """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward: the Triton kernel's own
+    16-bit d = 128 forward (what torch.compile traces, and other GPUs run) through its launch
+    override, with the wrapper's other launches, against float64."""
+    _forget_kept_launches()
+    forward = {"forward": fsm.flash_launches(128, DTYPES[dtype])["forward"]}
+    Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11, scale=4.0)
+    assert fsm.flash_forward_path(Q, K, V, is_causal, forward) == "triton"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=forward)
 
 
 def test_dkdv_full_tile_masks_rule():
@@ -637,6 +659,7 @@ def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
             pytest.skip(_gluon_missing())
         monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
         shape = (2, 300, 500, 128)
+    _forget_kept_launches()
     Q, K, V = (t.requires_grad_() for t in attention_inputs(*shape, torch.bfloat16))
     dO = randn(Q.shape, torch.bfloat16, 7)
     assert fsm.flash_forward_path(Q, K, V, is_causal) == path

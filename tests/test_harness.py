@@ -488,11 +488,29 @@ def test_runs_of_parts_of_a_grid_merge_into_one_set_of_tables(tmp_path):
     _, table = read_csv(tmp_path / "merged" / "grid.csv")
     assert [r["speedup"] for r in table if r["impl"] == "triton" and r["case"] == "y"] == ["2"]
     for change, message in ((lambda p: p["commit_info"].update(id="def"), "commit"),
+                            (lambda p: p.pop("commit_info"), "records no commit"),
                             (lambda p: p["machine_info"]["gpu"].update(name="A100"), "GPU"),
-                            (lambda p: p["benchmarks"].append(dict(parts[0][1]["benchmarks"][0])), "measured in part0.json")):
+                            (lambda p: p["bench_run"].update(timer="do_bench"), "run settings"),
+                            (lambda p: p["benchmarks"].append(dict(parts[0][1]["benchmarks"][0])), "measured .* in part0.json")):
         other = json.loads(json.dumps(parts[1][1]))
         change(other)
         with pytest.raises(ValueError, match=message):
             merge_runs([parts[0], ("part1.json", other)])
+    # Each run's own workers (their measured ceilings) differ and do not stop a merge; they are kept.
+    other = json.loads(json.dumps(parts[1][1]))
+    other["bench_run"]["workers"] = {"gw0": {"ceilings": {"copy_GBps": 2900.0}}}
+    assert merge_runs([parts[0], ("part1.json", other)])["merged_from"][1]["bench_run"]["workers"]
     with pytest.raises(SystemExit):
         main(["merge", str(tmp_path / "part0.json"), "--output", str(tmp_path / "alone.json")])
+
+
+def test_a_part_file_records_its_commit_for_merges(tmp_path):
+    """A stopped run's .part carries its commit in its first line, so its rows can be merged with
+    another part of the same commit (and are refused beside another commit's)."""
+    from conftest import read_part
+
+    part = tmp_path / "benchmark.json.part"
+    part.write_text(json.dumps({"run": {"timer": "events"}, "machine_info": {"gpu": {"name": "H100"}},
+                                "commit_info": {"id": "abc", "dirty": False}}) + "\n", encoding="utf-8")
+    data = read_part(part)
+    assert data["commit_info"] == {"id": "abc", "dirty": False} and data["bench_run"]["complete"] is False
