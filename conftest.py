@@ -401,8 +401,9 @@ class RunRecord:
         self.groups: dict[str, dict] = {}
         self.path = out / f"{RUN_JSON}.part"
         self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
+        self.commit_info = run_commit_info(config)  # once a run: the run's JSON takes it too
         self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info(),
-                     "commit_info": run_commit_info(config)})
+                     "commit_info": self.commit_info})
 
     def _write(self, obj: dict) -> None:
         self.file.write(json.dumps(obj, default=str, sort_keys=True) + "\n")
@@ -551,6 +552,11 @@ def run_commit_info(config) -> dict:
 def run_info(config) -> dict:
     return {"timer": timer_name(config), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
             "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
+
+
+def read_run(path: Path) -> dict:
+    """A run's JSON from its file: a whole JSON, or the lines of a ``.part`` (``read_part``)."""
+    return read_part(path) if path.name.endswith(".part") else json.loads(path.read_text(encoding="utf-8"))
 
 
 def read_part(path: Path) -> dict:
@@ -1161,9 +1167,8 @@ def pytest_sessionfinish(session):
     if not bs.benchmarks and not run.failed:
         run.close(remove=True)
         return
-    commit_info = run_commit_info(config)
     data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
-                                                      machine_info=bs.get_machine_info(), commit_info=commit_info)
+                                                      machine_info=bs.get_machine_info(), commit_info=run.commit_info)
     config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
     out = run.out
     if not run_complete(config) and out == committed_dir():  # never replace whole committed tables
@@ -1505,8 +1510,7 @@ def main(argv=None) -> int:
         for path in args.parts:
             if not path.is_file():
                 parser.error(f"parts: {path} is not a file")
-        parts = [(path.name, read_part(path) if path.name.endswith(".part") else
-                  json.loads(path.read_text(encoding="utf-8"))) for path in args.parts]
+        parts = [(path.name, read_run(path)) for path in args.parts]
         try:
             merged = merge_runs(parts)
         except ValueError as error:
@@ -1516,10 +1520,7 @@ def main(argv=None) -> int:
         return 0
     if not args.json.is_file():
         parser.error(f"json: {args.json} is not a file")
-    if args.json.name.endswith(".part"):
-        data = read_part(args.json)
-    else:
-        data = json.loads(args.json.read_text(encoding="utf-8"))
+    data = read_run(args.json)
     if not data.get("bench_groups"):
         parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
     for spec in args.plot:
