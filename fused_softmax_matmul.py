@@ -2311,11 +2311,14 @@ def _flash_kernel(kernel):
     return kernel if torch.compiler.is_compiling() else _jit(kernel, traced=False)
 
 
-def _keep_flash_launch(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None) -> None:
+def _keep_flash_launch(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
+                       descriptors: tuple = ()) -> None:
     """Append the launch just made to ``kept`` as a ``Replay`` of its first ``n_tensors`` arguments
-    (``DirectLauncher.replay``), or None where it cannot be kept."""
+    (``DirectLauncher.replay``), or None where it cannot be kept. With ``descriptors`` (the
+    launch's leading TMA descriptors), a ``DescriptorReplay`` called with their tensors instead."""
     if kept is not None:
-        kept.append(kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None)
+        replay = kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None
+        kept.append(DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay)
 
 
 def _flash_replay_key(tensors: tuple, is_causal, launches) -> tuple | None:
@@ -3514,6 +3517,4 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
                    LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
-    if kept is not None:
-        replay = kernel.replay(grid, args, options, 5) if isinstance(kernel, DirectLauncher) else None
-        kept.append(None if replay is None else DescriptorReplay(replay, tuple(descs)))
+    _keep_flash_launch(kernel, grid, args, options, 5, kept, tuple(descs))
