@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from conftest import (
-    REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, committed_dir, compiled_op, derive_metrics,
+    DISTURBED_SPREAD, MAX_REMEASURES, REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, Timing,
+    committed_dir, compiled_op, derive_metrics, remeasure_note, steady,
 )
 from support import DEVICE
 
@@ -55,6 +56,62 @@ def test_a_capped_spin_keeps_host_bound_rounds():
     scripted = ScriptedTimer([(0.06, 70.0)], spin_ms=SPIN_CAP_MS)  # Python enqueues for longer than any spin
     scripted.timer.measured(lambda: None)()
     assert scripted.timer() == pytest.approx(0.06) and scripted.timer.stalled_rounds == 0 and scripted.timer.host_bound
+
+
+# ----------------------------------------------------------------------------------------------
+# steady: a measurement whose rounds were disturbed is taken again
+# ----------------------------------------------------------------------------------------------
+QUIET = [1.0, 1.01, 0.99, 1.02, 1.0]
+DISTURBED = [1.0, 0.99, 4.0, 1.01, 6.5]  # two rounds at 4-6.5x the median: the machine, not the code
+
+
+def scripted_measurements(*attempts):
+    left = [Timing([ms * 1e-3 for ms in a]) for a in attempts]
+    calls = []
+
+    def measure_once():
+        calls.append(1)
+        return left.pop(0)
+
+    return measure_once, calls
+
+
+def test_a_quiet_measurement_is_kept_as_it_is():
+    once, calls = scripted_measurements(QUIET)
+    t = steady(once)
+    assert len(calls) == 1 and t.remeasured == 0 and t.discarded_ms == []
+    assert t.spread() == pytest.approx(1.02) and t.seconds == pytest.approx([ms * 1e-3 for ms in QUIET])
+
+
+def test_a_disturbed_measurement_is_taken_again_and_thrown_away():
+    once, calls = scripted_measurements(DISTURBED, QUIET)
+    t = steady(once)
+    assert len(calls) == 2 and t.remeasured == 1
+    assert t.seconds == pytest.approx([ms * 1e-3 for ms in QUIET]), "the quiet attempt is the one kept"
+    assert t.discarded_ms == pytest.approx([sum(DISTURBED) / len(DISTURBED)]), "the thrown-away mean is on record"
+
+
+def test_a_machine_disturbed_throughout_keeps_its_least_spread_measurement():
+    milder = [1.0, 1.0, 2.0, 1.0, 1.0]
+    attempts = [DISTURBED] * MAX_REMEASURES + [milder] + [QUIET]  # the quiet one is never reached
+    once, calls = scripted_measurements(*attempts)
+    t = steady(once)
+    assert len(calls) == 1 + MAX_REMEASURES and t.remeasured == MAX_REMEASURES
+    assert t.spread() == pytest.approx(2.0) and t.spread() > DISTURBED_SPREAD, "still disturbed, and said so"
+
+
+def test_too_few_rounds_to_judge_are_never_taken_again():
+    once, calls = scripted_measurements([1.0, 9.0])  # the interpreter's two rounds of wall time
+    assert steady(once).remeasured == 0 and len(calls) == 1
+
+
+def test_the_summary_names_measurements_taken_again_or_still_disturbed():
+    row = {"round_spread": 1.02, "remeasured": 1, "discarded_ms": [2.7], "forward_ms_mean": 1.0}
+    assert remeasure_note(row) == "slowest round 1.02x the median; measured 2 times, kept mean 1 ms, thrown away 2.7 ms"
+    still = {"round_spread": 3.0, "remeasured": 2, "discarded_ms": [5.0, 4.0], "forward_ms_mean": 1.5}
+    assert remeasure_note(still).startswith("DISTURBED, slowest round 3x the median; measured 3 times")
+    assert remeasure_note({"round_spread": 1.1, "remeasured": 0, "discarded_ms": None, "forward_ms_mean": 1.0}) is None
+    assert remeasure_note({"round_spread": None, "remeasured": None, "forward_ms_mean": 1.0}) is None, "older runs"
 
 
 # ----------------------------------------------------------------------------------------------
