@@ -20,7 +20,8 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
 * softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
 * Attention's forward in Gluon for Hopper: ``flash_attention_gluon``, which FlashAttentionTriton
-  runs for 16-bit problems where it is the faster kernel (``flash_forward_path``).
+  runs for 16-bit problems where it is the faster kernel (``flash_forward_path``), and its
+  backward's dK and dV likewise (``flash_dkdv_path``).
 """
 
 from __future__ import annotations
@@ -1946,6 +1947,30 @@ def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_cau
     return "gluon" if wins else "triton"
 
 
+# The Gluon dK/dV kernel against the Triton one, forward + backward of bf16 attention from CUDA
+# graphs on an H100 (outputs/profiles/gluon_dkdv_probe.txt, 32 shapes, dQ the Triton kernel on
+# both): at d = 128 1.02-1.15x faster everywhere; at d = 64 1.03-1.14x on full attention from
+# 3000 queries on (0.99x at 4097), 0.91-1.00x on causal attention and below 1024 queries.
+GLUON_DKDV_D64_MIN_QUERIES = 2048
+
+
+def gluon_dkdv_wins(n_queries: int, d: int, is_causal: bool) -> bool:
+    """Whether the Gluon dK/dV kernel is the faster one for this shape (the rule above); it must
+    also take the inputs (``gluon_flash_unsupported``)."""
+    return d == 128 or (d == 64 and not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)
+
+
+def flash_dkdv_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
+                    launches: dict | None = None) -> str:
+    """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" (Hopper,
+    16-bit, d 64 or 128, inputs TMA can read, where ``gluon_dkdv_wins``) or "triton" (everywhere
+    else, under torch.compile, and where ``launches`` sets the dK/dV kernel's launch)."""
+    if (torch.compiler.is_compiling() or (launches is not None and "dkdv" in launches)
+            or gluon_flash_unsupported(Q, K, V) is not None):
+        return "triton"
+    return "gluon" if gluon_dkdv_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
+
+
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
     """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need.
 
@@ -2331,9 +2356,11 @@ class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
-    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two Triton kernels.
-    On Hopper the forward of 16-bit problems at d = 128, and of long ones at d = 64, runs the
-    Gluon kernel instead (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why).
+    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two kernels, dQ's
+    (which also makes D = rowsum(dO * O)) then dK and dV's. On Hopper the forward of 16-bit
+    problems at d = 128, and of long ones at d = 64, runs the Gluon kernel instead of the Triton
+    one (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why), and so do dK
+    and dV at d = 128 and on long full attention at d = 64 (``flash_dkdv_path``, ``gluon_dkdv_wins``).
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
@@ -2417,12 +2444,16 @@ class FlashAttentionTriton(torch.autograd.Function):
         options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
         kernel[grid](*args, **options)
         _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
-        args = (Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride())
-        options = dict(BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps, num_stages=kv.num_stages,
-                       FULL_TILE_MASKS=dkdv_full_tile_masks(d, ctx.is_causal, n_queries), **common)
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
+        if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override) == "gluon":
+            _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
+        else:
+            kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
+            args = (Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride())
+            options = dict(BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps,
+                           num_stages=kv.num_stages, FULL_TILE_MASKS=dkdv_full_tile_masks(d, ctx.is_causal, n_queries),
+                           **common)
+            kernel[grid](*args, **options)
+            _keep_flash_launch(kernel, grid, args, options, 8, steps)
         if steps and all(step is not None for step in steps):
             # Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call).
             device = Q.device
@@ -3425,6 +3456,201 @@ if _GLUON is not None:
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
+# The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_BLOCK_N keys,
+# each consumer warpgroup owning GLUON_BLOCK_M of them, streaming 64-query tiles of Q and dO
+# through a TMA ring. The four products of a step are issued asynchronously: S^T and dP^T
+# together, P^T's exp while dP^T runs, dV's product while dS^T is made, dK's last.
+GLUON_DKDV_STAGES = 2
+GLUON_DKDV_CONSUMER_REGISTERS = 232
+
+if _GLUON is not None:
+
+    @gluon.jit
+    def _gluon_dkdv_loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, ready, free,
+                           batch, key_start, query_start, n_steps):
+        """The producer: each consumer's K and V tiles once, then every step's Q and dO tiles into the ring."""
+        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        CONSUMERS: gl.constexpr = k_bufs.type.shape[0]
+        BLOCK: gl.constexpr = k_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+        mbarrier.expect(kv_ready, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+        for c in gl.static_range(CONSUMERS):
+            _tma_load(k_desc, [batch, key_start + c * BLOCK, 0], kv_ready, k_bufs.index(c))
+            _tma_load(v_desc, [batch, key_start + c * BLOCK, 0], kv_ready, v_bufs.index(c))
+        for it in range(n_steps):
+            slot = it % STAGES
+            mbarrier.wait(free.index(slot), ((it // STAGES) & 1) ^ 1)  # a fresh barrier's "free" wait passes at once
+            mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
+            _tma_load(q_desc, [batch, query_start + it * BLOCK_M, 0], ready.index(slot), q_bufs.index(slot))
+            _tma_load(do_desc, [batch, query_start + it * BLOCK_M, 0], ready.index(slot), do_bufs.index(slot))
+
+    @gluon.jit
+    def _gluon_dkdv_visible(keys, cols, n_queries, IS_CAUSAL: gl.constexpr):
+        """Which (key, query) pairs of a step count: the query exists and, causal, sees the key."""
+        visible = gl.expand_dims(cols < n_queries, 0)
+        if IS_CAUSAL:
+            visible = visible & (gl.expand_dims(keys, 1) <= gl.expand_dims(cols, 0))
+        return visible
+
+    @gluon.jit
+    def _gluon_dkdv_step(it, k, v, q_bufs, do_bufs, ready, free, dk, dv, keys, lse_row, delta_row, stride_lm,
+                         stride_dm, query_start, n_queries, qk_scale, s_zero, s_layout: gl.constexpr,
+                         p_layout: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
+        """Step ``it``: dV += P^T dO and dK += dS^T Q for this consumer's keys and one query tile.
+        MASKED: queries past the end, or (causal) before a key, weigh 0 in P^T and dS^T (a
+        padding query's zeros against an infinite key would make NaN)."""
+        STAGES: gl.constexpr = q_bufs.type.shape[0]
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
+        HEAD_DIM: gl.constexpr = q_bufs.type.shape[3]
+        slot = it % STAGES
+        start = query_start + it * BLOCK_M
+        cols = start + gl.arange(0, BLOCK_M, gl.SliceLayout(0, s_layout))
+        col_ok = cols < n_queries
+        # L in base 2, +inf for queries with no finite logit or past the end: P^T = exp2(S^T - L) is 0 there.
+        lse = gl.load(lse_row + cols * stride_lm, mask=col_ok, other=float("inf")) * 1.4426950408889634
+        lse = gl.where(lse == float("-inf"), float("inf"), lse)
+        delta = gl.load(delta_row + cols * stride_dm, mask=col_ok, other=0.0)
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        q = q_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        do = do_bufs.index(slot).reshape([BLOCK_M, HEAD_DIM])
+        s_t = warpgroup_mma(k, q.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp_t = warpgroup_mma(v, do.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s_t = warpgroup_mma_wait(1, deps=(s_t,))
+        p_t = gl.exp2(s_t * qk_scale - gl.expand_dims(lse, 0))
+        if MASKED:
+            p_t = gl.where(_gluon_dkdv_visible(keys, cols, n_queries, IS_CAUSAL), p_t, 0.0)
+        p16 = gl.convert_layout(p_t.to(q.dtype), p_layout)
+        dv = warpgroup_mma(p16, do, dv, is_async=True)
+        dp_t = warpgroup_mma_wait(1, deps=(dp_t,))
+        ds_t = p_t * (dp_t - gl.expand_dims(delta, 0))
+        if MASKED:
+            ds_t = gl.where(_gluon_dkdv_visible(keys, cols, n_queries, IS_CAUSAL), ds_t, 0.0)
+        ds16 = gl.convert_layout(ds_t.to(q.dtype), p_layout)
+        dk = warpgroup_mma(ds16, q, dk, is_async=True)
+        dv, dk, p16, ds16 = warpgroup_mma_wait(0, deps=(dv, dk, p16, ds16))
+        mbarrier.arrive(free.index(slot))
+        return dk, dv
+
+    @gluon.jit
+    def _gluon_dkdv_consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+                             stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn, stride_dkd,
+                             stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start, n_steps, n_diagonal,
+                             n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL: gl.constexpr,
+                             s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
+                             CONSUMER: gl.constexpr):
+        """Consumer warpgroup CONSUMER: dK and dV of keys key_start + CONSUMER * BLOCK on, over every
+        query step: the first n_diagonal steps (causal) and those past n_whole (a ragged last
+        query tile) masked, the rest not."""
+        BLOCK: gl.constexpr = k_bufs.type.shape[2]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
+        first_key = key_start + CONSUMER * BLOCK
+        k = k_bufs.index(CONSUMER).reshape([BLOCK, HEAD_DIM])
+        v = v_bufs.index(CONSUMER).reshape([BLOCK, HEAD_DIM])
+        keys = first_key + gl.arange(0, BLOCK, gl.SliceLayout(1, s_layout))
+        s_zero = gl.zeros([BLOCK, BLOCK_M], gl.float32, s_layout)
+        dk = gl.zeros([BLOCK, HEAD_DIM], gl.float32, acc_layout)
+        dv = gl.zeros([BLOCK, HEAD_DIM], gl.float32, acc_layout)
+        lse_row = lse_ptr + batch.to(gl.int64) * stride_lb
+        delta_row = delta_ptr + batch.to(gl.int64) * stride_db
+        mbarrier.wait(kv_ready, 0)
+        for it in range(0, n_diagonal):
+            dk, dv = _gluon_dkdv_step(it, k, v, q_bufs, do_bufs, ready, free, dk, dv, keys, lse_row, delta_row,
+                                      stride_lm, stride_dm, query_start, n_queries, qk_scale, s_zero, s_layout,
+                                      p_layout, True, IS_CAUSAL)
+        for it in range(n_diagonal, gl.maximum(n_diagonal, n_whole)):
+            dk, dv = _gluon_dkdv_step(it, k, v, q_bufs, do_bufs, ready, free, dk, dv, keys, lse_row, delta_row,
+                                      stride_lm, stride_dm, query_start, n_queries, qk_scale, s_zero, s_layout,
+                                      p_layout, False, IS_CAUSAL)
+        for it in range(gl.maximum(n_diagonal, n_whole), n_steps):
+            dk, dv = _gluon_dkdv_step(it, k, v, q_bufs, do_bufs, ready, free, dk, dv, keys, lse_row, delta_row,
+                                      stride_lm, stride_dm, query_start, n_queries, qk_scale, s_zero, s_layout,
+                                      p_layout, True, IS_CAUSAL)
+        # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
+        dk = dk * sm_scale
+        rows = first_key + gl.arange(0, BLOCK, gl.SliceLayout(1, acc_layout))
+        dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
+        row_ok = gl.expand_dims(rows < n_keys, 1)
+        offsets = gl.expand_dims(rows.to(gl.int64), 1)
+        b = batch.to(gl.int64)
+        gl.store(dk_ptr + b * stride_dkb + offsets * stride_dkn + gl.expand_dims(dims, 0) * stride_dkd,
+                 dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
+        gl.store(dv_ptr + b * stride_dvb + offsets * stride_dvn + gl.expand_dims(dims, 0) * stride_dvd,
+                 dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
+
+    @gluon.jit
+    def flash_attention_backward_dkdv_gluon_kernel(
+            q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+            stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn, stride_dkd,
+            stride_dvb, stride_dvn, stride_dvd, n_batch, n_queries, n_keys, sm_scale, qk_scale,
+            IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+            CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        """dK and dV of CONSUMERS x BLOCK keys a program, from every query that sees them (the
+        queries' D = rowsum(dO * O) already in delta). Causal: the first key tiles, which the
+        most queries see, across all batch elements first."""
+        BLOCK: gl.constexpr = k_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+        dtype: gl.constexpr = q_desc.dtype
+        gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
+        gl.static_assert(BLOCK == 16 * num_warps, "a consumer's keys are one warpgroup MMA's height")
+        gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
+        sm_scale = sm_scale.to(gl.float32)
+        qk_scale = qk_scale.to(gl.float32)
+        n_tiles = gl.cdiv(n_keys, CONSUMERS * BLOCK)
+        w = gl.program_id(0)
+        if IS_CAUSAL:
+            batch = w % n_batch
+            tile = w // n_batch
+        else:
+            batch = w // n_tiles
+            tile = w % n_tiles
+        key_start = tile * (CONSUMERS * BLOCK)
+        # Causal: queries before key_start see none of these keys; the first CONSUMERS x BLOCK /
+        # BLOCK_M steps hold the diagonal. Query steps are whole up to n_whole, then ragged.
+        query_start = key_start if IS_CAUSAL else 0
+        first_step = query_start // BLOCK_M
+        n_steps = gl.maximum(gl.cdiv(n_queries, BLOCK_M) - first_step, 0)
+        n_whole = gl.maximum(n_queries // BLOCK_M - first_step, 0)
+        if IS_CAUSAL:
+            n_diagonal = gl.minimum(n_steps, (CONSUMERS * BLOCK) // BLOCK_M)
+        else:
+            n_diagonal = n_steps * 0
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_M, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+        k_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
+        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
+        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(kv_ready, count=1)
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+            mbarrier.init(free.index(slot), count=CONSUMERS)  # every consumer reads every slot
+
+        gl.warp_specialize([
+            (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
+                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn,
+                                    stride_dkd, stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start,
+                                    n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL,
+                                    s_layout, acc_layout, p_layout, 0)),
+            (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
+                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn,
+                                    stride_dkd, stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start,
+                                    n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL,
+                                    s_layout, acc_layout, p_layout, 1)),
+            (_gluon_dkdv_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, ready,
+                                  free, batch, key_start, query_start, n_steps)),
+        ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+
+
 @functools.lru_cache(maxsize=None)
 def _nvmma_layout(block: tuple, gl_dtype):
     """The shared-memory layout of a TMA tile of this block and dtype, built once (some us a call)."""
@@ -3518,3 +3744,32 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
                    PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
     _keep_flash_launch(kernel, grid, args, options, 5, kept, tuple(descs))
+
+
+def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: torch.Tensor, L: torch.Tensor,
+                      delta: torch.Tensor, dK: torch.Tensor, dV: torch.Tensor, is_causal: bool,
+                      stages: int = GLUON_DKDV_STAGES, kept: list | None = None) -> None:
+    """dK and dV (K's shape and dtype) by the Hopper kernel, from the forward's L and the dQ
+    kernel's delta (both (batch, n_queries) float32), where ``gluon_flash_unsupported`` takes
+    (Q, K, V) and dO is laid out as Q may be. With ``kept`` (a list), appends the launch as a
+    ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dK, dV), or None where it cannot be kept."""
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
+    block = [1, GLUON_BLOCK_M, d]
+    ring = (2 * GLUON_FLASH_CONSUMERS + 2 * stages) * GLUON_BLOCK_M * d * Q.element_size()
+    if ring > _SHARED_MEMORY_BUDGET:
+        raise KernelCapacityError(f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and V tiles "
+                                  f"({GLUON_BLOCK_M} x {d}) need {ring // 1024} KiB of shared memory, more than "
+                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    layout = _nvmma_layout(tuple(block), gl_dtype)
+    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, layout) for t in (Q, K, V, dO)]
+    grid = (batch * cdiv(n_keys, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
+    kernel = _jit(flash_attention_backward_dkdv_gluon_kernel, traced=False)
+    args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
+            batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
+    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
+                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS,
+                   num_warps=GLUON_BLOCK_M // 16)
+    kernel[grid](*args, **options)
+    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))

@@ -544,8 +544,9 @@ def test_attention_function_replays_equal_the_checked_path(dtype):
 @needs_gpu
 @pytest.mark.parametrize("is_causal", [False, True])
 def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_causal):
-    """The Gluon forward (Hopper) is kept as a DescriptorReplay: a second call of the same key
-    replays it (counted) and gives the checked path's O, and the backward's gradients, bit for bit."""
+    """The Gluon forward (Hopper) is kept as a DescriptorReplay, and so is the Gluon dK/dV launch
+    in the backward's chain: a second call of the same key replays them (the forward counted) and
+    gives the checked path's O, and the backward's gradients, bit for bit."""
     import fused_softmax_matmul as fsm
     probe = torch.empty((1, 8, 128), dtype=torch.bfloat16, device="cuda")
     if fsm.gluon_flash_unsupported(probe, probe, probe) is not None:
@@ -566,6 +567,9 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
     assert isinstance(forward, osm.DescriptorReplay)
     uses = []
     fsm._FLASH_FORWARDS[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *fsm._FLASH_FORWARDS[fkey][1:])
+    (bkey,) = fsm._FLASH_BACKWARDS
+    dkdv = fsm._FLASH_BACKWARDS[bkey].steps[1][0]
+    assert isinstance(dkdv, osm.DescriptorReplay), "dK and dV by the Gluon kernel at d = 128, kept as such"
     again = run(*second)
     assert uses == [True]
     fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()

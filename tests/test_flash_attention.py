@@ -247,6 +247,62 @@ def test_triton_forward_at_d128(dtype, is_causal):
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=forward)
 
 
+@pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("batch,n_queries,n_keys,scale", [
+    (2, 113, 203, 1.0),   # ragged query steps; the second key tile's second consumer holds 11 keys
+    (3, 257, 255, 4.0),   # five query steps through two ring slots, the last of one query
+    (1, 40, 60, 1.0),     # one query step, short; the second consumer has no key at all
+    (2, 640, 64, 1.0),    # causal: one key tile that every query past 63 sees whole
+    (1, 64, 640, 4.0),    # causal: key tiles past the last query see no query (zero dK, dV)
+])
+def test_gluon_dkdv_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype, is_causal):
+    """Where the rule picks it (forced here for these small shapes), the Function's backward makes
+    dK and dV by the Gluon kernel (dQ and D by the Triton one): all gradients against float64,
+    as on the Triton path."""
+    monkeypatch.setattr(fsm, "gluon_dkdv_wins", lambda *args: True)
+    _forget_kept_launches()
+    Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_keys, scale=scale)
+    assert fsm.flash_dkdv_path(Q, K, V, is_causal) == "gluon"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 9), is_causal, launches=None)
+
+
+@needs_gpu
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_triton_dkdv_at_d128(dtype, is_causal):
+    """On Hopper an eager 16-bit backward at d = 128 makes dK and dV by the Gluon kernel: the
+    Triton kernel's (what torch.compile traces, and other GPUs run) through its launch override,
+    against float64."""
+    _forget_kept_launches()
+    dkdv = {"dkdv": fsm.flash_launches(128, DTYPES[dtype])["dkdv"]}
+    Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=12, scale=4.0)
+    assert fsm.flash_dkdv_path(Q, K, V, is_causal, dkdv) == "triton"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=dkdv)
+
+
+def test_dkdv_path_rule(monkeypatch):
+    """Gluon's dK/dV where it measured faster: d = 128 everywhere, d = 64 on full attention from
+    2048 queries; only where its kernel takes the inputs and no dK/dV launch is set."""
+    wins = fsm.gluon_dkdv_wins
+    for n in (40, 1000, 4096, 32768):
+        assert wins(n, 128, False) and wins(n, 128, True)
+    assert not wins(2047, 64, False) and wins(2048, 64, False) and wins(32768, 64, False)
+    assert not wins(32768, 64, True) and not wins(4096, 32, False) and not wins(4096, 256, False)
+    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    d128, short, long = meta(2, 100, 128), meta(16, 1024, 64), meta(4, 4096, 64)
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
+    assert fsm.flash_dkdv_path(d128, d128, d128, True) == "gluon"
+    assert fsm.flash_dkdv_path(short, short, short, False) == "triton"
+    assert fsm.flash_dkdv_path(long, long, long, False) == "gluon" and fsm.flash_dkdv_path(long, long, long, True) == "triton"
+    assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dkdv": FlashLaunch(64, 128, 8, 2)}) == "triton"
+    assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
+    assert fsm.flash_dkdv_path(d128, d128, d128, False) == "triton"
+
+
 def test_dkdv_full_tile_masks_rule():
     """The dK/dV kernel drops the row masks of its whole query tiles at d <= 64, and at d = 128 on
     full attention over a length no multiple of 16; it keeps them at d = 128 otherwise."""
