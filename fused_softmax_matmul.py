@@ -1948,9 +1948,11 @@ def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_cau
 
 
 # The Gluon dK/dV kernel against the Triton one, forward + backward of bf16 attention from CUDA
-# graphs on an H100 (outputs/profiles/gluon_dkdv_probe.txt, 32 shapes, dQ the Triton kernel on
-# both): at d = 128 1.02-1.15x faster everywhere; at d = 64 1.03-1.14x on full attention from
-# 3000 queries on (0.99x at 4097), 0.91-1.00x on causal attention and below 1024 queries.
+# graphs on an H100 (outputs/profiles/gluon_dkdv_probe.txt, 32 shapes from (32, 1000) to
+# (1, 32768), as many keys as queries, dQ the Triton kernel on both): at d = 128 1.02-1.15x
+# faster everywhere; at d = 64 1.03-1.14x on full attention at 3000 queries and more (0.99x at
+# 4097), 0.95-0.99x at 1000-1024, 0.91-1.00x on causal attention. Nothing was measured between
+# 1024 and 3000 queries (2048 splits them), nor with far fewer keys than queries.
 GLUON_DKDV_D64_MIN_QUERIES = 2048
 
 
@@ -1961,12 +1963,14 @@ def gluon_dkdv_wins(n_queries: int, d: int, is_causal: bool) -> bool:
 
 
 def flash_dkdv_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                    launches: dict | None = None) -> str:
+                    launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
     """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" (Hopper,
-    16-bit, d 64 or 128, inputs TMA can read, where ``gluon_dkdv_wins``) or "triton" (everywhere
-    else, under torch.compile, and where ``launches`` sets the dK/dV kernel's launch)."""
+    16-bit, d 64 or 128, inputs TMA can read, dO too where given, where ``gluon_dkdv_wins``) or
+    "triton" (everywhere else, under torch.compile, and where ``launches`` sets the dK/dV
+    kernel's launch). A contiguous dO can still be unaligned: a slice of a larger gradient."""
     if (torch.compiler.is_compiling() or (launches is not None and "dkdv" in launches)
-            or gluon_flash_unsupported(Q, K, V) is not None):
+            or gluon_flash_unsupported(Q, K, V) is not None
+            or (dO is not None and tma_unreadable("dO", dO) is not None)):
         return "triton"
     return "gluon" if gluon_dkdv_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
 
@@ -2444,7 +2448,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
         kernel[grid](*args, **options)
         _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override) == "gluon":
+        if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
             _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
         else:
             kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
@@ -3456,8 +3460,8 @@ if _GLUON is not None:
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
-# The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_BLOCK_N keys,
-# each consumer warpgroup owning GLUON_BLOCK_M of them, streaming 64-query tiles of Q and dO
+# The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_CONSUMERS x
+# GLUON_BLOCK_M keys, each consumer warpgroup owning GLUON_BLOCK_M of them, streaming 64-query tiles of Q and dO
 # through a TMA ring. The four products of a step are issued asynchronously: S^T and dP^T
 # together, P^T's exp while dP^T runs, dV's product while dS^T is made, dK's last.
 GLUON_DKDV_STAGES = 2
@@ -3658,9 +3662,9 @@ def _nvmma_layout(block: tuple, gl_dtype):
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``flash_attention_gluon`` cannot take (Q, K, V), or None when it can: an sm_90 GPU with
-    Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs, and what TMA needs (a contiguous
-    last dimension, 16-byte aligned addresses and strides)."""
+    """Why ``flash_attention_gluon`` (and the Gluon dK/dV kernel) cannot take (Q, K, V), or None
+    when it can: an sm_90 GPU with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs,
+    and what TMA needs (``tma_unreadable``)."""
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
     if Q.device.type != "cuda":
@@ -3675,11 +3679,21 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
     if Q.numel() == 0 or K.numel() == 0:
         return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
     for name, t in (("Q", Q), ("K", K), ("V", V)):
-        if t.stride(2) != 1:
-            return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
-        if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
-            return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
-                    f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
+        reason = tma_unreadable(name, t)
+        if reason is not None:
+            return reason
+    return None
+
+
+def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
+    """Why a TMA descriptor cannot read the 3-D tensor t (named ``name``), or None when it can: a
+    contiguous last dimension, a 16-byte aligned address, and the first two strides positive
+    multiples of 16 bytes."""
+    if t.stride(2) != 1:
+        return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
+    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
+        return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
+                f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
     return None
 
 
@@ -3750,8 +3764,8 @@ def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: tor
                       delta: torch.Tensor, dK: torch.Tensor, dV: torch.Tensor, is_causal: bool,
                       stages: int = GLUON_DKDV_STAGES, kept: list | None = None) -> None:
     """dK and dV (K's shape and dtype) by the Hopper kernel, from the forward's L and the dQ
-    kernel's delta (both (batch, n_queries) float32), where ``gluon_flash_unsupported`` takes
-    (Q, K, V) and dO is laid out as Q may be. With ``kept`` (a list), appends the launch as a
+    kernel's delta (both (batch, n_queries) float32), where ``flash_dkdv_path`` takes (Q, K, V)
+    and dO (``gluon_flash_unsupported``, ``tma_unreadable``). With ``kept`` (a list), appends the launch as a
     ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dK, dV), or None where it cannot be kept."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]

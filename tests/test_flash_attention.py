@@ -233,20 +233,6 @@ def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, d, dty
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
 
 
-@needs_gpu
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_triton_forward_at_d128(dtype, is_causal):
-    """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward: the Triton kernel's own
-    16-bit d = 128 forward (what torch.compile traces, and other GPUs run) through its launch
-    override, with the wrapper's other launches, against float64."""
-    _forget_kept_launches()
-    forward = {"forward": fsm.flash_launches(128, DTYPES[dtype])["forward"]}
-    Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11, scale=4.0)
-    assert fsm.flash_forward_path(Q, K, V, is_causal, forward) == "triton"
-    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=forward)
-
-
 @pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
@@ -272,20 +258,22 @@ def test_gluon_dkdv_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype,
 @needs_gpu
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-def test_triton_dkdv_at_d128(dtype, is_causal):
-    """On Hopper an eager 16-bit backward at d = 128 makes dK and dV by the Gluon kernel: the
-    Triton kernel's (what torch.compile traces, and other GPUs run) through its launch override,
-    against float64."""
+@pytest.mark.parametrize("kernel", ["forward", "dkdv"])
+def test_triton_kernel_at_d128(kernel, dtype, is_causal):
+    """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward and dK/dV kernels: the
+    Triton kernel's own (what torch.compile traces, and other GPUs run) through its launch
+    override, with the wrapper's other launches, against float64."""
     _forget_kept_launches()
-    dkdv = {"dkdv": fsm.flash_launches(128, DTYPES[dtype])["dkdv"]}
-    Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=12, scale=4.0)
-    assert fsm.flash_dkdv_path(Q, K, V, is_causal, dkdv) == "triton"
-    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=dkdv)
+    override = {kernel: fsm.flash_launches(128, DTYPES[dtype])[kernel]}
+    Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11 if kernel == "forward" else 12, scale=4.0)
+    path = fsm.flash_forward_path if kernel == "forward" else fsm.flash_dkdv_path
+    assert path(Q, K, V, is_causal, override) == "triton"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=override)
 
 
 def test_dkdv_path_rule(monkeypatch):
     """Gluon's dK/dV where it measured faster: d = 128 everywhere, d = 64 on full attention from
-    2048 queries; only where its kernel takes the inputs and no dK/dV launch is set."""
+    2048 queries; only where its kernel takes the inputs, dO included, and no dK/dV launch is set."""
     wins = fsm.gluon_dkdv_wins
     for n in (40, 1000, 4096, 32768):
         assert wins(n, 128, False) and wins(n, 128, True)
@@ -299,6 +287,15 @@ def test_dkdv_path_rule(monkeypatch):
     assert fsm.flash_dkdv_path(long, long, long, False) == "gluon" and fsm.flash_dkdv_path(long, long, long, True) == "triton"
     assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dkdv": FlashLaunch(64, 128, 8, 2)}) == "triton"
     assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
+    # dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
+    # or a broadcast batch of one (stride 0).
+    aligned = torch.empty(2, 100, 128, dtype=torch.bfloat16)
+    shifted = torch.empty(1 + aligned.numel(), dtype=torch.bfloat16)[1:].view(2, 100, 128)
+    broadcast = torch.empty(100, 128, dtype=torch.bfloat16).as_strided((1, 100, 128), (0, 128, 1))
+    assert shifted.is_contiguous() and broadcast.is_contiguous()
+    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, aligned) == "gluon"
+    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, shifted) == "triton"
+    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, broadcast) == "triton"
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
     assert fsm.flash_dkdv_path(d128, d128, d128, False) == "triton"
 

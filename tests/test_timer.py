@@ -78,7 +78,7 @@ def scripted_measurements(*attempts):
 
 def test_a_quiet_measurement_is_kept_as_it_is():
     once, calls = scripted_measurements(QUIET)
-    t = steady(once)
+    t = steady(once, on_gpu=True)
     assert len(calls) == 1 and t.remeasured == 0 and t.discarded_ms == []
     assert t.skew() == pytest.approx(1.004) and t.seconds == pytest.approx([ms * 1e-3 for ms in QUIET])
 
@@ -86,12 +86,12 @@ def test_a_quiet_measurement_is_kept_as_it_is():
 def test_one_slow_round_that_leaves_the_mean_alone_is_no_disturbance():
     many = [1.0] * 999 + [3.0]  # do_bench's thousands of samples: a few at 2-3x are the rule
     once, calls = scripted_measurements(many)
-    assert steady(once).remeasured == 0 and len(calls) == 1
+    assert steady(once, on_gpu=True).remeasured == 0 and len(calls) == 1
 
 
 def test_a_disturbed_measurement_is_taken_again_and_thrown_away():
     once, calls = scripted_measurements(DISTURBED, QUIET)
-    t = steady(once)
+    t = steady(once, on_gpu=True)
     assert len(calls) == 2 and t.remeasured == 1
     assert t.seconds == pytest.approx([ms * 1e-3 for ms in QUIET]), "the quiet attempt is the one kept"
     assert t.discarded_ms == pytest.approx([sum(DISTURBED) / len(DISTURBED)]), "the thrown-away mean is on record"
@@ -101,14 +101,25 @@ def test_a_machine_disturbed_throughout_keeps_its_least_skewed_measurement():
     milder = [1.0, 1.0, 2.0, 1.0, 1.0]  # mean 1.2x the median
     attempts = [DISTURBED] * MAX_REMEASURES + [milder] + [QUIET]  # the quiet one is never reached
     once, calls = scripted_measurements(*attempts)
-    t = steady(once)
+    t = steady(once, on_gpu=True)
     assert len(calls) == 1 + MAX_REMEASURES and t.remeasured == MAX_REMEASURES
     assert t.skew() == pytest.approx(1.2) and t.skew() > DISTURBED_SKEW, "still disturbed, and said so"
 
 
+def test_the_stalls_of_every_attempt_are_counted():
+    attempts = [Timing([ms * 1e-3 for ms in DISTURBED], stalled_rounds=3),
+                Timing([ms * 1e-3 for ms in QUIET], stalled_rounds=1)]
+    assert steady(lambda: attempts.pop(0), on_gpu=True).stalled_rounds == 4
+
+
+def test_wall_clock_rounds_are_never_taken_again():
+    once, calls = scripted_measurements(DISTURBED, QUIET)  # the interpreter: noise, not disturbance
+    assert steady(once, on_gpu=False).remeasured == 0 and len(calls) == 1
+
+
 def test_too_few_rounds_to_judge_are_never_taken_again():
     once, calls = scripted_measurements([1.0, 9.0])  # the interpreter's two rounds of wall time
-    assert steady(once).remeasured == 0 and len(calls) == 1
+    assert steady(once, on_gpu=True).remeasured == 0 and len(calls) == 1
 
 
 def test_the_summary_names_measurements_taken_again_or_still_disturbed():

@@ -1,8 +1,9 @@
 """The attention backward's dK/dV on Hopper: the Gluon kernel against the Triton one, both
 forced through FlashAttentionTriton (dQ is the Triton kernel on both). First the gradients
 against float64 (attention_reference under autograd) on ragged and causal shapes, then forward +
-backward GPU time from CUDA graphs beside cuDNN's. From the repository root on an H100:
-PYTHONPATH=. python3 outputs/profiles/gluon_dkdv_probe.py [check] [time]"""
+backward GPU time from CUDA graphs beside cuDNN's; "host": host time of one eager forward +
+backward on each path (its launches kept and replayed), beside cuDNN's. From the repository root
+on an H100: PYTHONPATH=. python3 outputs/profiles/gluon_dkdv_probe.py [check] [time] [host]"""
 import sys
 
 import torch
@@ -10,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 import fused_softmax_matmul as fsm
-from probe_timing import attention_training_step, graph_ms
+from probe_timing import attention_training_step, graph_ms, host_us
 
 CHOSEN = fsm.flash_dkdv_path
 
@@ -85,6 +86,22 @@ def time_paths():
     on_path(None)
 
 
+def host():
+    print("host us per eager forward + backward (enqueued while the GPU spins), bf16, three runs each")
+    for b, n, d in ((32, 1024, 128), (16, 4096, 128), (16, 4096, 64)):
+        step, _, _ = attention_training_step(fsm, b, n, d, False)
+        cudnn = cudnn_step(b, n, d, False)
+        for run in range(3):
+            times = {}
+            for path in ("triton", "gluon"):
+                on_path(path)
+                step()  # keeps this path's launches
+                times[path] = host_us(step, n=50)
+            print(f"({b},{n},{d}) full, run {run}: dK/dV triton {times['triton']:.1f}, gluon {times['gluon']:.1f}, "
+                  f"cuDNN {host_us(cudnn, n=50):.1f}", flush=True)
+    on_path(None)
+
+
 if __name__ == "__main__":
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {fsm.triton.__version__}")
     parts = sys.argv[1:] or ["check", "time"]
@@ -92,3 +109,5 @@ if __name__ == "__main__":
         check()
     if "time" in parts:
         time_paths()
+    if "host" in parts:
+        host()
