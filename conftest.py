@@ -876,9 +876,9 @@ def steady(measure_once, on_gpu: bool = ON_GPU) -> Timing:
     MAX_REMEASURES more times: the first undisturbed measurement, or the least skewed of all, is
     kept, with how many were thrown away, their means (recorded in the run's JSON), and the
     stalled rounds of every attempt. Only upward skews are measured again, and a kept attempt has
-    had the thrown-away ones for warm-up: a disturbed case can come out a little faster than it
-    would have on a quiet machine, never slower. Only ``on_gpu``: wall-clock rounds in the
-    interpreter are noise by nature."""
+    had the thrown-away ones for warm-up: a case measured again can come out a little faster than
+    it would have on a quiet machine. Only ``on_gpu``: wall-clock rounds in the interpreter are
+    noise by nature."""
     attempts = [measure_once()]
     while on_gpu and attempts[-1].skew() > DISTURBED_SKEW and len(attempts) <= MAX_REMEASURES:
         attempts.append(measure_once())
@@ -1486,8 +1486,8 @@ def pytest_terminal_summary(terminalreporter, config):
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
                 if not _isnan(r["failure"]):
                     tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
-                elif remeasure_note(r):
-                    tr.write_line(f"{keys}: {remeasure_note(r)}", yellow=True)
+                elif note := remeasure_note(r):
+                    tr.write_line(f"{keys}: {note}", yellow=True)
 
 
 def remeasure_note(row) -> str | None:
