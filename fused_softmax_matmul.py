@@ -1962,17 +1962,46 @@ def gluon_dkdv_wins(n_queries: int, d: int, is_causal: bool) -> bool:
     return d == 128 or (d == 64 and not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)
 
 
+def _gluon_backward_may_run(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, kernel: str, launches: dict | None,
+                            dO: torch.Tensor | None) -> bool:
+    """Whether a Gluon backward kernel may stand in for the Triton one named ``kernel`` ("dkdv",
+    "dq"): not under torch.compile, no launch override for it, Hopper and inputs TMA can read
+    (``gluon_flash_unsupported``), dO too where given. A contiguous dO can still be unaligned:
+    a slice of a larger gradient."""
+    return not (torch.compiler.is_compiling() or (launches is not None and kernel in launches)
+                or gluon_flash_unsupported(Q, K, V) is not None
+                or (dO is not None and tma_unreadable("dO", dO) is not None))
+
+
 def flash_dkdv_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
                     launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
-    """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" (Hopper,
-    16-bit, d 64 or 128, inputs TMA can read, dO too where given, where ``gluon_dkdv_wins``) or
-    "triton" (everywhere else, under torch.compile, and where ``launches`` sets the dK/dV
-    kernel's launch). A contiguous dO can still be unaligned: a slice of a larger gradient."""
-    if (torch.compiler.is_compiling() or (launches is not None and "dkdv" in launches)
-            or gluon_flash_unsupported(Q, K, V) is not None
-            or (dO is not None and tma_unreadable("dO", dO) is not None)):
+    """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" where it may
+    (``_gluon_backward_may_run``) and ``gluon_dkdv_wins``, else "triton"."""
+    if not _gluon_backward_may_run(Q, K, V, "dkdv", launches, dO):
         return "triton"
     return "gluon" if gluon_dkdv_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
+
+
+# The Gluon dQ kernel against the Triton one, forward + backward of bf16 attention from CUDA graphs
+# on an H100 (outputs/profiles/gluon_dq_probe.txt, 32 shapes from (32, 1000) to (1, 32768), dK/dV by
+# its own rule on both): at d = 128 1.00-1.11x faster everywhere; at d = 64 1.00-1.12x from 3000
+# queries, 0.98-1.00x at 1000-1024 (nothing measured in between: 2048 splits them, as for dK/dV).
+GLUON_DQ_D64_MIN_QUERIES = 2048
+
+
+def gluon_dq_wins(n_queries: int, d: int, is_causal: bool) -> bool:
+    """Whether the Gluon dQ kernel is the faster one for this shape (the rule above); it must
+    also take the inputs (``gluon_flash_unsupported``)."""
+    return d == 128 or (d == 64 and n_queries >= GLUON_DQ_D64_MIN_QUERIES)
+
+
+def flash_dq_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
+                  launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
+    """Which kernel makes D and dQ in ``FlashAttentionTriton``'s backward: "gluon" where it may
+    (``_gluon_backward_may_run``) and ``gluon_dq_wins``, else "triton"."""
+    if not _gluon_backward_may_run(Q, K, V, "dq", launches, dO):
+        return "triton"
+    return "gluon" if gluon_dq_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
@@ -2443,11 +2472,15 @@ class FlashAttentionTriton(torch.autograd.Function):
         common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
         kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
         # dQ first: it writes D (delta), which the dK/dV kernel reads.
-        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
-        args = (Q, K, V, dO, L, delta, dQ, O, *sizes_and_scales, *inputs, *dQ.stride(), *O.stride())
-        options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages, **common)
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
+        if flash_dq_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
+            _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, ctx.is_causal, kept=steps)
+        else:
+            kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
+            args = (Q, K, V, dO, L, delta, dQ, O, *sizes_and_scales, *inputs, *dQ.stride(), *O.stride())
+            options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages,
+                           **common)
+            kernel[grid](*args, **options)
+            _keep_flash_launch(kernel, grid, args, options, 8, steps)
         if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
             _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
         else:
@@ -3136,10 +3169,7 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
     x_block = [1, GLUON_BLOCK_M, launch.block_n]
     v_block = [1, launch.block_n, launch.block_d3]
-    x_desc = GluonTensorDescriptor(x, list(x.shape), list(x.stride()), x_block,
-                                   gl.NVMMASharedLayout.get_default_for(x_block, gl_dtype))
-    v_desc = GluonTensorDescriptor(V, list(V.shape), list(V.stride()), v_block,
-                                   gl.NVMMASharedLayout.get_default_for(v_block, gl_dtype))
+    x_desc, v_desc = _gluon_descriptors(gl_dtype, (x, x_block), (V, v_block))
     out = _fused_output(x, V)
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
@@ -3470,23 +3500,24 @@ GLUON_DKDV_CONSUMER_REGISTERS = 232
 if _GLUON is not None:
 
     @gluon.jit
-    def _gluon_dkdv_loader(q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, ready, free,
-                           batch, key_start, query_start, n_steps):
-        """The producer: each consumer's K and V tiles once, then every step's Q and dO tiles into the ring."""
-        STAGES: gl.constexpr = q_bufs.type.shape[0]
-        CONSUMERS: gl.constexpr = k_bufs.type.shape[0]
-        BLOCK: gl.constexpr = k_desc.block_type.shape[1]
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-        mbarrier.expect(kv_ready, CONSUMERS * (k_desc.block_type.nbytes + v_desc.block_type.nbytes))
+    def _gluon_backward_loader(held_a, held_b, streamed_a, streamed_b, held_a_bufs, held_b_bufs, a_bufs, b_bufs,
+                               held_ready, ready, free, batch, held_start, stream_start, n_steps):
+        """The producer of both backward kernels: each consumer's pair of held tiles once (K and V
+        for dK/dV, Q and dO for dQ), then every step's pair of streamed tiles into the ring."""
+        STAGES: gl.constexpr = a_bufs.type.shape[0]
+        CONSUMERS: gl.constexpr = held_a_bufs.type.shape[0]
+        HELD: gl.constexpr = held_a.block_type.shape[1]
+        STEP: gl.constexpr = streamed_a.block_type.shape[1]
+        mbarrier.expect(held_ready, CONSUMERS * (held_a.block_type.nbytes + held_b.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
-            _tma_load(k_desc, [batch, key_start + c * BLOCK, 0], kv_ready, k_bufs.index(c))
-            _tma_load(v_desc, [batch, key_start + c * BLOCK, 0], kv_ready, v_bufs.index(c))
+            _tma_load(held_a, [batch, held_start + c * HELD, 0], held_ready, held_a_bufs.index(c))
+            _tma_load(held_b, [batch, held_start + c * HELD, 0], held_ready, held_b_bufs.index(c))
         for it in range(n_steps):
             slot = it % STAGES
             mbarrier.wait(free.index(slot), ((it // STAGES) & 1) ^ 1)  # a fresh barrier's "free" wait passes at once
-            mbarrier.expect(ready.index(slot), q_desc.block_type.nbytes + do_desc.block_type.nbytes)
-            _tma_load(q_desc, [batch, query_start + it * BLOCK_M, 0], ready.index(slot), q_bufs.index(slot))
-            _tma_load(do_desc, [batch, query_start + it * BLOCK_M, 0], ready.index(slot), do_bufs.index(slot))
+            mbarrier.expect(ready.index(slot), streamed_a.block_type.nbytes + streamed_b.block_type.nbytes)
+            _tma_load(streamed_a, [batch, stream_start + it * STEP, 0], ready.index(slot), a_bufs.index(slot))
+            _tma_load(streamed_b, [batch, stream_start + it * STEP, 0], ready.index(slot), b_bufs.index(slot))
 
     @gluon.jit
     def _gluon_dkdv_visible(keys, cols, n_queries, IS_CAUSAL: gl.constexpr):
@@ -3650,8 +3681,171 @@ if _GLUON is not None:
                                     stride_dkd, stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start,
                                     n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL,
                                     s_layout, acc_layout, p_layout, 1)),
-            (_gluon_dkdv_loader, (q_desc, k_desc, v_desc, do_desc, q_bufs, do_bufs, k_bufs, v_bufs, kv_ready, ready,
-                                  free, batch, key_start, query_start, n_steps)),
+            (_gluon_backward_loader, (k_desc, v_desc, q_desc, do_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready,
+                                      free, batch, key_start, query_start, n_steps)),
+        ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
+
+
+# The attention backward's dQ on Hopper: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M
+# queries (the forward's tiles, the heaviest causal ones first), each consumer warpgroup holding
+# its GLUON_BLOCK_M queries' Q and dO tiles and streaming K and V tiles (gluon_dq_block_n keys) through
+# a TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then
+# dS = P (dP - D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
+# Keys a step (gluon_dq_block_n): 128 at d = 64; at d = 128, 64 up to GLUON_DQ_WIDE_MIN_KEYS keys and
+# 128 from there. In the probe (outputs/profiles/gluon_dq_probe.txt) 128-key steps at d = 128 ran
+# 1.01-1.10x faster than 64-key ones from 8192 keys, 0.93-1.00x as fast up to 4097; at d = 64, 64-key
+# steps ran 0.88-1.00x as fast as 128-key ones.
+GLUON_DQ_WIDE_MIN_KEYS = 8192
+
+
+def gluon_dq_block_n(d: int, n_keys: int) -> int:
+    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
+    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
+
+
+GLUON_DQ_STAGES = 2
+GLUON_DQ_CONSUMER_REGISTERS = 232
+
+if _GLUON is not None:
+
+    @gluon.jit
+    def _gluon_dq_visible(rows, keys, n_keys, IS_CAUSAL: gl.constexpr):
+        """Which (query, key) pairs of a step count: the key exists and, causal, the query sees it."""
+        visible = gl.expand_dims(keys < n_keys, 0)
+        if IS_CAUSAL:
+            visible = visible & (gl.expand_dims(keys, 0) <= gl.expand_dims(rows, 1))
+        return visible
+
+    @gluon.jit
+    def _gluon_dq_step(it, q, do, k_bufs, v_bufs, ready, free, dq, rows, cols, lse, delta, n_keys, qk_scale, s_zero,
+                       p_layout: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
+        """Step ``it``: dQ += dS K for this consumer's queries and one key tile. MASKED: keys past
+        the end, or (causal) after a query, weigh 0 in dS (a padding key's exp may be inf)."""
+        STAGES: gl.constexpr = k_bufs.type.shape[0]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
+        slot = it % STAGES
+        mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
+        k = k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        v = v_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
+        s = warpgroup_mma(q, k.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(do, v.permute((1, 0)), s_zero, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(1, deps=(s,))
+        p = gl.exp2(s * qk_scale - gl.expand_dims(lse, 1))
+        dp = warpgroup_mma_wait(0, deps=(dp,))
+        ds = p * (dp - gl.expand_dims(delta, 1))
+        if MASKED:
+            ds = gl.where(_gluon_dq_visible(rows, it * BLOCK_N + cols, n_keys, IS_CAUSAL), ds, 0.0)
+        ds16 = gl.convert_layout(ds.to(q.dtype), p_layout)
+        dq = warpgroup_mma(ds16, k, dq, is_async=True)
+        dq, ds16 = warpgroup_mma_wait(0, deps=(dq, ds16))
+        mbarrier.arrive(free.index(slot))
+        return dq
+
+    @gluon.jit
+    def _gluon_dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr, o_ptr,
+                           stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm, stride_dqd,
+                           stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps, n_queries, n_keys,
+                           sm_scale, qk_scale, IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr,
+                           acc_layout: gl.constexpr, p_layout: gl.constexpr, CONSUMER: gl.constexpr):
+        """Consumer warpgroup CONSUMER: D and dQ of queries off_m + CONSUMER * BLOCK_M on, over every
+        key step; steps from full_steps on (the causal diagonal, a ragged last key tile) masked."""
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
+        HEAD_DIM: gl.constexpr = q_bufs.type.shape[3]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        # O and dO rows for D: 8 contiguous elements a thread (one 16-byte load).
+        io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
+        first = off_m + CONSUMER * BLOCK_M
+        b = batch.to(gl.int64)
+        q = q_bufs.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM])
+        do = do_bufs.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM])
+        io_rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, io_layout))
+        io_ok = io_rows < n_queries
+        io_dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, io_layout))
+        o = gl.load(o_ptr + b * stride_ob + gl.expand_dims(io_rows.to(gl.int64), 1) * stride_om
+                    + gl.expand_dims(io_dims, 0) * stride_od, mask=gl.expand_dims(io_ok, 1), other=0.0)
+        rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
+        row_ok = rows < n_queries
+        # L in base 2, +inf for queries with no finite logit or past the end: P = exp2(S - L) is 0 there.
+        lse = gl.load(lse_ptr + b * stride_lb + rows * stride_lm, mask=row_ok, other=float("inf")) * 1.4426950408889634
+        lse = gl.where(lse == float("-inf"), float("inf"), lse)
+        mbarrier.wait(qd_ready, 0)
+        # D = rowsum(dO * O) from the dO tile TMA brought (its rows past the end are zeros).
+        delta = gl.sum(o.to(gl.float32) * do.load(io_layout).to(gl.float32), axis=1)
+        gl.store(delta_ptr + b * stride_db + io_rows * stride_dm, delta, mask=io_ok)
+        delta = gl.convert_layout(delta, gl.SliceLayout(1, s_layout))
+        cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
+        s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
+        dq = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
+        for it in range(0, full_steps):
+            dq = _gluon_dq_step(it, q, do, k_bufs, v_bufs, ready, free, dq, rows, cols, lse, delta, n_keys, qk_scale,
+                                s_zero, p_layout, False, IS_CAUSAL)
+        for it in range(full_steps, n_steps):
+            dq = _gluon_dq_step(it, q, do, k_bufs, v_bufs, ready, free, dq, rows, cols, lse, delta, n_keys, qk_scale,
+                                s_zero, p_layout, True, IS_CAUSAL)
+        # S = scale * Q K^T, so dQ picks up the scale; the logits' log2(e) lives only inside exp2.
+        dq = dq * sm_scale
+        out_rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
+        dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
+        gl.store(dq_ptr + b * stride_dqb + gl.expand_dims(out_rows.to(gl.int64), 1) * stride_dqm
+                 + gl.expand_dims(dims, 0) * stride_dqd, dq.to(dq_ptr.dtype.element_ty),
+                 mask=gl.expand_dims(out_rows < n_queries, 1))
+
+    @gluon.jit
+    def flash_attention_backward_dq_gluon_kernel(
+            q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, o_ptr,
+            stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm, stride_dqd,
+            stride_ob, stride_om, stride_od, n_batch, n_queries, n_keys, sm_scale, qk_scale,
+            IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
+            CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
+        """D and dQ of CONSUMERS x BLOCK_M queries a program, from every key they see (the tiles of
+        ``_gluon_flash_tile``: causal, the last query tiles of every batch element first)."""
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        dtype: gl.constexpr = q_desc.dtype
+        gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
+        gl.static_assert(BLOCK_M == 16 * num_warps, "a consumer's queries are one warpgroup MMA's height")
+        gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
+        # Both consumers run every step of the tile (the free barriers count both): with key tiles
+        # narrower than the tile's queries, the first consumer's last causal step is all masked.
+        gl.static_assert((CONSUMERS * BLOCK_M) % BLOCK_N == 0, "a tile's queries span whole key steps")
+        sm_scale = sm_scale.to(gl.float32)
+        qk_scale = qk_scale.to(gl.float32)
+        batch, off_m, full_steps, n_steps = _gluon_flash_tile(gl.program_id(0), n_batch, n_queries, n_keys, IS_CAUSAL,
+                                                              CONSUMERS * BLOCK_M, BLOCK_N)
+
+        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                           instr_shape=[16, BLOCK_N, 16])
+        acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                             instr_shape=[16, HEAD_DIM, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+
+        q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
+        do_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + do_desc.block_type.shape, do_desc.layout)
+        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        qd_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(qd_ready, count=1)
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+            mbarrier.init(free.index(slot), count=CONSUMERS)  # every consumer reads every slot
+
+        gl.warp_specialize([
+            (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,
+                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm,
+                                  stride_dqd, stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps,
+                                  n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout,
+                                  0)),
+            (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,
+                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm,
+                                  stride_dqd, stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps,
+                                  n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout,
+                                  1)),
+            (_gluon_backward_loader, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, qd_ready,
+                                      ready, free, batch, off_m, 0, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -3659,6 +3853,12 @@ if _GLUON is not None:
 def _nvmma_layout(block: tuple, gl_dtype):
     """The shared-memory layout of a TMA tile of this block and dtype, built once (some us a call)."""
     return gl.NVMMASharedLayout.get_default_for(list(block), gl_dtype)
+
+
+def _gluon_descriptors(gl_dtype, *tiles) -> list:
+    """Host TMA descriptors of (tensor, block) pairs, each in the shared layout its block's tile takes."""
+    return [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
+            for t, block in tiles]
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
@@ -3745,8 +3945,7 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
         raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
                                   f"{GLUON_FLASH_CONSUMERS} Q and O tiles need "
                                   f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
-    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
-             for t, block in ((Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))]
+    descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))
     n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
@@ -3776,14 +3975,42 @@ def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: tor
         raise KernelCapacityError(f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and V tiles "
                                   f"({GLUON_BLOCK_M} x {d}) need {ring // 1024} KiB of shared memory, more than "
                                   f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
-    layout = _nvmma_layout(tuple(block), gl_dtype)
-    descs = [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, layout) for t in (Q, K, V, dO)]
+    descs = _gluon_descriptors(gl_dtype, *((t, block) for t in (Q, K, V, dO)))
     grid = (batch * cdiv(n_keys, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
     kernel = _jit(flash_attention_backward_dkdv_gluon_kernel, traced=False)
     args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
     options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
                    LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS,
+                   num_warps=GLUON_BLOCK_M // 16)
+    kernel[grid](*args, **options)
+    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))
+
+
+def _gluon_flash_dq(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, dO: torch.Tensor,
+                    L: torch.Tensor, delta: torch.Tensor, dQ: torch.Tensor, is_causal: bool,
+                    stages: int = GLUON_DQ_STAGES, block_n: int | None = None, kept: list | None = None) -> None:
+    """D into delta ((batch, n_queries) float32) and dQ (Q's shape and dtype) by the Hopper
+    kernel, from the forward's O and L, where ``flash_dq_path`` takes (Q, K, V) and dO.
+    ``block_n``: keys a step (None: ``gluon_dq_block_n``'s). With ``kept`` (a list), appends the
+    launch as a ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dQ, O), or None where it cannot be kept."""
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    block_n = block_n or gluon_dq_block_n(d, n_keys)
+    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
+    ring = (2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M + 2 * stages * block_n) * d * Q.element_size()
+    if ring > _SHARED_MEMORY_BUDGET:
+        raise KernelCapacityError(f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and V tiles "
+                                  f"({block_n} x {d}) need {ring // 1024} KiB of shared memory, more than "
+                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (dO, q_block))
+    grid = (batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
+    kernel = _jit(flash_attention_backward_dq_gluon_kernel, traced=False)
+    args = (*descs, L, delta, dQ, O, *L.stride(), *delta.stride(), *dQ.stride(), *O.stride(),
+            batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
+    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
+                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS,
                    num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
     _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))

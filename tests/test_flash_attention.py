@@ -255,18 +255,45 @@ def test_gluon_dkdv_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype,
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 9), is_causal, launches=None)
 
 
+@pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("step", ["own", "other"], ids=["own_keys_a_step", "other_keys_a_step"])
+@pytest.mark.parametrize("batch,n_queries,n_keys,scale", [
+    (2, 113, 203, 1.0),   # ragged: the second consumer's last 15 rows and the last key step zero-filled
+    (3, 257, 255, 4.0),   # a last query tile of one row; key steps through both ring slots
+    (1, 40, 60, 1.0),     # one short key step; the second consumer has no query at all
+    (2, 640, 64, 1.0),    # causal: query tiles past the first see the one key tile whole
+    (1, 64, 640, 4.0),    # causal: the one query tile sees only the first keys of 640
+])
+def test_gluon_dq_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype, is_causal, step):
+    """Where the rule picks it (forced here for these small shapes), the Function's backward makes
+    D and dQ by the Gluon kernel (dK and dV by the kernel its own rule picks): all gradients
+    against float64, as on the Triton path. "other": the key step these shapes do not take by
+    default (64 keys at d = 64: the first consumer's last causal step is all masked; 128 at d = 128)."""
+    monkeypatch.setattr(fsm, "gluon_dq_wins", lambda *args: True)
+    if step == "other":
+        monkeypatch.setattr(fsm, "gluon_dq_block_n", lambda d, n_keys: 64 if d == 64 else 128)
+    _forget_kept_launches()
+    Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries + 1, scale=scale)
+    assert fsm.flash_dq_path(Q, K, V, is_causal) == "gluon"
+    assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 5), is_causal, launches=None)
+    _forget_kept_launches()
+
+
 @needs_gpu
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("kernel", ["forward", "dkdv"])
+@pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
 def test_triton_kernel_at_d128(kernel, dtype, is_causal):
-    """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward and dK/dV kernels: the
+    """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward and backward kernels: the
     Triton kernel's own (what torch.compile traces, and other GPUs run) through its launch
     override, with the wrapper's other launches, against float64."""
     _forget_kept_launches()
     override = {kernel: fsm.flash_launches(128, DTYPES[dtype])[kernel]}
     Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11 if kernel == "forward" else 12, scale=4.0)
-    path = fsm.flash_forward_path if kernel == "forward" else fsm.flash_dkdv_path
+    path = {"forward": fsm.flash_forward_path, "dkdv": fsm.flash_dkdv_path, "dq": fsm.flash_dq_path}[kernel]
     assert path(Q, K, V, is_causal, override) == "triton"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=override)
 
@@ -298,6 +325,31 @@ def test_dkdv_path_rule(monkeypatch):
     assert fsm.flash_dkdv_path(d128, d128, d128, False, None, broadcast) == "triton"
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
     assert fsm.flash_dkdv_path(d128, d128, d128, False) == "triton"
+
+
+def test_dq_path_rule(monkeypatch):
+    """Gluon's dQ where it measured faster: d = 128 everywhere, d = 64 from 2048 queries, causal or
+    not; only where its kernel takes the inputs, dO included, and no dQ launch is set. Its key
+    step: 128 at d = 64, at d = 128 64 below 8192 keys."""
+    wins = fsm.gluon_dq_wins
+    for n in (40, 1000, 4096, 32768):
+        assert wins(n, 128, False) and wins(n, 128, True)
+    assert not wins(2047, 64, False) and wins(2048, 64, False) and wins(2048, 64, True)
+    assert not wins(4096, 32, False) and not wins(4096, 256, False)
+    assert fsm.gluon_dq_block_n(64, 100) == 128 and fsm.gluon_dq_block_n(64, 32768) == 128
+    assert fsm.gluon_dq_block_n(128, 8191) == 64 and fsm.gluon_dq_block_n(128, 8192) == 128
+    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
+    d128, short, long = meta(2, 100, 128), meta(16, 1024, 64), meta(4, 4096, 64)
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
+    assert fsm.flash_dq_path(d128, d128, d128, True) == "gluon"
+    assert fsm.flash_dq_path(short, short, short, False) == "triton"
+    assert fsm.flash_dq_path(long, long, long, False) == "gluon" and fsm.flash_dq_path(long, long, long, True) == "gluon"
+    assert fsm.flash_dq_path(d128, d128, d128, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "triton"
+    assert fsm.flash_dq_path(d128, d128, d128, False, {"dkdv": FlashLaunch(64, 128, 8, 2)}) == "gluon"
+    shifted = torch.empty(1 + 2 * 100 * 128, dtype=torch.bfloat16)[1:].view(2, 100, 128)
+    assert fsm.flash_dq_path(d128, d128, d128, False, None, shifted) == "triton"
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
+    assert fsm.flash_dq_path(d128, d128, d128, False) == "triton"
 
 
 def test_dkdv_full_tile_masks_rule():
