@@ -2392,8 +2392,9 @@ class FlashAttentionTriton(torch.autograd.Function):
     dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two kernels, dQ's
     (which also makes D = rowsum(dO * O)) then dK and dV's. On Hopper the forward of 16-bit
     problems at d = 128, and of long ones at d = 64, runs the Gluon kernel instead of the Triton
-    one (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why), and so do dK
-    and dV at d = 128 and on long full attention at d = 64 (``flash_dkdv_path``, ``gluon_dkdv_wins``).
+    one (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why), and so do D and
+    dQ at d = 128 and on long inputs at d = 64 (``flash_dq_path``, ``gluon_dq_wins``), and dK and dV
+    at d = 128 and on long full attention at d = 64 (``flash_dkdv_path``, ``gluon_dkdv_wins``).
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
@@ -3693,8 +3694,9 @@ if _GLUON is not None:
 # dS = P (dP - D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
 # Keys a step (gluon_dq_block_n): 128 at d = 64; at d = 128, 64 up to GLUON_DQ_WIDE_MIN_KEYS keys and
 # 128 from there. In the probe (outputs/profiles/gluon_dq_probe.txt) 128-key steps at d = 128 ran
-# 1.01-1.10x faster than 64-key ones from 8192 keys, 0.93-1.00x as fast up to 4097; at d = 64, 64-key
-# steps ran 0.88-1.00x as fast as 128-key ones.
+# 1.01-1.10x faster than 64-key ones from 8192 keys, 0.93-0.96x as fast at 4096-4097 and level at
+# 1000-3000; at d = 64, 64-key steps ran 0.88-1.00x as fast as 128-key ones. Three ring slots were at
+# best level with two.
 GLUON_DQ_WIDE_MIN_KEYS = 8192
 
 
