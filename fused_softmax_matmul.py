@@ -2385,6 +2385,112 @@ def _flash_replay_key(tensors: tuple, is_causal, launches) -> tuple | None:
     return None if launches is not None else replay_key(tensors, (is_causal, _float32_matmul_precision()))
 
 
+def _triton_forward_launch(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                           is_causal: bool, fwd: FlashLaunch) -> tuple:
+    """(kernel, grid, arguments, constexprs) of the Triton forward into O and L."""
+    batch, n_queries, d = Q.shape
+    kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
+    args = (Q, K, V, O, L, batch, n_queries, K.shape[1], d ** -0.5 * LOG2_E.value,
+            *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
+    options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
+                   num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
+    return kernel, grid, args, options
+
+
+def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
+                            L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple,
+                            is_causal: bool, launch: FlashLaunch) -> tuple:
+    """(kernel, grid, arguments, constexprs) of a Triton backward kernel: "dq" (outputs: (dQ,),
+    and D into delta) or "dkdv" (outputs: (dK, dV), reading D from delta)."""
+    batch, n_queries, d = Q.shape
+    n_keys = K.shape[1]
+    head = (Q, K, V, dO, L, delta)
+    tail = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value,
+            *Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
+    options = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
+                   num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
+    if which == "dq":
+        (dQ,) = outputs
+        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m)
+        return kernel, grid, (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options
+    dK, dV = outputs
+    kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n)
+    options["FULL_TILE_MASKS"] = dkdv_full_tile_masks(d, is_causal, n_queries)
+    return kernel, grid, (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options
+
+
+@torch.compiler.assume_constant_result
+def _device_is_hopper(index: int) -> bool:
+    return torch.cuda.get_device_capability(index) == (9, 0)
+
+
+def compiled_gluon_route(Q: torch.Tensor) -> bool:
+    """Whether a compiled FlashAttentionTriton call hands its kernels to the opaque ops
+    ``flash_forward_by_path`` and ``flash_backward_by_path``: under torch.compile, on Hopper with
+    Gluon, for 16-bit inputs of a head dimension the Gluon kernels take. Those ops choose each
+    kernel as an eager call does (Gluon or Triton, ``flash_forward_path`` and the backward's
+    rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere a
+    compiled call traces the Triton kernels' launches."""
+    return (torch.compiler.is_compiling() and GLUON_UNAVAILABLE is None and Q.device.type == "cuda"
+            and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
+            and _device_is_hopper(Q.device.index if Q.device.index is not None else torch.cuda.current_device()))
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
+def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                          is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) of FlashAttentionTriton's forward by the kernel an eager call would choose
+    (``flash_forward_path``), as one opaque op: what compiled calls run (``compiled_gluon_route``)."""
+    batch, n_queries, d = Q.shape
+    O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
+    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    if O.numel() == 0:
+        return O, L
+    if flash_forward_path(Q, K, V, is_causal) == "gluon":
+        _gluon_flash_forward(Q, K, V, is_causal, O, L)
+    else:
+        chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
+        kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, chosen["forward"])
+        kernel[grid](*args, **options)
+    return O, L
+
+
+@flash_forward_by_path.register_fake
+def _(Q, K, V, is_causal):
+    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+
+
+@torch.library.custom_op(f"{OP_NAMESPACE}::flash_backward_by_path", mutates_args=())
+def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                           dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of FlashAttentionTriton's backward (dO dense, in Q's dtype) by the kernels an
+    eager call would choose (``flash_dq_path``, ``flash_dkdv_path``), as one opaque op."""
+    batch, n_queries, d = Q.shape
+    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    if Q.numel() == 0 or K.numel() == 0:
+        return dQ.zero_(), dK.zero_(), dV.zero_()
+    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
+    if flash_dq_path(Q, K, V, is_causal, None, dO) == "gluon":
+        _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, is_causal)
+    else:
+        kernel, grid, args, options = _triton_backward_launch("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal,
+                                                              chosen["dq"])
+        kernel[grid](*args, **options)
+    if flash_dkdv_path(Q, K, V, is_causal, None, dO) == "gluon":
+        _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, is_causal)
+    else:
+        kernel, grid, args, options = _triton_backward_launch("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal,
+                                                              chosen["dkdv"])
+        kernel[grid](*args, **options)
+    return dQ, dK, dV
+
+
+@flash_backward_by_path.register_fake
+def _(Q, K, V, O, L, dO, is_causal):
+    return torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+
+
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
@@ -2398,7 +2504,8 @@ class FlashAttentionTriton(torch.autograd.Function):
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
-    CUDA graph captures them. An eager call whose inputs match an earlier call's in everything the
+    CUDA graph captures them; compiled on Hopper with 16-bit inputs, they call instead two
+    opaque ops that choose each kernel when they run, as an eager call does (``compiled_gluon_route``). An eager call whose inputs match an earlier call's in everything the
     launches depend on (``replay_key``) replays that call's kept launches and skips the checks
     and launch choices (the host cost of small attention calls). A backward taken with
     create_graph=True (for a second derivative) is computed by the recorded PyTorch tiling
@@ -2419,21 +2526,18 @@ class FlashAttentionTriton(torch.autograd.Function):
                 return O
         is_causal = check_attention_inputs(Q, K, V, is_causal)
         batch, n_queries, d = Q.shape
-        n_keys = K.shape[1]
         chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device), is_causal)
         fwd = chosen["forward"]
         O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         steps = [] if key is not None else None
-        if O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
+        if launches is None and compiled_gluon_route(Q):
+            O, L = flash_forward_by_path(Q, K, V, is_causal)
+        elif O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
             _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
         elif O.numel() > 0:
-            kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
-            args = (Q, K, V, O, L, batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value,
-                    *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
-            options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
-                           num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
+            kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, fwd)
             kernel[grid](*args, **options)
             _keep_flash_launch(kernel, grid, args, options, 5, steps)
         if steps and steps[0] is not None:
@@ -2451,7 +2555,6 @@ class FlashAttentionTriton(torch.autograd.Function):
             dQ, dK, dV = flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal)
             return dQ, dK, dV, None, None
         batch, n_queries, d = Q.shape
-        n_keys = K.shape[1]
         dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
         if batch == 0 or n_queries == 0:
             return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
@@ -2460,6 +2563,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
         # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
         dO = dO.to(Q.dtype).contiguous()
+        if ctx.override is None and compiled_gluon_route(Q):
+            return (*flash_backward_by_path(Q, K, V, O, L, dO, ctx.is_causal), None, None)
         # O and L are the forward's own (contiguous, fresh): Q's shape and dtype decide theirs.
         key = _flash_replay_key((Q, K, V, dO), ctx.is_causal, ctx.override)
         chain = _FLASH_BACKWARDS.get(key) if key is not None else None
@@ -2468,28 +2573,19 @@ class FlashAttentionTriton(torch.autograd.Function):
         check_flash_offsets(dO=dO)
         delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         steps = [] if key is not None else None
-        sizes_and_scales = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
-        inputs = (*Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
-        common = dict(HEAD_DIM=d, IS_CAUSAL=ctx.is_causal, **_flash_kernel_args(Q.dtype))
-        kv, qd = ctx.launches["dkdv"], ctx.launches["dq"]
         # dQ first: it writes D (delta), which the dK/dV kernel reads.
         if flash_dq_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
             _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, ctx.is_causal, kept=steps)
         else:
-            kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, qd.block_m)
-            args = (Q, K, V, dO, L, delta, dQ, O, *sizes_and_scales, *inputs, *dQ.stride(), *O.stride())
-            options = dict(BLOCK_M=qd.block_m, BLOCK_N=qd.block_n, num_warps=qd.num_warps, num_stages=qd.num_stages,
-                           **common)
+            kernel, grid, args, options = _triton_backward_launch(
+                "dq", Q, K, V, O, L, dO, delta, (dQ,), ctx.is_causal, ctx.launches["dq"])
             kernel[grid](*args, **options)
             _keep_flash_launch(kernel, grid, args, options, 8, steps)
         if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
             _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
         else:
-            kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, kv.block_n)
-            args = (Q, K, V, dO, L, delta, dK, dV, *sizes_and_scales, *inputs, *dK.stride(), *dV.stride())
-            options = dict(BLOCK_M=kv.block_m, BLOCK_N=kv.block_n, num_warps=kv.num_warps,
-                           num_stages=kv.num_stages, FULL_TILE_MASKS=dkdv_full_tile_masks(d, ctx.is_causal, n_queries),
-                           **common)
+            kernel, grid, args, options = _triton_backward_launch(
+                "dkdv", Q, K, V, O, L, dO, delta, (dK, dV), ctx.is_causal, ctx.launches["dkdv"])
             kernel[grid](*args, **options)
             _keep_flash_launch(kernel, grid, args, options, 8, steps)
         if steps and all(step is not None for step in steps):

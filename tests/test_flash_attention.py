@@ -862,6 +862,33 @@ class _StandInKernel:
                 args[5].copy_((args[7] * dO).sum(-1))
 
 
+@pytest.mark.skipif(ON_GPU, reason="on a Hopper GPU the compiled tests above take this route with the real kernels")
+def test_compiled_route_through_opaque_ops(monkeypatch):
+    """Where compiled_gluon_route holds (Hopper, 16-bit), a compiled call runs its kernels inside
+    the opaque ops flash_forward_by_path and flash_backward_by_path, which choose each kernel when
+    they run: here (no Gluon) the Triton ones, stood in for by PyTorch, launched at run time and
+    not traced; O and the gradients as the reference's."""
+    for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
+        monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
+    monkeypatch.setattr(fsm, "_flash_kernel", lambda kernel: kernel)
+    monkeypatch.setattr(fsm, "compiled_gluon_route", lambda Q: torch.compiler.is_compiling())
+    launched_while_tracing = []
+    for name in ("_triton_forward_launch", "_triton_backward_launch"):
+        def record(*args, _launch=getattr(fsm, name)):
+            launched_while_tracing.append(torch.compiler.is_compiling())
+            return _launch(*args)
+        monkeypatch.setattr(fsm, name, record)
+    torch._dynamo.reset()
+    compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")
+    Q, K, V = attention_inputs(2, 21, 19, 16, torch.float32)
+    dO = randn(Q.shape, torch.float32, 7)
+    got = run_with_grads_of(compiled, Q, K, V, dO, True)
+    want = reference_with_grads(Q, K, V, dO, True, torch.float32)
+    for name, g, w in zip(("O", "dQ", "dK", "dV"), got, want):
+        torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+    assert launched_while_tracing == [False, False, False]  # forward, dQ, dK/dV: all from the ops
+
+
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_matches_eager compiles the Function with its real kernels")
 def test_function_body_traces_with_no_graph_break(monkeypatch):
     """torch.compile(apply, fullgraph=True) over the Function's own code (input checks, cached

@@ -6,8 +6,9 @@ bf16 Q, K, V of (16, 8192, 64), causal; the function under test is compiled with
 each call). SDPA runs in its fast 4-D layout (batch, heads, length, d) with one head, so its
 (16, 1, 8192, 64) tensors hold exactly the same numbers.
 
-Run on a GPU from the repository root: ``PYTHONPATH=. python3 outputs/profiles/leaderboard.py``.
-Prints one line per implementation: mean ms, and the ratio to compiled SDPA.
+Run on a GPU from the repository root: ``PYTHONPATH=. python3 outputs/profiles/leaderboard.py [rep
+warmup [d]]`` (d: the head dimension, 64 by default, the leaderboard's). Prints one line per
+implementation: mean ms, and the ratio to compiled SDPA.
 """
 
 from __future__ import annotations
@@ -27,9 +28,9 @@ def sdpa(q, k, v, is_causal):
     return F.scaled_dot_product_attention(q.unsqueeze(1), k.unsqueeze(1), v.unsqueeze(1), is_causal=is_causal).squeeze(1)
 
 
-def time_protocol(fn, rep: int, warmup: int) -> float:
+def time_protocol(fn, rep: int, warmup: int, shape: tuple = SHAPE) -> float:
     gen = torch.Generator(device="cuda").manual_seed(0)
-    q, k, v = (torch.randn(SHAPE, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_() for _ in range(3))
+    q, k, v = (torch.randn(shape, device="cuda", dtype=torch.bfloat16, generator=gen).requires_grad_() for _ in range(3))
 
     def call():
         o = fn(q, k, v, True)
@@ -38,7 +39,8 @@ def time_protocol(fn, rep: int, warmup: int) -> float:
     return triton.testing.do_bench(call, rep=rep, warmup=warmup)
 
 
-def main(rep: int = 10000, warmup: int = 1000) -> None:
+def main(rep: int = 10000, warmup: int = 1000, d: int = SHAPE[2]) -> None:
+    shape = (*SHAPE[:2], d)
     impls = {
         "FlashAttentionTriton compiled": torch.compile(FlashAttentionTriton.apply, fullgraph=False),
         "FlashAttentionTriton eager": FlashAttentionTriton.apply,
@@ -48,13 +50,13 @@ def main(rep: int = 10000, warmup: int = 1000) -> None:
     results = {}
     for name, fn in impls.items():
         try:
-            results[name] = time_protocol(fn, rep, warmup)
+            results[name] = time_protocol(fn, rep, warmup, shape)
         except Exception as exc:  # a failure is reported as such, not as a number
             results[name] = None
             print(f"{name}: failed: {type(exc).__name__}: {str(exc)[:300]}", flush=True)
     base = results.get("SDPA compiled")
     print(f"{torch.cuda.get_device_name()} | torch {torch.__version__} | triton {triton.__version__}")
-    print(f"bf16 {SHAPE} causal, forward + o.sum().backward(), do_bench(rep={rep}, warmup={warmup}) mean")
+    print(f"bf16 {shape} causal, forward + o.sum().backward(), do_bench(rep={rep}, warmup={warmup}) mean")
     for name, ms in results.items():
         if ms is None:
             print(f"{name:32s} failed")
@@ -64,4 +66,4 @@ def main(rep: int = 10000, warmup: int = 1000) -> None:
 
 
 if __name__ == "__main__":
-    main(*map(int, sys.argv[1:3]))
+    main(*map(int, sys.argv[1:4]))
