@@ -2419,6 +2419,16 @@ def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: tor
     return kernel, grid, (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options
 
 
+def _keep_backward_chain(key, steps: list | None, Q: torch.Tensor) -> None:
+    """Keep a backward's two launches (dQ's, then dK and dV's) under ``key`` as one chain, where
+    both could be kept. Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call)."""
+    if steps and all(step is not None for step in steps):
+        batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
+        _FLASH_BACKWARDS.keeper(key)(ReplayChain(
+            (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
+            ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
+
+
 @torch.compiler.assume_constant_result
 def _device_is_hopper(index: int) -> bool:
     return torch.cuda.get_device_capability(index) == (9, 0)
@@ -2446,12 +2456,21 @@ def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
     L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
     if O.numel() == 0:
         return O, L
+    # The launches kept from an earlier call of the same key (an eager one's too) serve this one.
+    key = _flash_replay_key((Q, K, V), is_causal, None)
+    kept = _FLASH_FORWARDS.get(key) if key is not None else None
+    if kept is not None and kept[0](Q, K, V, O, L):
+        return O, L
+    steps = [] if key is not None else None
+    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
     if flash_forward_path(Q, K, V, is_causal) == "gluon":
-        _gluon_flash_forward(Q, K, V, is_causal, O, L)
+        _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
     else:
-        chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
         kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, chosen["forward"])
         kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 5, steps)
+    if steps and steps[0] is not None:
+        _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
     return O, L
 
 
@@ -2469,20 +2488,28 @@ def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O:
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     if Q.numel() == 0 or K.numel() == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
+    key = _flash_replay_key((Q, K, V, dO), is_causal, None)
+    chain = _FLASH_BACKWARDS.get(key) if key is not None else None
+    if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
+        return dQ, dK, dV
     delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    steps = [] if key is not None else None
     chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
     if flash_dq_path(Q, K, V, is_causal, None, dO) == "gluon":
-        _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, is_causal)
+        _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, is_causal, kept=steps)
     else:
         kernel, grid, args, options = _triton_backward_launch("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal,
                                                               chosen["dq"])
         kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 8, steps)
     if flash_dkdv_path(Q, K, V, is_causal, None, dO) == "gluon":
-        _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, is_causal)
+        _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, is_causal, kept=steps)
     else:
         kernel, grid, args, options = _triton_backward_launch("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal,
                                                               chosen["dkdv"])
         kernel[grid](*args, **options)
+        _keep_flash_launch(kernel, grid, args, options, 8, steps)
+    _keep_backward_chain(key, steps, Q)
     return dQ, dK, dV
 
 
@@ -2588,12 +2615,7 @@ class FlashAttentionTriton(torch.autograd.Function):
                 "dkdv", Q, K, V, O, L, dO, delta, (dK, dV), ctx.is_causal, ctx.launches["dkdv"])
             kernel[grid](*args, **options)
             _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        if steps and all(step is not None for step in steps):
-            # Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call).
-            device = Q.device
-            _FLASH_BACKWARDS.keeper(key)(ReplayChain(
-                (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
-                ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
+        _keep_backward_chain(key, steps, Q)
         return dQ, dK, dV, None, None
 
 
