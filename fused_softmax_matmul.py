@@ -3639,6 +3639,25 @@ if _GLUON is not None:
             _tma_load(streamed_b, [batch, stream_start + it * STEP, 0], ready.index(slot), b_bufs.index(slot))
 
     @gluon.jit
+    def _gluon_backward_ring(held_a, held_b, streamed_a, streamed_b, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
+        """Shared memory of both backward kernels, in the order ``_gluon_backward_loader`` fills it:
+        each consumer's pair of held tiles, STAGES ring slots of the streamed pair, and the barriers
+        (the held tiles' one, then each slot's ready and free; free counts every consumer's release)."""
+        dtype: gl.constexpr = held_a.dtype
+        held_a_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + held_a.block_type.shape, held_a.layout)
+        held_b_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + held_b.block_type.shape, held_b.layout)
+        a_bufs = gl.allocate_shared_memory(dtype, [STAGES] + streamed_a.block_type.shape, streamed_a.layout)
+        b_bufs = gl.allocate_shared_memory(dtype, [STAGES] + streamed_b.block_type.shape, streamed_b.layout)
+        held_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(held_ready, count=1)
+        for slot in gl.static_range(STAGES):
+            mbarrier.init(ready.index(slot), count=1)
+            mbarrier.init(free.index(slot), count=CONSUMERS)  # every consumer reads every slot
+        return held_a_bufs, held_b_bufs, a_bufs, b_bufs, held_ready, ready, free
+
+    @gluon.jit
     def _gluon_dkdv_visible(keys, cols, n_queries, IS_CAUSAL: gl.constexpr):
         """Which (key, query) pairs of a step count: the query exists and, causal, sees the key."""
         visible = gl.expand_dims(cols < n_queries, 0)
@@ -3745,7 +3764,6 @@ if _GLUON is not None:
         BLOCK: gl.constexpr = k_desc.block_type.shape[1]
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-        dtype: gl.constexpr = q_desc.dtype
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK == 16 * num_warps, "a consumer's keys are one warpgroup MMA's height")
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
@@ -3777,17 +3795,8 @@ if _GLUON is not None:
                                                              instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
 
-        k_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + k_desc.block_type.shape, k_desc.layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + v_desc.block_type.shape, v_desc.layout)
-        q_bufs = gl.allocate_shared_memory(dtype, [STAGES] + q_desc.block_type.shape, q_desc.layout)
-        do_bufs = gl.allocate_shared_memory(dtype, [STAGES] + do_desc.block_type.shape, do_desc.layout)
-        kv_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(kv_ready, count=1)
-        for slot in gl.static_range(STAGES):
-            mbarrier.init(ready.index(slot), count=1)
-            mbarrier.init(free.index(slot), count=CONSUMERS)  # every consumer reads every slot
+        k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free = _gluon_backward_ring(k_desc, v_desc, q_desc, do_desc,
+                                                                                      CONSUMERS, STAGES)
 
         gl.warp_specialize([
             (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
@@ -3923,7 +3932,6 @@ if _GLUON is not None:
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
-        dtype: gl.constexpr = q_desc.dtype
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "a consumer's queries are one warpgroup MMA's height")
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
@@ -3941,17 +3949,8 @@ if _GLUON is not None:
                                                              instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
 
-        q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
-        do_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + do_desc.block_type.shape, do_desc.layout)
-        k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
-        qd_ready = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-        ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        mbarrier.init(qd_ready, count=1)
-        for slot in gl.static_range(STAGES):
-            mbarrier.init(ready.index(slot), count=1)
-            mbarrier.init(free.index(slot), count=CONSUMERS)  # every consumer reads every slot
+        q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free = _gluon_backward_ring(q_desc, do_desc, k_desc, v_desc,
+                                                                                      CONSUMERS, STAGES)
 
         gl.warp_specialize([
             (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,

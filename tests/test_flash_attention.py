@@ -300,7 +300,7 @@ def test_triton_kernel_at_d128(kernel, dtype, is_causal):
 
 def test_dkdv_path_rule(monkeypatch):
     """Gluon's dK/dV where it measured faster: d = 128 everywhere, d = 64 on full attention from
-    2048 queries; only where its kernel takes the inputs, dO included, and no dK/dV launch is set."""
+    2048 queries."""
     wins = fsm.gluon_dkdv_wins
     for n in (40, 1000, 4096, 32768):
         assert wins(n, 128, False) and wins(n, 128, True)
@@ -312,25 +312,11 @@ def test_dkdv_path_rule(monkeypatch):
     assert fsm.flash_dkdv_path(d128, d128, d128, True) == "gluon"
     assert fsm.flash_dkdv_path(short, short, short, False) == "triton"
     assert fsm.flash_dkdv_path(long, long, long, False) == "gluon" and fsm.flash_dkdv_path(long, long, long, True) == "triton"
-    assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dkdv": FlashLaunch(64, 128, 8, 2)}) == "triton"
-    assert fsm.flash_dkdv_path(d128, d128, d128, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
-    # dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
-    # or a broadcast batch of one (stride 0).
-    aligned = torch.empty(2, 100, 128, dtype=torch.bfloat16)
-    shifted = torch.empty(1 + aligned.numel(), dtype=torch.bfloat16)[1:].view(2, 100, 128)
-    broadcast = torch.empty(100, 128, dtype=torch.bfloat16).as_strided((1, 100, 128), (0, 128, 1))
-    assert shifted.is_contiguous() and broadcast.is_contiguous()
-    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, aligned) == "gluon"
-    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, shifted) == "triton"
-    assert fsm.flash_dkdv_path(d128, d128, d128, False, None, broadcast) == "triton"
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
-    assert fsm.flash_dkdv_path(d128, d128, d128, False) == "triton"
 
 
 def test_dq_path_rule(monkeypatch):
     """Gluon's dQ where it measured faster: d = 128 everywhere, d = 64 from 2048 queries, causal or
-    not; only where its kernel takes the inputs, dO included, and no dQ launch is set. Its key
-    step: 128 at d = 64, at d = 128 64 below 8192 keys."""
+    not. Its key step: 128 at d = 64, at d = 128 64 below 8192 keys."""
     wins = fsm.gluon_dq_wins
     for n in (40, 1000, 4096, 32768):
         assert wins(n, 128, False) and wins(n, 128, True)
@@ -344,12 +330,31 @@ def test_dq_path_rule(monkeypatch):
     assert fsm.flash_dq_path(d128, d128, d128, True) == "gluon"
     assert fsm.flash_dq_path(short, short, short, False) == "triton"
     assert fsm.flash_dq_path(long, long, long, False) == "gluon" and fsm.flash_dq_path(long, long, long, True) == "gluon"
-    assert fsm.flash_dq_path(d128, d128, d128, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "triton"
-    assert fsm.flash_dq_path(d128, d128, d128, False, {"dkdv": FlashLaunch(64, 128, 8, 2)}) == "gluon"
-    shifted = torch.empty(1 + 2 * 100 * 128, dtype=torch.bfloat16)[1:].view(2, 100, 128)
-    assert fsm.flash_dq_path(d128, d128, d128, False, None, shifted) == "triton"
+
+
+@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
+def test_backward_path_gates(monkeypatch, kernel):
+    """A Gluon backward kernel that wins by its rule runs only where it takes the inputs, dO
+    included, and no launch is set for its Triton kernel (a launch for the other kernel is no bar)."""
+    path = {"dkdv": fsm.flash_dkdv_path, "dq": fsm.flash_dq_path}[kernel]
+    other = "dq" if kernel == "dkdv" else "dkdv"
+    monkeypatch.setattr(fsm, f"gluon_{kernel}_wins", lambda *args: True)
+    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
+    Q = torch.empty(2, 100, 128, dtype=torch.bfloat16, device="meta")
+    assert path(Q, Q, Q, False) == "gluon"
+    assert path(Q, Q, Q, False, {kernel: FlashLaunch(64, 64, 4, 2)}) == "triton"
+    assert path(Q, Q, Q, False, {other: FlashLaunch(64, 64, 4, 2)}) == "gluon"
+    # dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
+    # or a broadcast batch of one (stride 0).
+    aligned = torch.empty(2, 100, 128, dtype=torch.bfloat16)
+    shifted = torch.empty(1 + aligned.numel(), dtype=torch.bfloat16)[1:].view(2, 100, 128)
+    broadcast = torch.empty(100, 128, dtype=torch.bfloat16).as_strided((1, 100, 128), (0, 128, 1))
+    assert shifted.is_contiguous() and broadcast.is_contiguous()
+    assert path(Q, Q, Q, False, None, aligned) == "gluon"
+    assert path(Q, Q, Q, False, None, shifted) == "triton"
+    assert path(Q, Q, Q, False, None, broadcast) == "triton"
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
-    assert fsm.flash_dq_path(d128, d128, d128, False) == "triton"
+    assert path(Q, Q, Q, False) == "triton"
 
 
 def test_dkdv_full_tile_masks_rule():
@@ -868,8 +873,6 @@ def test_compiled_route_through_opaque_ops(monkeypatch):
     the opaque ops flash_forward_by_path and flash_backward_by_path, which choose each kernel when
     they run: here (no Gluon) the Triton ones, stood in for by PyTorch, launched at run time and
     not traced; O and the gradients as the reference's."""
-    for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
-        monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     monkeypatch.setattr(fsm, "_flash_kernel", lambda kernel: kernel)
     monkeypatch.setattr(fsm, "compiled_gluon_route", lambda Q: torch.compiler.is_compiling())
     launched_while_tracing = []
@@ -878,23 +881,14 @@ def test_compiled_route_through_opaque_ops(monkeypatch):
             launched_while_tracing.append(torch.compiler.is_compiling())
             return _launch(*args)
         monkeypatch.setattr(fsm, name, record)
-    torch._dynamo.reset()
-    compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")
-    Q, K, V = attention_inputs(2, 21, 19, 16, torch.float32)
-    dO = randn(Q.shape, torch.float32, 7)
-    got = run_with_grads_of(compiled, Q, K, V, dO, True)
-    want = reference_with_grads(Q, K, V, dO, True, torch.float32)
-    for name, g, w in zip(("O", "dQ", "dK", "dV"), got, want):
-        torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+    _compiled_with_stand_ins(monkeypatch)
     assert launched_while_tracing == [False, False, False]  # forward, dQ, dK/dV: all from the ops
 
 
-@pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_matches_eager compiles the Function with its real kernels")
-def test_function_body_traces_with_no_graph_break(monkeypatch):
-    """torch.compile(apply, fullgraph=True) over the Function's own code (input checks, cached
-    launches, grids, saved tensors, both methods), each kernel replaced by a PyTorch stand-in:
-    the half of test_compiled_fullgraph_matches_eager that runs on a CPU too. A numpy bool, which torch.compile
-    traces as a tensor, gets an error saying to pass a Python bool."""
+def _compiled_with_stand_ins(monkeypatch):
+    """torch.compile(apply, fullgraph=True, backend="aot_eager") with each kernel replaced by its
+    PyTorch stand-in, checked on a small causal case (O and the gradients against the reference);
+    returns (compiled, Q, K, V)."""
     for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     torch._dynamo.reset()
@@ -906,6 +900,16 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
     want = reference_with_grads(Q, K, V, dO, True, torch.float32)
     for name, g, w in zip(("O", "dQ", "dK", "dV"), got, want):
         torch.testing.assert_close(g, w, msg=lambda m: f"{name}: {m}")
+    return compiled, Q, K, V
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_matches_eager compiles the Function with its real kernels")
+def test_function_body_traces_with_no_graph_break(monkeypatch):
+    """torch.compile(apply, fullgraph=True) over the Function's own code (input checks, cached
+    launches, grids, saved tensors, both methods), each kernel replaced by a PyTorch stand-in:
+    the half of test_compiled_fullgraph_matches_eager that runs on a CPU too. A numpy bool, which torch.compile
+    traces as a tensor, gets an error saying to pass a Python bool."""
+    compiled, Q, K, V = _compiled_with_stand_ins(monkeypatch)
     with pytest.raises(Exception, match="must be a Python bool under torch.compile"):
         compiled(Q, K, V, np.bool_(True))
 

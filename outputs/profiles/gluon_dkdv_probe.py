@@ -86,7 +86,10 @@ def time_paths():
     on_path(None)
 
 
-def host():
+def host(switch=None, kernel="dK/dV"):
+    """Host time of an eager forward + backward with ``kernel`` on each path (``switch(path)``
+    forces one, ``switch(None)`` restores the rule; this probe's ``on_path`` by default)."""
+    switch = switch or on_path
     print("host us per eager forward + backward (enqueued while the GPU spins), bf16, three runs each")
     for b, n, d in ((32, 1024, 128), (16, 4096, 128), (16, 4096, 64)):
         step, _, _ = attention_training_step(fsm, b, n, d, False)
@@ -94,12 +97,12 @@ def host():
         for run in range(3):
             times = {}
             for path in ("triton", "gluon"):
-                on_path(path)
+                switch(path)
                 step()  # keeps this path's launches
                 times[path] = host_us(step, n=50)
-            print(f"({b},{n},{d}) full, run {run}: dK/dV triton {times['triton']:.1f}, gluon {times['gluon']:.1f}, "
+            print(f"({b},{n},{d}) full, run {run}: {kernel} triton {times['triton']:.1f}, gluon {times['gluon']:.1f}, "
                   f"cuDNN {host_us(cudnn, n=50):.1f}", flush=True)
-    on_path(None)
+    switch(None)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,8 @@ import torch
 
 import fused_softmax_matmul as fsm
 from gluon_dkdv_probe import cudnn_step, rel
-from probe_timing import attention_training_step, graph_ms, host_us
+from gluon_dkdv_probe import host as dkdv_probe_host
+from probe_timing import attention_training_step, graph_ms
 
 CHOSEN, LAUNCH = fsm.flash_dq_path, fsm._gluon_flash_dq
 # (keys a step, ring slots) tried for the Gluon dQ, by head dimension; the first is the default.
@@ -90,19 +91,7 @@ def time_paths(shapes=None):
 
 
 def host():
-    print("host us per eager forward + backward (enqueued while the GPU spins), bf16, three runs each")
-    for b, n, d in ((32, 1024, 128), (16, 4096, 128), (16, 4096, 64)):
-        step, _, _ = attention_training_step(fsm, b, n, d, False)
-        cudnn = cudnn_step(b, n, d, False)
-        for run in range(3):
-            times = {}
-            for path in ("triton", "gluon"):
-                on_path(path)
-                step()  # keeps this path's launches
-                times[path] = host_us(step, n=50)
-            print(f"({b},{n},{d}) full, run {run}: dQ triton {times['triton']:.1f}, gluon {times['gluon']:.1f}, "
-                  f"cuDNN {host_us(cudnn, n=50):.1f}", flush=True)
-    on_path(None)
+    dkdv_probe_host(on_path, "dQ")
 
 
 if __name__ == "__main__":
