@@ -2439,9 +2439,11 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
     ``flash_forward_by_path`` and ``flash_backward_by_path``: under torch.compile, on Hopper with
     Gluon, for 16-bit inputs of a head dimension the Gluon kernels take. Those ops choose each
     kernel as an eager call does (Gluon or Triton, ``flash_forward_path`` and the backward's
-    rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere a
-    compiled call traces the Triton kernels' launches."""
-    return (torch.compiler.is_compiling() and GLUON_UNAVAILABLE is None and Q.device.type == "cuda"
+    rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere,
+    and under torch.export (whose programs must hold only traceable launches), a compiled call
+    traces the Triton kernels' launches."""
+    return (torch.compiler.is_compiling() and not torch.compiler.is_exporting() and GLUON_UNAVAILABLE is None
+            and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
             and _device_is_hopper(Q.device.index if Q.device.index is not None else torch.cuda.current_device()))
 
@@ -2482,13 +2484,16 @@ def _(Q, K, V, is_causal):
 @torch.library.custom_op(f"{OP_NAMESPACE}::flash_backward_by_path", mutates_args=())
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of FlashAttentionTriton's backward (dO dense, in Q's dtype) by the kernels an
-    eager call would choose (``flash_dq_path``, ``flash_dkdv_path``), as one opaque op."""
+    """(dQ, dK, dV) of FlashAttentionTriton's backward by the kernels an eager call would choose
+    (``flash_dq_path``, ``flash_dkdv_path``), as one opaque op. The Function passes dO dense and
+    in Q's dtype, and its forward's O and L; the op does not check them."""
     batch, n_queries, d = Q.shape
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     if Q.numel() == 0 or K.numel() == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
-    key = _flash_replay_key((Q, K, V, dO), is_causal, None)
+    # O and L in the key too: the kept launches read them through their strides (the Function's
+    # own are fresh and contiguous; a direct call's need not be).
+    key = _flash_replay_key((Q, K, V, dO, O, L), is_causal, None)
     chain = _FLASH_BACKWARDS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
@@ -2531,8 +2536,9 @@ class FlashAttentionTriton(torch.autograd.Function):
     ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
     choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
     themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
-    CUDA graph captures them; compiled on Hopper with 16-bit inputs, they call instead two
-    opaque ops that choose each kernel when they run, as an eager call does (``compiled_gluon_route``). An eager call whose inputs match an earlier call's in everything the
+    CUDA graph captures them; compiled on Hopper with 16-bit inputs at d = 64 or 128 and no
+    ``launches``, they call instead two opaque ops that choose each kernel when they run, as an
+    eager call does (``compiled_gluon_route``). An eager call whose inputs match an earlier call's in everything the
     launches depend on (``replay_key``) replays that call's kept launches and skips the checks
     and launch choices (the host cost of small attention calls). A backward taken with
     create_graph=True (for a second derivative) is computed by the recorded PyTorch tiling
@@ -3361,8 +3367,9 @@ if _GLUON is not None:
         key_end = n_keys
         full_steps = n_keys // BLOCK_N
         if IS_CAUSAL:
-            # The tile's last query sees keys up to its own index; the first consumer's last step
-            # is the same one (BLOCK_Q is one key step). Steps before the tile's first query need
+            # The tile's last query sees keys up to its own index; in the forward the first
+            # consumer's last step is the same one (BLOCK_Q is one key step; the dQ kernel's key
+            # steps may be half that, its first consumer's last step then all masked). Steps before the tile's first query need
             # no mask (off_m is a multiple of BLOCK_N).
             key_end = gl.minimum(n_keys, off_m + BLOCK_Q)
             full_steps = gl.minimum(off_m, n_keys) // BLOCK_N
@@ -3981,7 +3988,7 @@ def _gluon_descriptors(gl_dtype, *tiles) -> list:
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``flash_attention_gluon`` (and the Gluon dK/dV kernel) cannot take (Q, K, V), or None
+    """Why ``flash_attention_gluon`` (and the Gluon dQ and dK/dV kernels) cannot take (Q, K, V), or None
     when it can: an sm_90 GPU with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs,
     and what TMA needs (``tma_unreadable``)."""
     if GLUON_UNAVAILABLE is not None:

@@ -798,6 +798,29 @@ def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
         torch.testing.assert_close(got.detach(), want, rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
+def test_compiled_call_runs_the_gluon_kernels(monkeypatch):
+    """torch.compile(apply, fullgraph=True) on Hopper at d = 128 bf16 (compiled_gluon_route): the
+    opaque ops run the Gluon forward, dQ and dK/dV kernels, as an eager call would, keep their
+    launches and replay them on the next call (no kernel chosen again); results against float64."""
+    calls = []
+    for name in ("_gluon_flash_forward", "_gluon_flash_dq", "_gluon_flash_dkdv"):
+        def counted(*args, _name=name, _launch=getattr(fsm, name), **kwargs):
+            calls.append(_name)
+            return _launch(*args, **kwargs)
+        monkeypatch.setattr(fsm, name, counted)
+    _forget_kept_launches()
+    torch._dynamo.reset()
+    Q, K, V = attention_inputs(2, 300, 500, 128, torch.bfloat16)
+    dO = randn(Q.shape, torch.bfloat16, 7)
+    compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True)
+    for _ in range(2):
+        ours = [t.clone() for t in run_with_grads_of(compiled, Q, K, V, dO, True)]
+    assert calls == ["_gluon_flash_forward", "_gluon_flash_dq", "_gluon_flash_dkdv"]
+    assert_outputs_and_gradients("compiled, Gluon kernels", ours, Q, K, V, dO, True)
+    _forget_kept_launches()
+
+
 @needs_gpu
 def test_reduce_overhead_matches_float64():
     """torch.compile(mode="reduce-overhead"): Inductor's CUDA graphs of the forward and the
@@ -867,7 +890,7 @@ class _StandInKernel:
                 args[5].copy_((args[7] * dO).sum(-1))
 
 
-@pytest.mark.skipif(ON_GPU, reason="on a Hopper GPU the compiled tests above take this route with the real kernels")
+@pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_call_runs_the_gluon_kernels takes this route with the real kernels")
 def test_compiled_route_through_opaque_ops(monkeypatch):
     """Where compiled_gluon_route holds (Hopper, 16-bit), a compiled call runs its kernels inside
     the opaque ops flash_forward_by_path and flash_backward_by_path, which choose each kernel when
@@ -916,9 +939,11 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_gluon_forward_path and the compiled tests run the real kernels")
 def test_compiled_function_keeps_the_triton_forward(monkeypatch):
-    """Where an eager call would take the Gluon forward (here: its kernel said to take the inputs,
-    its rule forced), torch.compile(fullgraph=True) traces the Triton kernel's launch
-    instead (Gluon kernels are no wrap_triton user kernels): the trace never reaches the Gluon path."""
+    """Where compiled_gluon_route does not hold (here float32 in the interpreter; elsewhere other
+    GPUs, launch overrides, torch.export) but an eager call would take the Gluon forward (here: its
+    kernel said to take the inputs, its rule forced), torch.compile(fullgraph=True) traces the
+    Triton kernel's launch (Gluon kernels are no wrap_triton user kernels): the trace never
+    reaches the Gluon path."""
     for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)

@@ -15,7 +15,8 @@ from gluon_dkdv_probe import host as dkdv_probe_host
 from probe_timing import attention_training_step, graph_ms
 
 CHOSEN, LAUNCH = fsm.flash_dq_path, fsm._gluon_flash_dq
-# (keys a step, ring slots) tried for the Gluon dQ, by head dimension; the first is the default.
+# (keys a step, ring slots) tried for the Gluon dQ, by head dimension; the first was the default when
+# it ran (the rule drawn from it, gluon_dq_block_n, takes 128 keys at d = 128 from 8192 keys).
 VARIANTS = {64: [(128, 2), (64, 2), (128, 3)], 128: [(64, 2), (128, 2), (64, 3)]}
 
 
