@@ -2429,9 +2429,20 @@ def _keep_backward_chain(key, steps: list | None, Q: torch.Tensor) -> None:
             ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
 
 
+@functools.lru_cache(maxsize=None)
+def _device_capability(index: int) -> tuple[int, int]:
+    """(major, minor) of CUDA device ``index``, asked once (the Gluon paths check it on every call)."""
+    return torch.cuda.get_device_capability(index)
+
+
+def _capability(device: torch.device) -> tuple[int, int]:
+    return _device_capability(device.index if device.index is not None else torch.cuda.current_device())
+
+
+# Traced in the flash Function: Dynamo takes the answer as a constant (see _device_sms).
 @torch.compiler.assume_constant_result
 def _device_is_hopper(index: int) -> bool:
-    return torch.cuda.get_device_capability(index) == (9, 0)
+    return _device_capability(index) == (9, 0)
 
 
 def compiled_gluon_route(Q: torch.Tensor) -> bool:
@@ -3079,7 +3090,7 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
         return "x and V must be 3-D tensors"
     if x.device.type != "cuda" or V.device != x.device:
         return "x and V must be on one CUDA device"
-    major, minor = torch.cuda.get_device_capability(x.device)
+    major, minor = _capability(x.device)
     if (major, minor) != (9, 0):
         return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if x.dtype not in _GLUON_DTYPES or V.dtype != x.dtype:
@@ -3995,7 +4006,7 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
         return GLUON_UNAVAILABLE
     if Q.device.type != "cuda":
         return "Q, K and V must be CUDA tensors"
-    major, minor = torch.cuda.get_device_capability(Q.device)
+    major, minor = _capability(Q.device)
     if (major, minor) != (9, 0):
         return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if Q.dtype not in _GLUON_DTYPES:
