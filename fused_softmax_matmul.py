@@ -841,7 +841,12 @@ def _sm_count(device: torch.device) -> int | None:
     """SMs of the device; None in the interpreter, where programs run one after another."""
     if INTERPRET:
         return None
-    return _device_sms(device.index if device.index is not None else torch.cuda.current_device())
+    return _device_sms(_device_index(device))
+
+
+def _device_index(device: torch.device) -> int:
+    """The CUDA device's index ("cuda" alone: the current device)."""
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 @functools.lru_cache(maxsize=None)
@@ -2435,10 +2440,6 @@ def _device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-def _capability(device: torch.device) -> tuple[int, int]:
-    return _device_capability(device.index if device.index is not None else torch.cuda.current_device())
-
-
 # Traced in the flash Function: Dynamo takes the answer as a constant (see _device_sms).
 @torch.compiler.assume_constant_result
 def _device_is_hopper(index: int) -> bool:
@@ -2456,7 +2457,7 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
     return (torch.compiler.is_compiling() and not torch.compiler.is_exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
-            and _device_is_hopper(Q.device.index if Q.device.index is not None else torch.cuda.current_device()))
+            and _device_is_hopper(_device_index(Q.device)))
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
@@ -3090,7 +3091,7 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
         return "x and V must be 3-D tensors"
     if x.device.type != "cuda" or V.device != x.device:
         return "x and V must be on one CUDA device"
-    major, minor = _capability(x.device)
+    major, minor = _device_capability(_device_index(x.device))
     if (major, minor) != (9, 0):
         return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if x.dtype not in _GLUON_DTYPES or V.dtype != x.dtype:
@@ -4006,7 +4007,7 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
         return GLUON_UNAVAILABLE
     if Q.device.type != "cuda":
         return "Q, K and V must be CUDA tensors"
-    major, minor = _capability(Q.device)
+    major, minor = _device_capability(_device_index(Q.device))
     if (major, minor) != (9, 0):
         return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if Q.dtype not in _GLUON_DTYPES:
