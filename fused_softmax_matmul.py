@@ -677,9 +677,39 @@ def _fused_softmax_grad(ctx, dout, _dlse):
 _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
 
 
+# Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
+# kernel, do_bench on an H100 (outputs/profiles/grid_probe.txt: the 192 cases of issue 17's grid
+# and 36 off it, batch 8, d1 1000 to 4096, d2 1000 to 8192): past d3 = 128 the materialised
+# pair was the faster one in 16-bit (1.04-1.43x at d3 192 to 384 but one tie, 1.19-1.34x at 512
+# but two small cases) and in TF32 ('high'; 1.12-1.53x at d3 192 to 512 but the smallest case).
+# There the products dominate (2 d3 flops a value of x), and cuBLAS's run at nearly twice the
+# fused kernel's rate while the softmax pass costs a few reads of x. At d3 <= 128 the fused
+# kernel was 1.05-4x faster but for TF32 at d1 = 1000 (0.82-0.90x); in tf32x3 ('highest', three
+# products a step) everywhere, 1.3-2.9x.
+FUSED_MAX_D3 = 128
+
+
+def materialized_wins(d3: int, dtype: torch.dtype) -> bool:
+    """Whether softmax(x) @ V is faster materialised than fused for d3 columns of V in ``dtype``
+    under the float32 matmul setting (the measurements above)."""
+    return d3 > FUSED_MAX_D3 and (dtype != torch.float32 or dot_precision(dtype) == "tf32")
+
+
+def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False) -> str:
+    """What ``fused_softmax(x, V, ...)`` runs: "fused" (``fused_softmax_kernel``) or "materialized"
+    (``row_softmax``, then ``torch.bmm``). ``materialize`` True or False forces one; ``tuned``
+    (BLOCK_1, BLOCK_2 or a launch given: parameters of the fused kernel) means "fused"; else
+    ``materialized_wins`` decides."""
+    if materialize is not None:
+        return "materialized" if materialize else "fused"
+    if tuned:
+        return "fused"
+    return "materialized" if materialized_wins(int(V.shape[-1]), x.dtype) else "fused"
+
+
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
-                  launch: FusedLaunch | None = None) -> torch.Tensor:
-    """softmax(x, dim=-1) @ V without storing the softmax; differentiable in x and V.
+                  launch: FusedLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V, the fused kernel storing no softmax; differentiable in x and V.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
     BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
@@ -687,8 +717,14 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     transposed inputs are read in place. ``launch`` (a ``FusedLaunch``) overrides the wrapper's
     choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
     per-row log-sum-exp the forward saves.
+
+    Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products)
+    the softmax is faster materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
+    cost of a (batch, d1, d2) buffer (``fused_softmax_path`` says which runs). ``materialize``:
+    None for that choice, True or False to force one; the fused kernel's parameters (BLOCK_1,
+    BLOCK_2, launch) ask for the fused kernel.
     """
-    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, _float32_matmul_precision()))
+    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
         replay = _FUSED_REPLAYS.get(key)
         if replay is not None:
@@ -696,6 +732,14 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
             if replay(x, V, out, out):
                 return out
     check_softmax_matmul_inputs(x, V)
+    tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
+    if materialize is not None and not isinstance(materialize, bool):
+        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__name__}")
+    if materialize and tuned:
+        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel, which "
+                         "materialize=True does not run: give one or the other")
+    if fused_softmax_path(x, V, materialize, tuned) == "materialized":
+        return torch.bmm(row_softmax(x), V)
     if BLOCK_1 is None or BLOCK_2 is None:
         block = default_block(x, V)
         BLOCK_1 = block if BLOCK_1 is None else BLOCK_1

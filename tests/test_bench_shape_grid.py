@@ -5,8 +5,9 @@ attention each SDPA backend alone, in SDPA's fast 4-D layout), its peers (FlexAt
 torch.compile, Liger-Kernel's softmax) and this project's public op as a user calls it. The CSV
 outputs/shape_grid_benchmark.csv has one row per (workload, case, impl); ``speedup`` on a Triton
 or peer row is the fastest baseline's time on that case over the row's own (conftest.py's
-``BenchGroup.best_of``); ``path`` on an attention Triton row says which kernel its forward ran
-(``flash_forward_path``: "gluon" or "triton"). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
+``BenchGroup.best_of``); ``path`` on a Triton row says what ran: for attention the kernel of its forward
+(``flash_forward_path``: "gluon" or "triton"), for softmax(x) @ V "fused" or "materialized"
+(``fused_softmax_path``). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
 it does not take) or is not installed leaves an empty row with the reason, as does a case that
 runs out of memory.
 
@@ -36,7 +37,7 @@ from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource
 from fused_softmax_matmul import (
     FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
-    matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
+    materialized_wins, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
@@ -332,11 +333,14 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
 
     case = f"batch={SMV_BATCH} d1={d1} d2={d2} d3={d3} {dtype}" + (f" {precision}" if dtype == "float32" else "")
     row = dict(workload="softmax_matmul", case=case, dtype=dtype, impl=impl, role=role_of(impl))
-    model = fused_softmax_bytes if impl == TRITON else softmax_mult_bytes
     before = torch.get_float32_matmul_precision()
     try:  # the precision is the case's: every implementation (and the matmul peak) runs under it
         if precision != "n/a":
             torch.set_float32_matmul_precision(precision)
+        fused = impl == TRITON and not materialized_wins(d3, torch_dtype)
+        if impl == TRITON:
+            row["path"] = "fused" if fused else "materialized"
+        model = fused_softmax_bytes if fused else softmax_mult_bytes
         bench(GROUP, row, build, bytes_moved=model(SMV_BATCH, d1, d2, d3, torch_dtype.itemsize),
               flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=error)
     finally:

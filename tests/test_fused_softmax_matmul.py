@@ -17,7 +17,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from fused_softmax_matmul import FusedLaunch, dot_precision, fused_launch, fused_softmax, softmax_mult, upcast_dot_operands
+import fused_softmax_matmul as fsm
+from fused_softmax_matmul import (
+    FUSED_MAX_D3, FusedLaunch, dot_precision, fused_launch, fused_softmax, fused_softmax_path, materialized_wins,
+    softmax_mult, upcast_dot_operands,
+)
 from online_softmax import INTERPRET, KernelCapacityError
 import support
 from support import (
@@ -494,6 +498,71 @@ def test_double_backward_is_refused():
 
 
 # ----------------------------------------------------------------------------------------------
+# The materialised path: row_softmax, then torch.bmm, where V is wide (fused_softmax_path)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high", "medium"], indirect=True)
+def test_materialized_rule(float32_matmul_precision):
+    """Past FUSED_MAX_D3 columns of V, 16-bit and TF32 products materialise the softmax; tf32x3
+    ('highest') and narrower V keep the fused kernel. A forced choice or the fused kernel's own
+    parameters win over the rule."""
+    tf32 = float32_matmul_precision != "highest"
+    for dtype in (torch.float16, torch.bfloat16, torch.float32):
+        assert not materialized_wins(FUSED_MAX_D3, dtype)
+        assert materialized_wins(FUSED_MAX_D3 + 1, dtype) == (dtype != torch.float32 or tf32)
+    x, V = softmax_matmul_inputs(1, 2, 3, FUSED_MAX_D3 + 8, torch.bfloat16)
+    assert fused_softmax_path(x, V) == "materialized"
+    assert fused_softmax_path(x, V, materialize=False) == "fused"
+    assert fused_softmax_path(x, V, tuned=True) == "fused"
+    x, V = softmax_matmul_inputs(1, 2, 3, 8, torch.bfloat16)
+    assert fused_softmax_path(x, V) == "fused"
+    assert fused_softmax_path(x, V, materialize=True) == "materialized"
+
+
+def _count_row_softmax(monkeypatch) -> list:
+    calls, original = [], fsm.row_softmax
+
+    def counted(x, *args, **kwargs):
+        calls.append(tuple(x.shape))
+        return original(x, *args, **kwargs)
+    monkeypatch.setattr(fsm, "row_softmax", counted)
+    return calls
+
+
+@pytest.mark.parametrize("materialize", [None, True, False], ids=["rule", "forced", "fused"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_materialized_path_against_float64(monkeypatch, dtype, materialize):
+    """V of FUSED_MAX_D3 + 3 columns, odd d1 and d2: the rule's path (materialised in 16-bit, fused
+    in float32 'highest'), the materialised one forced, or the fused kernel forced; each as
+    accurate as PyTorch, forward and gradients, and the one asked for runs."""
+    calls = _count_row_softmax(monkeypatch)
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 37, FUSED_MAX_D3 + 3, DTYPES[dtype], seed=41))
+    path = fused_softmax_path(x, V, materialize)
+    assert path == ("fused" if materialize is False or (materialize is None and dtype == "float32") else "materialized")
+    out = fused_softmax(x, V, materialize=materialize)
+    assert calls == ([tuple(x.shape)] if path == "materialized" else [])
+    check_fused(out.detach(), x.detach(), V.detach())
+    dout = randn(out.shape, out.dtype, 42)
+    grads = torch.autograd.grad(out, (x, V), dout)
+    x64, V64 = (t.detach().double().requires_grad_() for t in (x, V))
+    grads64 = torch.autograd.grad(softmax_mult(x64, V64), (x64, V64), dout.double())
+    xt, Vt = (t.detach().requires_grad_() for t in (x, V))
+    grads_torch = torch.autograd.grad(softmax_mult(xt, Vt), (xt, Vt), dout)
+    for got, want, theirs in zip(grads, grads64, grads_torch):
+        assert got.dtype == theirs.dtype and got.shape == theirs.shape
+        assert_close(got, want, theirs)
+
+
+def test_materialize_refuses_what_it_cannot_honour():
+    x, V = softmax_matmul_inputs(1, 4, 16, 8, torch.float32)
+    with pytest.raises(TypeError, match="materialize must be None, True or False, got str"):
+        fused_softmax(x, V, materialize="yes")
+    with pytest.raises(ValueError, match="BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel"):
+        fused_softmax(x, V, 16, 16, materialize=True)
+    with pytest.raises(ValueError, match="BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel"):
+        fused_softmax(x, V, launch=FusedLaunch(16), materialize=True)
+
+
+# ----------------------------------------------------------------------------------------------
 # torch.compile and CUDA graphs
 # ----------------------------------------------------------------------------------------------
 fresh_compile = support.fresh_compile  # the fixture, under this module's name for pytest
@@ -514,6 +583,23 @@ def test_compiles_without_graph_break(backend):
     eager = fused_softmax(xe, Ve, launch=launch).sin()
     eager.sum().backward()
     # The compiled graph runs the same kernels; only the surrounding sin may differ by a rounding.
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(V.grad, Ve.grad)
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+@pytest.mark.usefixtures("fresh_compile")
+def test_materialized_path_compiles_without_graph_break(backend):
+    """fullgraph=True over the materialised path (row_softmax's op, then torch.bmm), forward and backward."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 20, FUSED_MAX_D3 + 8, torch.float16, seed=12))
+    assert fused_softmax_path(x, V) == "materialized"
+    compiled = torch.compile(lambda x, V: fused_softmax(x, V).sin(), fullgraph=True, backend=backend)
+    out = compiled(x, V)
+    out.sum().backward()
+    xe, Ve = (t.detach().requires_grad_() for t in (x, V))
+    eager = fused_softmax(xe, Ve).sin()
+    eager.sum().backward()
     torch.testing.assert_close(out, eager)
     torch.testing.assert_close(x.grad, xe.grad)
     torch.testing.assert_close(V.grad, Ve.grad)
