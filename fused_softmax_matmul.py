@@ -683,28 +683,44 @@ _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_so
 # pair was the faster one in 16-bit (1.04-1.43x at d3 192 to 384 but one tie, 1.19-1.34x at 512
 # but two small cases) and in TF32 ('high'; 1.12-1.53x at d3 192 to 512 but the smallest case).
 # There the products dominate (2 d3 flops a value of x), and cuBLAS's run at nearly twice the
-# fused kernel's rate while the softmax pass costs a few reads of x. At d3 <= 128 the fused
-# kernel was 1.05-4x faster but for TF32 at d1 = 1000 (0.82-0.90x); in tf32x3 ('highest', three
-# products a step) everywhere, 1.3-2.9x.
+# fused kernel's rate while the softmax pass costs a few reads of x. In tf32x3 ('highest', three
+# products a step) the fused kernel was 1.3-2.9x faster everywhere, and in 16-bit at d3 <= 128
+# 1.05-4x. TF32 at d3 96 and 128 turned on d1: at 1000 rows the materialised pair was 1.12-1.22x
+# faster, at 2048 and 4096 the fused kernel 1.27-1.37x. Its programs (32 rows, all of d3, each)
+# were 1.9 a SM at 1000 rows, 3.9 and more at 2048: fewer than TF32_FUSED_MIN_PROGRAMS_PER_SM a SM
+# materialise (nothing was measured in between; at d3 64, 64-row programs, the two were within
+# 10 % at 1000 rows).
 FUSED_MAX_D3 = 128
+TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
 
 
-def materialized_wins(d3: int, dtype: torch.dtype) -> bool:
-    """Whether softmax(x) @ V is faster materialised than fused for d3 columns of V in ``dtype``
-    under the float32 matmul setting (the measurements above)."""
-    return d3 > FUSED_MAX_D3 and (dtype != torch.float32 or dot_precision(dtype) == "tf32")
+def materialized_wins(d3: int, dtype: torch.dtype, programs: int | None = None, sms: int | None = None) -> bool:
+    """Whether softmax(x) @ V is faster materialised than fused (the measurements above), for d3
+    columns of V in ``dtype`` under the float32 matmul setting; ``programs``: the fused kernel's
+    programs, ``sms``: the GPU's SMs (None where unknown: the interpreter)."""
+    products = dot_precision(dtype) if dtype == torch.float32 else "16-bit"
+    if products == "tf32x3":
+        return False
+    if d3 > FUSED_MAX_D3:
+        return True
+    return (products == "tf32" and d3 > 64 and programs is not None and sms is not None
+            and programs < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms)
 
 
 def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False) -> str:
     """What ``fused_softmax(x, V, ...)`` runs: "fused" (``fused_softmax_kernel``) or "materialized"
     (``row_softmax``, then ``torch.bmm``). ``materialize`` True or False forces one; ``tuned``
     (BLOCK_1, BLOCK_2 or a launch given: parameters of the fused kernel) means "fused"; else
-    ``materialized_wins`` decides."""
+    ``materialized_wins`` decides, for the wrapper's tiles (``default_block``: one program per
+    BLOCK_1 rows of a batch element; a d3 tile each where d3 <= 128)."""
     if materialize is not None:
         return "materialized" if materialize else "fused"
     if tuned:
         return "fused"
-    return "materialized" if materialized_wins(int(V.shape[-1]), x.dtype) else "fused"
+    batch, d1 = int(x.shape[0]), int(x.shape[1])
+    d3 = int(V.shape[-1])
+    programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
+    return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
 
 
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
@@ -932,7 +948,9 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     matmul_tile_probe.txt) 32-row tiles beat 64-row ones by 1.5-3.9x at every shape tried (4096
     x 4096 x 4096: 2.69 against 5.89 ms, torch 2.69) and 16-row ones by 1.2-1.3x at B = 512,
     so float32 rows are thinned to 16 only while 32-row tiles would give fewer programs than
-    half the SMs. A class tile narrower than the default is used when C is smaller, so
+    half the SMs; so are 16-bit ones (128 x 256 tiles: at 4096 x 768 and 4096 x 4096 x 1000 bf16
+    their 128 programs ran 1.35x and 1.6x faster than 256 of 64 rows, outputs/profiles/
+    matmul_small_probe.txt). A class tile narrower than the default is used when C is smaller, so
     small C runs as one tile and one launch, and a row block no taller than B (from 16).
     Given K, a long K may be cut into slices (split_k).
     """
@@ -947,7 +965,7 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     block_b = min(block_b, max(16, next_power_of_2(B)))
     # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
     use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
-    fill = sms // 2 if sms is not None and dtype == torch.float32 and not use_split else sms
+    fill = sms // 2 if sms is not None and not use_split else sms
     block_b = _fill_sms(B, cdiv(C, block_c), block_b, fill, least=SPLIT_K_ROWS if use_split else 16)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
@@ -2490,6 +2508,14 @@ def _device_is_hopper(index: int) -> bool:
     return _device_capability(index) == (9, 0)
 
 
+def _exporting() -> bool:
+    """Whether torch.export is tracing. Dynamo in torch 2.11 answers torch.compiler.is_exporting()
+    True inside every trace, torch.compile's too (later versions read the flag it returns); the
+    flag itself, read as a module global, tells the two apart in both."""
+    flag = getattr(torch.compiler, "_is_exporting_flag", None)
+    return torch.compiler.is_exporting() if flag is None else bool(flag)
+
+
 def compiled_gluon_route(Q: torch.Tensor) -> bool:
     """Whether a compiled FlashAttentionTriton call hands its kernels to the opaque ops
     ``flash_forward_by_path`` and ``flash_backward_by_path``: under torch.compile, on Hopper with
@@ -2498,7 +2524,7 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
     rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere,
     and under torch.export (whose programs must hold only traceable launches), a compiled call
     traces the Triton kernels' launches."""
-    return (torch.compiler.is_compiling() and not torch.compiler.is_exporting() and GLUON_UNAVAILABLE is None
+    return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
             and _device_is_hopper(_device_index(Q.device)))

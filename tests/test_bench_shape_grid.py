@@ -37,7 +37,7 @@ from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource
 from fused_softmax_matmul import (
     FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
-    materialized_wins, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
+    fused_softmax_path, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
@@ -313,6 +313,13 @@ def _softmax_mult(x, V):
     return softmax_mult(x, V)
 
 
+def _smv_path(d1: int, d2: int, d3: int, dtype: torch.dtype) -> str:
+    """fused_softmax_path for the case's inputs (uninitialised ones of their shape, device and
+    dtype: it reads no values), under the float32 matmul setting set now."""
+    x, V = (torch.empty(shape, dtype=dtype, device=DEVICE) for shape in ((SMV_BATCH, d1, d2), (SMV_BATCH, d2, d3)))
+    return fused_softmax_path(x, V)
+
+
 SMV_FUNCTIONS = {"torch": softmax_mult, "compile": _softmax_mult, TRITON: fused_softmax}
 
 
@@ -337,7 +344,7 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
     try:  # the precision is the case's: every implementation (and the matmul peak) runs under it
         if precision != "n/a":
             torch.set_float32_matmul_precision(precision)
-        fused = impl == TRITON and not materialized_wins(d3, torch_dtype)
+        fused = impl == TRITON and _smv_path(d1, d2, d3, torch_dtype) == "fused"
         if impl == TRITON:
             row["path"] = "fused" if fused else "materialized"
         model = fused_softmax_bytes if fused else softmax_mult_bytes

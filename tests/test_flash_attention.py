@@ -890,6 +890,21 @@ class _StandInKernel:
                 args[5].copy_((args[7] * dO).sum(-1))
 
 
+def test_export_is_told_from_compile():
+    """compiled_gluon_route takes the opaque ops under torch.compile but not under torch.export:
+    inside each trace ``_exporting`` must say which (torch 2.11's Dynamo answers
+    torch.compiler.is_exporting() True under both, which kept every compiled call off the route)."""
+    class Probe(torch.nn.Module):
+        def forward(self, x):
+            return x + 1 if fsm._exporting() else x - 1
+
+    x = torch.zeros(3)
+    torch._dynamo.reset()
+    assert torch.equal(torch.compile(Probe(), fullgraph=True, backend="eager")(x), x - 1)
+    assert torch.equal(torch.export.export(Probe(), (x,)).module()(x), x + 1)
+    assert not fsm._exporting()
+
+
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_call_runs_the_gluon_kernels takes this route with the real kernels")
 def test_compiled_route_through_opaque_ops(monkeypatch):
     """Where compiled_gluon_route holds (Hopper, 16-bit), a compiled call runs its kernels inside

@@ -509,6 +509,13 @@ def test_materialized_rule(float32_matmul_precision):
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
         assert not materialized_wins(FUSED_MAX_D3, dtype)
         assert materialized_wins(FUSED_MAX_D3 + 1, dtype) == (dtype != torch.float32 or tf32)
+    # TF32 at 64 < d3 <= 128: the fused kernel's programs against the SMs (none known: fused).
+    for d3 in (64, 96, FUSED_MAX_D3):
+        for programs in (None, 2 * 132, 4 * 132):
+            few = programs is not None and programs < fsm.TF32_FUSED_MIN_PROGRAMS_PER_SM * 132
+            assert materialized_wins(d3, torch.float32, programs, 132) == (tf32 and d3 > 64 and few)
+            assert not materialized_wins(d3, torch.bfloat16, programs, 132)
+        assert not materialized_wins(d3, torch.float32, 2, None)
     x, V = softmax_matmul_inputs(1, 2, 3, FUSED_MAX_D3 + 8, torch.bfloat16)
     assert fused_softmax_path(x, V) == "materialized"
     assert fused_softmax_path(x, V, materialize=False) == "fused"
@@ -516,6 +523,18 @@ def test_materialized_rule(float32_matmul_precision):
     x, V = softmax_matmul_inputs(1, 2, 3, 8, torch.bfloat16)
     assert fused_softmax_path(x, V) == "fused"
     assert fused_softmax_path(x, V, materialize=True) == "materialized"
+
+
+@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high"], indirect=True)
+def test_materialized_path_counts_the_fused_programs(monkeypatch, float32_matmul_precision):
+    """TF32 at d3 = 96: the wrapper's 32-row programs of x (1, 40, 16) are 2; against 132 SMs
+    they are few (materialised), against none known (the interpreter) the fused kernel runs."""
+    x, V = softmax_matmul_inputs(1, 40, 16, 96, torch.float32)
+    assert fsm.default_block(x, V) == 32
+    assert fused_softmax_path(x, V) == "fused"
+    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
+    assert fused_softmax_path(x, V) == ("materialized" if float32_matmul_precision == "high" else "fused")
+    assert fused_softmax_path(x, V, tuned=True) == "fused"
 
 
 def _count_row_softmax(monkeypatch) -> list:

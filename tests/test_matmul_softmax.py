@@ -202,6 +202,9 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
     # both choices measured: outputs/profiles/matmul_tile_probe.txt)
     (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
     (8, 768, 1000, "float32", 16),
+    # 16-bit likewise: 4096 x 1000 keeps 128-row tiles (128 programs, not 256 of 64 rows:
+    # outputs/profiles/matmul_small_probe.txt), 512 x 1000 is thinned to 16 rows (128 programs)
+    (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 16),
 ])
 def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, block_b):
     import fused_softmax_matmul
