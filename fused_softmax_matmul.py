@@ -816,7 +816,8 @@ def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch
     n_tiles = cdiv(C, launch.block_c)
     if n_tiles == 1:
         return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
-    return matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
+    return (matmul_softmax_unfused_bytes(B, K, C, element_size) + 2 * (2 * B * n_tiles * 4)
+            + split_k_bytes(B, K, launch, C))
 
 
 def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
@@ -826,14 +827,15 @@ def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
     return k_slice, max(1, cdiv(K, k_slice))
 
 
-def split_k_bytes(B: int, K: int, launch: MatmulLaunch) -> int:
-    """The float32 partial tiles of ``split_k_kernel`` (one per slice and row block, rows padded
-    to the block), written once and read once; 0 unsplit. At the small sizes where the wrappers
-    split K they stay in L2."""
+def split_k_bytes(B: int, K: int, launch: MatmulLaunch, C: int | None = None) -> int:
+    """The float32 partial tiles of ``split_k_kernel`` (one per slice, row block and class tile
+    of C classes, None: one tile; rows and classes padded to the tiles), written once and read
+    once; 0 unsplit. At the small sizes where the wrappers split K they stay in L2."""
     if launch.split_k == 1:
         return 0
     n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
-    return 2 * n_splits * cdiv(B, launch.block_b) * launch.block_b * launch.block_c * 4
+    n_tiles_c = 1 if C is None else cdiv(C, launch.block_c)
+    return 2 * n_splits * cdiv(B, launch.block_b) * launch.block_b * n_tiles_c * launch.block_c * 4
 
 
 def matmul_softmax_flops(B: int, K: int, C: int) -> int:
@@ -848,8 +850,8 @@ class MatmulLaunch:
     block_b rows by block_c classes per program, block_k of the K dimension per step (powers of
     two, at least 16: ``tl.dot``'s least); programs run in groups of group_b row blocks that walk
     the class tiles together, so their x rows and W columns are read from L2 (see ``tile_coords``).
-    split_k > 1 (only when C fits one class tile) cuts K into that many slices, one program each,
-    for shapes with too few row blocks to fill the GPU (see ``split_k_kernel``).
+    split_k > 1 cuts K into that many slices, one program each, for shapes with too few (row
+    block, class tile) pairs to fill the GPU (see ``split_k_kernel``).
     """
 
     block_b: int
@@ -870,10 +872,14 @@ class MatmulLaunch:
         check_int("launch.split_k", self.split_k, 1, 256)
 
 
-# ``tiled_launch`` splits K when C fits one class tile and K is at least SPLIT_K_LEAST_STEPS
-# steps of block_k, into slices of at least SPLIT_K_SLICE_STEPS steps, with row blocks of at
-# least SPLIT_K_ROWS. From a sweep on an H100 (float32, row blocks 16/32/64 x 1 to 32 slices):
-# about one program per SM was fastest; 64 x 128 x 10 (4 K steps) ran fastest unsplit.
+# ``tiled_launch`` splits K when K is at least SPLIT_K_LEAST_STEPS steps of block_k, into slices
+# of at least SPLIT_K_SLICE_STEPS steps: where C fits one class tile, with row blocks of at least
+# SPLIT_K_ROWS; where it takes several, when fewer (row block, class tile) pairs than half the
+# SMs remain once the rows are thinned to 16. From a sweep on an H100 (float32, one class tile,
+# row blocks 16/32/64 x 1 to 32 slices): about one program per SM was fastest; 64 x 128 x 10
+# (4 K steps) ran fastest unsplit. Several class tiles: at B = 1 and 32 with 1000 classes and
+# K of 2048 and 4096 the unsplit kernel ran 0.2-0.6x torch's speed (16 or fewer programs,
+# outputs/profiles/grid_probe.txt).
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
@@ -952,7 +958,7 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     their 128 programs ran 1.35x and 1.6x faster than 256 of 64 rows, outputs/profiles/
     matmul_small_probe.txt). A class tile narrower than the default is used when C is smaller, so
     small C runs as one tile and one launch, and a row block no taller than B (from 16).
-    Given K, a long K may be cut into slices (split_k).
+    Given K, a long K may be cut into slices (split_k; see SPLIT_K_LEAST_STEPS).
     """
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
@@ -963,16 +969,20 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     # Never a row block taller than the rows there are (at least 16, tl.dot's least): at B = 32 a
     # 64-row block spends half its products on padding.
     block_b = min(block_b, max(16, next_power_of_2(B)))
-    # One class tile and a long K: K slices fill the SMs better than thinner row blocks.
-    use_split = sms is not None and K is not None and C <= block_c and K >= SPLIT_K_LEAST_STEPS * block_k
-    fill = sms // 2 if sms is not None and not use_split else sms
-    block_b = _fill_sms(B, cdiv(C, block_c), block_b, fill, least=SPLIT_K_ROWS if use_split else 16)
+    # A long K: K slices fill the SMs better than thinner row blocks where C fits one class
+    # tile, and where thin row blocks over several class tiles still leave most SMs idle.
+    n_tiles_c = cdiv(C, block_c)
+    long_k = sms is not None and K is not None and K >= SPLIT_K_LEAST_STEPS * block_k
+    one_tile = long_k and n_tiles_c == 1
+    fill = sms // 2 if sms is not None and not one_tile else sms
+    block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=SPLIT_K_ROWS if one_tile else 16)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
+    tiles = cdiv(B, block_b) * n_tiles_c
     split = 1
-    if use_split:
+    if one_tile or (long_k and tiles < sms // 2):
         # About one program per SM, each slice at least SPLIT_K_SLICE_STEPS steps of block_k.
-        split = max(1, min(sms // cdiv(B, block_b), K // (SPLIT_K_SLICE_STEPS * block_k)))
+        split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k)))
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 
@@ -1096,45 +1106,53 @@ def matmul_softmax_simple_kernel(
 
 @triton.jit
 def split_k_kernel(
-    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, B, K, C,
+    x_ptr, w_ptr, out_ptr, part_ptr, count_ptr, stats_ptr, B, K, C,
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, stride_oc,
-    n_splits, k_slice,
+    n_splits, k_slice, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, VEC: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, TILED: tl.constexpr, VEC: tl.constexpr,
 ):
-    """One K slice of a row block's logits, all C classes in one tile (BLOCK_C >= C).
+    """One K slice of one (row block, class tile) of the logits.
 
     Each program writes its float32 partial tile to part (n_splits, row blocks x BLOCK_B,
-    BLOCK_C) and bumps its row block's count; the program that brings the count to n_splits
-    adds the partials in slice order, so the sum is the same whichever slice finishes last,
-    and stores the logits, or with SOFTMAX their softmax. The count's atomic is acquire-release:
+    n_tiles_c x BLOCK_C) and bumps its tile's count; the program that brings the count to
+    n_splits adds the partials in slice order, so the sum is the same whichever slice finishes
+    last, and stores the logits, or with SOFTMAX their softmax where one tile holds every class,
+    else (TILED: SOFTMAX over several class tiles) the tile's part of it as
+    ``matmul_softmax_tile_kernel`` writes it (stats: its (max, sum) per row, for
+    ``rescale_tiles_kernel``; not touched otherwise). The count's atomic is acquire-release:
     a slice's partial is in memory before its count, and the last program reads all of them after.
     K, C and the row strides divided by VEC, as ``matmul_kernel``'s.
     """
     stride_xb, stride_wk, stride_ob = stride_xb * VEC, stride_wk * VEC, stride_ob * VEC
     K, C = K * VEC, C * VEC
-    tile_b = tl.program_id(0) // n_splits
+    tile = tl.program_id(0) // n_splits
     part = tl.program_id(0) % n_splits
+    tile_b = tile // n_tiles_c
+    tile_c = tile % n_tiles_c
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
-    cols = tl.arange(0, BLOCK_C)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     k_start = part * k_slice
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, k_start, tl.minimum(k_start + k_slice, K),
                       stride_xb, stride_xk, stride_wk, stride_wc, BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
-    tile_offsets = rows[:, None].to(tl.int64) * BLOCK_C + cols[None, :]
+    tile_offsets = rows[:, None].to(tl.int64) * (n_tiles_c * BLOCK_C) + cols[None, :]
     slice_size = (tl.num_programs(0) // n_splits).to(tl.int64) * (BLOCK_B * BLOCK_C)
     tl.store(part_ptr + part * slice_size + tile_offsets, acc)
     # One thread bumps the count; the barrier first has every thread's stores of the partial
     # done, so the count's release covers them all (CUTLASS's semaphore does the same).
     tl.debug_barrier()
-    if tl.atomic_add(count_ptr + tile_b, 1) == n_splits - 1:
+    if tl.atomic_add(count_ptr + tile, 1) == n_splits - 1:
         # Every slice has counted: the count goes back to 0 for the next launch, so the counts
         # can live in one buffer across calls and CUDA-graph replays (see ``_split_k_counts``).
-        tl.atomic_xchg(count_ptr + tile_b, 0)
+        tl.atomic_xchg(count_ptr + tile, 0)
         total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
         for other in range(0, n_splits):
             # .cg: from L2, where the other programs' stores are, never a stale L1 line.
             total += tl.load(part_ptr + other * slice_size + tile_offsets, cache_modifier=".cg")
-        store_tile(total, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
+        if TILED:
+            store_tile_part(total, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
+        else:
+            store_tile(total, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
 
 
 @triton.jit
@@ -1156,10 +1174,17 @@ def matmul_softmax_tile_kernel(
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    row_ok = rows < B
-    col_ok = cols < C
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
                       BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
+    store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
+
+
+@triton.jit
+def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc):
+    """Store a float32 tile of logits (class tile tile_c of n_tiles_c) as exp(logit - tile max) in
+    out's dtype, and per row the tile's max and sum of those weights in stats (2, B, n_tiles_c)."""
+    row_ok = rows < B
+    col_ok = cols < C
     logits = tl.where(col_ok[None, :], acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
     # A row whose logits in this tile are all -inf: its weights are 0 and its sum 0 (exp(-inf -
@@ -1272,9 +1297,6 @@ def _check_matmul_call(x, W, launch) -> None:
     if launch is None:
         return
     check_launch(launch)
-    if launch.split_k > 1 and W.shape[1] > launch.block_c:
-        raise ValueError(f"launch.split_k = {launch.split_k} needs all C = {W.shape[1]} classes in one tile, "
-                         f"got launch.block_c = {launch.block_c}")
 
 
 @functools.lru_cache(maxsize=None)
@@ -1288,28 +1310,41 @@ def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tenso
 def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool,
                     wrap: bool, keep=None) -> None:
     """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
-    partials of split x B x block_c (rows padded to the row block), a zeroed count per row block.
+    partials of split x B x C (rows and classes padded to the tiles), a zeroed count per tile;
+    with softmax over several class tiles, their (max, sum) table and ``rescale_tiles_kernel``
+    after, as ``_tiled_forward``'s.
 
     Eager calls take the counts from the cached buffer; traced or captured calls make them
     fresh (``fresh_counters``), a memset that the graph replays. ``keep`` receives the launch
-    as a ``ReplayChain`` of (x, W, out) that makes the partials and takes the counts likewise."""
-    B, K = x.shape
-    n_tiles_b = cdiv(B, launch.block_b)
+    as a ``ReplayChain`` of (x, W, out) that makes the partials (and table) and takes the counts
+    likewise."""
+    (B, K), C = x.shape, out.shape[1]
+    n_tiles_b, n_tiles_c = cdiv(B, launch.block_b), cdiv(C, launch.block_c)
     k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
-    parts_shape = (n_splits, n_tiles_b * launch.block_b, launch.block_c)
-    parts = torch.empty(parts_shape, dtype=torch.float32, device=x.device)
-    counts = _split_k_counts_for(x, n_tiles_b)
+    parts_shape = (n_splits, n_tiles_b * launch.block_b, n_tiles_c * launch.block_c)
+    tiled = softmax and n_tiles_c > 1
+    stats_shape = (2, B, n_tiles_c)
+    device = x.device
+    parts = torch.empty(parts_shape, dtype=torch.float32, device=device)
+    counts = _split_k_counts_for(x, n_tiles_b * n_tiles_c)
+    # Without several class tiles to rescale there is no table: the partials stand in for it.
+    stats = torch.empty(stats_shape, dtype=torch.float32, device=device) if tiled else parts
     kept = []
+    keep_step = None if keep is None else kept.append
     args, vec = _matmul_args(x, W, out)
-    launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_splits,),
-                    (x, W, out, parts, counts, *args, n_splits, k_slice),
-                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, VEC=vec),
-                    None if keep is None else kept.append, 5)
-    if kept:
-        device = x.device
-        keep(ReplayChain((lambda x, W, out: torch.empty(parts_shape, dtype=torch.float32, device=device),
-                          lambda x, W, out: _split_k_counts_for(x, n_tiles_b)),
-                         ((kept[0], (0, 1, 2, 3, 4)),)))
+    launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
+                    (x, W, out, parts, counts, stats, *args, n_splits, k_slice, n_tiles_c),
+                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, VEC=vec),
+                    keep_step, 6)
+    buffers = (lambda x, W, out: torch.empty(parts_shape, dtype=torch.float32, device=device),
+               lambda x, W, out: _split_k_counts_for(x, n_tiles_b * n_tiles_c))
+    steps = [(0, 1, 2, 3, 4, 3)]
+    if tiled:
+        _launch_rescale(out, stats, launch, keep_step, wrap)
+        buffers += (lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),)
+        steps = [(0, 1, 2, 3, 4, 5), (2, 5)]
+    if len(kept) == len(steps):
+        keep(ReplayChain(buffers, tuple(zip(kept, steps))))
 
 
 def _split_k_counts_for(x: torch.Tensor, n_tiles_b: int) -> torch.Tensor:
@@ -1394,15 +1429,22 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     launch_and_keep(_jit(matmul_softmax_tile_kernel, wrap), grid,
                     (x, W, out, stats, *args, n_tiles_b, n_tiles_c), dict(_constants(launch, x.dtype), VEC=vec),
                     keep_step, 4)
-    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
-    tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
-    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B,), (out, stats, B, C, n_tiles_c, *out.stride()),
-                    dict(BLOCK_C=launch.block_c, TILES=tiles, num_warps=4), keep_step, 2)
+    _launch_rescale(out, stats, launch, keep_step, wrap)
     if len(kept) == 2:
         device = x.device
         keep(ReplayChain((lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),),
                          ((kept[0], (0, 1, 2, 3)), (kept[1], (2, 3)))))
     return out
+
+
+def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch, keep, wrap: bool) -> None:
+    """``rescale_tiles_kernel`` over out's rows: its class tiles' (max, sum) in stats (2, B, tiles)."""
+    B, C = out.shape
+    n_tiles_c = stats.shape[2]
+    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
+    tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
+    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B,), (out, stats, B, C, n_tiles_c, *out.stride()),
+                    dict(BLOCK_C=launch.block_c, TILES=tiles, num_warps=4), keep, 2)
 
 
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:

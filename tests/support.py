@@ -198,5 +198,5 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
     launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
     if impl == "triton_fused_tiled":
         return matmul_softmax_tiled_bytes(B, K, C, elt, launch)
-    partials = split_k_bytes(B, K, launch) if impl == "triton_unfused" else 0
+    partials = split_k_bytes(B, K, launch, C) if impl == "triton_unfused" else 0
     return matmul_softmax_unfused_bytes(B, K, C, elt) + partials

@@ -74,6 +74,12 @@ CASES = {
     "split K past its steps": (17, 37, 20, (16, 32, 16, 8), "contiguous", 1.0),
     # Split K with logits of size ~1000: the partial sums are added before the maximum is taken.
     "split K, extreme logits": (20, 64, 30, (16, 32, 16, 4), "contiguous", 1000.0),
+    # K split over several class tiles: 3 slices x 2 row blocks x 3 class tiles of 32 (the last
+    # holds 6 classes); the tiled wrapper's last slice of each tile writes its part and (max,
+    # sum), then the rescale; matmul's writes the tile's logits.
+    "split K, class tiles": (20, 100, 70, (16, 32, 16, 3), "contiguous", 1.0),
+    # The same with logits of size ~1000: each tile's maximum from the summed partials.
+    "split K, class tiles, extreme logits": (20, 64, 70, (16, 32, 16, 4), "contiguous", 1000.0),
     # Logits of size ~1000 (in fp16 range): exp overflows unless the maximum is subtracted, and
     # far tiles' factors exp(tile max - row max) underflow to 0.
     "extreme logits": (20, 32, 100, (16, 32, 16), "contiguous", 1000.0),
@@ -162,13 +168,6 @@ def test_bad_input(case, impl):
         TRITON_IMPLS[impl](x, W, launch)
 
 
-@pytest.mark.parametrize("impl", ["triton_unfused", "triton_fused_tiled"])
-def test_split_k_needs_one_class_tile(impl):
-    x, W = _good(C=40)
-    with pytest.raises(ValueError, match="launch.split_k = 2 needs all C = 40 classes in one tile"):
-        TRITON_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, split_k=2))
-
-
 def test_simple_refuses_split_k():
     x, W = _good(C=40)
     with pytest.raises(ValueError, match="launch.split_k must be 1 in the simple kernel"):
@@ -181,6 +180,10 @@ SPLIT_CHOICES = {
     (256, 512, 50, "float32"): (32, 8),  # 8 row blocks x 8 slices of 2 steps
     (1024, 1024, 100, "float32"): (32, 4),  # 32 row blocks x 4 slices
     (4096, 4096, 32768, "bfloat16"): (128, 1),  # many class tiles: never split
+    # Several class tiles, few of them: 8 (row block, class tile) pairs x 16 slices
+    (1, 4096, 1000, "float32"): (16, 16), (32, 4096, 1000, "bfloat16"): (16, 16),
+    (512, 2048, 1000, "bfloat16"): (16, 1),  # 128 pairs of 16 rows: more than half the SMs
+    (1, 768, 50257, "bfloat16"): (16, 1),  # 197 class tiles
 }
 
 
@@ -296,6 +299,7 @@ MASK_DTYPE = torch.float16
 MASKED_LAUNCHES = {
     "tiled, 4 class tiles": ("triton_fused_tiled", MatmulLaunch(16, 32, 16)),
     "tiled, split K": ("triton_fused_tiled", MatmulLaunch(16, 128, 16, split_k=2)),
+    "tiled, split K, class tiles": ("triton_fused_tiled", MatmulLaunch(16, 32, 16, split_k=2)),
     "simple": ("triton_fused_simple", MatmulLaunch(16, 128, 16)),
     "unfused": ("triton_unfused", MatmulLaunch(16, 32, 16)),
 }
@@ -362,6 +366,8 @@ GRAD_CASES = {
     "tiles": (19, 37, 100, (16, 32, 16)),
     # K split over 3 slices.
     "split K": (17, 100, 30, (16, 32, 16, 3)),
+    # K split over 3 slices of 3 class tiles each.
+    "split K, class tiles": (17, 100, 70, (16, 32, 16, 3)),
 }
 
 
@@ -426,11 +432,16 @@ COMPILE_BACKENDS = ["inductor"] if ON_GPU else ["aot_eager"]
 
 
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+@pytest.mark.parametrize("block_c", [64, 32], ids=["one class tile", "class tiles"])
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
 @pytest.mark.usefixtures("fresh_compile")
-def test_compiles_without_graph_break(impl, backend):
+def test_compiles_without_graph_break(impl, block_c, backend):
+    """fullgraph=True, forward and backward; the matmul and tiled versions with K split, over one
+    class tile or two (the tiled one then with its (max, sum) table and rescale)."""
     fn = IMPLS_WITH_MATMUL[impl]
-    launch = MatmulLaunch(16, 64, 16, split_k=2) if impl in ("triton_matmul", "triton_fused_tiled") else None
+    if block_c == 32 and impl not in ("triton_matmul", "triton_fused_tiled"):
+        pytest.skip("a launch override of the split kernels only")
+    launch = MatmulLaunch(16, block_c, 16, split_k=2) if impl in ("triton_matmul", "triton_fused_tiled") else None
     x, W = (t.requires_grad_() for t in matmul_softmax_inputs(19, 40, 50, torch.float32, seed=54))
     compiled = torch.compile(lambda x, W: fn(x, W, launch).sin(), fullgraph=True, backend=backend)
     out = compiled(x, W)
@@ -443,17 +454,19 @@ def test_compiles_without_graph_break(impl, backend):
     torch.testing.assert_close(W.grad, We.grad)
 
 
-def test_split_k_counts_are_reset_by_the_kernel():
-    """The split-K counts live in one cached buffer: after a call every count is 0 again, so
-    the next call (or a CUDA-graph replay) finds them zeroed with no memset of its own."""
+@pytest.mark.parametrize("block_c,tiles", [(64, 3), (32, 6)], ids=["one class tile", "class tiles"])
+def test_split_k_counts_are_reset_by_the_kernel(block_c, tiles):
+    """The split-K counts (one a row block and class tile) live in one cached buffer: after a
+    call every count is 0 again, so the next call (or a CUDA-graph replay) finds them zeroed
+    with no memset of its own."""
     import fused_softmax_matmul
 
     x, W = matmul_softmax_inputs(40, 100, 50, torch.float32, seed=55)
-    launch = MatmulLaunch(16, 64, 16, split_k=3)
+    launch = MatmulLaunch(16, block_c, 16, split_k=3)
     first = matmul_softmax_fused_tiled(x, W, launch)
     stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
-    counts = fused_softmax_matmul._split_k_counts(x.device, stream, triton.next_power_of_2(3))
-    assert counts.numel() == 4 and not counts.any(), counts
+    counts = fused_softmax_matmul._split_k_counts(x.device, stream, triton.next_power_of_2(tiles))
+    assert counts.numel() == triton.next_power_of_2(tiles) and not counts.any(), counts
     assert torch.equal(matmul_softmax_fused_tiled(x, W, launch), first)
 
 
