@@ -879,10 +879,17 @@ class MatmulLaunch:
 # row blocks 16/32/64 x 1 to 32 slices): about one program per SM was fastest; 64 x 128 x 10
 # (4 K steps) ran fastest unsplit. Several class tiles: at B = 1 and 32 with 1000 classes and
 # K of 2048 and 4096 the unsplit kernel ran 0.2-0.6x torch's speed (16 or fewer programs,
-# outputs/profiles/grid_probe.txt).
+# outputs/profiles/grid_probe.txt). There 16-bit row blocks of 64 or more rows are thinned no
+# further than SPLIT_K_ROWS_16BIT (the warpgroup MMA's height), and K split instead, in at most
+# SPLIT_K_MAX_SLICES slices (the last program of a tile adds them all): from CUDA graphs on an
+# H100 (outputs/profiles/matmul_split_probe.txt, bf16, 1000 and 2000 classes, K 2048 and 4096),
+# 64-row blocks in 2 to 4 slices ran 1.3-2.1x faster than 16- and 32-row blocks unsplit at B 256
+# to 1024; at B = 1, 16 slices beat 32 (0.0150 against 0.0186 ms).
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
+SPLIT_K_ROWS_16BIT = 64
+SPLIT_K_MAX_SLICES = 16
 
 # The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
 # 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
@@ -975,14 +982,19 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     long_k = sms is not None and K is not None and K >= SPLIT_K_LEAST_STEPS * block_k
     one_tile = long_k and n_tiles_c == 1
     fill = sms // 2 if sms is not None and not one_tile else sms
-    block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=SPLIT_K_ROWS if one_tile else 16)
+    least = SPLIT_K_ROWS if one_tile else 16
+    if long_k and not one_tile and dtype != torch.float32 and block_b >= SPLIT_K_ROWS_16BIT:
+        least = SPLIT_K_ROWS_16BIT
+    block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=least)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
     tiles = cdiv(B, block_b) * n_tiles_c
     split = 1
-    if one_tile or (long_k and tiles < sms // 2):
+    if one_tile:
         # About one program per SM, each slice at least SPLIT_K_SLICE_STEPS steps of block_k.
         split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k)))
+    elif long_k and tiles < sms // 2:
+        split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k), SPLIT_K_MAX_SLICES))
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 

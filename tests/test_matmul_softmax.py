@@ -182,7 +182,9 @@ SPLIT_CHOICES = {
     (4096, 4096, 32768, "bfloat16"): (128, 1),  # many class tiles: never split
     # Several class tiles, few of them: 8 (row block, class tile) pairs x 16 slices
     (1, 4096, 1000, "float32"): (16, 16), (32, 4096, 1000, "bfloat16"): (16, 16),
-    (512, 2048, 1000, "bfloat16"): (16, 1),  # 128 pairs of 16 rows: more than half the SMs
+    # 16-bit: row blocks of 64 rows (the warpgroup MMA's height) and K split, not thinner blocks
+    (512, 2048, 1000, "bfloat16"): (64, 4), (1024, 4096, 1000, "bfloat16"): (64, 2),
+    (512, 768, 1000, "bfloat16"): (16, 1),  # K too short to split: thinned to 16 rows
     (1, 768, 50257, "bfloat16"): (16, 1),  # 197 class tiles
 }
 
@@ -206,8 +208,9 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
     (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
     (8, 768, 1000, "float32", 16),
     # 16-bit likewise: 4096 x 1000 keeps 128-row tiles (128 programs, not 256 of 64 rows:
-    # outputs/profiles/matmul_small_probe.txt), 512 x 1000 is thinned to 16 rows (128 programs)
-    (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 16),
+    # outputs/profiles/matmul_small_probe.txt); 512 x 1000 keeps 64 rows, K split
+    # (test_tiled_launch_splits_k_where_rows_leave_sms_idle)
+    (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 64),
 ])
 def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, block_b):
     import fused_softmax_matmul
