@@ -963,7 +963,7 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     so float32 rows are thinned to 16 only while 32-row tiles would give fewer programs than
     half the SMs; so are 16-bit ones (128 x 256 tiles: at 4096 x 768 and 4096 x 4096 x 1000 bf16
     their 128 programs ran 1.35x and 1.6x faster than 256 of 64 rows, outputs/profiles/
-    matmul_small_probe.txt). A class tile narrower than the default is used when C is smaller, so
+    matmul_pitch_probe.txt, W's rows as given). A class tile narrower than the default is used when C is smaller, so
     small C runs as one tile and one launch, and a row block no taller than B (from 16).
     Given K, a long K may be cut into slices (split_k; see SPLIT_K_LEAST_STEPS).
     """

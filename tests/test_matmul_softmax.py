@@ -208,7 +208,7 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
     (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
     (8, 768, 1000, "float32", 16),
     # 16-bit likewise: 4096 x 1000 keeps 128-row tiles (128 programs, not 256 of 64 rows:
-    # outputs/profiles/matmul_small_probe.txt); 512 x 1000 keeps 64 rows, K split
+    # outputs/profiles/matmul_pitch_probe.txt); 512 x 1000 keeps 64 rows, K split
     # (test_tiled_launch_splits_k_where_rows_leave_sms_idle)
     (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 64),
 ])
