@@ -685,8 +685,10 @@ _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_so
 # There the products dominate (2 d3 flops a value of x), and cuBLAS's run at nearly twice the
 # fused kernel's rate while the softmax pass costs a few reads of x. In tf32x3 ('highest', three
 # products a step) the fused kernel was 1.3-2.9x faster everywhere, and in 16-bit at d3 <= 128
-# 1.05-4x. TF32 at d3 96 and 128 turned on d1: at 1000 rows the materialised pair was 1.12-1.22x
-# faster, at 2048 and 4096 the fused kernel 1.27-1.37x. Its programs (32 rows, all of d3, each)
+# 1.05-4x but three cases at d1 = 1000 (two ties within 5 %, and fp16 (1000, 3000, 128), where
+# the fused kernel took twice its bf16 time: an outlier, 2.1x torch in the grid's own run).
+# TF32 at d3 96 and 128 turned on d1: at 1000 rows the materialised pair was 1.12-1.22x faster,
+# at 2048 and 4096 the fused kernel 1.27-1.37x. Its programs (32 rows, all of d3, each)
 # were 1.9 a SM at 1000 rows, 3.9 and more at 2048: fewer than TF32_FUSED_MIN_PROGRAMS_PER_SM a SM
 # materialise (nothing was measured in between; at d3 64, 64-row programs, the two were within
 # 10 % at 1000 rows).
