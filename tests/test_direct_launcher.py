@@ -450,8 +450,8 @@ def counting(replays, key):
 def test_kept_chains_and_online_launches_equal_the_checked_path():
     """Launches kept with their workspace or in tiles: the split-row kernel (float32 rows past the
     on-chip size; bf16 rows of an odd width), the online tiles (16-bit rows off 16 bytes by a
-    stride one more than their width), the tiled softmax(x @ W) over several class tiles and with
-    K split. A call with another input of a kept key runs the kept entry (counted) and gives the
+    stride one more than their width), the tiled softmax(x @ W) over several class tiles, with
+    K split, and both. A call with another input of a kept key runs the kept entry (counted) and gives the
     checked path's answer bit for bit (the split-K reduction's order is fixed)."""
     import fused_softmax_matmul as fsm
     for shape, stride, dtype, kind in (((8, 65536), 65536, torch.float32, osm.ReplayChain),
@@ -471,7 +471,8 @@ def test_kept_chains_and_online_launches_equal_the_checked_path():
     device = torch.device("cuda", torch.cuda.current_device())
     assert fsm.tiled_launch(64, 1000, torch.float32, device, K=128).split_k == 1  # several class tiles
     assert fsm.tiled_launch(256, 50, torch.float32, device, K=512).split_k > 1  # K split
-    for B, K, C in ((64, 128, 1000), (256, 512, 50)):
+    assert fsm.tiled_launch(16, 1000, torch.float32, device, K=512).split_k > 1  # K split over class tiles
+    for B, K, C in ((64, 128, 1000), (256, 512, 50), (16, 512, 1000)):
         x, x_next, Wc = randn((B, K), torch.float32, seed=22), randn((B, K), torch.float32, seed=24), W[:K, :C]
         fsm._MATMUL_REPLAYS.clear()
         fsm.matmul_softmax_fused_tiled(x, Wc)
