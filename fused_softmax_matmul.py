@@ -716,6 +716,8 @@ def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | Non
     ``materialized_wins`` decides, for the wrapper's tiles (``default_block``: one program per
     BLOCK_1 rows of a batch element; a d3 tile each where d3 <= 128)."""
     if materialize is not None:
+        if not isinstance(materialize, bool):
+            raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
         return "materialized" if materialize else "fused"
     if tuned:
         return "fused"
@@ -736,11 +738,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
     per-row log-sum-exp the forward saves.
 
-    Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products)
-    the softmax is faster materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
+    Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products;
+    TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
+    materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer (``fused_softmax_path`` says which runs). ``materialize``:
     None for that choice, True or False to force one; the fused kernel's parameters (BLOCK_1,
-    BLOCK_2, launch) ask for the fused kernel.
+    BLOCK_2, launch) ask for the fused kernel. The materialised path is differentiable twice; the
+    fused kernel's backward is not (a second derivative raises).
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -752,7 +756,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     check_softmax_matmul_inputs(x, V)
     tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
     if materialize is not None and not isinstance(materialize, bool):
-        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__name__}")
+        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
     if materialize and tuned:
         raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel, which "
                          "materialize=True does not run: give one or the other")
@@ -885,8 +889,10 @@ class MatmulLaunch:
 # further than SPLIT_K_ROWS_16BIT (the warpgroup MMA's height), and K split instead, in at most
 # SPLIT_K_MAX_SLICES slices (the last program of a tile adds them all): from CUDA graphs on an
 # H100 (outputs/profiles/matmul_split_probe.txt, bf16, 1000 and 2000 classes, K 2048 and 4096),
-# 64-row blocks in 2 to 4 slices ran 1.3-2.1x faster than 16- and 32-row blocks unsplit at B 256
-# to 1024; at B = 1, 16 slices beat 32 (0.0150 against 0.0186 ms).
+# 64-row blocks in 2 to 4 slices ran 1.3-2.1x faster than the 16- and 32-row blocks chosen before
+# at B 512 and 1024 (at 256, 1.18-1.5x against 16-row blocks in 2 slices); at B = 1, 16 slices beat
+# 32 (0.0150 against 0.0186 ms). The 8 to 16 slices the rule gives at B 64 to 256 were not timed,
+# nor the backward's products, which take the same rule.
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
@@ -1361,13 +1367,13 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
         keep(ReplayChain(buffers, tuple(zip(kept, steps))))
 
 
-def _split_k_counts_for(x: torch.Tensor, n_tiles_b: int) -> torch.Tensor:
+def _split_k_counts_for(x: torch.Tensor, n_tiles: int) -> torch.Tensor:
     """split_k_kernel's zeroed counts for a call on x: made for this call where a cached buffer
     must not be used (``fresh_counters``), else the cached buffer of this device and stream."""
     if fresh_counters(x):
-        return torch.zeros((n_tiles_b,), dtype=torch.int32, device=x.device)
+        return torch.zeros((n_tiles,), dtype=torch.int32, device=x.device)
     stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
-    return _split_k_counts(x.device, stream, next_power_of_2(n_tiles_b))
+    return _split_k_counts(x.device, stream, next_power_of_2(n_tiles))
 
 
 def _concrete(*sizes) -> tuple[int, ...]:
@@ -1606,12 +1612,13 @@ def _check_simple_call(x, W, launch) -> None:
 
 
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
-    """softmax(x @ W) for any C, with no (B, C) buffer but the output.
+    """softmax(x @ W) for any C, with no (B, C) buffer but the output (with K split, float32
+    partial tiles of split x B x C, rows and classes padded to the tiles).
 
     x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile (C <= launch.block_c): one kernel
     that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
-    block does. Several: unnormalised tiles plus a (2, B, tiles) float32 table
-    of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
+    block does. Several: unnormalised tiles (with K split, written by each tile's last slice) plus
+    a (2, B, tiles) float32 table of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
     The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
     """
     return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch, _check_matmul_call)
