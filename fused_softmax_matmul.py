@@ -755,12 +755,11 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
                 return out
     check_softmax_matmul_inputs(x, V)
     tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
-    if materialize is not None and not isinstance(materialize, bool):
-        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
+    path = fused_softmax_path(x, V, materialize, tuned)  # checks materialize's type
     if materialize and tuned:
         raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel, which "
                          "materialize=True does not run: give one or the other")
-    if fused_softmax_path(x, V, materialize, tuned) == "materialized":
+    if path == "materialized":
         return torch.bmm(row_softmax(x), V)
     if BLOCK_1 is None or BLOCK_2 is None:
         block = default_block(x, V)
