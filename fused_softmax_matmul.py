@@ -897,6 +897,13 @@ SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
 SPLIT_K_ROWS_16BIT = 64
 SPLIT_K_MAX_SLICES = 16
+# 16-bit class tiles narrow down to NARROW_CLASS_TILE before rows thin below 64 or K is split:
+# at 32 x 768 x 1000 bf16 on an H100 (outputs/profiles/matmul_tma_probe.txt) 32 programs of 16 x
+# 64 took 0.0076 ms against 0.0127 for 8 of 16 x 256 (torch 0.0090), at 1 x 2048 x 1000 16 x 64
+# in 8 slices 0.0095 against 0.0140 for 16 x 256 in 16 (torch 0.0122).
+NARROW_CLASS_TILE = 64
+# Float32 class tiles of at most this many classes take longer K steps (see ``_tiled_launch``).
+NARROW_FLOAT32_CLASSES = 32
 
 # The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
 # 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
@@ -990,8 +997,15 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     one_tile = long_k and n_tiles_c == 1
     fill = sms // 2 if sms is not None and not one_tile else sms
     least = SPLIT_K_ROWS if one_tile else 16
-    if long_k and not one_tile and dtype != torch.float32 and block_b >= SPLIT_K_ROWS_16BIT:
-        least = SPLIT_K_ROWS_16BIT
+    if dtype != torch.float32 and n_tiles_c > 1:
+        # 16-bit over several class tiles: rows down to the warpgroup MMA's height, then
+        # narrower class tiles (to NARROW_CLASS_TILE), and only then thinner rows or K slices.
+        block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=min(block_b, SPLIT_K_ROWS_16BIT))
+        while fill is not None and block_c > NARROW_CLASS_TILE and cdiv(B, block_b) * n_tiles_c < fill:
+            block_c //= 2
+            n_tiles_c = cdiv(C, block_c)
+        if long_k and block_b >= SPLIT_K_ROWS_16BIT:
+            least = SPLIT_K_ROWS_16BIT
     block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=least)
     if block_b * block_c <= 64 * 128:
         warps = 4  # one warpgroup covers a tile of <= 8192 accumulators at 64 a thread
@@ -1002,6 +1016,12 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
         split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k)))
     elif long_k and tiles < sms // 2:
         split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k), SPLIT_K_MAX_SLICES))
+    if dtype == torch.float32 and block_c <= NARROW_FLOAT32_CLASSES and split == 1:
+        # A narrow class tile: each step's bytes are mostly x's, and at 32 x 32 a step four
+        # stages keep 12 KiB of it in flight a program. At 4096 x 4096 x 10 on an H100
+        # (outputs/profiles/matmul_tma_probe.txt) steps of 128 over four stages took 0.039 ms
+        # against 0.063 (torch 0.045).
+        block_k, stages = 128, 4
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 
@@ -1221,10 +1241,12 @@ def rescale_tiles_kernel(
     out_ptr, stats_ptr, B, C, n_tiles_c, stride_ob, stride_oc,
     BLOCK_C: tl.constexpr, TILES: tl.constexpr,
 ):
-    """Finish one row: merge its tiles' (max, sum) online, then scale each tile to probabilities.
+    """Finish TILES class tiles of one row (program (row, block of TILES tiles)): merge all the
+    row's tiles' (max, sum) online, then scale its own tiles to probabilities.
 
-    A step covers TILES whole class tiles as a (TILES, BLOCK_C) block, so each tile's factor
-    exp(tile max - row max) / row sum costs one exp per tile, not one per element.
+    The tiles are one (TILES, BLOCK_C) block, so each tile's factor exp(tile max - row max) / row
+    sum costs one exp per tile, not one per element. Every program of a row merges the whole
+    table again: 2 x n_tiles_c floats beside the TILES x BLOCK_C values it scales.
     """
     row = tl.program_id(0).to(tl.int64)
     ts = tl.arange(0, TILES)
@@ -1244,16 +1266,14 @@ def rescale_tiles_kernel(
 
     # A row of only -inf ends with row_max -inf and row_sum 0: its scale is NaN, torch's answer.
     inv_sum = 1.0 / row_sum
-    js = tl.arange(0, BLOCK_C)
-    for start in range(0, n_tiles_c, TILES):
-        tiles = start + ts
-        t_ok = tiles < n_tiles_c
-        scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
-        cols = tiles[:, None] * BLOCK_C + js[None, :]
-        mask = t_ok[:, None] & (cols < C)
-        ptrs = out_ptr + row * stride_ob + cols.to(tl.int64) * stride_oc
-        p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-        tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    tiles = tl.program_id(1) * TILES + ts
+    t_ok = tiles < n_tiles_c
+    scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
+    cols = tiles[:, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
+    mask = t_ok[:, None] & (cols < C)
+    ptrs = out_ptr + row * stride_ob + cols.to(tl.int64) * stride_oc
+    p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+    tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -1456,14 +1476,34 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     return out
 
 
+# ``_launch_rescale`` gives a program RESCALE_VALUES values of a row (4 warps, 32 values a thread:
+# enough loads in flight), fewer while that leaves fewer than RESCALE_PROGRAMS_PER_SM programs an
+# SM. With one program a row, on an H100 (outputs/profiles/matmul_tma_probe.txt), the rescale took
+# 0.048 ms of 1 x 768 x 128256 bf16's 0.118 and 0.053 of 32 x 768 x 128256's 0.129, where the tile
+# kernel before it took 0.070 and 0.075.
+RESCALE_VALUES = 4096
+RESCALE_PROGRAMS_PER_SM = 2
+
+
 def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch, keep, wrap: bool) -> None:
     """``rescale_tiles_kernel`` over out's rows: its class tiles' (max, sum) in stats (2, B, tiles)."""
     B, C = out.shape
     n_tiles_c = stats.shape[2]
-    # About 4096 elements a step: 32 a thread over 4 warps, enough loads in flight per program.
-    tiles = min(next_power_of_2(int(n_tiles_c)), max(1, 4096 // launch.block_c))
-    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B,), (out, stats, B, C, n_tiles_c, *out.stride()),
+    tiles = rescale_tiles(int(B), int(n_tiles_c), launch.block_c, _sm_count(out.device))
+    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, tiles)),
+                    (out, stats, B, C, n_tiles_c, *out.stride()),
                     dict(BLOCK_C=launch.block_c, TILES=tiles, num_warps=4), keep, 2)
+
+
+@functools.lru_cache(maxsize=4096)
+def rescale_tiles(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> int:
+    """Class tiles a program of ``rescale_tiles_kernel`` scales: a power of two, RESCALE_VALUES
+    values or as many tiles as there are, halved (down to one) while the programs would number
+    fewer than RESCALE_PROGRAMS_PER_SM a SM."""
+    tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
+    while sms is not None and tiles > 1 and B * cdiv(n_tiles_c, tiles) < RESCALE_PROGRAMS_PER_SM * sms:
+        tiles //= 2
+    return tiles
 
 
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
