@@ -1238,26 +1238,34 @@ def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c
 
 @triton.jit
 def rescale_tiles_kernel(
-    out_ptr, stats_ptr, B, C, n_tiles_c, stride_ob, stride_oc,
-    BLOCK_C: tl.constexpr, TILES: tl.constexpr,
+    out_ptr, stats_ptr, B, C, n_tiles_c, tiles_per_program, stride_ob, stride_oc,
+    BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr,
 ):
-    """Finish TILES class tiles of one row (program (row, block of TILES tiles)): merge all the
-    row's tiles' (max, sum) online, then scale its own tiles to probabilities.
+    """Finish class tiles [tiles_per_program x q, + tiles_per_program) of one row (program (row,
+    q)): merge all the row's tiles' (max, sum) online, MERGE of them a step, then scale its own
+    tiles to probabilities.
 
-    The tiles are one (TILES, BLOCK_C) block, so each tile's factor exp(tile max - row max) / row
-    sum costs one exp per tile, not one per element. Every program of a row merges the whole
-    table again: 2 x n_tiles_c floats beside the TILES x BLOCK_C values it scales.
+    A step of the scaling covers TILES whole class tiles as a (TILES, BLOCK_C) block, so each
+    tile's factor exp(tile max - row max) / row sum costs one exp per tile, not one per element.
+    C and the row stride come divided by VEC (see ``vector_strides``). SHIFT > 1 is for rows
+    that do not start on 16-byte boundaries (an odd C; columns contiguous): the blocks are laid
+    from the boundary at or before the row's start, ``shift`` values earlier, so they load and
+    store whole vectors, masked by vector; a block's first ``shift`` values are the tile before
+    its own, and the values before the row's first boundary and after its last (fewer than
+    SHIFT each) are the row's first program's, one small masked load and store (as in
+    ``softmax_split_row_kernel``).
     """
+    stride_ob, C = stride_ob * VEC, C * VEC
     row = tl.program_id(0).to(tl.int64)
-    ts = tl.arange(0, TILES)
+    ms = tl.arange(0, MERGE)
     max_row = stats_ptr + row * n_tiles_c
     sum_row = max_row + B * n_tiles_c
-    row_max = tl.max(tl.full((TILES,), float("-inf"), tl.float32), axis=0)
-    row_sum = tl.sum(tl.zeros((TILES,), tl.float32), axis=0)
-    for start in range(0, n_tiles_c, TILES):
-        t_ok = start + ts < n_tiles_c
-        tile_max = tl.load(max_row + start + ts, mask=t_ok, other=float("-inf"))
-        tile_sum = tl.load(sum_row + start + ts, mask=t_ok, other=0.0)
+    row_max = tl.max(tl.full((MERGE,), float("-inf"), tl.float32), axis=0)
+    row_sum = tl.sum(tl.zeros((MERGE,), tl.float32), axis=0)
+    for start in range(0, n_tiles_c, MERGE):
+        t_ok = start + ms < n_tiles_c
+        tile_max = tl.load(max_row + start + ms, mask=t_ok, other=float("-inf"))
+        tile_sum = tl.load(sum_row + start + ms, mask=t_ok, other=0.0)
         new_max = tl.maximum(row_max, tl.max(tile_max, axis=0))
         # While every tile so far is all -inf the sums are 0: shift by 0, not by -inf (NaN).
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
@@ -1266,14 +1274,44 @@ def rescale_tiles_kernel(
 
     # A row of only -inf ends with row_max -inf and row_sum 0: its scale is NaN, torch's answer.
     inv_sum = 1.0 / row_sum
-    tiles = tl.program_id(1) * TILES + ts
-    t_ok = tiles < n_tiles_c
-    scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
-    cols = tiles[:, None] * BLOCK_C + tl.arange(0, BLOCK_C)[None, :]
-    mask = t_ok[:, None] & (cols < C)
-    ptrs = out_ptr + row * stride_ob + cols.to(tl.int64) * stride_oc
-    p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
-    tl.store(ptrs, (p * scale[:, None]).to(out_ptr.dtype.element_ty), mask=mask)
+    ts = tl.arange(0, TILES)
+    js = tl.arange(0, BLOCK_C)
+    out_row = out_ptr + row * stride_ob
+    first = tl.program_id(1) * tiles_per_program
+    end = tl.minimum(first + tiles_per_program, n_tiles_c)
+    if SHIFT > 1:
+        lead = (row * stride_ob % SHIFT).to(tl.int32)
+        out_row = out_ptr + tl.multiple_of(row * stride_ob - lead, SHIFT)
+        last = (C + lead) // SHIFT * SHIFT  # the row's whole vectors: [SHIFT, last) of the frame
+        # The frame runs lead values past the row's last tile: one more tile where they cross it.
+        end = tl.where(end == n_tiles_c, n_tiles_c + 1, end)
+    for start in range(first, end, TILES):
+        tiles = start + ts
+        t_ok = tiles < n_tiles_c
+        scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
+        cols = tiles[:, None] * BLOCK_C + js[None, :]
+        if SHIFT > 1:
+            before = tl.exp(tl.load(max_row + tiles - 1, mask=(tiles >= 1) & (tiles <= n_tiles_c), other=0.0)
+                            - row_max) * inv_sum
+            scale = tl.where(js[None, :] < lead, before[:, None], scale[:, None])
+            mask = (cols >= SHIFT) & (cols < last)
+            ptrs = out_row + cols.to(tl.int64)
+        else:
+            scale = scale[:, None]
+            mask = t_ok[:, None] & (cols < C)
+            ptrs = out_row + cols.to(tl.int64) * stride_oc
+        p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
+        tl.store(ptrs, (p * scale).to(out_ptr.dtype.element_ty), mask=mask)
+    if SHIFT > 1:
+        # The row's partial vectors: frame [lead, SHIFT) and [last, C + lead), by program 0.
+        lanes = tl.arange(0, 2 * SHIFT)
+        frame = tl.where(lanes < SHIFT, lanes, last + lanes - SHIFT)
+        edge_ok = (((lanes < SHIFT) & (lanes >= lead)) | ((lanes >= SHIFT) & (frame >= SHIFT))) & (frame < C + lead)
+        edge_ok = edge_ok & (tl.full((2 * SHIFT,), tl.program_id(1), tl.int32) == 0)
+        tile = (frame - lead) // BLOCK_C
+        scale = tl.exp(tl.load(max_row + tile, mask=edge_ok, other=0.0) - row_max) * inv_sum
+        p = tl.load(out_row + frame, mask=edge_ok, other=0.0).to(tl.float32)
+        tl.store(out_row + frame, (p * scale).to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
 @triton.jit
@@ -1476,34 +1514,54 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     return out
 
 
-# ``_launch_rescale`` gives a program RESCALE_VALUES values of a row (4 warps, 32 values a thread:
-# enough loads in flight), fewer while that leaves fewer than RESCALE_PROGRAMS_PER_SM programs an
-# SM. With one program a row, on an H100 (outputs/profiles/matmul_tma_probe.txt), the rescale took
-# 0.048 ms of 1 x 768 x 128256 bf16's 0.118 and 0.053 of 32 x 768 x 128256's 0.129, where the tile
-# kernel before it took 0.070 and 0.075.
+# ``_launch_rescale``: a step of RESCALE_VALUES values (4 warps, 32 values a thread: enough loads
+# in flight), one program a row where the rows alone give RESCALE_PROGRAMS_PER_SM programs an SM,
+# else each row's tiles dealt over as many programs as make that many (in steps of fewer tiles
+# where a row has too few steps). The table is merged RESCALE_MERGE tiles a step. With one program
+# a row, on an H100 (outputs/profiles/matmul_tma_probe.txt), the rescale took 0.048 ms of 1 x 768 x
+# 128256 bf16's 0.118 and 0.053 of 32 x 768 x 128256's 0.129, where the tile kernel before it took
+# 0.070 and 0.075; a program a step of 16 tiles at B = 4096 (32 programs a row, each merging the
+# whole table) made 4096 x 768 x 128256 bf16 1.46x slower.
 RESCALE_VALUES = 4096
 RESCALE_PROGRAMS_PER_SM = 2
+RESCALE_MERGE = 1024
 
 
 def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch, keep, wrap: bool) -> None:
     """``rescale_tiles_kernel`` over out's rows: its class tiles' (max, sum) in stats (2, B, tiles)."""
     B, C = out.shape
     n_tiles_c = stats.shape[2]
-    tiles = rescale_tiles(int(B), int(n_tiles_c), launch.block_c, _sm_count(out.device))
-    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, tiles)),
-                    (out, stats, B, C, n_tiles_c, *out.stride()),
-                    dict(BLOCK_C=launch.block_c, TILES=tiles, num_warps=4), keep, 2)
+    tiles, per_program = rescale_split(int(B), int(n_tiles_c), launch.block_c, _sm_count(out.device))
+    shift = rescale_shift(out)
+    stride_ob, stride_oc = out.stride()  # no int(): see vector_strides
+    vec = 1 if shift > 1 else vector_align((stride_ob, C), out.element_size())
+    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
+                    (out, stats, B, C // vec, n_tiles_c, per_program, stride_ob // vec, stride_oc),
+                    dict(BLOCK_C=launch.block_c, TILES=tiles, MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE),
+                         VEC=vec, SHIFT=shift, num_warps=4), keep, 2)
+
+
+def rescale_shift(out: torch.Tensor) -> int:
+    """The vector (16 bytes, in elements) that ``rescale_tiles_kernel`` lays its blocks from, for
+    rows of contiguous columns that do not all start on one (an odd C); 1 otherwise."""
+    vector = 16 // out.element_size()
+    return vector if out.stride(1) == 1 and out.stride(0) % vector else 1
 
 
 @functools.lru_cache(maxsize=4096)
-def rescale_tiles(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> int:
-    """Class tiles a program of ``rescale_tiles_kernel`` scales: a power of two, RESCALE_VALUES
-    values or as many tiles as there are, halved (down to one) while the programs would number
-    fewer than RESCALE_PROGRAMS_PER_SM a SM."""
+def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tuple[int, int]:
+    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: steps of RESCALE_VALUES values
+    (a power of two of tiles, at most the row's), every tile of a row in one program unless that
+    gives fewer than RESCALE_PROGRAMS_PER_SM programs an SM; then the fewest tiles a program, in
+    whole steps, that give as many, the step halved (down to one tile) while still too few."""
     tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
-    while sms is not None and tiles > 1 and B * cdiv(n_tiles_c, tiles) < RESCALE_PROGRAMS_PER_SM * sms:
+    if sms is None or B >= RESCALE_PROGRAMS_PER_SM * sms:
+        return tiles, n_tiles_c
+    wanted = cdiv(RESCALE_PROGRAMS_PER_SM * sms, B)
+    while tiles > 1 and cdiv(n_tiles_c, tiles) < wanted:
         tiles //= 2
-    return tiles
+    steps = cdiv(n_tiles_c, tiles)
+    return tiles, cdiv(steps, min(steps, wanted)) * tiles
 
 
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:

@@ -57,13 +57,14 @@ CASES = {
     # B = 17 rows in 16-row blocks (a block of 1 live row) and C = 33 in 32-wide tiles
     # (a tile of 1 live class): masks on both edges of the tile kernel and the rescale.
     "B,C past tile": (17, 32, 33, (16, 32, 16), "contiguous", 1.0),
-    # 257 class tiles of 16 > the 256 tiles a rescale step covers (4096 // 16): the rescale's
-    # two loops take two steps. Row 0's largest logit is in the last class, so its maximum grows
-    # in the second step and the first step's sum must be rescaled; row 1's is in the first
-    # class, so the second step must keep the first's maximum: at scale 4 the peak (~190) is
-    # ~180 above the second step's logits, so using the step's own maximum would overflow exp.
+    # 1025 class tiles of 16 > the 1024 tiles a step of the rescale's merge covers
+    # (RESCALE_MERGE), and > the 256 a step of its scaling covers (4096 // 16): the merge takes
+    # two steps, the scaling five. Row 0's largest logit is in the last class, so its maximum
+    # grows in the second merge step and the first step's sum must be rescaled; row 1's is in the
+    # first class, so the second step must keep the first's maximum: at scale 4 the peak (~190)
+    # is ~180 above the second step's logits, so using the step's own maximum would overflow exp.
     # Too wide for the simple kernel.
-    "rescale 2 steps": (2, 16, 4100, (16, 16, 16), "max at both ends", 4.0),
+    "rescale 2 steps": (2, 16, 16400, (16, 16, 16), "max at both ends", 4.0),
     # Strided x (row stride 2K, column stride 2) and transposed W (strides 1, K) read in place.
     "x strided": (24, 40, 70, (16, 32, 16), "x_strided", 1.0),
     "W transposed": (24, 40, 70, (16, 32, 16), "W_transposed", 1.0),
@@ -174,18 +175,21 @@ def test_simple_refuses_split_k():
         matmul_softmax_fused_simple(x, W, MatmulLaunch(16, 64, 16, split_k=2))
 
 
-# B, K, C, dtype -> (block_b, split_k) the tiled wrapper picks on a 132-SM H100.
+# B, K, C, dtype -> (block_b, block_c, split_k) the tiled wrapper picks on a 132-SM H100.
 SPLIT_CHOICES = {
-    (64, 128, 10, "float32"): (16, 1),  # 4 K steps: too short to split
-    (256, 512, 50, "float32"): (32, 8),  # 8 row blocks x 8 slices of 2 steps
-    (1024, 1024, 100, "float32"): (32, 4),  # 32 row blocks x 4 slices
-    (4096, 4096, 32768, "bfloat16"): (128, 1),  # many class tiles: never split
-    # Several class tiles, few of them: 8 (row block, class tile) pairs x 16 slices
-    (1, 4096, 1000, "float32"): (16, 16), (32, 4096, 1000, "bfloat16"): (16, 16),
-    # 16-bit: row blocks of 64 rows (the warpgroup MMA's height) and K split, not thinner blocks
-    (512, 2048, 1000, "bfloat16"): (64, 4), (1024, 4096, 1000, "bfloat16"): (64, 2),
-    (512, 768, 1000, "bfloat16"): (16, 1),  # K too short to split: thinned to 16 rows
-    (1, 768, 50257, "bfloat16"): (16, 1),  # 197 class tiles
+    (64, 128, 10, "float32"): (16, 16, 1),  # 4 K steps: too short to split
+    (256, 512, 50, "float32"): (32, 64, 8),  # 8 row blocks x 8 slices of 2 steps
+    (1024, 1024, 100, "float32"): (32, 128, 4),  # 32 row blocks x 4 slices
+    (4096, 4096, 32768, "bfloat16"): (128, 256, 1),  # many class tiles: never split
+    # float32, several class tiles, few of them: 8 (row block, class tile) pairs x 16 slices
+    (1, 4096, 1000, "float32"): (16, 128, 16),
+    # 16-bit: row blocks down to 64 rows (the warpgroup MMA's height), then class tiles down to
+    # 64, then thinner rows or K slices (matmul_tma_probe.txt)
+    (32, 4096, 1000, "bfloat16"): (16, 64, 4), (1, 2048, 1000, "bfloat16"): (16, 64, 8),
+    (512, 2048, 1000, "bfloat16"): (64, 64, 1), (1024, 4096, 1000, "bfloat16"): (64, 128, 1),
+    (256, 2048, 1000, "bfloat16"): (64, 64, 2), (512, 768, 1000, "bfloat16"): (64, 64, 1),
+    (32, 768, 1000, "bfloat16"): (16, 64, 1),  # K too short to split
+    (1, 768, 50257, "bfloat16"): (16, 256, 1),  # 197 class tiles
 }
 
 
@@ -195,8 +199,20 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
 
     monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
     launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
-    assert (launch.block_b, launch.split_k) == SPLIT_CHOICES[B, K, C, dtype]
+    assert (launch.block_b, launch.block_c, launch.split_k) == SPLIT_CHOICES[B, K, C, dtype]
     check_launch(launch)
+
+
+@pytest.mark.parametrize("B,K,block_k,stages", [(4096, 4096, 128, 4), (4096, 768, 128, 4), (512, 4096, 32, 3)])
+def test_narrow_float32_class_tiles_take_long_k_steps(monkeypatch, B, K, block_k, stages):
+    # 10 classes: one 16-wide tile. Unsplit, K steps of 128 over 4 stages; split (512 rows), the
+    # usual 32, so the slices stay as many.
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    launch = tiled_launch(B, 10, torch.float32, torch.device(DEVICE), K=K)
+    assert (launch.block_k, launch.num_stages) == (block_k, stages)
+    assert (launch.split_k > 1) == (B == 512)
 
 
 @pytest.mark.parametrize("B,K,C,dtype,block_b", [
@@ -208,7 +224,7 @@ def test_tiled_launch_splits_k_where_rows_leave_sms_idle(monkeypatch, B, K, C, d
     (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
     (8, 768, 1000, "float32", 16),
     # 16-bit likewise: 4096 x 1000 keeps 128-row tiles (128 programs, not 256 of 64 rows:
-    # outputs/profiles/matmul_pitch_probe.txt); 512 x 1000 keeps 64 rows, K split
+    # outputs/profiles/matmul_pitch_probe.txt); 512 x 1000 keeps 64 rows, narrower class tiles
     # (test_tiled_launch_splits_k_where_rows_leave_sms_idle)
     (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 64),
 ])
@@ -219,6 +235,34 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
     launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
     assert launch.block_b == block_b
     check_launch(launch)
+
+
+@pytest.mark.parametrize("B,n_tiles,block_c,sms,split", [
+    (4096, 501, 256, 132, (16, 501)),  # rows enough: one program a row, steps of 4096 values
+    (32, 501, 256, 132, (16, 64)),  # 9 programs a row wanted: 8 of 4 steps (the last 53 tiles)
+    (1, 501, 256, 132, (1, 2)),  # one row: steps of one tile, two a program
+    (3, 19, 16, 8, (2, 4)),  # test_rescale_over_programs_of_a_row's split
+    (1, 501, 256, None, (16, 501)),  # the interpreter: one program a row
+])
+def test_rescale_split(B, n_tiles, block_c, sms, split):
+    from fused_softmax_matmul import rescale_split
+
+    assert rescale_split(B, n_tiles, block_c, sms) == split
+
+
+@pytest.mark.parametrize("C", [300, 301])
+def test_rescale_over_programs_of_a_row(monkeypatch, C):
+    # As if on 8 SMs: 3 rows of 19 class tiles of 16, each row's tiles dealt over 5 programs of
+    # 4 tiles in steps of 2 (the last program's 3 tiles end with a step that masks an absent
+    # tile, after a tile of 12 or 13 live classes). C = 301: rows 0, 1 and 2 start 0, 1 and 2
+    # values past a 16-byte boundary, so the blocks are laid from it (SHIFT) and the last
+    # program's frame runs into the absent tile.
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 8)
+    x, W = matmul_softmax_inputs(3, 16, C, torch.float32, scale=2.0)
+    out = matmul_softmax_fused_tiled(x, W, MatmulLaunch(16, 16, 16))
+    assert_close(out, torch.softmax(x.double() @ W.double(), dim=-1), matmul_softmax_ref(x, W))
 
 
 def test_simple_refuses_narrow_class_tile():
