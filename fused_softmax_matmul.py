@@ -978,7 +978,9 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     half the SMs; so are 16-bit ones (128 x 256 tiles: at 4096 x 768 and 4096 x 4096 x 1000 bf16
     their 128 programs ran 1.35x and 1.6x faster than 256 of 64 rows, outputs/profiles/
     matmul_pitch_probe.txt, W's rows as given). A class tile narrower than the default is used when C is smaller, so
-    small C runs as one tile and one launch, and a row block no taller than B (from 16).
+    small C runs as one tile and one launch, and a row block no taller than B (from 16). 16-bit
+    launches over several class tiles narrow the class tile (to NARROW_CLASS_TILE) before rows
+    thin below 64; float32 ones of a narrow class tile take longer K steps.
     Given K, a long K may be cut into slices (split_k; see SPLIT_K_LEAST_STEPS).
     """
     if dtype == torch.float32:
