@@ -41,9 +41,10 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_int, check_same, check_tensor, cdiv,
-    ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers, next_power_of_2,
-    one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, DescriptorReplay, DirectLauncher,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
+    check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
+    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
+    DescriptorReplay, DirectLauncher,
 )
 
 
@@ -119,11 +120,6 @@ def check_operands(x, name: str, other, ndim: int) -> None:
     check_tensor("x", x, ndim)
     check_tensor(name, other, ndim)
     check_same("x", x, name, other)
-
-
-def check_flag(name: str, value) -> None:
-    if not isinstance(value, bool):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
 def _backward_fake(x, W, *rest):

@@ -129,6 +129,11 @@ def check_int(name: str, value, minimum: int, maximum: int) -> None:
         raise ValueError(f"{name} must be an int from {minimum} to {maximum}, got {value}")
 
 
+def check_flag(name: str, value) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
+
+
 # ----------------------------------------------------------------------------------------------
 # Custom ops: how every public op reaches torch.compile, CUDA graphs and autograd
 # ----------------------------------------------------------------------------------------------
@@ -804,7 +809,10 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 # includes (262144 bf16 in 64 programs of 4096: 66 %, in 32 of 8192: 80 %); rows up to 65536
 # columns in wide chunks leave few programs a row to spread over the SMs (65536 bf16 in 8 of
 # 8192: 84 %, in 16 of 4096: 89 %). The online kernel in tiles of 8192 columns reaches 49-69 %
-# (outputs/profiles/shifted_split_probe.txt).
+# (outputs/profiles/shifted_split_probe.txt). With 16-bit rows prefetched into L2 (``split_prefetch``)
+# the rule held but at 100003 columns (25 programs of 4096: 85 %, 13 of 8192: 80 %): 4096 columns
+# at 50257 and 65536 (87-93 %; 8192: 78-92), 8192 at 128256 and past (87-91 %; 4096: 53-78;
+# outputs/profiles/split_l2_prefetch_probe.txt).
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
@@ -826,8 +834,9 @@ class RowLaunch:
     kernel: "row" (a whole row per program, ``block`` columns), "online" (tiles of one row by
     ``block`` columns) or "split" (``split`` programs of ``block`` columns per row, ``programs``
     of them in all, resident at once; ``vec`` > 1: chunks laid from 16-byte boundaries, for rows
-    that do not start on one: see ``softmax_split_row_kernel``). ``rows``: rows a block of the
-    "row" kernel (its programs loop over blocks where ``programs`` holds fewer).
+    that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
+    their chunk of the next row into L2 before each wait, ``split_prefetch``). ``rows``: rows a
+    block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer).
     """
 
     kernel: str
@@ -837,6 +846,7 @@ class RowLaunch:
     split: int = 1
     vec: int = 1
     rows: int = 1
+    prefetch: bool = False
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -846,6 +856,7 @@ class RowLaunch:
         check_int("RowLaunch.split", self.split, 1, 1 << 20)
         check_block("RowLaunch.vec", self.vec, 1, 16)
         check_block("RowLaunch.rows", self.rows, 1, ROW_BLOCK_VALUES)
+        check_flag("RowLaunch.prefetch", self.prefetch)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -969,6 +980,19 @@ def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
     return _split_vec(n_cols, stride_x, dtype) is not None
 
 
+def split_prefetch(dtype: torch.dtype, props) -> bool:
+    """Whether the split kernel's programs ask L2 for their chunk of the next row before each wait
+    (PREFETCH): 16-bit rows on NVIDIA GPUs of compute capability 9 and later (the bulk prefetch
+    is sm_90's). On an H100 (outputs/profiles/split_l2_prefetch_probe.txt, tensors of 0.25 and
+    2 GiB) that took bf16 and fp16 rows of 50257 to 262144 columns from 79-90 % of copy to
+    87-93 %, the chunks being read from L2 after the wait. Asked right after the row's loads
+    instead, the prefetch gained less and lost at 65536 columns (it delays the loads the wait is
+    for); asked for the row after next, it lost everywhere. float32 rows, whose chunks hold
+    twice the bytes already, went either way (86 -> 91 % at 50257 columns, 95 -> 91 % at
+    128256, 92 % both at 262144), and do without."""
+    return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
+
+
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
                   vec: int = 1) -> RowLaunch:
     # VEC > 1 lays the chunks from the 16-byte boundary before each row; they need only cover
@@ -976,12 +1000,14 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     split, chunk = _split_shape(n_cols, _split_chunk_bytes(n_cols, dtype), dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
+    prefetch = split_prefetch(dtype, props)
 
     def capacity(n_groups: int) -> int:
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         compiled = softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, num_warps=warps, grid=(1,))
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, num_warps=warps,
+            grid=(1,))
         return resident_programs(compiled, warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
@@ -994,7 +1020,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split, vec).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -1123,9 +1149,32 @@ def softmax_row_backward_kernel(
 
 
 @triton.jit
+def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.constexpr, VEC: tl.constexpr):
+    """Ask L2 for the chunk this program of the split kernel reads of ``row`` (nothing past
+    n_rows): one thread issues one ``cp.async.bulk.prefetch.L2`` (sm_90) of the chunk's bytes
+    that lie in the row, from the same 16-byte frame the loads use, rounded down to 16 bytes
+    (the instruction's unit). It holds no registers and waits for nothing."""
+    if row < n_rows:
+        start = tl.cast(row, tl.int64) * stride_x
+        end = n_cols
+        if VEC > 1:
+            shift = (start % VEC).to(tl.int32)
+            start -= shift
+            end = (n_cols + shift) // VEC * VEC
+        first = part * CHUNK
+        size = (tl.minimum(end - first, CHUNK) * x_ptr.dtype.element_ty.primitive_bitwidth // 8) // 16 * 16
+        if size > 0:
+            tl.inline_asm_elementwise(
+                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
+                "=r,l,r", [x_ptr + start + first, size], dtype=tl.int32, is_pure=False, pack=1)
+
+
+@triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
+    PREFETCH: tl.constexpr = False,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1146,7 +1195,9 @@ def softmax_split_row_kernel(
     done); then each combines the SPLIT pairs and writes its chunk. Programs only wait on their
     own group, and the wrapper launches no more programs than fit on the device at once, so
     every wait ends. The counters start at zero and the kernel leaves them at zero, so one
-    cached buffer serves every launch, a CUDA graph's replays included.
+    cached buffer serves every launch, a CUDA graph's replays included. PREFETCH (compiled
+    Hopper GPUs only: inline PTX): before waiting, each program asks L2 for its chunk of the
+    next row it takes (``_prefetch_chunk``).
     """
     pid = tl.program_id(0)
     group = pid // SPLIT
@@ -1205,9 +1256,12 @@ def softmax_split_row_kernel(
         tl.atomic_add(arrived, 1, sem="release")
         # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
         # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
-        # Loading the next row's chunk during it (tried at 71cac17) lost or tied at every width:
-        # 15 to 40 more registers a thread, fewer programs resident
-        # (outputs/profiles/split_prefetch_probe.txt).
+        # Loading the next row's chunk into registers during it (tried at 71cac17) lost or tied
+        # at every width: 15 to 40 more registers a thread, fewer programs resident
+        # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
+        # registers and keeps memory busy through the wait (``split_prefetch``).
+        if PREFETCH:
+            _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC)
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
@@ -1295,7 +1349,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             num_warps=launch.warps),
+                             PREFETCH=launch.prefetch, num_warps=launch.warps),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),

@@ -342,6 +342,42 @@ def test_long_aligned_16bit_rows_on_the_split_kernel(dtype):
     assert torch.isnan(out[1:4]).all()
 
 
+@pytest.mark.parametrize("dtype,major,hip,expected", [
+    (torch.bfloat16, 9, False, True), (torch.float16, 10, False, True), (torch.bfloat16, 8, False, False),
+    (torch.float32, 9, False, False), (torch.bfloat16, 9, True, False)])
+def test_split_prefetch_for_16bit_rows_from_sm_90(monkeypatch, dtype, major, hip, expected):
+    """The split kernel's L2 prefetch (a bulk prefetch: sm_90's PTX) on 16-bit rows of NVIDIA GPUs
+    of compute capability 9 and later only; float32 rows, and ROCm (whose major numbers are not
+    CUDA's), go without it."""
+    monkeypatch.setattr(torch.version, "hip", "6.0" if hip else None)
+    assert osm.split_prefetch(dtype, types.SimpleNamespace(major=major)) is expected
+
+
+@needs_gpu
+@pytest.mark.parametrize("n,dtype", [(50257, torch.bfloat16), (65536, torch.float16)])
+def test_split_row_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n, dtype):
+    """Groups looping over more rows than there are groups, so each program prefetches its chunk
+    of its next row (and the last rows ask for none past n_rows): planted -inf, NaN and +inf rows
+    as torch, and the output bit for bit the same as without the prefetch."""
+    n_rows = 400
+    launch = osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0)
+    assert launch.kernel == "split" and launch.programs // launch.split < n_rows
+    assert launch.prefetch == (torch.cuda.get_device_capability()[0] >= 9)
+    x = randn((n_rows, n), dtype, seed=73, scale=3.0)
+    x[1, :] = -INF
+    x[n_rows - 2, 5] = NAN
+    x[n_rows - 1, n - 1] = INF
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    monkeypatch.setattr(osm, "split_prefetch", lambda dtype, props: False)
+    osm._row_launch.cache_clear()
+    osm._ROW_REPLAYS.clear()
+    assert not osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0).prefetch
+    assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))  # bits: NaN too
+    osm._row_launch.cache_clear()
+    osm._ROW_REPLAYS.clear()
+
+
 @needs_gpu
 def test_online_and_row_kernels_nan_and_inf_compiled():
     """The planted rows through every kernel compiled (the interpreter's NumPy max propagates NaN;
