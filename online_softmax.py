@@ -816,6 +816,9 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
+# The split kernel's register cap (``split_registers``).
+SPLIT_REGISTER_CAP = 64
+SPLIT_REGISTER_SLACK = 8
 # 16-bit rows read element by element (x's and y's rows off 16 bytes by different amounts) take
 # the online kernel in tiles of 8192 columns. It reads x twice (about 2/3 of copy, unless the
 # second read hits L2).
@@ -835,7 +838,8 @@ class RowLaunch:
     ``block`` columns) or "split" (``split`` programs of ``block`` columns per row, ``programs``
     of them in all, resident at once; ``vec`` > 1: chunks laid from 16-byte boundaries, for rows
     that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
-    their chunk of the next row into L2 before each wait, ``split_prefetch``). ``rows``: rows a
+    their chunk of the next row into L2 before each wait, ``split_prefetch``; ``maxnreg``: its
+    register cap, ``split_registers``). ``rows``: rows a
     block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer).
     """
 
@@ -847,6 +851,7 @@ class RowLaunch:
     vec: int = 1
     rows: int = 1
     prefetch: bool = False
+    maxnreg: int | None = None
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -857,6 +862,8 @@ class RowLaunch:
         check_block("RowLaunch.vec", self.vec, 1, 16)
         check_block("RowLaunch.rows", self.rows, 1, ROW_BLOCK_VALUES)
         check_flag("RowLaunch.prefetch", self.prefetch)
+        if self.maxnreg is not None:
+            check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -993,6 +1000,20 @@ def split_prefetch(dtype: torch.dtype, props) -> bool:
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
+def split_registers(n_regs: int) -> int | None:
+    """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
+    thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
+    None. float32 rows off 16-byte boundaries (50257 columns: 4096 a program over 4 warps) take
+    70 registers, 7 programs a SM; capped at 64 (a few values spilled) 8 fit, and they ran at 86
+    and 85 % of copy uncapped, 90 and 89 % capped (H100, 0.25 and 2 GiB tensors,
+    outputs/profiles/split_registers_probe.txt). A cap below what ptxas picks on its own (55 at
+    65536 float32 columns) can raise the count it picks (to 64: a program fewer a SM), and a cap
+    of 48, two programs more for 16-bit rows, lost about as often as it won: neither is set."""
+    if SPLIT_REGISTER_CAP < n_regs <= SPLIT_REGISTER_CAP + SPLIT_REGISTER_SLACK:
+        return SPLIT_REGISTER_CAP
+    return None
+
+
 def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
                   vec: int = 1) -> RowLaunch:
     # VEC > 1 lays the chunks from the 16-byte boundary before each row; they need only cover
@@ -1002,13 +1023,17 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     props = _device_properties(device_index)
     prefetch = split_prefetch(dtype, props)
 
-    def capacity(n_groups: int) -> int:
+    def compiled(n_groups: int, registers: int | None):
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
-        compiled = softmax_split_row_kernel.warmup(
+        return softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, num_warps=warps,
-            grid=(1,))
-        return resident_programs(compiled, warps, props) * props.multi_processor_count
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, grid=(1,),
+            **launch_options(warps, registers))
+
+    registers = split_registers(kernel_registers(compiled(n_rows, None)))
+
+    def capacity(n_groups: int) -> int:
+        return resident_programs(compiled(n_groups, registers), warps, props) * props.multi_processor_count
 
     most = capacity(n_rows)
     if most < split:  # a group that cannot all be resident at once would wait forever
@@ -1020,7 +1045,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -1032,12 +1057,24 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 _SPLIT_COUNTERS: dict = {}
 
 
+def kernel_registers(compiled) -> int:
+    """Registers a thread of a compiled kernel."""
+    if getattr(compiled, "n_regs", None) is None:
+        compiled._init_handles()  # triton 3.6 loads the binary (and learns n_regs) lazily
+    return compiled.n_regs
+
+
+def launch_options(warps: int, maxnreg: int | None) -> dict:
+    """A launch's num_warps, and its register cap where it has one."""
+    return dict(num_warps=warps) if maxnreg is None else dict(num_warps=warps, maxnreg=maxnreg)
+
+
 def resident_programs(compiled, num_warps: int, props) -> int:
     """How many programs of a compiled kernel one SM holds at once (registers, shared memory, threads)."""
     threads = num_warps * 32
-    if getattr(compiled, "n_regs", None) is None:
-        compiled._init_handles()  # triton 3.6 loads the binary (and learns n_regs) lazily
-    by_regs = props.regs_per_multiprocessor // max(1, compiled.n_regs * threads)
+    # Registers go to warps in units of 256 (CUDA's occupancy calculator): 50 a thread hold 56.
+    warp_regs = cdiv(max(1, kernel_registers(compiled)) * 32, 256) * 256
+    by_regs = props.regs_per_multiprocessor // warp_regs // num_warps
     shared = compiled.metadata.shared
     by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
     by_threads = props.max_threads_per_multi_processor // threads
@@ -1349,7 +1386,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=launch.prefetch, num_warps=launch.warps),
+                             PREFETCH=launch.prefetch, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),

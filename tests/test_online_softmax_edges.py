@@ -342,6 +342,27 @@ def test_long_aligned_16bit_rows_on_the_split_kernel(dtype):
     assert torch.isnan(out[1:4]).all()
 
 
+@pytest.mark.parametrize("n_regs,warps,shared,expected", [
+    (50, 4, 0, 9), (64, 8, 0, 4), (67, 8, 0, 3), (70, 4, 0, 7), (32, 4, 0, 16), (32, 4, 48 * 1024, 4)])
+def test_resident_programs_round_registers_as_the_hardware_allocates(n_regs, warps, shared, expected):
+    """Programs a SM holds at once: registers go to warps in units of 256 (50 a thread hold 56:
+    36 warps of 4-warp programs, 9 of them, not the 10 that 50 x 128 into 65536 gives), then
+    threads (2048) and shared memory (228 KiB) bound them too. The split kernel launches no more
+    programs than this: one count too many could leave a group waiting on a program not yet running."""
+    props = types.SimpleNamespace(regs_per_multiprocessor=65536, shared_memory_per_multiprocessor=228 * 1024,
+                                  max_threads_per_multi_processor=2048)
+    compiled = types.SimpleNamespace(n_regs=n_regs, metadata=types.SimpleNamespace(shared=shared))
+    assert osm.resident_programs(compiled, warps, props) == expected
+
+
+@pytest.mark.parametrize("n_regs,cap", [(70, 64), (72, 64), (65, 64), (64, None), (55, None), (73, None), (78, None)])
+def test_split_register_cap_only_where_it_buys_a_program_for_little(n_regs, cap):
+    """The split kernel is capped at 64 registers a thread where ptxas takes 65 to 72 (float32
+    rows off 16 bytes take 70: 8 programs of 4 warps a SM capped, 7 not); never where it takes
+    64 or fewer (a cap can raise what ptxas picks) nor far more (many values would spill)."""
+    assert osm.split_registers(n_regs) == cap
+
+
 @pytest.mark.parametrize("dtype,major,hip,expected", [
     (torch.bfloat16, 9, False, True), (torch.float16, 10, False, True), (torch.bfloat16, 8, False, False),
     (torch.float32, 9, False, False), (torch.bfloat16, 9, True, False)])
