@@ -840,7 +840,8 @@ class RowLaunch:
     that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
     their chunk of the next row into L2 before each wait, ``split_prefetch``; ``maxnreg``: its
     register cap, ``split_registers``). ``rows``: rows a
-    block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer).
+    block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer);
+    ``ahead``: its programs bring the row that many on into L2 before storing, ``row_prefetch``.
     """
 
     kernel: str
@@ -852,6 +853,7 @@ class RowLaunch:
     rows: int = 1
     prefetch: bool = False
     maxnreg: int | None = None
+    ahead: int = 0
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -864,6 +866,7 @@ class RowLaunch:
         check_flag("RowLaunch.prefetch", self.prefetch)
         if self.maxnreg is not None:
             check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
+        check_int("RowLaunch.ahead", self.ahead, 0, GRID_0_LIMIT)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -903,9 +906,53 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
             # A row needing more split programs than the device holds at once: the online
             # tiles, which take rows of any length.
             return _long_16bit_launch(n_rows) if dtype.itemsize < 4 else _long_row_launch(n_rows, n_cols)
-    block = max(full, BLOCK_SIZE)
+    if not BLOCK_SIZE and not INTERPRET and _fills_poorly(n_cols, dtype) and _split_suits_16bit(n_cols, stride_x, dtype):
+        try:
+            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, _split_vec(n_cols, stride_x, dtype))
+        except KernelCapacityError:
+            pass
+    return _one_pass_launch(n_rows, n_cols, stride_x, dtype, device_index, max(full, BLOCK_SIZE))
+
+
+def _fills_poorly(n_cols: int, dtype: torch.dtype) -> bool:
+    """A 16-bit row in the one-pass kernel's widest block (ROW_BYTES_ON_CHIP of float32: 32768
+    columns over 32 warps, one program a SM) that fills less than 15/16 of it. The split kernel
+    reads those faster: on an H100 (outputs/profiles/row_fill_probe.txt) bf16 rows of 20000,
+    24576 and 28000 columns ran at 69-85 % of copy in one pass (73-89 % with ``row_prefetch``),
+    89-92 % split; at 32000 columns the two were level (92-98 % against 93-95 %). Narrower
+    blocks leave two or more programs a SM, and there one pass won (12000 columns: 95-99 %
+    against 91 %; 9000: 78-84 % against 66 %), as it does for float32 rows (97-101 %)."""
+    full = next_power_of_2(n_cols)
+    return dtype.itemsize < 4 and full * 4 == ROW_BYTES_ON_CHIP and n_cols * 16 < full * 15
+
+
+def _one_pass_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
+                     block: int) -> RowLaunch:
+    """The one-pass kernel's launch: ``block`` columns a row, ``_row_block_rows`` rows a program."""
     rows = _row_block_rows(n_rows, block, device_index)
-    return RowLaunch("row", block, _row_warps(block), _row_grid(n_rows, rows), rows=rows).check()
+    warps = _row_warps(block)
+    ahead = 0
+    if not INTERPRET and rows == 1 and split_prefetch(dtype, _device_properties(device_index)):
+        ahead = row_prefetch(n_rows, n_cols, stride_x, dtype, device_index, block, warps)
+    return RowLaunch("row", block, warps, _row_grid(n_rows, rows), rows=rows, ahead=ahead).check()
+
+
+def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int, block: int,
+                 warps: int) -> int:
+    """The one-pass kernel's AHEAD for rows a program (16-bit rows on Hopper, as ``split_prefetch``):
+    the programs the device holds at once, the compiled kernel's residency times the SMs. A
+    program asks L2 for the row that many on before it stores its own; the hardware starts the
+    program for that row about when this one ends, and finds it in L2. On an H100
+    (outputs/profiles/row_ahead_probe.txt, 0.25 and 2 GiB) bf16 rows of 32000 and 32768 columns
+    went from 91-92 % of copy to 93-98 %, 9000 and 12000 from 78 and 95 % to 84 and 99 %, 4096
+    to 16384 stayed at 99-101 %; float32 rows lost 1 to 5 points (none asked). Half that many
+    rows on gained nothing, twice as many lost 10 to 20 points (the rows left L2 before use)."""
+    vec = vector_align((n_cols, stride_x, n_cols), dtype.itemsize)
+    ints = (n_rows, n_cols // vec, stride_x // vec, n_cols // vec)
+    compiled = softmax_row_kernel.warmup(dtype, dtype, *map(_int_stand_in, ints), BLOCK_SIZE=block, VEC=vec, ROWS=1,
+                                         num_warps=warps, grid=(1,))
+    props = _device_properties(device_index)
+    return resident_programs(compiled, warps, props) * props.multi_processor_count
 
 
 def _row_block_rows(n_rows: int, block: int, device_index: int) -> int:
@@ -1146,13 +1193,15 @@ def fast_exp(x):
 @triton.jit
 def softmax_row_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
-    BLOCK_SIZE: tl.constexpr, VEC: tl.constexpr, ROWS: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr, VEC: tl.constexpr, ROWS: tl.constexpr, AHEAD: tl.constexpr = 0,
 ):
     """Each program walks blocks of ROWS rows: pid, pid + grid, ...; whole rows sit in registers.
 
     A row of only -inf has max -inf and gives NaN, as torch; a NaN or +inf logit makes the sum NaN.
     n_cols and the row strides come divided by VEC (``vector_align``). Rows past n_rows in the
-    last block read -inf and are not stored.
+    last block read -inf and are not stored. AHEAD > 0 (ROWS 1, compiled Hopper GPUs: inline
+    PTX): before storing, each program asks L2 for the row AHEAD rows on, which the program
+    taking its place will read (``row_prefetch``).
     """
     n_cols = n_cols * VEC
     stride_x = stride_x * VEC
@@ -1166,6 +1215,10 @@ def softmax_row_kernel(
         x = tl.load(x_ptr + rows[:, None] * stride_x + cols[None, :], mask=ok, other=float("-inf")).to(tl.float32)
         p = fast_exp(x - tl.max(x, axis=1)[:, None])
         y = p / tl.sum(p, axis=1)[:, None]
+        if AHEAD > 0:
+            later = tl.cast(block, tl.int64) * ROWS + AHEAD
+            if later < n_rows:
+                _l2_prefetch(x_ptr + later * stride_x, n_cols * (x_ptr.dtype.element_ty.primitive_bitwidth // 8))
         tl.store(y_ptr + rows[:, None] * stride_y + cols[None, :], y.to(y_ptr.dtype.element_ty), mask=ok)
 
 
@@ -1189,8 +1242,7 @@ def softmax_row_backward_kernel(
 def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.constexpr, VEC: tl.constexpr):
     """Ask L2 for the chunk this program of the split kernel reads of ``row`` (nothing past
     n_rows): one thread issues one ``cp.async.bulk.prefetch.L2`` (sm_90) of the chunk's bytes
-    that lie in the row, from the same 16-byte frame the loads use, rounded down to 16 bytes
-    (the instruction's unit). It holds no registers and waits for nothing."""
+    that lie in the row, from the same 16-byte frame the loads use (``_l2_prefetch``)."""
     if row < n_rows:
         start = tl.cast(row, tl.int64) * stride_x
         end = n_cols
@@ -1199,12 +1251,24 @@ def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.conste
             start -= shift
             end = (n_cols + shift) // VEC * VEC
         first = part * CHUNK
-        size = (tl.minimum(end - first, CHUNK) * x_ptr.dtype.element_ty.primitive_bitwidth // 8) // 16 * 16
-        if size > 0:
-            tl.inline_asm_elementwise(
-                "{ .reg .pred p; .reg .b32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
-                "@p cp.async.bulk.prefetch.L2.global [$1], $2; mov.u32 $0, 0; }",
-                "=r,l,r", [x_ptr + start + first, size], dtype=tl.int32, is_pure=False, pack=1)
+        nbytes = tl.minimum(end - first, CHUNK) * (x_ptr.dtype.element_ty.primitive_bitwidth // 8)
+        _l2_prefetch(x_ptr + start + first, nbytes)
+
+
+@triton.jit
+def _l2_prefetch(ptr, nbytes):
+    """Thread 0 of the program asks L2 for the bytes [ptr, ptr + nbytes) (``cp.async.bulk.prefetch``,
+    sm_90), both ends rounded down to 16 bytes as the instruction needs: up to 15 bytes before ptr
+    (its own 16-byte granule, so mapped memory) and up to 15 short of the end. Nothing where that
+    leaves no bytes (nbytes 0 or less: a chunk past its row's end). Issued and left: it holds no
+    registers and waits for nothing."""
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p, q; .reg .b32 t, n; .reg .b64 a, e; "
+        "mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+        "and.b64 a, $1, -16; cvt.s64.s32 e, $2; add.s64 e, $1, e; and.b64 e, e, -16; sub.u64 e, e, a; "
+        "cvt.u32.u64 n, e; setp.gt.and.s32 q, n, 0, p; "
+        "@q cp.async.bulk.prefetch.L2.global [a], n; mov.u32 $0, 0; }",
+        "=r,l,r", [ptr, nbytes], dtype=tl.int32, is_pure=False, pack=1)
 
 
 @triton.jit
@@ -1365,9 +1429,11 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     n_rows, n_cols = int(x2.shape[0]), int(x2.shape[1])
     launch = _row_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), BLOCK_SIZE)
     if launch.kernel == "split" and not _aligned(x2) and x2.element_size() < 4:
-        # A 16-bit row takes the split kernel only where that beats the online tiles; copied
-        # first (four passes over x) it would not.
-        launch = _long_16bit_launch(n_rows)
+        # A 16-bit row takes the split kernel only where that beats the online tiles (or a poorly
+        # filled one-pass block, ``_fills_poorly``); copied first (four passes over x) it would not.
+        block = next_power_of_2(n_cols)
+        launch = (_long_16bit_launch(n_rows) if block * 4 > ROW_BYTES_ON_CHIP else
+                  _one_pass_launch(n_rows, n_cols, int(x2.stride(0)), x2.dtype, _device_index(x2), block))
     if launch.kernel == "online":
         return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
     if launch.kernel == "split":
@@ -1400,7 +1466,8 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     vec = vector_align((n_cols, x2.stride(0), y.stride(0)), x2.element_size())
     launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,),
                     (x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, y.stride(0) // vec),
-                    dict(BLOCK_SIZE=launch.block, VEC=vec, ROWS=launch.rows, num_warps=launch.warps), keep, 2)
+                    dict(BLOCK_SIZE=launch.block, VEC=vec, ROWS=launch.rows, AHEAD=launch.ahead, num_warps=launch.warps),
+                    keep, 2)
     return y
 
 

@@ -363,6 +363,16 @@ def test_split_register_cap_only_where_it_buys_a_program_for_little(n_regs, cap)
     assert osm.split_registers(n_regs) == cap
 
 
+@pytest.mark.parametrize("n,dtype,poorly", [
+    (20000, torch.bfloat16, True), (16385, torch.float16, True), (30719, torch.bfloat16, True),
+    (30720, torch.bfloat16, False), (32000, torch.bfloat16, False), (16384, torch.bfloat16, False),
+    (12000, torch.bfloat16, False), (20000, torch.float32, False)])
+def test_16bit_rows_that_fill_the_widest_one_pass_block_poorly(n, dtype, poorly):
+    """16-bit rows in the one-pass kernel's widest block (32768 columns, a program a SM) that fill
+    less than 15/16 of it go to the split kernel; narrower blocks and float32 rows stay."""
+    assert osm._fills_poorly(n, dtype) is poorly
+
+
 @pytest.mark.parametrize("dtype,major,hip,expected", [
     (torch.bfloat16, 9, False, True), (torch.float16, 10, False, True), (torch.bfloat16, 8, False, False),
     (torch.float32, 9, False, False), (torch.bfloat16, 9, True, False)])
@@ -395,6 +405,52 @@ def test_split_row_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n, dtype):
     osm._ROW_REPLAYS.clear()
     assert not osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0).prefetch
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))  # bits: NaN too
+    osm._row_launch.cache_clear()
+    osm._ROW_REPLAYS.clear()
+
+
+@needs_gpu
+def test_poorly_filled_16bit_rows_split_and_off_16_bytes_in_one_pass_on_gpu(monkeypatch):
+    """20000 bf16 columns take the split kernel (5 programs of 4096); a view of them starting 2
+    bytes past a 16-byte boundary takes the one-pass kernel instead (not the online tiles), its
+    L2 prefetch asking for rows that start off 16 bytes. Planted -inf, NaN, +inf as torch."""
+    n = 20000
+    launch = osm._row_launch(300, n, n, torch.bfloat16, torch.cuda.current_device(), 0)
+    assert (launch.kernel, launch.split, launch.block) == ("split", 5, 4096)
+    wide = randn((300, n + 8), torch.bfloat16, seed=74, scale=3.0)
+    wide[1, 1:n + 1] = -INF
+    wide[250, 7] = NAN
+    wide[299, n] = INF
+    seen = []
+    one_pass = osm._one_pass_launch
+    monkeypatch.setattr(osm, "_one_pass_launch", lambda *a: seen.append(a) or one_pass(*a))
+    for x in (wide[:, :n], wide[:, 1:n + 1]):
+        seen.clear()
+        out = row_softmax(x)
+        assert len(seen) == (x.data_ptr() % 16 != 0)
+        assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+
+
+@needs_gpu
+@pytest.mark.parametrize("n", [12000, 32000])
+def test_one_pass_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n):
+    """16-bit rows in one program each, more rows than the device holds programs, so each asks L2
+    for the row ``ahead`` on (none past n_rows): planted rows as torch, and the output bit for bit
+    the one without the prefetch."""
+    n_rows = 700
+    launch = osm._row_launch(n_rows, n, n, torch.bfloat16, torch.cuda.current_device(), 0)
+    assert launch.kernel == "row" and launch.rows == 1
+    assert (launch.ahead > 0) == (torch.cuda.get_device_capability()[0] >= 9) and launch.ahead < n_rows
+    x = randn((n_rows, n), torch.bfloat16, seed=75, scale=3.0)
+    x[3, :] = -INF
+    x[n_rows - 1, 0] = NAN
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    monkeypatch.setattr(osm, "row_prefetch", lambda *a: 0)
+    osm._row_launch.cache_clear()
+    osm._ROW_REPLAYS.clear()
+    assert osm._row_launch(n_rows, n, n, torch.bfloat16, torch.cuda.current_device(), 0).ahead == 0
+    assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))
     osm._row_launch.cache_clear()
     osm._ROW_REPLAYS.clear()
 
