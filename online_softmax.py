@@ -816,6 +816,8 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
+# Rows of the split kernel laid from boundaries of this many bytes (``_split_frame``).
+SPLIT_FRAME_BYTES = 128
 # The split kernel's register cap (``split_registers``).
 SPLIT_REGISTER_CAP = 64
 SPLIT_REGISTER_SLACK = 8
@@ -839,7 +841,8 @@ class RowLaunch:
     of them in all, resident at once; ``vec`` > 1: chunks laid from 16-byte boundaries, for rows
     that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
     their chunk of the next row into L2 before each wait, ``split_prefetch``; ``maxnreg``: its
-    register cap, ``split_registers``). ``rows``: rows a
+    register cap, ``split_registers``; ``frame`` > 1: rows laid from 128-byte boundaries,
+    ``_split_frame``). ``rows``: rows a
     block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer);
     ``ahead``: its programs bring the row that many on into L2 before storing, ``row_prefetch``.
     """
@@ -854,6 +857,7 @@ class RowLaunch:
     prefetch: bool = False
     maxnreg: int | None = None
     ahead: int = 0
+    frame: int = 1
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -867,6 +871,7 @@ class RowLaunch:
         if self.maxnreg is not None:
             check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
         check_int("RowLaunch.ahead", self.ahead, 0, GRID_0_LIMIT)
+        check_block("RowLaunch.frame", self.frame, 1, 128)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -897,18 +902,17 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
     if not BLOCK_SIZE and full * 4 > ROW_BYTES_ON_CHIP:
         if INTERPRET:  # programs run one after another there and cannot wait for each other
             return _long_row_launch(n_rows, n_cols)
-        vec = _split_vec(n_cols, stride_x, dtype)
         if dtype.itemsize < 4 and not _split_suits_16bit(n_cols, stride_x, dtype):
             return _long_16bit_launch(n_rows)
         try:
-            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, vec or 1)
+            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
         except KernelCapacityError:
             # A row needing more split programs than the device holds at once: the online
             # tiles, which take rows of any length.
             return _long_16bit_launch(n_rows) if dtype.itemsize < 4 else _long_row_launch(n_rows, n_cols)
     if not BLOCK_SIZE and not INTERPRET and _fills_poorly(n_cols, dtype) and _split_suits_16bit(n_cols, stride_x, dtype):
         try:
-            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index, _split_vec(n_cols, stride_x, dtype))
+            return _split_launch(n_rows, n_cols, stride_x, dtype, device_index)
         except KernelCapacityError:
             pass
     return _one_pass_launch(n_rows, n_cols, stride_x, dtype, device_index, max(full, BLOCK_SIZE))
@@ -1063,11 +1067,31 @@ def split_registers(n_regs: int) -> int | None:
     return None
 
 
-def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
-                  vec: int = 1) -> RowLaunch:
-    # VEC > 1 lays the chunks from the 16-byte boundary before each row; they need only cover
-    # n_cols even so (see softmax_split_row_kernel).
-    split, chunk = _split_shape(n_cols, _split_chunk_bytes(n_cols, dtype), dtype)
+def _split_frame(n_cols: int, stride_x: int, dtype: torch.dtype) -> int:
+    """The split kernel's FRAME for rows of n_cols columns stride_x apart (y's: n_cols apart):
+    the values in SPLIT_FRAME_BYTES where rows do not all start on such a boundary and x's and
+    y's rows start equally far past one, else 1 (frames of a vector at most, ``_split_vec``).
+    Laid from 16-byte boundaries, a warp's 512 bytes of a row span five 128-byte lines where
+    they could span four: on an H100 bf16 rows of 17000 and 45000 columns (on 16 bytes, not on
+    128) ran at 71 and 76 % of copy, 20000 and 40000 (on 64 and 128) at 90 and 92 %
+    (outputs/profiles/width_scan_probe.txt; with frames: row_frame_probe.txt)."""
+    frame = SPLIT_FRAME_BYTES // dtype.itemsize
+    if (stride_x * dtype.itemsize) % SPLIT_FRAME_BYTES == 0 or (stride_x - n_cols) % frame:
+        return 1
+    return frame
+
+
+def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int) -> RowLaunch:
+    """The split kernel's launch: chunks (``_split_shape``), its frames (``_split_vec``,
+    ``_split_frame``), prefetch and register cap, and as many groups as the device holds."""
+    frame = _split_frame(n_cols, stride_x, dtype)
+    vec = 16 // dtype.itemsize if frame > 1 else (_split_vec(n_cols, stride_x, dtype) or 1)
+    # VEC > 1 lays the chunks from the boundary of FRAME (or VEC) values at or before each row:
+    # they must cover the last whole vector of a row that starts up to FRAME - 1 values past it,
+    # which SPLIT x CHUNK (a multiple of VEC) does once it reaches n_cols + FRAME - VEC; for
+    # frames of a vector, n_cols (see softmax_split_row_kernel).
+    cover = n_cols + frame - vec if frame > vec else n_cols
+    split, chunk = _split_shape(cover, _split_chunk_bytes(n_cols, dtype), dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
     prefetch = split_prefetch(dtype, props)
@@ -1076,8 +1100,8 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         return softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
-            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, grid=(1,),
-            **launch_options(warps, registers))
+            CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, FRAME=frame,
+            grid=(1,), **launch_options(warps, registers))
 
     registers = split_registers(kernel_registers(compiled(n_rows, None)))
 
@@ -1094,7 +1118,8 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     if n_groups < 1:
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
-    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers).check()
+    return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers,
+                     frame=frame).check()
 
 
 # Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
@@ -1241,7 +1266,8 @@ def softmax_row_backward_kernel(
 
 
 @triton.jit
-def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.constexpr, VEC: tl.constexpr):
+def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.constexpr, VEC: tl.constexpr,
+                    SPAN: tl.constexpr):
     """Ask L2 for the chunk this program of the split kernel reads of ``row`` (nothing past
     n_rows): one thread issues one ``cp.async.bulk.prefetch.L2`` (sm_90) of the chunk's bytes
     that lie in the row, from the same 16-byte frame the loads use (``_l2_prefetch``)."""
@@ -1249,7 +1275,7 @@ def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.conste
         start = tl.cast(row, tl.int64) * stride_x
         end = n_cols
         if VEC > 1:
-            shift = (start % VEC).to(tl.int32)
+            shift = (start % SPAN).to(tl.int32)
             start -= shift
             end = (n_cols + shift) // VEC * VEC
         first = part * CHUNK
@@ -1277,21 +1303,23 @@ def _l2_prefetch(ptr, nbytes):
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
-    VEC > 1 is for rows that do not start on 16-byte boundaries (an odd width): the chunks are
-    laid from the 16-byte boundary at or before each row's start (``shift`` = the row's offset
-    mod VEC elements), and the chunks load and store the row's whole vectors only, masked by
-    vector; the values before the row's first boundary and after its last (fewer than VEC
-    each) are the group's first program's, one small masked load and store. No chunk tests its
-    values one by one: a first version that did (which columns are the row's) ran 2670 x 50257
-    bf16 at 32 % of copy on an H100, this one at 60 % (outputs/profiles/shifted_split_probe.txt).
-    The wrapper passes VEC only where x's and y's rows share their offset mod VEC. The chunks
-    need cover only n_cols columns: the whole vectors end at ``last``, a multiple of VEC at
-    most n_cols + shift < n_cols + VEC, so at most the first multiple of VEC from n_cols on,
-    which SPLIT x CHUNK (a multiple of VEC, at least n_cols) reaches.
+    VEC > 1 is for rows that do not start on 16-byte boundaries (an odd width), or with FRAME
+    (a multiple of VEC) on 128-byte ones: the chunks are laid from the boundary of SPAN (VEC, or
+    FRAME) values at or before each row's start (``shift`` = the row's offset mod SPAN), and
+    they load and store the row's whole vectors only, masked by vector; the frame's vectors
+    before the row's are masked off, and the values of the vector the row starts in and of
+    the one it ends in (up to VEC each) are the group's first program's, one small masked
+    load and store. No chunk tests its values one by one: a first version that did (which
+    columns are the row's) ran 2670 x 50257 bf16 at 32 % of copy on an H100, this one at 60 %
+    (outputs/profiles/shifted_split_probe.txt). The wrapper passes VEC only where x's and y's
+    rows share their offset mod SPAN. The whole vectors end at ``last``, a multiple of VEC at
+    most n_cols + shift < n_cols + SPAN, so at most the first multiple of VEC from
+    n_cols + SPAN - VEC on, which SPLIT x CHUNK (a multiple of VEC) must reach: n_cols for
+    frames of a vector, more for FRAME (``_split_launch``).
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
     waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
@@ -1302,6 +1330,9 @@ def softmax_split_row_kernel(
     Hopper GPUs only: inline PTX): before waiting, each program asks L2 for its chunk of the
     next row it takes (``_prefetch_chunk``).
     """
+    # Rows are laid in frames of SPAN values from a boundary at or before their start: the vector
+    # (VEC), or FRAME values (128 bytes) where given, so that a warp's loads cover whole cache lines.
+    SPAN: tl.constexpr = FRAME if FRAME > VEC else VEC
     pid = tl.program_id(0)
     group = pid // SPLIT
     part = pid % SPLIT
@@ -1316,19 +1347,20 @@ def softmax_split_row_kernel(
         x_row = tl.cast(row, tl.int64) * stride_x
         y_row = tl.cast(row, tl.int64) * stride_y
         if VEC > 1:
-            shift = (x_row % VEC).to(tl.int32)
-            x_row = tl.multiple_of(x_row - shift, VEC)
-            y_row = tl.multiple_of(y_row - shift, VEC)
+            shift = (x_row % SPAN).to(tl.int32)
+            x_row = tl.multiple_of(x_row - shift, SPAN)
+            y_row = tl.multiple_of(y_row - shift, SPAN)
+            lead = shift // VEC * VEC  # the frame's vectors before the one the row starts in
             end = n_cols + shift
             last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
-            # The row's whole vectors: [VEC, last) of the frame. Its first and last partial ones
-            # (up to VEC - 1 values each) go apart, to the group's first program, in ``edge``. A
-            # row shorter than a vector (end < VEC; a direct call only) has last = 0: the first
-            # partial vector stops at end and the second is empty.
-            body = (cols >= VEC) & (cols < last)
-            edge_cols = tl.where(lanes < VEC, lanes, last + lanes - VEC)
-            first = (lanes < VEC) & (lanes >= shift) & (lanes < end)
-            after = (lanes >= VEC) & (edge_cols >= VEC) & (edge_cols < end)
+            # The row's whole vectors: [lead + VEC, last) of the frame. Its first and last partial
+            # ones (up to VEC - 1 values each; the first may be whole) go apart, to the group's
+            # first program, in ``edge``. A row ending in its first vector (end < lead + VEC; a
+            # direct call only) has last <= lead: the first vector stops at end, the last is empty.
+            body = (cols >= lead + VEC) & (cols < last)
+            edge_cols = tl.where(lanes < VEC, lead + lanes, last + lanes - VEC)
+            first = (lanes < VEC) & (edge_cols >= shift) & (edge_cols < end)
+            after = (lanes >= VEC) & (edge_cols >= lead + VEC) & (edge_cols < end)
             edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
         else:
             body = cols < n_cols
@@ -1364,7 +1396,7 @@ def softmax_split_row_kernel(
         # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
         # registers and keeps memory busy through the wait (``split_prefetch``).
         if PREFETCH:
-            _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC)
+            _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
             pass
         tl.debug_barrier()
@@ -1454,7 +1486,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=launch.prefetch, **launch_options(launch.warps, launch.maxnreg)),
+                             PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),
