@@ -380,6 +380,17 @@ def test_16bit_rows_that_fill_the_widest_one_pass_block_poorly(n, dtype, poorly)
     assert osm._fills_poorly(n, dtype) is poorly
 
 
+@pytest.mark.parametrize("n,stride,dtype,frame", [
+    (50257, 50257, torch.bfloat16, 64), (17000, 17000, torch.bfloat16, 64), (65536, 65536, torch.bfloat16, 1),
+    (50257, 50257, torch.float32, 32), (65536, 65544, torch.bfloat16, 1), (50257, 50321, torch.bfloat16, 64),
+    (40000, 40000, torch.bfloat16, 1)])
+def test_split_rows_framed_from_128_bytes_where_they_do_not_start_there(n, stride, dtype, frame):
+    """Rows not all on 128-byte boundaries are laid from the one before each (64 bf16 or 32 float32
+    values), where x's and y's rows (y's n apart) start equally far past one: not where every row
+    starts on one (65536, 40000 bf16), nor where x's stride shifts them against y's (65544)."""
+    assert osm._split_frame(n, stride, dtype) == frame
+
+
 @pytest.mark.parametrize("dtype,major,hip,expected", [
     (torch.bfloat16, 9, False, True), (torch.float16, 10, False, True), (torch.bfloat16, 8, False, False),
     (torch.float32, 9, False, False), (torch.bfloat16, 9, True, False)])
@@ -460,6 +471,25 @@ def test_one_pass_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n):
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))
     osm._row_launch.cache_clear()
     osm._ROW_REPLAYS.clear()
+
+
+@needs_gpu
+@pytest.mark.parametrize("n,dtype", [(17000, torch.bfloat16), (45000, torch.float32)])
+def test_split_rows_framed_from_128_bytes_on_gpu(n, dtype):
+    """Rows on 16 bytes but not on 128, of widths no multiple of 16 values (17000 bf16, 45000
+    float32), in frames of 128 bytes: the frame's values before a row and the row's first and
+    last vectors as planted (-inf first and last, a row of only -inf, NaN, +inf at a chunk's
+    edge), as torch; groups looping over rows."""
+    n_rows = 300
+    launch = osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0)
+    assert launch.kernel == "split" and launch.frame == 128 // dtype.itemsize and launch.vec == 16 // dtype.itemsize
+    x = randn((n_rows, n), dtype, seed=76, scale=3.0)
+    x[0, 0], x[0, -1] = -INF, -INF
+    x[1, :] = -INF
+    x[2, launch.block - 1] = INF
+    x[n_rows - 1, 3] = NAN
+    out = row_softmax(x)
+    assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
 
 
 @needs_gpu
