@@ -3,7 +3,7 @@
 The one-pass kernel holds a row in a block of the next power of two of columns: 20000 columns
 take 32768 (61 % of the lanes), 24576 the same (75 %), 12000 take 16384. A row that fills a SM
 on its own (32 warps) then keeps fewer bytes in flight than a full one. For widths from 8192
-to 32768, bf16 and float32 (0.25 GiB, and 2 GiB at 20000 and 32000): the wrapper's launch, the
+to 32768, bf16 and float32 (0.25 GiB, and 2 GiB at 9000, 20000 and 32000): the wrapper's launch, the
 same one-pass launch with each program asking L2 for the row ``resident`` rows on (the
 programs the device holds at once: the one that will take that row's place) before it stores
 (``AHEAD``), and the split kernel on the same rows (``ROW_BYTES_ON_CHIP`` lowered so the
@@ -38,7 +38,9 @@ def fresh(row_bytes: int, prefetch=None):
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
 for n, dtype, nbytes in ((20000, torch.bfloat16, GiB // 4), (20000, torch.bfloat16, 2 * GiB), (24576, torch.bfloat16, GiB // 4),
                          (28000, torch.bfloat16, GiB // 4), (32000, torch.bfloat16, GiB // 4), (32000, torch.bfloat16, 2 * GiB),
-                         (12000, torch.bfloat16, GiB // 4), (9000, torch.bfloat16, GiB // 4),
+                         (12000, torch.bfloat16, GiB // 4), (11000, torch.bfloat16, GiB // 4), (10000, torch.bfloat16, GiB // 4),
+                         (9000, torch.bfloat16, GiB // 4), (8500, torch.bfloat16, GiB // 4), (9000, torch.float16, GiB // 4),
+                         (9000, torch.bfloat16, 2 * GiB),
                          (20000, torch.float32, GiB // 4), (24576, torch.float32, GiB // 4), (12000, torch.float32, GiB // 4),
                          (32000, torch.float32, GiB // 4)):
     rows = nbytes // (n * dtype.itemsize)
