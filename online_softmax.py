@@ -921,12 +921,12 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
 def _fills_poorly(n_cols: int, dtype: torch.dtype) -> bool:
     """A 16-bit row in the one-pass kernel's widest block (ROW_BYTES_ON_CHIP of float32: 32768
     columns over 32 warps, one program a SM) that fills less than 15/16 of it. The split kernel
-    reads those faster: on an H100 (outputs/profiles/row_fill_probe.txt and row_ahead_probe.txt)
-    bf16 rows of 20000, 24576 and 28000 columns ran at 68-85 % of copy in one pass (73-89 % with
-    ``row_prefetch``), 88-92 % split; at 32000 columns the two were level (93-97 % against
-    93-96 %). Narrower blocks leave two or more programs a SM, and there one pass won (12000
-    columns: 95-99 % against 90 %; 9000: 78-84 % against 66 %), as it does for float32 rows
-    (98-101 % against 93-96 %)."""
+    reads those faster: on an H100 bf16 rows of 20000 and 24576 columns ran at 69 and 78 % of
+    copy in one pass, 73 and 80 % with ``row_prefetch`` (outputs/profiles/row_ahead_probe.txt),
+    and at 20000 to 28000 columns 88-92 % split (row_fill_probe.txt, as the rest); at 32000
+    columns the two were level (93-97 % against 94-96 %). Narrower blocks leave two or more
+    programs a SM, and there one pass won (12000 columns: 98 % against 90 %; 8500 to 11000:
+    81-93 % against 78-86 %), as it does for float32 rows (98-102 % against 93-97 %)."""
     full = next_power_of_2(n_cols)
     return dtype.itemsize < 4 and full * 4 == ROW_BYTES_ON_CHIP and n_cols * 16 < full * 15
 
@@ -949,10 +949,9 @@ def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, de
     program asks L2 for the row that many on before it stores its own; the hardware starts the
     program for that row about when this one ends, and finds it in L2. On an H100
     (outputs/profiles/row_ahead_probe.txt, 0.25 and 2 GiB) bf16 rows of 32000 and 32768 columns
-    went from 91-92 % of copy to 93-97 %, 4096 to 16384 stayed at 99-101 %; 9000 and 12000 went
-    from 78 and 95 % to 84 and 99 % (a first run of row_fill_probe.py); float32 rows lost up
-    to 7 points (none asked). Half that many rows on lost up to 5 points, twice as many 10 to 28
-    (rows brought in too early leave L2 before use)."""
+    went from 91-92 % of copy to 93-97 %, 4096 to 16384 stayed at 99-101 %; float32 rows lost
+    up to 7 points (none asked). Half that many rows on lost up to 5 points, twice as many 10 to
+    28 (rows brought in too early leave L2 before use)."""
     vec = vector_align((n_cols, stride_x, n_cols), dtype.itemsize)
     ints = (n_rows, n_cols // vec, stride_x // vec, n_cols // vec)
     compiled = softmax_row_kernel.warmup(dtype, dtype, *map(_int_stand_in, ints), BLOCK_SIZE=block, VEC=vec, ROWS=1,
