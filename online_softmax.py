@@ -931,6 +931,7 @@ def _fills_poorly(n_cols: int, dtype: torch.dtype) -> bool:
     return dtype.itemsize < 4 and full * 4 == ROW_BYTES_ON_CHIP and n_cols * 16 < full * 15
 
 
+@functools.lru_cache(maxsize=4096)
 def _one_pass_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int,
                      block: int) -> RowLaunch:
     """The one-pass kernel's launch: ``block`` columns a row, ``_row_block_rows`` rows a program."""
@@ -1024,11 +1025,15 @@ def _split_chunk_bytes(n_cols: int, dtype: torch.dtype) -> int:
 
 def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
     """The split kernel's VEC for rows of n_cols columns stride_x apart (y's rows: n_cols apart),
-    x's data on 16 bytes: 1 where every row starts on 16 bytes; the elements in 16 bytes where
-    rows do not, but x's and y's rows start equally far past a boundary (so one layout of chunks
-    suits both); None where neither (their loads or stores go element by element)."""
+    x's data on 16 bytes: 1 where the width and the stride are multiples of 16 values (all that
+    Triton learns of an int: then it knows every row starts, and ends, on a vector); the
+    elements in 16 bytes where not, but x's and y's rows start equally far past a 16-byte
+    boundary (so one layout of chunks suits both; rows laid from the vector before them, their
+    masks hold whole vectors); None where neither (their loads or stores go element by element).
+    A width on 16 bytes but no multiple of 16 values with VEC 1 was read value by value (20008
+    bf16 columns 20480 apart, say)."""
     vector = 16 // dtype.itemsize
-    if n_cols % vector == 0 and stride_x % vector == 0:
+    if n_cols % 16 == 0 and stride_x % 16 == 0:
         return 1
     return vector if (stride_x - n_cols) % vector == 0 else None
 
@@ -1076,7 +1081,11 @@ def _split_frame(n_cols: int, stride_x: int, dtype: torch.dtype) -> int:
     value by value). On an H100 (outputs/profiles/row_frame_probe.txt) bf16 rows of 17000 and
     45000 columns, that case, went from 71 and 76 % of copy (and 5 programs a SM, not 8) to 86
     and 91 %; rows already read in vectors gained 0 to 2 points (50257 bf16 89 -> 90 % and
-    87 -> 88 %, 50257 float32 89 -> 91 % and 89 -> 90 %, 100003 float32 90 -> 92 %)."""
+    87 -> 88 %, 50257 float32 89 -> 91 % and 89 -> 90 %, 100003 float32 90 -> 92 %). (Since
+    then ``_split_vec`` gives such rows vectors by itself.) Frames are laid from x's data
+    pointer, which the launch is not keyed on: x's data on 16 bytes but not 128 puts them off
+    the lines, which costs time, not values (the masks hold offsets from each row's start).
+    """
     frame = SPLIT_FRAME_BYTES // dtype.itemsize
     if (stride_x * dtype.itemsize) % SPLIT_FRAME_BYTES == 0 or (stride_x - n_cols) % frame:
         return 1
@@ -1271,8 +1280,10 @@ def softmax_row_backward_kernel(
 def _prefetch_chunk(x_ptr, row, n_rows, n_cols, stride_x, part, CHUNK: tl.constexpr, VEC: tl.constexpr,
                     SPAN: tl.constexpr):
     """Ask L2 for the chunk this program of the split kernel reads of ``row`` (nothing past
-    n_rows): one thread issues one ``cp.async.bulk.prefetch.L2`` (sm_90) of the chunk's bytes
-    that lie in the row, from the same 16-byte frame the loads use (``_l2_prefetch``)."""
+    n_rows): one thread issues one ``cp.async.bulk.prefetch.L2`` (sm_90, ``_l2_prefetch``) of
+    the chunk's part of the frame the loads use, up to the row's last whole vector: the first
+    program's may start up to a frame before the row (the row before it, in x), and the row's
+    last partial vector, which that program loads apart, is left out."""
     if row < n_rows:
         start = tl.cast(row, tl.int64) * stride_x
         end = n_cols

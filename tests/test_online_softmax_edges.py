@@ -20,6 +20,13 @@ from support import ON_GPU, assert_close, needs_gpu, randn
 INF = float("inf")
 NAN = float("nan")
 
+def fresh_row_launches() -> None:
+    """Forget row_softmax's cached launch choices and kept launches (after patching a rule)."""
+    osm._row_launch.cache_clear()
+    osm._one_pass_launch.cache_clear()
+    osm._ROW_REPLAYS.clear()
+
+
 # Rows of 37 columns read in column steps of 8: tiles [0, 8), [8, 16), ..., [32, 37) (ragged last).
 D2, STEP = 37, 8
 
@@ -380,6 +387,16 @@ def test_16bit_rows_that_fill_the_widest_one_pass_block_poorly(n, dtype, poorly)
     assert osm._fills_poorly(n, dtype) is poorly
 
 
+@pytest.mark.parametrize("n,stride,dtype,vec", [
+    (65536, 65536, torch.bfloat16, 1), (20008, 20480, torch.bfloat16, 8), (50257, 50257, torch.bfloat16, 8),
+    (65540, 65540, torch.float32, 4), (20000, 20008, torch.bfloat16, 8), (50256, 50257, torch.bfloat16, None)])
+def test_split_rows_in_vectors_unless_triton_knows_they_are(n, stride, dtype, vec):
+    """VEC 1 only where the width and the stride are multiples of 16 values (what Triton learns of
+    an int); rows on 16 bytes of other widths (20008 bf16, 65540 float32) get VEC, so their masks
+    hold whole vectors; None where x's rows sit against y's off a vector (50256 in 50257)."""
+    assert osm._split_vec(n, stride, dtype) == vec
+
+
 @pytest.mark.parametrize("n,stride,dtype,frame", [
     (50257, 50257, torch.bfloat16, 64), (17000, 17000, torch.bfloat16, 64), (65536, 65536, torch.bfloat16, 1),
     (50257, 50257, torch.float32, 32), (65536, 65544, torch.bfloat16, 1), (50257, 50321, torch.bfloat16, 64),
@@ -419,12 +436,10 @@ def test_split_row_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n, dtype):
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     monkeypatch.setattr(osm, "split_prefetch", lambda dtype, props: False)
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    fresh_row_launches()
     assert not osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0).prefetch
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))  # bits: NaN too
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    fresh_row_launches()
 
 
 @needs_gpu
@@ -465,12 +480,10 @@ def test_one_pass_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n):
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     monkeypatch.setattr(osm, "row_prefetch", lambda *a: 0)
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    fresh_row_launches()
     assert osm._row_launch(n_rows, n, n, torch.bfloat16, torch.cuda.current_device(), 0).ahead == 0
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    fresh_row_launches()
 
 
 @needs_gpu
