@@ -1,7 +1,8 @@
 """The split kernel on rows that start on 16 bytes but whose width is no multiple of 16 values:
 VEC as ``_split_vec`` gives it now (the vector) against VEC 1 (as before), with frames off in
 both (``_split_frame`` giving 1) so that VEC alone differs. 0.25 GiB, do_bench means (L2
-flushed); outputs compared with the first's. From the repository root on a GPU:
+flushed); outputs compared with the first's. "% of copy" is against cloning x, a strided view
+for the bf16 rows (a strided copy, slower than a contiguous one): compare the ms. From the repository root on a GPU:
 
     PYTHONPATH=. python3 outputs/profiles/split_vec_probe.py
 """
