@@ -943,6 +943,15 @@ def _one_pass_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype
     return RowLaunch("row", block, warps, _row_grid(n_rows, rows), rows=rows, ahead=ahead).check()
 
 
+def forget_row_launches() -> None:
+    """Drop row_softmax's cached launch choices (``_row_launch``, ``_one_pass_launch``) and the
+    launches its eager calls keep (``_ROW_REPLAYS``): after changing a rule they read (a probe
+    or a test patching ``split_prefetch``, say), the next call chooses afresh."""
+    _row_launch.cache_clear()
+    _one_pass_launch.cache_clear()
+    _ROW_REPLAYS.clear()
+
+
 def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int, block: int,
                  warps: int) -> int:
     """The one-pass kernel's AHEAD for rows a program (16-bit rows on Hopper, as ``split_prefetch``):

@@ -20,13 +20,6 @@ from support import ON_GPU, assert_close, needs_gpu, randn
 INF = float("inf")
 NAN = float("nan")
 
-def fresh_row_launches() -> None:
-    """Forget row_softmax's cached launch choices and kept launches (after patching a rule)."""
-    osm._row_launch.cache_clear()
-    osm._one_pass_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
-
-
 # Rows of 37 columns read in column steps of 8: tiles [0, 8), [8, 16), ..., [32, 37) (ragged last).
 D2, STEP = 37, 8
 
@@ -436,10 +429,10 @@ def test_split_row_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n, dtype):
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     monkeypatch.setattr(osm, "split_prefetch", lambda dtype, props: False)
-    fresh_row_launches()
+    osm.forget_row_launches()
     assert not osm._row_launch(n_rows, n, n, dtype, torch.cuda.current_device(), 0).prefetch
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))  # bits: NaN too
-    fresh_row_launches()
+    osm.forget_row_launches()
 
 
 @needs_gpu
@@ -480,10 +473,10 @@ def test_one_pass_l2_prefetch_changes_no_value_on_gpu(monkeypatch, n):
     out = row_softmax(x)
     assert_close(out, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     monkeypatch.setattr(osm, "row_prefetch", lambda *a: 0)
-    fresh_row_launches()
+    osm.forget_row_launches()
     assert osm._row_launch(n_rows, n, n, torch.bfloat16, torch.cuda.current_device(), 0).ahead == 0
     assert torch.equal(row_softmax(x).view(torch.int16), out.view(torch.int16))
-    fresh_row_launches()
+    osm.forget_row_launches()
 
 
 @needs_gpu

@@ -32,8 +32,7 @@ for n, dtype, nbytes in ((32000, torch.bfloat16, GiB // 4), (32000, torch.bfloat
     rows = nbytes // (n * dtype.itemsize)
     x = torch.randn(rows, n, device="cuda", dtype=dtype) * 4
     copy_ms = bench(lambda: x.clone())
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    osm.forget_row_launches()
     launch = osm._row_launch(rows, n, n, dtype, 0, 0)
     wrapper_ms = bench(lambda: osm.row_softmax(x))
     print(f"== {rows} x {n} {str(dtype)[6:]}: copy {copy_ms:.3f}; the wrapper's launch {launch.kernel}/{launch.block} cols/"

@@ -31,8 +31,7 @@ def bench(fn):
 def fresh(row_bytes: int, prefetch=None):
     osm.ROW_BYTES_ON_CHIP = row_bytes
     osm.split_prefetch = prefetch_rule if prefetch is None else (lambda dtype, p: prefetch)
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    osm.forget_row_launches()
 
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")

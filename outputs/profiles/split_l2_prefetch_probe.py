@@ -26,8 +26,7 @@ def bench(fn):
 def timed(x, prefetch: bool, chunk_bytes: int | None):
     osm.split_prefetch = lambda dtype, props: prefetch
     osm._split_chunk_bytes = chunk_rule if chunk_bytes is None else (lambda n_cols, dtype: chunk_bytes)
-    osm._row_launch.cache_clear()
-    osm._ROW_REPLAYS.clear()
+    osm.forget_row_launches()
     launch = osm._row_launch(x.shape[0], x.shape[1], x.stride(0), x.dtype, 0, 0)
     y = osm.row_softmax(x)
     ms = bench(lambda: osm.row_softmax(x))
