@@ -26,7 +26,7 @@ Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=Tr
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
 kernels directly, with the launch choices cached per shape, dtype and device; a repeated call
-of the same key replays the launches kept from the first (``Replay``, ``ReplayChain``).
+of the same key replays the launches kept from the first (``Replay``, ``SplitRowReplay``).
 
 Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
 softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
@@ -477,9 +477,14 @@ def replay_key(tensors: tuple, options: tuple):
     return tuple(key)
 
 
+_PLAIN_OPTIONS = frozenset((int, float, bool, str))
+
+
 def option_key(value):
     """An option as a key part that tells apart what the checks tell apart: a value with its type
     (1, 1.0 and True are equal and hash alike), a dataclass (a launch override) field by field."""
+    if value is None or type(value) in _PLAIN_OPTIONS:  # most calls' options: skips is_dataclass's ~0.6 us
+        return type(value), value
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return type(value), tuple(option_key(getattr(value, f.name)) for f in dataclasses.fields(value))
     return type(value), value
@@ -1145,13 +1150,14 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
                      frame=frame).check()
 
 
-# Arrival counters of the split-row kernel: two int32 per group, zero between launches (the
-# kernel resets them). One buffer per (device, stream): launches on one stream run one after
-# another, so they never share counters at the same time; two streams get two buffers. Nothing
-# is cached while a CUDA graph is being captured (``fresh_counters``): such a buffer would live in
-# that graph's memory pool, zeroed only when that graph first replays, and another graph captured
-# on the same stream would share it. torch.compile's graphs zero counters of their own per call too.
-_SPLIT_COUNTERS: dict = {}
+# The split-row kernel's workspace: its (max, sum) slots (four float32 a program) and its arrival
+# counters (two int32 a group, zero between launches: the kernel resets them). One pair of
+# buffers per (device, stream): launches on one stream run one after another, so they never share
+# them at the same time; two streams get two. Nothing is cached while a CUDA graph is being
+# captured (``fresh_counters``): such a buffer would live in that graph's memory pool, zeroed only
+# when that graph first replays, and another graph captured on the same stream would share it.
+# torch.compile's graphs make a workspace of their own per call too.
+_SPLIT_WORKSPACES: dict = {}
 
 
 def kernel_registers(compiled) -> int:
@@ -1183,7 +1189,13 @@ def fresh_counters(t: torch.Tensor) -> bool:
     torch.compile is tracing (t is fake: a cached buffer would enter the graph as a constant the
     kernel mutates), a CUDA graph is being captured (the zero fill then becomes part of the
     graph, which replays it), or an opaque op's body runs (``no_cached_buffers``)."""
-    return is_fake(t) or _NO_CACHED_BUFFERS.depth > 0 or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+    return is_fake(t) or buffers_per_call(t)
+
+
+def buffers_per_call(t: torch.Tensor) -> bool:
+    """``fresh_counters`` for a tensor known not to be fake: inside ``no_cached_buffers``, or
+    while a CUDA graph is being captured."""
+    return _NO_CACHED_BUFFERS.depth > 0 or (t.is_cuda and torch.cuda.is_current_stream_capturing())
 
 
 class _Depth(threading.local):
@@ -1205,23 +1217,47 @@ def no_cached_buffers():
         _NO_CACHED_BUFFERS.depth -= 1
 
 
-def _split_row_counters(x: torch.Tensor, n_groups: int, index: int) -> torch.Tensor:
-    """The split kernel's counters for a launch of n_groups groups on x: made zero for this call
-    where a cached buffer must not be used (``fresh_counters``), else the cached buffer."""
-    if fresh_counters(x):
-        return torch.zeros(2 * n_groups, dtype=torch.int32, device=x.device)
-    return _split_counters(x.device, index)
+def _split_workspace(x: torch.Tensor, n_programs: int, n_groups: int, index: int,
+                     plain: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The split kernel's (stats, counters) for a launch of n_programs programs in n_groups
+    groups on x: made for this call (counters zero) where cached buffers must not be used
+    (``fresh_counters``), else the cached pair. ``plain``: x is known to be a real CUDA tensor
+    (a kept launch's key says so), which skips the fake-tensor test, the costliest part."""
+    if (buffers_per_call(x) if plain else fresh_counters(x)):
+        return (torch.empty(4 * n_programs, dtype=torch.float32, device=x.device),
+                torch.zeros(2 * n_groups, dtype=torch.int32, device=x.device))
+    workspace = _SPLIT_WORKSPACES.get((index, torch._C._cuda_getCurrentRawStream(index)))
+    return _split_workspace_made(x.device, index) if workspace is None else workspace
 
 
-def _split_counters(device: torch.device, index: int) -> torch.Tensor:
-    key = (index, torch._C._cuda_getCurrentRawStream(index))  # torch.cuda.current_stream costs ~9 us
-    counters = _SPLIT_COUNTERS.get(key)
-    if counters is None:
-        props = _device_properties(index)
-        # At most one group per resident program of one warp: the most groups any launch has.
-        most_groups = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
-        counters = _SPLIT_COUNTERS[key] = torch.zeros(2 * most_groups, dtype=torch.int32, device=device)
-    return counters
+def _split_workspace_made(device: torch.device, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The cached workspace of this device's current stream (torch.cuda.current_stream costs ~9 us),
+    made large enough for any launch: at most one program (one group) per resident warp."""
+    props = _device_properties(index)
+    most_programs = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
+    workspace = (torch.empty(4 * most_programs, dtype=torch.float32, device=device),
+                 torch.zeros(2 * most_programs, dtype=torch.int32, device=device))
+    _SPLIT_WORKSPACES[(index, torch._C._cuda_getCurrentRawStream(index))] = workspace
+    return workspace
+
+
+class SplitRowReplay:
+    """The split kernel's kept launch (a ``Replay`` of (x, y, stats, counters)), called with (x, y):
+    it takes the workspace (``_split_workspace``) and launches."""
+
+    __slots__ = ("replay", "n_programs", "n_groups", "index")
+
+    def __init__(self, replay: Replay, n_programs: int, n_groups: int, index: int):
+        self.replay, self.n_programs, self.n_groups, self.index = replay, n_programs, n_groups, index
+
+    def __call__(self, x, y) -> bool:
+        return self.replay.ready() and self.launch(x, y)
+
+    def ready(self) -> bool:
+        return self.replay.ready()
+
+    def launch(self, x, y) -> bool:
+        return self.replay.launch(x, y, *_split_workspace(x, self.n_programs, self.n_groups, self.index, plain=True))
 
 
 def _aligned(t: torch.Tensor) -> bool:
@@ -1348,7 +1384,11 @@ def softmax_split_row_kernel(
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
     waits until all SPLIT have arrived for this row (the counter reaches SPLIT times the rows
-    done); then each combines the SPLIT pairs and writes its chunk. Programs only wait on their
+    done); then each combines the SPLIT pairs and writes its chunk. A program's pair goes to one
+    of two slots of its own (``stats``: four float32 a program), alternating row by row: it
+    writes a slot again two rows later, after the wait of the row between, which every program
+    of its group reaches only once it has read the pairs of the row before. So the workspace is
+    one fixed buffer, whatever the number of rows. Programs only wait on their
     own group, and the wrapper launches no more programs than fit on the device at once, so
     every wait ends. The counters start at zero and the kernel leaves them at zero, so one
     cached buffer serves every launch, a CUDA graph's replays included. PREFETCH (compiled
@@ -1367,6 +1407,7 @@ def softmax_split_row_kernel(
     parts = tl.arange(0, PARTS)  # PARTS: SPLIT rounded up to a power of two (tl.arange's sizes)
     lanes = tl.arange(0, 2 * VEC)  # VEC > 1: the row's first partial vector, then its last
     target = 0
+    parity = 0  # which of its two stats slots a program writes for this row
     for row in range(group, n_rows, n_groups):
         target += SPLIT
         x_row = tl.cast(row, tl.int64) * stride_x
@@ -1408,7 +1449,7 @@ def softmax_split_row_kernel(
         if VEC > 1:
             edge = fast_exp(edge - tl.where(m == float("-inf"), 0.0, m))
             s += tl.sum(edge, axis=0)
-        slot = stats_ptr + (tl.cast(row, tl.int64) * SPLIT + part) * 2
+        slot = stats_ptr + (pid * 2 + parity) * 2
         tl.store(slot, m)
         tl.store(slot + 1, s)
         # Every thread's stores are done before the release below publishes them.
@@ -1426,10 +1467,10 @@ def softmax_split_row_kernel(
             pass
         tl.debug_barrier()
         # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-        ms = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2, mask=parts < SPLIT,
-                     other=float("-inf"), cache_modifier=".cg")
-        ss = tl.load(stats_ptr + (tl.cast(row, tl.int64) * SPLIT + parts) * 2 + 1, mask=parts < SPLIT, other=0.0,
-                     cache_modifier=".cg")
+        table = stats_ptr + ((group * SPLIT + parts) * 2 + parity) * 2
+        ms = tl.load(table, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(table + 1, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
+        parity = 1 - parity
         row_max = tl.max(ms, axis=0)
         # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
@@ -1478,7 +1519,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose.
 
     ``keep``, if given, receives the launch as a function of (x2, y) that replays it (a
-    ``Replay``, or for the split kernel a ``ReplayChain`` that makes its workspace and counters).
+    ``Replay``, or for the split kernel a ``SplitRowReplay`` that takes its workspace).
     """
     y = _empty_like_contiguous(x2)
     if y.numel() == 0:
@@ -1503,10 +1544,8 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
             if launch.kernel != "split":  # the copy's variant may hold fewer programs: online tiles
                 return _online_forward(x2.unsqueeze(0), 1, launch.block, traced, None).squeeze(0)
         n_groups = launch.programs // launch.split
-        device, index = x2.device, _device_index(x2)
-        stats_shape = (n_rows, launch.split, 2)
-        stats = torch.empty(stats_shape, dtype=torch.float32, device=device)
-        counters = _split_row_counters(x2, n_groups, index)
+        index = _device_index(x2)
+        stats, counters = _split_workspace(x2, launch.programs, n_groups, index)
         kept = []
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
@@ -1514,9 +1553,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
                              PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
-            keep(ReplayChain((lambda x, y: torch.empty(stats_shape, dtype=torch.float32, device=device),
-                              lambda x, y: _split_row_counters(x, n_groups, index)),
-                             ((kept[0], (0, 1, 2, 3)),)))
+            keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))
         return y
     # The row strides and the width go divided by VEC, which the kernel multiplies back: its loads
     # are then whole vectors. (Strides alone, without the width, lay values out for vectors
@@ -1586,7 +1623,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     else the online kernel in tiles of ``LONG_16BIT_TILE`` columns: see ``_split_suits_16bit``); in
     interpreter mode, where programs run one after another and cannot wait for each other, long
     rows take the online kernel too. A repeated eager call replays the launch kept from the
-    first (``Replay``; with its workspace and counters, ``ReplayChain``). A given BLOCK_SIZE (a power of two)
+    first (``Replay``; with its workspace, ``SplitRowReplay``). A given BLOCK_SIZE (a power of two)
     forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
     the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
     traceable by torch.compile.

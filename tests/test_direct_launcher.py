@@ -454,8 +454,8 @@ def test_kept_chains_and_online_launches_equal_the_checked_path():
     K split, and both. A call with another input of a kept key runs the kept entry (counted) and gives the
     checked path's answer bit for bit (the split-K reduction's order is fixed)."""
     import fused_softmax_matmul as fsm
-    for shape, stride, dtype, kind in (((8, 65536), 65536, torch.float32, osm.ReplayChain),
-                                       ((8, 50257), 50257, torch.bfloat16, osm.ReplayChain),
+    for shape, stride, dtype, kind in (((8, 65536), 65536, torch.float32, osm.SplitRowReplay),
+                                       ((8, 50257), 50257, torch.bfloat16, osm.SplitRowReplay),
                                        ((8, 50257), 50258, torch.bfloat16, osm.Replay)):
         x, x_next = (randn((shape[0], stride), dtype, seed=seed)[:, :shape[1]] for seed in (20, 21))
         osm._ROW_REPLAYS.clear()
@@ -488,7 +488,7 @@ def test_kept_chains_and_online_launches_equal_the_checked_path():
 @needs_gpu
 def test_unfused_softmax_of_logits_keeps_one_chain_of_both_launches():
     """matmul_softmax_unfused: the matmul's launch and the row softmax's (one launch, or the
-    split-row chain for long float32 rows) kept as one chain; a second call runs it and gives the
+    split-row launch with its workspace for long float32 rows) kept as one chain; a second call runs it and gives the
     checked path's answer bit for bit."""
     import fused_softmax_matmul as fsm
     for B, K, C in ((64, 128, 1000), (16, 64, 65536)):
@@ -580,16 +580,16 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
 
 
 @needs_gpu
-def test_a_kept_split_row_chain_captured_in_a_cuda_graph_makes_its_counters_in_the_graph():
-    """Kept outside a capture, replayed inside one: the counters are made zero in the graph (a
-    cached buffer would enter it), so no cached buffer appears for the capture's stream, and the
+def test_a_kept_split_row_launch_captured_in_a_cuda_graph_makes_its_workspace_in_the_graph():
+    """Kept outside a capture, replayed inside one: the workspace is made in the graph (counters
+    zero; a cached buffer would enter it), so none is cached for the capture's stream, and the
     graph's replays give the eager answer."""
     static_x = randn((8, 65536), torch.float32, seed=25)
     osm._ROW_REPLAYS.clear()
     osm.row_softmax(static_x)
     key = osm.replay_key((static_x,), (None,))
     kept, uses = counting(osm._ROW_REPLAYS, key)
-    before = set(osm._SPLIT_COUNTERS)
+    before = set(osm._SPLIT_WORKSPACES)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
@@ -597,7 +597,7 @@ def test_a_kept_split_row_chain_captured_in_a_cuda_graph_makes_its_counters_in_t
         with torch.cuda.graph(graph):
             static_y = osm.row_softmax(static_x)
     torch.cuda.current_stream().wait_stream(side)
-    assert uses == [True] and set(osm._SPLIT_COUNTERS) == before
+    assert uses == [True] and set(osm._SPLIT_WORKSPACES) == before
     for seed in (26, 27):
         static_x.copy_(randn((8, 65536), torch.float32, seed=seed))
         graph.replay()

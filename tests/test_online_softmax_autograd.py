@@ -217,7 +217,7 @@ def test_cuda_graph_replay_equals_eager(op):
         graph.replay()
         torch.cuda.synchronize()
         assert torch.equal(static_y, fn(static_x.clone())), f"replay with seed {seed}"
-    for counters in osm._SPLIT_COUNTERS.values():
+    for _, counters in osm._SPLIT_WORKSPACES.values():
         assert (counters == 0).all()
 
 
@@ -247,16 +247,17 @@ def test_compile_dynamic_shapes(op):
 
 @needs_gpu
 def test_split_row_counters_reset_by_the_kernel():
-    """The split path allocates no zeroed counter per call: one buffer per (device, stream), zero after each launch."""
+    """The split path allocates no workspace per call: one (stats, counters) pair per (device, stream),
+    the counters zero after each launch."""
     x = randn((64, 65536), torch.float32, seed=51)
     assert osm._row_launch(64, 65536, 65536, torch.float32, x.device.index, 0).kernel == "split"
     row_softmax(x)
-    buffers = {key: id(c) for key, c in osm._SPLIT_COUNTERS.items()}
+    buffers = {key: tuple(map(id, w)) for key, w in osm._SPLIT_WORKSPACES.items()}
     for _ in range(3):
         assert_close(row_softmax(x), torch.softmax(x.double(), -1), torch.softmax(x, -1))
     torch.cuda.synchronize()
-    assert {key: id(c) for key, c in osm._SPLIT_COUNTERS.items()} == buffers, "a new counter buffer per call"
-    assert all((c == 0).all() for c in osm._SPLIT_COUNTERS.values())
+    assert {key: tuple(map(id, w)) for key, w in osm._SPLIT_WORKSPACES.items()} == buffers, "a new workspace per call"
+    assert all((c == 0).all() for _, c in osm._SPLIT_WORKSPACES.values())
 
 
 @needs_gpu

@@ -204,11 +204,13 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, g
     frame = frame_bytes // x.element_size()
     n_rows = x.shape[0]
     groups = groups or n_rows
+    stats = torch.full((4 * groups + 8,), 7.0, device=x.device)  # four a program, then a guard
     osm.softmax_split_row_kernel[(groups,)](
-        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * groups, dtype=torch.int32, device=x.device),
+        x, y, stats, torch.zeros(2 * groups, dtype=torch.int32, device=x.device),
         n_rows, D2, D2, D2, groups,
         CHUNK=osm.next_power_of_2(D2 + frame - vec), SPLIT=1, PARTS=parts, VEC=vec, FRAME=frame)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
+    assert (stats[4 * groups:] == 7).all(), "the stats slots are four a program, whatever the rows"
 
 
 @pytest.mark.parametrize("frame_bytes", [16, 128])
@@ -226,7 +228,7 @@ def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, frame_byte
     vec = 16 // x.element_size()
     frame = frame_bytes // x.element_size()
     osm.softmax_split_row_kernel[(5,)](  # 5 groups of one program: each loops over 3 or 4 rows
-        x, y, torch.empty((n_rows, 1, 2), device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
+        x, y, torch.empty(4 * 5, device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
         n_rows, width, width, width, 5, CHUNK=osm.next_power_of_2(width + frame - 1), SPLIT=1, PARTS=1, VEC=vec,
         FRAME=frame)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
