@@ -1407,9 +1407,9 @@ def softmax_split_row_kernel(
     parts = tl.arange(0, PARTS)  # PARTS: SPLIT rounded up to a power of two (tl.arange's sizes)
     lanes = tl.arange(0, 2 * VEC)  # VEC > 1: the row's first partial vector, then its last
     target = 0
-    parity = 0  # which of its two stats slots a program writes for this row
     for row in range(group, n_rows, n_groups):
         target += SPLIT
+        parity = (target // SPLIT) % 2  # which of its two stats slots a program writes for this row
         x_row = tl.cast(row, tl.int64) * stride_x
         y_row = tl.cast(row, tl.int64) * stride_y
         if VEC > 1:
@@ -1449,7 +1449,12 @@ def softmax_split_row_kernel(
         if VEC > 1:
             edge = fast_exp(edge - tl.where(m == float("-inf"), 0.0, m))
             s += tl.sum(edge, axis=0)
-        slot = stats_ptr + (pid * 2 + parity) * 2
+        # This program's slot of the two it alternates between (``parity``): [group, part, parity]
+        # of the workspace, with the group written as row % n_groups (the same number), worked out
+        # again each row: an address fixed for the whole loop held registers through it (7 more a
+        # thread at 65536 float32 columns, one program less a SM; triton 3.6, ptxas for sm_90).
+        home = row % n_groups
+        slot = stats_ptr + ((home * SPLIT + part) * 2 + parity) * 2
         tl.store(slot, m)
         tl.store(slot + 1, s)
         # Every thread's stores are done before the release below publishes them.
@@ -1467,10 +1472,9 @@ def softmax_split_row_kernel(
             pass
         tl.debug_barrier()
         # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-        table = stats_ptr + ((group * SPLIT + parts) * 2 + parity) * 2
+        table = stats_ptr + ((home * SPLIT + parts) * 2 + parity) * 2
         ms = tl.load(table, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
         ss = tl.load(table + 1, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
-        parity = 1 - parity
         row_max = tl.max(ms, axis=0)
         # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
         row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
