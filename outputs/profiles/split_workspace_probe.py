@@ -70,7 +70,8 @@ for rows, n, stride, dtype in ((64, 65536, 65536, torch.bfloat16), (64, 50257, 5
 
 print("== GPU ms (do_bench, median of 5 a version, interleaved): before | after | % of copy after")
 for rows, n, dtype in ((512, 262144, torch.bfloat16), (4096, 262144, torch.bfloat16), (2670, 50257, torch.bfloat16),
-                       (16384, 65536, torch.bfloat16), (1024, 65536, torch.float32), (441, 151936, torch.float32)):
+                       (16384, 65536, torch.bfloat16), (1024, 65536, torch.float32), (441, 151936, torch.float32),
+                       (2048, 262144, torch.float32), (10682, 50257, torch.float32)):
     x = torch.randn(rows, n, device="cuda", dtype=dtype)
     assert torch.equal(before.row_softmax(x), after.row_softmax(x))
     times = ([], [])
