@@ -68,6 +68,11 @@ CASES = {
     # Strided x (row stride 2K, column stride 2) and transposed W (strides 1, K) read in place.
     "x strided": (24, 40, 70, (16, 32, 16), "x_strided", 1.0),
     "W transposed": (24, 40, 70, (16, 32, 16), "W_transposed", 1.0),
+    # W K-major with K, C and W's class stride all multiples of 8: its class stride goes divided
+    # by the vector (4 float32 or 8 16-bit values), as a row-major W's K stride does; with K split
+    # over class tiles too.
+    "W transposed, vectors": (24, 48, 72, (16, 32, 16), "W_transposed", 1.0),
+    "W transposed, split K, class tiles": (20, 96, 72, (16, 32, 16, 3), "W_transposed", 1.0),
     # K split in 3 slices of 48 (the last holds 4) over 3 row blocks (the last holds 8 rows):
     # split_k_kernel, in matmul (unfused) and in the tiled wrapper.
     "split K": (40, 100, 50, (16, 64, 16, 3), "contiguous", 1.0),
