@@ -1066,30 +1066,20 @@ def logits_tile(
     x_ptr, w_ptr, rows, cols, B, C, k_start, k_end,
     stride_xb, stride_xk, stride_wk, stride_wc,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-    PRECISION: tl.constexpr, UPCAST: tl.constexpr, W_KMAJOR: tl.constexpr = False,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """x[rows, k_start:k_end] @ W[k_start:k_end, cols] as a float32 (BLOCK_B, BLOCK_C) tile;
-    rows/cols past B/C give 0. W_KMAJOR (W's values contiguous along K): W's tile is loaded as
-    (BLOCK_C, BLOCK_K), its rows along K, and transposed for the product, as attention kernels
-    take K^T. Loaded as (BLOCK_K, BLOCK_C) with its first axis contiguous, it ran 4096 x 4096 x
-    32000 bf16 at 2.28 ms on an H100, against 1.86 for a row-major W under the same launch and
-    1.84 for torch on the K-major W (profiles/kmajor_tile_probe.txt)."""
+    rows/cols past B/C give 0."""
     ks = k_start + tl.arange(0, BLOCK_K)
     row_ok = rows < B
     col_ok = cols < C
     x_ptrs = x_ptr + rows[:, None].to(tl.int64) * stride_xb + ks[None, :] * stride_xk
-    if W_KMAJOR:
-        w_ptrs = w_ptr + cols[:, None].to(tl.int64) * stride_wc + ks[None, :] * stride_wk
-    else:
-        w_ptrs = w_ptr + ks[:, None] * stride_wk + cols[None, :].to(tl.int64) * stride_wc
+    w_ptrs = w_ptr + ks[:, None] * stride_wk + cols[None, :].to(tl.int64) * stride_wc
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
     for step in range(0, k_end - k_start, BLOCK_K):
         k_ok = (step + ks) < k_end
         x = tl.load(x_ptrs, mask=row_ok[:, None] & k_ok[None, :], other=0.0)
-        if W_KMAJOR:
-            w = tl.trans(tl.load(w_ptrs, mask=col_ok[:, None] & k_ok[None, :], other=0.0))
-        else:
-            w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
+        w = tl.load(w_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
         if UPCAST:
             acc = tl.dot(x.to(tl.float32), w.to(tl.float32), acc)
         else:
@@ -1119,7 +1109,7 @@ def matmul_kernel(
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
-                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST, W_KMAJOR)
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=False)
 
 
@@ -1154,7 +1144,7 @@ def matmul_softmax_simple_kernel(
     rows = tl.program_id(0) * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tl.arange(0, BLOCK_C)
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
-                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST, W_KMAJOR)
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=True)
 
 
@@ -1191,7 +1181,7 @@ def split_k_kernel(
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     k_start = part * k_slice
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, k_start, tl.minimum(k_start + k_slice, K),
-                      stride_xb, stride_xk, stride_wk, stride_wc, BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST, W_KMAJOR)
+                      stride_xb, stride_xk, stride_wk, stride_wc, BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     tile_offsets = rows[:, None].to(tl.int64) * (n_tiles_c * BLOCK_C) + cols[None, :]
     slice_size = (tl.num_programs(0) // n_splits).to(tl.int64) * (BLOCK_B * BLOCK_C)
     tl.store(part_ptr + part * slice_size + tile_offsets, acc)
@@ -1235,7 +1225,7 @@ def matmul_softmax_tile_kernel(
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     acc = logits_tile(x_ptr, w_ptr, rows, cols, B, C, 0, K, stride_xb, stride_xk, stride_wk, stride_wc,
-                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST, W_KMAJOR)
+                      BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
 
 
