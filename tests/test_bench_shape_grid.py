@@ -390,6 +390,32 @@ def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl):
           flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
 
 
+# softmax(x @ W) with W as nn.Linear holds it: its weight is (C, K), and the logits are
+# x @ weight.t(), a W whose values run along K (strides (1, K)). A few corners of the grid above.
+MMSM_LINEAR_GRID = [(B, K, C, dtype) for B, K, C in ((512, 768, 1000), (4096, 4096, 1000), (4096, 768, 50257),
+                                                     (4096, 4096, 32000), (32, 4096, 128256))
+                    for dtype in ("float32", "bfloat16")]
+MMSM_LINEAR_CASES = MMSM_LINEAR_GRID if ON_GPU else [(64, 128, 10, "float32")]
+
+
+@pytest.mark.parametrize("B,K,C,dtype,impl", _params(
+    MMSM_LINEAR_CASES, MMSM_IMPLS, lambda case: ("matmul_softmax_linear", *case),
+    lambda B, K, C, dtype: f"linear-B{B}-K{K}-C{C}-{dtype}"))
+def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl):
+    torch_dtype = DTYPES[dtype]
+
+    def build():
+        fn = implementation(MMSM_FUNCTIONS, impl)
+        x, W = matmul_softmax_inputs(B, K, C, torch_dtype, layout="W_transposed")
+        return _first_call(impl, lambda: fn(x, W)), (x, W)
+
+    kernel = "triton_fused_tiled" if impl == TRITON else "torch"
+    row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype} W=weight.t()", dtype=dtype, impl=impl,
+               role=role_of(impl))
+    bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE),
+          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
+
+
 # ----------------------------------------------------------------------------------------------
 # The harness's best-of columns, on rows made up here (no timing: cheap in CI)
 # ----------------------------------------------------------------------------------------------
