@@ -1359,7 +1359,7 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
     # classes: that stride is the one divided. Left undivided with K, C and the other strides,
     # every load and store of such a call went element by element: on an H100 4096 x 768 x
     # 1000 bf16 took 0.054 ms, against 0.029 with W row-major (profiles/w_pitch_probe.txt).
-    kmajor = wk == 1 and wc != 1
+    kmajor = bool(wk == 1 and wc != 1)  # a plain bool for the constexpr, strides symbolic or not
     vec = vector_align((xb, wc if kmajor else wk, ob, K, C), x.element_size())
     w_strides = (wk, wc // vec) if kmajor else (wk // vec, wc)
     return (B, K // vec, C // vec, xb // vec, xk, *w_strides, ob // vec, oc), dict(VEC=vec, W_KMAJOR=kmajor)

@@ -1185,10 +1185,11 @@ def resident_programs(compiled, num_warps: int, props) -> int:
 
 
 def fresh_counters(t: torch.Tensor) -> bool:
-    """Whether a kernel's zeroed counters must be made for this call, not taken from a cache:
-    torch.compile is tracing (t is fake: a cached buffer would enter the graph as a constant the
-    kernel mutates), a CUDA graph is being captured (the zero fill then becomes part of the
-    graph, which replays it), or an opaque op's body runs (``no_cached_buffers``)."""
+    """Whether a kernel's zeroed counters (and any workspace cached beside them) must be made
+    for this call, not taken from a cache: torch.compile is tracing (t is fake: a cached buffer
+    would enter the graph as a constant the kernel mutates), a CUDA graph is being captured (the
+    zero fill then becomes part of the graph, which replays it), or an opaque op's body runs
+    (``no_cached_buffers``)."""
     return is_fake(t) or buffers_per_call(t)
 
 
@@ -1207,9 +1208,10 @@ _NO_CACHED_BUFFERS = _Depth()
 
 @contextlib.contextmanager
 def no_cached_buffers():
-    """Inside: counters are made per call. For the body of an op that torch.compile calls as one
-    opaque unit: under mode="reduce-overhead" its first runs allocate from the CUDA graph's
-    memory pool, which refuses to be captured while a buffer made there outlives the call."""
+    """Inside: counters and workspaces are made per call. For the body of an op that
+    torch.compile calls as one opaque unit: under mode="reduce-overhead" its first runs allocate
+    from the CUDA graph's memory pool, which refuses to be captured while a buffer made there
+    outlives the call."""
     _NO_CACHED_BUFFERS.depth += 1
     try:
         yield

@@ -261,6 +261,23 @@ def test_split_row_counters_reset_by_the_kernel():
 
 
 @needs_gpu
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_split_row_groups_reuse_their_stats_slots_row_after_row(dtype):
+    """Every group of the split kernel takes three rows or more, so each program writes each of its
+    two (max, sum) slots again: every row against float64, each row shifted and scaled apart, so
+    that a pair read from another row would show."""
+    n, index = 65536, torch.cuda.current_device()
+    most = osm._row_launch(1 << 20, n, n, dtype, index, 0)
+    n_groups = most.programs // most.split
+    n_rows = 3 * n_groups + 2
+    launch = osm._row_launch(n_rows, n, n, dtype, index, 0)
+    assert launch.kernel == "split" and launch.programs // launch.split == n_groups
+    rows = torch.arange(n_rows, device="cuda", dtype=torch.float32)[:, None]
+    x = (randn((n_rows, n), torch.float32, seed=54) * (1 + rows % 5) + rows).to(dtype)
+    assert_close(row_softmax(x), torch.softmax(x.double(), -1), torch.softmax(x, -1))
+
+
+@needs_gpu
 def test_split_row_gradient_on_gpu():
     """Long rows: split-row forward, online-tile backward, against float64."""
     x = randn((8, 65536), torch.float32, seed=52, scale=3.0)

@@ -197,7 +197,7 @@ def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, g
     values read in weigh -inf. One program a row (SPLIT 1) is what the interpreter can run
     (programs there never wait for each other), a group a row or 3 groups looping over the rows;
     PARTS 2 (a count of programs that is no power of two rounds up): the combine step's slot past
-    SPLIT must be masked off, not read from the next row's. The planted rows as torch."""
+    SPLIT must be masked off, not read from the next program's slots. The planted rows as torch."""
     x = planted_rows(dtype).reshape(-1, D2)
     y = torch.empty_like(x)
     vec = 16 // x.element_size()

@@ -48,9 +48,9 @@ def tma_tiles(x, W, out, stats, launch):
 def pointer_tiles(x, W, out, stats, launch):
     (B, K), C = x.shape, W.shape[1]
     nb, nc = triton.cdiv(B, launch.block_b), triton.cdiv(C, launch.block_c)
-    args, vec = fsm._matmul_args(x, W, out)
+    args, vectors = fsm._matmul_args(x, W, out)
     fsm.matmul_softmax_tile_kernel[(nb * nc,)](x, W, out, stats, *args, nb, nc,
-                                               **fsm._constants(launch, x.dtype), VEC=vec)
+                                               **fsm._constants(launch, x.dtype), **vectors)
 
 
 def name(launch):
