@@ -580,16 +580,20 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
 
 
 @needs_gpu
-def test_a_kept_split_row_launch_captured_in_a_cuda_graph_makes_its_workspace_in_the_graph():
+def test_a_kept_split_row_launch_captured_in_a_cuda_graph_makes_its_workspace_in_the_graph(monkeypatch):
     """Kept outside a capture, replayed inside one: the workspace is made in the graph (counters
-    zero; a cached buffer would enter it), so none is cached for the capture's stream, and the
-    graph's replays give the eager answer."""
+    zero; a cached buffer would enter it): none of the cached buffers is handed to the launch,
+    none is cached for the capture's stream (a pooled stream may reuse a handle an earlier
+    test cached under), and the graph's replays give the eager answer."""
     static_x = randn((8, 65536), torch.float32, seed=25)
     osm._ROW_REPLAYS.clear()
     osm.row_softmax(static_x)
     key = osm.replay_key((static_x,), (None,))
     kept, uses = counting(osm._ROW_REPLAYS, key)
     before = set(osm._SPLIT_WORKSPACES)
+    cached = {id(t) for pair in osm._SPLIT_WORKSPACES.values() for t in pair}
+    handed, workspace = [], osm._split_workspace
+    monkeypatch.setattr(osm, "_split_workspace", lambda *a, **k: handed.append(workspace(*a, **k)) or handed[-1])
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     graph = torch.cuda.CUDAGraph()
@@ -598,6 +602,7 @@ def test_a_kept_split_row_launch_captured_in_a_cuda_graph_makes_its_workspace_in
             static_y = osm.row_softmax(static_x)
     torch.cuda.current_stream().wait_stream(side)
     assert uses == [True] and set(osm._SPLIT_WORKSPACES) == before
+    assert handed and not cached & {id(t) for pair in handed for t in pair}, "a cached workspace entered the graph"
     for seed in (26, 27):
         static_x.copy_(randn((8, 65536), torch.float32, seed=seed))
         graph.replay()
