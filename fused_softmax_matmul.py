@@ -900,6 +900,19 @@ SPLIT_K_MAX_SLICES = 16
 NARROW_CLASS_TILE = 64
 # Float32 class tiles of at most this many classes take longer K steps (see ``_tiled_launch``).
 NARROW_FLOAT32_CLASSES = 32
+# 16-bit products over several class tiles with a W that stays in L2 (K x C bytes at most
+# L2_RESIDENT_W_BYTES, four fifths of the H100's 50 MiB L2): there each program's K loop is bound by what
+# its SM reads from L2, K x (rows + classes) values, so ``_l2_bound_tile`` takes the tile of
+# L2_BOUND_TILES_16BIT that reads the fewest such values over whole waves of programs (about one
+# program an SM or more), the taller tile where two tie. On an H100 (CUDA graphs, bf16, W
+# row-major and K-major alike; outputs/profiles/w_lines_probe.txt): 4096 x 4096 x 1000 256 x
+# 128 0.0685 ms against 0.0794 for the 128 x 256 taken before (torch 0.0547), 2048 x 4096 x 1000
+# 128 x 128 0.0473 against 0.0668 for 64 x 256, 1024 x 4096 x 1000 128 x 64 0.0315 against 0.0381
+# for 64 x 128, 4096 x 4096 x 3000 and 5000 (a W of 39 MiB) 256 x 128 10-13 % faster. A W of
+# 32000 classes (250 MiB at K = 4096) is read from DRAM, where the rule does not hold (256 x 128
+# 1.2x slower than 128 x 256).
+L2_RESIDENT_W_BYTES = 40 << 20
+L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 
 # The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
 # 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
@@ -944,6 +957,15 @@ def _device_sms(index: int) -> int:
     return _device_sms_cached(index)
 
 
+def _l2_bound_tile(B: int, C: int, sms: int) -> tuple[int, int] | None:
+    """(rows, classes) of the L2_BOUND_TILES_16BIT tile whose programs read the fewest values,
+    K x (rows + classes) a program over whole waves of ``sms`` programs (the taller on a tie);
+    None where every tile leaves more than half the SMs idle (split K serves those shapes)."""
+    costs = [(cdiv(cdiv(B, bb) * cdiv(C, bc), sms) * (bb + bc), -bb, bb, bc) for bb, bc in L2_BOUND_TILES_16BIT
+             if cdiv(B, bb) * cdiv(C, bc) >= sms // 2]
+    return min(costs)[2:] if costs else None
+
+
 def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int = 16) -> int:
     """Halve the row block (down to ``least``, at least tl.dot's 16) until there is about one
     program per SM.
@@ -982,6 +1004,11 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
+        if sms is not None and K is not None and C > 256 and K * C * dtype.itemsize <= L2_RESIDENT_W_BYTES:
+            tile = _l2_bound_tile(B, C, sms)  # see L2_RESIDENT_W_BYTES
+            if tile is not None:
+                return MatmulLaunch(*tile, 64, group_b=8, num_warps=8 if tile[0] * tile[1] > 64 * 128 else 4,
+                                    num_stages=4)
         # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
     block_c = max(16, min(block_c, next_power_of_2(C)))

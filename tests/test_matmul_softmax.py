@@ -191,7 +191,7 @@ SPLIT_CHOICES = {
     # 16-bit: row blocks down to 64 rows (the warpgroup MMA's height), then class tiles down to
     # 64, then thinner rows or K slices (matmul_tma_probe.txt)
     (32, 4096, 1000, "bfloat16"): (16, 64, 4), (1, 2048, 1000, "bfloat16"): (16, 64, 8),
-    (512, 2048, 1000, "bfloat16"): (64, 64, 1), (1024, 4096, 1000, "bfloat16"): (64, 128, 1),
+    (512, 2048, 1000, "bfloat16"): (64, 64, 1), (1024, 4096, 1000, "bfloat16"): (128, 64, 1),
     (256, 2048, 1000, "bfloat16"): (64, 64, 2), (512, 768, 1000, "bfloat16"): (64, 64, 1),
     (32, 768, 1000, "bfloat16"): (16, 64, 1),  # K too short to split
     (1, 768, 50257, "bfloat16"): (16, 256, 1),  # 197 class tiles
@@ -228,10 +228,10 @@ def test_narrow_float32_class_tiles_take_long_k_steps(monkeypatch, B, K, block_k
     # both choices measured: outputs/profiles/matmul_tile_probe.txt)
     (512, 2048, 1000, "float32", 32), (256, 2048, 1000, "float32", 16), (4096, 4096, 4096, "float32", 32),
     (8, 768, 1000, "float32", 16),
-    # 16-bit likewise: 4096 x 1000 keeps 128-row tiles (128 programs, not 256 of 64 rows:
-    # outputs/profiles/matmul_pitch_probe.txt); 512 x 1000 keeps 64 rows, narrower class tiles
-    # (test_tiled_launch_splits_k_where_rows_leave_sms_idle)
-    (4096, 4096, 1000, "bfloat16", 128), (512, 2048, 1000, "bfloat16", 64),
+    # 16-bit likewise: 4096 x 1000 takes 256-row tiles (128 programs, not 256 of 64 rows:
+    # outputs/profiles/matmul_pitch_probe.txt; test_l2_bound_16bit_tiles); 512 x 1000 keeps 64
+    # rows, narrower class tiles (test_tiled_launch_splits_k_where_rows_leave_sms_idle)
+    (4096, 4096, 1000, "bfloat16", 256), (512, 2048, 1000, "bfloat16", 64),
 ])
 def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, block_b):
     import fused_softmax_matmul
@@ -240,6 +240,25 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
     launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
     assert launch.block_b == block_b
     check_launch(launch)
+
+
+@pytest.mark.parametrize("shape,tile", [
+    # W in L2: the fewest values read over whole waves (outputs/profiles/w_lines_probe.txt)
+    ((4096, 4096, 1000), (256, 128, 8)), ((8192, 4096, 1000), (256, 128, 8)),  # ties: the taller
+    ((4096, 4096, 5000), (256, 128, 8)), ((2048, 4096, 1000), (128, 128, 8)), ((1024, 4096, 1000), (128, 64, 4)),
+    ((512, 4096, 1000), (64, 64, 4)),
+    # W read from DRAM (250 MiB), or C within one default tile: the earlier rule
+    ((4096, 4096, 32000), (128, 256, 8)), ((4096, 4096, 256), (32, 256, 4)),
+])
+def test_l2_bound_16bit_tiles(monkeypatch, shape, tile):
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    B, K, C = shape
+    for dtype in (torch.bfloat16, torch.float16):
+        launch = tiled_launch(B, C, dtype, torch.device(DEVICE), K=K)
+        assert (launch.block_b, launch.block_c, launch.num_warps, launch.split_k) == (*tile, 1)
+        check_launch(launch)
 
 
 @pytest.mark.parametrize("B,n_tiles,block_c,sms,split", [
@@ -307,6 +326,25 @@ def test_benchmark_sizes_on_gpu(impl, B, K, C, dtype):
     rows = torch.arange(0, B, max(1, B // 512), device=x.device)
     ref64 = torch.softmax(x[rows].double() @ W.double(), dim=-1)
     assert_close(out[rows], ref64, matmul_softmax_ref(x, W)[rows])
+
+
+# On a GPU: the tiles of the rule for a W that stays in L2 (test_l2_bound_16bit_tiles), reached
+# through the wrappers' own choice, W in both layouts, softmax(x @ W) and x @ W against float64.
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
+@pytest.mark.parametrize("B,tile", [(4096, (256, 128)), (2048, (128, 128)), (1024, (128, 64))])
+def test_l2_bound_tiles_on_gpu(B, tile, layout, dtype):
+    K, C = 256, 1000
+    if torch.cuda.get_device_properties(DEVICE).multi_processor_count != 132:
+        pytest.skip("the tiles named are those of a 132-SM GPU")
+    launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
+    assert (launch.block_b, launch.block_c, launch.split_k) == (*tile, 1)
+    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], seed=B, layout=layout)
+    rows = torch.arange(0, B, 4, device=x.device)
+    logits64 = x[rows].double() @ W.double()
+    assert_close(matmul_softmax_fused_tiled(x, W)[rows], torch.softmax(logits64, -1), matmul_softmax_ref(x, W)[rows])
+    assert_close(matmul(x, W)[rows], logits64, (x @ W)[rows])
 
 
 @needs_gpu

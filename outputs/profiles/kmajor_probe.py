@@ -8,12 +8,11 @@ stay in L2 where they fit), median of 10 replays. From the repository root on a 
 
     PYTHONPATH=. python3 outputs/profiles/kmajor_probe.py
 """
-import statistics
-
 import torch
 import triton
 
 import fused_softmax_matmul as fsm
+from probe_timing import replay_median_ms as graph_ms
 
 now_args = fsm._matmul_args
 
@@ -24,28 +23,6 @@ def before_args(x, W, out):
     (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))
     vec = fsm.vector_align((xb, wk, ob, K, C), x.element_size())
     return (B, K // vec, C // vec, xb // vec, xk, wk // vec, wc, ob // vec, oc), dict(VEC=vec)
-
-
-def graph_ms(fn, calls=20, replays=10):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return statistics.median(times)
 
 
 def ours(args_fn, x, W):

@@ -10,28 +10,7 @@ import torch
 import triton
 
 import fused_softmax_matmul as fsm
-
-
-def graph_ms(fn, calls=20, replays=10):
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / calls)
-    return sorted(times)[len(times) // 2]
+from probe_timing import replay_median_ms as graph_ms
 
 
 LAUNCHES = [fsm.MatmulLaunch(*a) for a in (

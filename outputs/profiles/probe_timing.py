@@ -28,6 +28,30 @@ def graph_ms(step, iters=10):
     return bench(graph.replay) / iters
 
 
+def replay_median_ms(fn, calls=20, replays=10):
+    """GPU ms a call from a CUDA graph of ``calls`` calls: the median of ``replays`` replays, each
+    timed by events (no L2 flush between them, unlike ``graph_ms``'s do_bench)."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            fn()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / calls)
+    return sorted(times)[len(times) // 2]
+
+
 def host_us(fn, n=100):
     fn()
     torch.cuda.synchronize()
