@@ -901,16 +901,22 @@ NARROW_CLASS_TILE = 64
 # Float32 class tiles of at most this many classes take longer K steps (see ``_tiled_launch``).
 NARROW_FLOAT32_CLASSES = 32
 # 16-bit products over several class tiles with a W that stays in L2 (K x C bytes at most
-# L2_RESIDENT_W_BYTES, four fifths of the H100's 50 MiB L2): there each program's K loop is bound by what
-# its SM reads from L2, K x (rows + classes) values, so ``_l2_bound_tile`` takes the tile of
-# L2_BOUND_TILES_16BIT that reads the fewest such values over whole waves of programs (about one
-# program an SM or more), the taller tile where two tie. On an H100 (CUDA graphs, bf16, W
+# L2_RESIDENT_W_BYTES, four fifths of the H100's 50 MiB L2) laid out K-major or with rows of C
+# values that are no whole 32-byte sectors (C no multiple of 16): there each program's K loop
+# is bound by what its SM reads from L2, K x (rows + classes) values, so ``_l2_bound_tile``
+# takes the tile of L2_BOUND_TILES_16BIT that reads the fewest such values over whole waves of
+# programs (about one program an SM or more), the taller where two tie. On an H100 (CUDA graphs, bf16, W
 # row-major and K-major alike; outputs/profiles/w_lines_probe.txt): 4096 x 4096 x 1000 256 x
 # 128 0.0685 ms against 0.0794 for the 128 x 256 taken before (torch 0.0547), 2048 x 4096 x 1000
 # 128 x 128 0.0473 against 0.0668 for 64 x 256, 1024 x 4096 x 1000 128 x 64 0.0315 against 0.0381
 # for 64 x 128, 4096 x 4096 x 3000 and 5000 (a W of 39 MiB) 256 x 128 10-13 % faster. A W of
 # 32000 classes (250 MiB at K = 4096) is read from DRAM, where the rule does not hold (256 x 128
-# 1.2x slower than 128 x 256).
+# 1.2x slower than 128 x 256). Nor does it for a row-major W of whole sectors: 128 x 256 runs
+# 4096 x 4096 x 2048 in 0.1034 ms against 0.1327 for 256 x 128, 2048 x 4096 x 4000 0.1072
+# against 0.1356, 4096 x 1024 x 8192 0.1749 against 0.2104 (outputs/profiles/
+# l2_tile_rule_probe.txt; there too the backward's products: dW = x^T @ dz in 0.80-0.91x the
+# time at 1000-5000 classes, dx = dz @ W^T, whose W^T is K-major, 0.82-1.0x). One case went the
+# other way: 4096 x 4096 x 1500 with W K-major, 0.143 ms against 0.126 (w_lines_probe.txt).
 L2_RESIDENT_W_BYTES = 40 << 20
 L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 
@@ -977,13 +983,16 @@ def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int 
     return block_b
 
 
-def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
-    """``_tiled_launch`` for the device's SM count (cached per shape, dtype and SM count)."""
-    return _tiled_launch(B, C, dtype, _sm_count(device), K)
+def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None,
+                 w_kmajor: bool = False) -> MatmulLaunch:
+    """``_tiled_launch`` for the device's SM count (cached per shape, dtype, SM count and W's
+    layout: ``w_kmajor`` for a W whose K stride is 1, see ``_w_kmajor``)."""
+    return _tiled_launch(B, C, dtype, _sm_count(device), K, w_kmajor)
 
 
 @functools.lru_cache(maxsize=4096)
-def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None) -> MatmulLaunch:
+def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None,
+                  w_kmajor: bool = False) -> MatmulLaunch:
     """H100 choices for the Triton matmul and the tiled fused kernel (starting points to tune).
 
     16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
@@ -1004,7 +1013,8 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
-        if sms is not None and K is not None and C > 256 and K * C * dtype.itemsize <= L2_RESIDENT_W_BYTES:
+        if (sms is not None and K is not None and C > 256 and K * C * dtype.itemsize <= L2_RESIDENT_W_BYTES
+                and (w_kmajor or C % 16)):
             tile = _l2_bound_tile(B, C, sms)  # see L2_RESIDENT_W_BYTES
             if tile is not None:
                 return MatmulLaunch(*tile, 64, group_b=8, num_warps=8 if tile[0] * tile[1] > 64 * 128 else 4,
@@ -1386,10 +1396,17 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
     # classes: that stride is the one divided. Left undivided with K, C and the other strides,
     # every load and store of such a call went element by element: on an H100 4096 x 768 x
     # 1000 bf16 took 0.054 ms, against 0.029 with W row-major (profiles/w_pitch_probe.txt).
-    kmajor = bool(wk == 1 and wc != 1)  # a plain bool for the constexpr, strides symbolic or not
+    kmajor = _w_kmajor(W)
     vec = vector_align((xb, wc if kmajor else wk, ob, K, C), x.element_size())
     w_strides = (wk, wc // vec) if kmajor else (wk // vec, wc)
     return (B, K // vec, C // vec, xb // vec, xk, *w_strides, ob // vec, oc), dict(VEC=vec, W_KMAJOR=kmajor)
+
+
+def _w_kmajor(W: torch.Tensor) -> bool:
+    """W (K, C) laid out K-major: its K stride 1, its class stride not (a plain bool for the
+    constexpr and the launch cache, strides symbolic or not)."""
+    wk, wc = W.stride()
+    return bool(wk == 1 and wc != 1)
 
 
 def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
@@ -1491,7 +1508,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]))
+    launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W))
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
         return out
@@ -1533,7 +1550,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     if out.numel() == 0:
         return out
     B, C = out.shape
-    launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]))
+    launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W))
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)
         return out

@@ -187,15 +187,17 @@ MATMUL_SOFTMAX_IMPLS = {
 }
 
 
-def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device) -> int:
+def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dtype, device,
+                              w_kmajor: bool = False) -> int:
     """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
     extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
     kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
-    wrapper picks. Where the wrapper splits K, the Triton versions also move their partials."""
+    wrapper picks (for W's layout: ``w_kmajor``). Where the wrapper splits K, the Triton versions
+    also move their partials."""
     elt = dtype.itemsize
     if impl == "triton_fused_simple":
         return matmul_softmax_fused_bytes(B, K, C, elt)
-    launch = tiled_launch(B, C, dtype, torch.device(device), K=K)
+    launch = tiled_launch(B, C, dtype, torch.device(device), K=K, w_kmajor=w_kmajor)
     if impl == "triton_fused_tiled":
         return matmul_softmax_tiled_bytes(B, K, C, elt, launch)
     partials = split_k_bytes(B, K, launch, C) if impl == "triton_unfused" else 0

@@ -412,7 +412,7 @@ def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl):
     kernel = "triton_fused_tiled" if impl == TRITON else "torch"
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype} W=weight.t()", dtype=dtype, impl=impl,
                role=role_of(impl))
-    bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE),
+    bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE, w_kmajor=True),
           flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
 
 

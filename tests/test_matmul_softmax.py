@@ -242,21 +242,25 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
     check_launch(launch)
 
 
-@pytest.mark.parametrize("shape,tile", [
-    # W in L2: the fewest values read over whole waves (outputs/profiles/w_lines_probe.txt)
-    ((4096, 4096, 1000), (256, 128, 8)), ((8192, 4096, 1000), (256, 128, 8)),  # ties: the taller
-    ((4096, 4096, 5000), (256, 128, 8)), ((2048, 4096, 1000), (128, 128, 8)), ((1024, 4096, 1000), (128, 64, 4)),
-    ((512, 4096, 1000), (64, 64, 4)),
-    # W read from DRAM (250 MiB), or C within one default tile: the earlier rule
-    ((4096, 4096, 32000), (128, 256, 8)), ((4096, 4096, 256), (32, 256, 4)),
+@pytest.mark.parametrize("shape,w_kmajor,tile", [
+    # W in L2, its rows no whole sectors or K-major: the fewest values read over whole waves
+    # (outputs/profiles/w_lines_probe.txt, l2_tile_rule_probe.txt)
+    ((4096, 4096, 1000), False, (256, 128, 8)), ((8192, 4096, 1000), True, (256, 128, 8)),  # ties: the taller
+    ((4096, 4096, 5000), False, (256, 128, 8)), ((2048, 4096, 1000), False, (128, 128, 8)),
+    ((1024, 4096, 1000), True, (128, 64, 4)), ((512, 4096, 1000), False, (64, 64, 4)),
+    ((4096, 4096, 2048), True, (256, 128, 8)),
+    # a row-major W of whole sectors, a W read from DRAM (250 MiB), C within one default tile:
+    # the earlier rule
+    ((4096, 4096, 2048), False, (128, 256, 8)), ((4096, 4096, 32000), True, (128, 256, 8)),
+    ((4096, 4096, 256), True, (32, 256, 4)),
 ])
-def test_l2_bound_16bit_tiles(monkeypatch, shape, tile):
+def test_l2_bound_16bit_tiles(monkeypatch, shape, w_kmajor, tile):
     import fused_softmax_matmul
 
     monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
     B, K, C = shape
     for dtype in (torch.bfloat16, torch.float16):
-        launch = tiled_launch(B, C, dtype, torch.device(DEVICE), K=K)
+        launch = tiled_launch(B, C, dtype, torch.device(DEVICE), K=K, w_kmajor=w_kmajor)
         assert (launch.block_b, launch.block_c, launch.num_warps, launch.split_k) == (*tile, 1)
         check_launch(launch)
 
@@ -338,7 +342,7 @@ def test_l2_bound_tiles_on_gpu(B, tile, layout, dtype):
     K, C = 256, 1000
     if torch.cuda.get_device_properties(DEVICE).multi_processor_count != 132:
         pytest.skip("the tiles named are those of a 132-SM GPU")
-    launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K)
+    launch = tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K, w_kmajor=layout == "W_transposed")
     assert (launch.block_b, launch.block_c, launch.split_k) == (*tile, 1)
     x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], seed=B, layout=layout)
     rows = torch.arange(0, B, 4, device=x.device)
