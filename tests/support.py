@@ -165,13 +165,17 @@ def matmul_softmax_inputs(B, K, C, dtype, seed=0, scale=1.0, layout="contiguous"
     so the logits are of size ``scale`` whatever K is.
 
     layout "x_strided": x is every other column of a (B, 2K) tensor (row stride 2K, column
-    stride 2); "W_transposed": W is the transpose of a contiguous (C, K) tensor (strides 1, K).
+    stride 2); "W_transposed": W is the transpose of a contiguous (C, K) tensor (strides 1, K);
+    "x_transposed": x is the transpose of a contiguous (K, B) tensor (strides 1, B), as x^T in
+    a backward's dW = x^T @ dz; "both_transposed": both.
     """
     if layout == "x_strided":
         x = randn((B, 2 * K), dtype, seed, scale)[:, ::2]
+    elif layout in ("x_transposed", "both_transposed"):
+        x = randn((K, B), dtype, seed, scale).t()
     else:
         x = randn((B, K), dtype, seed, scale)
-    if layout == "W_transposed":
+    if layout in ("W_transposed", "both_transposed"):
         W = randn((C, K), dtype, seed + 1, max(K, 1) ** -0.5).t()
     else:
         W = randn((K, C), dtype, seed + 1, max(K, 1) ** -0.5)

@@ -73,6 +73,13 @@ CASES = {
     # over class tiles too.
     "W transposed, vectors": (24, 48, 72, (16, 32, 16), "W_transposed", 1.0),
     "W transposed, split K, class tiles": (20, 96, 72, (16, 32, 16, 3), "W_transposed", 1.0),
+    # x laid out as a transpose (strides (1, B), as x^T in dW = x^T @ dz) with B, K, C and W's K
+    # stride multiples of 8: x's K stride goes divided (X_TRANSPOSED); alone, with K split, and
+    # with W K-major too.
+    "x transposed, vectors": (24, 48, 72, (16, 32, 16), "x_transposed", 1.0),
+    "x transposed, split K, class tiles": (24, 96, 72, (16, 32, 16, 3), "x_transposed", 1.0),
+    "x and W transposed": (24, 48, 72, (16, 32, 16), "both_transposed", 1.0),
+    "x transposed, no vectors": (21, 40, 70, (16, 32, 16), "x_transposed", 1.0),
     # K split in 3 slices of 48 (the last holds 4) over 3 row blocks (the last holds 8 rows):
     # split_k_kernel, in matmul (unfused) and in the tiled wrapper.
     "split K": (40, 100, 50, (16, 64, 16, 3), "contiguous", 1.0),
