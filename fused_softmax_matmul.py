@@ -1730,7 +1730,8 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
                        check) -> torch.Tensor:
     """The public op ``name``: the launches kept from an earlier call with inputs and options of
     the same key (one launch, or a chain with its workspace), else ``check(x, W, launch)``, then
-    its custom op or an eager ``forward``."""
+    its custom op (traced, or a tensor subclass autograd records), ``_EagerMatmulFamily`` (an
+    eager call autograd records) or an eager ``forward``."""
     key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
@@ -1740,8 +1741,48 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
                 return out
     check(x, W, launch)
     if needs_op(x, W):
+        if not torch.compiler.is_compiling() and all(type(t) in _PLAIN_TENSORS for t in (x, W)):
+            return _EagerMatmulFamily.apply(x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
+
+
+_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def _no_check(x, W, launch) -> None:
+    """The backward's products: their operands come from checked inputs."""
+
+
+class _EagerMatmulFamily(torch.autograd.Function):
+    """An eager call of a matmul-family op that autograd records, outside the dispatcher: the
+    forward and the backward's products replay their kept launches (``_run_matmul_family``
+    without grad), where the custom op and its registered backward paid the dispatcher and
+    Triton's full launch path each time (softmax(x @ W), 1024 x 4096 x 1000 bf16 on an H100: 780
+    us of host time a forward + backward, torch 175-285; outputs/profiles/
+    matmul_backward_host_profile.txt). The same kernels and the same results. A backward that
+    records a graph (create_graph) goes through the backward op, which refuses a second
+    derivative as the custom op's does."""
+
+    @staticmethod
+    def forward(ctx, x, W, name, forward, launch):
+        out = _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off in here
+        ctx.softmax = name != "matmul"
+        ctx.save_for_backward(x, W, *((out,) if ctx.softmax else ()))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, W, *out = ctx.saved_tensors
+        need_x, need_W = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled():
+            op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
+            dx, dW = op(x, W, *out, dout, need_x, need_W)
+        else:
+            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+            dx = _run_matmul_family("matmul", _matmul_forward, dz, W.t(), None, _no_check) if need_x else None
+            dW = _run_matmul_family("matmul", _matmul_forward, x.t(), dz, None, _no_check) if need_W else None
+        return (dx if need_x else None), (dW if need_W else None), None, None, None
 
 
 _MATMUL_REPLAYS = Replays()
