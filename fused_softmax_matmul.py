@@ -43,7 +43,7 @@ except ImportError:  # pragma: no cover
 from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
-    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
+    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, PLAIN_TENSORS,
     DescriptorReplay, DirectLauncher,
 )
 
@@ -673,6 +673,32 @@ def _fused_softmax_grad(ctx, dout, _dlse):
 _fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
 
 
+class _EagerFusedSoftmax(torch.autograd.Function):
+    """``fused_softmax`` called eagerly with autograd recording: the fused kernel and its backward
+    launched directly, not through the custom op and its registered backward, which paid the
+    dispatcher each time (on an H100, 4 x 256 x 256 x 64 bf16: 348 us of host time a forward
+    with grad recorded, 36 without; outputs/profiles/grad_host_probe.txt). A backward that records
+    a graph (create_graph), or one traced, goes through the backward op, which refuses a second
+    derivative as before."""
+
+    @staticmethod
+    def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
+        out, lse = _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False)
+        ctx.save_for_backward(x, V, out, lse)
+        ctx.blocks = (BLOCK_1, BLOCK_2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, V, out, lse = ctx.saved_tensors
+        need_x, need_V = ctx.needs_input_grad[:2]
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+            dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+        else:
+            dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
+        return (dx if need_x else None), (dV if need_V else None), None, None, None
+
+
 # Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
 # kernel, do_bench on an H100 (outputs/profiles/grid_probe.txt: the 192 cases of issue 17's grid
 # and 36 off it, batch 8, d1 1000 to 4096, d2 1000 to 8192): past d3 = 128 the materialised
@@ -768,6 +794,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
             raise TypeError(f"launch must be a FusedLaunch, got {type(launch).__name__}")
         launch.check()
     if needs_op(x, V):
+        if not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in (x, V)):
+            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -1741,13 +1769,11 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
                 return out
     check(x, W, launch)
     if needs_op(x, W):
-        if not torch.compiler.is_compiling() and all(type(t) in _PLAIN_TENSORS for t in (x, W)):
+        if not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in (x, W)):
             return _EagerMatmulFamily.apply(x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
-
-_PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
 def _no_check(x, W, launch) -> None:
@@ -1761,8 +1787,8 @@ class _EagerMatmulFamily(torch.autograd.Function):
     Triton's full launch path each time (softmax(x @ W), 1024 x 4096 x 1000 bf16 on an H100: 780
     us of host time a forward + backward, torch 175-285; outputs/profiles/
     matmul_backward_host_profile.txt). The same kernels and the same results. A backward that
-    records a graph (create_graph) goes through the backward op, which refuses a second
-    derivative as the custom op's does."""
+    records a graph (create_graph), or one traced, goes through the backward op, which refuses a
+    second derivative as before."""
 
     @staticmethod
     def forward(ctx, x, W, name, forward, launch):
@@ -1775,7 +1801,7 @@ class _EagerMatmulFamily(torch.autograd.Function):
     def backward(ctx, dout):
         x, W, *out = ctx.saved_tensors
         need_x, need_W = ctx.needs_input_grad[:2]
-        if torch.is_grad_enabled():
+        if torch.is_grad_enabled() or torch.compiler.is_compiling():
             op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
             dx, dW = op(x, W, *out, dout, need_x, need_W)
         else:

@@ -303,3 +303,51 @@ def test_hot_path_does_no_setup(monkeypatch, shape):
     monkeypatch.setattr(torch.cuda, "get_device_properties", _refuse("get_device_properties"))
     monkeypatch.setattr(torch, "zeros", _refuse("torch.zeros"))
     assert torch.equal(row_softmax(x), first)
+
+
+# ----------------------------------------------------------------------------------------------
+# Eager calls that autograd records: an autograd.Function launching directly (kept launches, no
+# dispatcher), with the gradients of the custom op path they stand in for.
+# ----------------------------------------------------------------------------------------------
+def _eager_cases():
+    import fused_softmax_matmul as fsm
+
+    x = randn((6, 37), torch.float32, seed=70)
+    yield "row_softmax", "_EagerRowSoftmax", osm.row_softmax, lambda a: osm._row_softmax_op(a, 0), (x,)
+    xv, v = randn((2, 20, 40), torch.float32, seed=71), randn((2, 40, 24), torch.float32, seed=72)
+    yield ("fused_softmax", "_EagerFusedSoftmax", lambda a, b: fsm.fused_softmax(a, b, 16, 16),
+           lambda a, b: fsm._fused_softmax_op(a, b, 16, 16, [])[0], (xv, v))
+    xw, w = randn((20, 48), torch.float32, seed=73), randn((48, 30), torch.float32, seed=74)
+    for name in ("matmul_softmax_fused_tiled", "matmul"):
+        op = fsm._MATMUL_OPS[name]
+        yield name, "_EagerMatmulFamily", getattr(fsm, name), lambda a, b, op=op: op(a, b, []), (xw, w)
+    # x^T as a backward's dW takes it: its K stride divided (X_TRANSPOSED)
+    xt = randn((48, 24), torch.float32, seed=75).t()
+    yield "matmul, x transposed", "_EagerMatmulFamily", fsm.matmul, lambda a, b: fsm._MATMUL_OPS["matmul"](a, b, []), (
+        xt, randn((48, 40), torch.float32, seed=76))
+
+
+@pytest.mark.parametrize("case", list(_eager_cases()), ids=lambda case: case[0])
+def test_eager_autograd_matches_the_op(case):
+    _, function, public, through_op, inputs = case
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = public(*leaves)
+    assert type(out.grad_fn).__name__ == function + "Backward"
+    grad_out = randn(tuple(out.shape), torch.float32, seed=77)
+    eager = torch.autograd.grad(out, leaves, grad_out)
+    via_op = torch.autograd.grad(through_op(*leaves), leaves, grad_out)
+    assert type(through_op(*leaves).grad_fn).__name__ != function + "Backward"
+    for a, b in zip(eager, via_op):
+        assert torch.equal(a, b)
+
+
+class Tagged(torch.Tensor):
+    """A tensor subclass: eager calls on it keep the custom op (the Function takes plain tensors)."""
+
+
+def test_eager_autograd_leaves_subclasses_to_the_op():
+    x = randn((4, 33), torch.float32, seed=78).as_subclass(Tagged).requires_grad_()
+    y = osm.row_softmax(x)
+    assert "Eager" not in type(y.grad_fn).__name__
+    (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
+    assert torch.allclose(g, torch.zeros_like(g), atol=1e-6)  # rows of a softmax sum to 1
