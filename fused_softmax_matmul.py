@@ -944,7 +944,10 @@ NARROW_FLOAT32_CLASSES = 32
 # against 0.1356, 4096 x 1024 x 8192 0.1749 against 0.2104 (outputs/profiles/
 # l2_tile_rule_probe.txt; there too the backward's products: dW = x^T @ dz in 0.80-0.91x the
 # time at 1000-5000 classes, dx = dz @ W^T, whose W^T is K-major, 0.82-1.0x). One case went the
-# other way: 4096 x 4096 x 1500 with W K-major, 0.143 ms against 0.126 (w_lines_probe.txt).
+# other way: 4096 x 4096 x 1500 with W K-major, 0.143 ms against 0.126 (w_lines_probe.txt). W in
+# L2 needs no program groups (``tile_coords``): consecutive programs sharing x's row block ran
+# 2-21 % faster than groups of 8 (2048 x 4096 x 1000 0.0381 against 0.0482 ms, 512 x 4096 x 1000
+# 0.0207 against 0.0242; other K steps, stages and splits were slower: l2_tile_steps_probe.txt).
 L2_RESIDENT_W_BYTES = 40 << 20
 L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 
@@ -1045,7 +1048,7 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
                 and (w_kmajor or C % 16)):
             tile = _l2_bound_tile(B, C, sms)  # see L2_RESIDENT_W_BYTES
             if tile is not None:
-                return MatmulLaunch(*tile, 64, group_b=8, num_warps=8 if tile[0] * tile[1] > 64 * 128 else 4,
+                return MatmulLaunch(*tile, 64, group_b=1, num_warps=8 if tile[0] * tile[1] > 64 * 128 else 4,
                                     num_stages=4)
         # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4

@@ -250,16 +250,17 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
 
 
 @pytest.mark.parametrize("shape,w_kmajor,tile", [
-    # W in L2, its rows no whole sectors or K-major: the fewest values read over whole waves
-    # (outputs/profiles/w_lines_probe.txt, l2_tile_rule_probe.txt)
-    ((4096, 4096, 1000), False, (256, 128, 8)), ((8192, 4096, 1000), True, (256, 128, 8)),  # ties: the taller
-    ((4096, 4096, 5000), False, (256, 128, 8)), ((2048, 4096, 1000), False, (128, 128, 8)),
-    ((1024, 4096, 1000), True, (128, 64, 4)), ((512, 4096, 1000), False, (64, 64, 4)),
-    ((4096, 4096, 2048), True, (256, 128, 8)),
+    # W in L2, its rows no whole sectors or K-major: the fewest values read over whole waves, and
+    # no program groups (outputs/profiles/w_lines_probe.txt, l2_tile_rule_probe.txt,
+    # l2_tile_steps_probe.txt); (rows, classes, warps, group_b)
+    ((4096, 4096, 1000), False, (256, 128, 8, 1)), ((8192, 4096, 1000), True, (256, 128, 8, 1)),  # ties: the taller
+    ((4096, 4096, 5000), False, (256, 128, 8, 1)), ((2048, 4096, 1000), False, (128, 128, 8, 1)),
+    ((1024, 4096, 1000), True, (128, 64, 4, 1)), ((512, 4096, 1000), False, (64, 64, 4, 1)),
+    ((4096, 4096, 2048), True, (256, 128, 8, 1)),
     # a row-major W of whole sectors, a W read from DRAM (250 MiB), C within one default tile:
     # the earlier rule
-    ((4096, 4096, 2048), False, (128, 256, 8)), ((4096, 4096, 32000), True, (128, 256, 8)),
-    ((4096, 4096, 256), True, (32, 256, 4)),
+    ((4096, 4096, 2048), False, (128, 256, 8, 8)), ((4096, 4096, 32000), True, (128, 256, 8, 8)),
+    ((4096, 4096, 256), True, (32, 256, 4, 8)),
 ])
 def test_l2_bound_16bit_tiles(monkeypatch, shape, w_kmajor, tile):
     import fused_softmax_matmul
@@ -268,7 +269,7 @@ def test_l2_bound_16bit_tiles(monkeypatch, shape, w_kmajor, tile):
     B, K, C = shape
     for dtype in (torch.bfloat16, torch.float16):
         launch = tiled_launch(B, C, dtype, torch.device(DEVICE), K=K, w_kmajor=w_kmajor)
-        assert (launch.block_b, launch.block_c, launch.num_warps, launch.split_k) == (*tile, 1)
+        assert (launch.block_b, launch.block_c, launch.num_warps, launch.group_b, launch.split_k) == (*tile, 1)
         check_launch(launch)
 
 
