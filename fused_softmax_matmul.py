@@ -44,6 +44,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward, PLAIN_TENSORS,
+    backward_through_op,
     DescriptorReplay, DirectLauncher,
 )
 
@@ -678,8 +679,8 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     launched directly, not through the custom op and its registered backward, which paid the
     dispatcher each time (on an H100, 4 x 256 x 256 x 64 bf16: 348 us of host time a forward
     with grad recorded, 36 without; outputs/profiles/grad_host_probe.txt). A backward that records
-    a graph (create_graph), or one traced, goes through the backward op, which refuses a second
-    derivative as before."""
+    a graph (create_graph), one traced and a batch of gradients go through the backward op
+    (``backward_through_op``), which refuses a second derivative as before."""
 
     @staticmethod
     def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
@@ -692,7 +693,7 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     def backward(ctx, dout):
         x, V, out, lse = ctx.saved_tensors
         need_x, need_V = ctx.needs_input_grad[:2]
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if backward_through_op(dout):
             dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
         else:
             dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
@@ -996,10 +997,11 @@ def _device_sms(index: int) -> int:
 
 def _l2_bound_tile(B: int, C: int, sms: int) -> tuple[int, int] | None:
     """(rows, classes) of the L2_BOUND_TILES_16BIT tile whose programs read the fewest values,
-    K x (rows + classes) a program over whole waves of ``sms`` programs (the taller on a tie);
-    None where every tile leaves more than half the SMs idle (split K serves those shapes)."""
+    K x (rows + classes) a program over whole waves of ``sms`` programs (the taller on a tie),
+    none taller than the B rows; None where every tile leaves more than half the SMs idle or is
+    too tall (the earlier rule serves those shapes: thinner rows, split K)."""
     costs = [(cdiv(cdiv(B, bb) * cdiv(C, bc), sms) * (bb + bc), -bb, bb, bc) for bb, bc in L2_BOUND_TILES_16BIT
-             if cdiv(B, bb) * cdiv(C, bc) >= sms // 2]
+             if bb <= B and cdiv(B, bb) * cdiv(C, bc) >= sms // 2]
     return min(costs)[2:] if costs else None
 
 
@@ -1778,7 +1780,6 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
 
-
 def _no_check(x, W, launch) -> None:
     """The backward's products: their operands come from checked inputs."""
 
@@ -1789,9 +1790,10 @@ class _EagerMatmulFamily(torch.autograd.Function):
     without grad), where the custom op and its registered backward paid the dispatcher and
     Triton's full launch path each time (softmax(x @ W), 1024 x 4096 x 1000 bf16 on an H100: 780
     us of host time a forward + backward, torch 175-285; outputs/profiles/
-    matmul_backward_host_profile.txt). The same kernels and the same results. A backward that
-    records a graph (create_graph), or one traced, goes through the backward op, which refuses a
-    second derivative as before."""
+    matmul_backward_host_profile.txt). The same kernels as the op's path (the backward's products
+    through the public wrapper's launch choice). A backward that records a graph (create_graph),
+    one traced and a batch of gradients go through the backward op (``backward_through_op``),
+    which refuses a second derivative as before."""
 
     @staticmethod
     def forward(ctx, x, W, name, forward, launch):
@@ -1804,11 +1806,12 @@ class _EagerMatmulFamily(torch.autograd.Function):
     def backward(ctx, dout):
         x, W, *out = ctx.saved_tensors
         need_x, need_W = ctx.needs_input_grad[:2]
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if backward_through_op(dout):
             op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
             dx, dW = op(x, W, *out, dout, need_x, need_W)
         else:
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+            # As _matmul_backward: an expanded (stride-0) gradient would lose the vector loads.
+            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout.contiguous()
             dx = _run_matmul_family("matmul", _matmul_forward, dz, W.t(), None, _no_check) if need_x else None
             dW = _run_matmul_family("matmul", _matmul_forward, x.t(), dz, None, _no_check) if need_W else None
         return (dx if need_x else None), (dW if need_W else None), None, None, None

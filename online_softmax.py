@@ -1623,13 +1623,24 @@ _row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_con
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
+def backward_through_op(grad: torch.Tensor) -> bool:
+    """Whether an eager Function's backward must call its backward op instead of launching: when
+    it records a graph (create_graph), is traced, or gets a gradient that holds no plain storage
+    (a batch of gradients from ``is_grads_batched`` or a vectorised jacobian: functorch's
+    wrappers, which the op's batching rule serves)."""
+    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or type(grad) not in PLAIN_TENSORS
+            or torch._C._functorch.is_legacy_batchedtensor(grad)
+            or torch._C._functorch.is_functorch_wrapped_tensor(grad))
+
+
 class _EagerRowSoftmax(torch.autograd.Function):
     """``row_softmax`` called eagerly with autograd recording, outside the dispatcher: the forward
     replays its kept launch (``row_softmax`` without grad) and the backward launches
     ``_row_backward`` directly, where the custom op and its registered backward paid the
     dispatcher each time (on an H100, 64 x 1000 float32: 137 us of host time a forward with grad
     recorded, 20-27 without; outputs/profiles/grad_host_probe.txt). A backward that records a
-    graph (create_graph), or one traced, goes through the backward op: differentiable again."""
+    graph (create_graph), one traced and a batch of gradients go through the backward op
+    (``backward_through_op``): differentiable again."""
 
     @staticmethod
     def forward(ctx, x2, BLOCK_SIZE):
@@ -1640,7 +1651,7 @@ class _EagerRowSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        if torch.is_grad_enabled() or torch.compiler.is_compiling():
+        if backward_through_op(dy):
             return _row_softmax_backward_op(y, dy), None
         return _row_backward(y, dy, traced=False), None
 

@@ -261,6 +261,9 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
     # the earlier rule
     ((4096, 4096, 2048), False, (128, 256, 8, 8)), ((4096, 4096, 32000), True, (128, 256, 8, 8)),
     ((4096, 4096, 256), True, (32, 256, 4, 8)),
+    # rows fewer than the rule's tiles: none taller than B, so the earlier rule (thin rows)
+    ((32, 1024, 20000), True, (32, 256, 4, 8)), ((1, 4096, 5000), True, (16, 64, 4, 8)),
+    ((100, 4096, 3000), False, (64, 64, 4, 1)),
 ])
 def test_l2_bound_16bit_tiles(monkeypatch, shape, w_kmajor, tile):
     import fused_softmax_matmul

@@ -341,6 +341,21 @@ def test_eager_autograd_matches_the_op(case):
         assert torch.equal(a, b)
 
 
+@pytest.mark.parametrize("case", list(_eager_cases()), ids=lambda case: case[0])
+def test_eager_autograd_takes_batched_gradients(case):
+    # is_grads_batched (and vectorised jacobians) hand the backward a functorch batch, which has
+    # no storage a launch could read: the backward op serves it, as before the eager Functions.
+    _, _, public, _, inputs = case
+    leaves = [t.clone().requires_grad_() for t in inputs]
+    out = public(*leaves)
+    grads = randn((3, *out.shape), torch.float32, seed=79)
+    batched = torch.autograd.grad(out, leaves, grads, is_grads_batched=True)
+    for i in range(3):
+        one = torch.autograd.grad(public(*leaves), leaves, grads[i])
+        for a, b in zip(batched, one):
+            torch.testing.assert_close(a[i], b, rtol=1e-5, atol=1e-6)
+
+
 class Tagged(torch.Tensor):
     """A tensor subclass: eager calls on it keep the custom op (the Function takes plain tensors)."""
 

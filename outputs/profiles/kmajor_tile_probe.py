@@ -24,7 +24,7 @@ for B, K, C, layout in ((4096, 4096, 32000, "K-major"), (4096, 4096, 32000, "row
     x = torch.randn(B, K, device="cuda", dtype=torch.bfloat16, generator=g)
     W = (torch.randn(C, K, device="cuda", dtype=torch.bfloat16, generator=g) * K ** -0.5).t()
     W = W if layout == "K-major" else W.contiguous()
-    chosen = fsm.tiled_launch(B, C, torch.bfloat16, x.device, K=K)
+    chosen = fsm.tiled_launch(B, C, torch.bfloat16, x.device, K=K, w_kmajor=fsm._w_kmajor(W))
     torch_ms = graph_ms(lambda: torch.softmax(x @ W, -1))
     print(f"== {B} x {K} x {C} bf16, W {layout}: torch {torch_ms:.4f} ms; the wrapper's launch "
           f"{chosen.block_b}x{chosen.block_c}x{chosen.block_k} w{chosen.num_warps} s{chosen.num_stages}", flush=True)

@@ -38,7 +38,7 @@ def make(B, K, C, layout, pitch=None, dtype=torch.bfloat16):
 
 def row(x, W, names, extra=()):
     torch_ms = graph_ms(lambda: torch.softmax(x @ W, -1))
-    chosen = fsm.tiled_launch(x.shape[0], W.shape[1], x.dtype, x.device, K=x.shape[1])
+    chosen = fsm.tiled_launch(x.shape[0], W.shape[1], x.dtype, x.device, K=x.shape[1], w_kmajor=fsm._w_kmajor(W))
     parts = [f"torch {torch_ms:.4f}"]
     fsm._MATMUL_REPLAYS.clear()
     ms = graph_ms(lambda: fsm.matmul_softmax_fused_tiled(x, W))
