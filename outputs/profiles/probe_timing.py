@@ -12,7 +12,8 @@ def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=150)
 
 
-def graph_ms(step, iters=10):
+def captured(step, calls):
+    """A CUDA graph of ``calls`` calls of step, after three warm-up calls off the capture."""
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture
@@ -21,8 +22,13 @@ def graph_ms(step, iters=10):
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        for _ in range(iters):
+        for _ in range(calls):
             step()
+    return graph
+
+
+def graph_ms(step, iters=10):
+    graph = captured(step, iters)
     graph.replay()
     torch.cuda.synchronize()
     return bench(graph.replay) / iters
@@ -31,16 +37,7 @@ def graph_ms(step, iters=10):
 def replay_median_ms(fn, calls=20, replays=10):
     """GPU ms a call from a CUDA graph of ``calls`` calls: the median of ``replays`` replays, each
     timed by events (no L2 flush between them, unlike ``graph_ms``'s do_bench)."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(calls):
-            fn()
+    graph = captured(fn, calls)
     times = []
     for _ in range(replays):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
