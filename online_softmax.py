@@ -758,10 +758,11 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     check_tiles(BLOCK_1, BLOCK_2)
     x3 = _as_3d(x)
     if needs_op(x3):
-        y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
+        eager = not torch.compiler.is_compiling() and type(x3) in PLAIN_TENSORS
+        y = (_EagerOnlineSoftmax.apply if eager else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
     else:
         y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
-    return y.reshape(x.shape)
+    return y if y.shape == x.shape else y.reshape(x.shape)
 
 
 def online_softmax_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
@@ -1631,6 +1632,25 @@ def backward_through_op(grad: torch.Tensor) -> bool:
     return (torch.is_grad_enabled() or torch.compiler.is_compiling() or type(grad) not in PLAIN_TENSORS
             or torch._C._functorch.is_legacy_batchedtensor(grad)
             or torch._C._functorch.is_functorch_wrapped_tensor(grad))
+
+
+class _EagerOnlineSoftmax(torch.autograd.Function):
+    """``online_softmax`` called eagerly with autograd recording: its kernels launched directly,
+    as ``_EagerRowSoftmax`` does for ``row_softmax`` (there the reasons and the figures)."""
+
+    @staticmethod
+    def forward(ctx, x3, BLOCK_1, BLOCK_2):
+        y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
+        ctx.save_for_backward(y)
+        ctx.blocks = (BLOCK_1, BLOCK_2)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        (y,) = ctx.saved_tensors
+        if backward_through_op(dy):
+            return _online_softmax_backward_op(y, dy, *ctx.blocks), None, None
+        return _online_backward(y, dy, *ctx.blocks, traced=False), None, None
 
 
 class _EagerRowSoftmax(torch.autograd.Function):
