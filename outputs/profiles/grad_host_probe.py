@@ -60,6 +60,8 @@ print("us a call: forward without grad / forward, grad recorded / forward + back
 case("row_softmax 64 x 1000 float32", osm.row_softmax, lambda a: torch.softmax(a, -1),
      [rand(64, 1000, dtype=torch.float32)])
 case("row_softmax 4096 x 4096 bf16", osm.row_softmax, lambda a: torch.softmax(a, -1), [rand(4096, 4096)])
+case("online_softmax 4 x 256 x 1000 float32", osm.online_softmax, lambda a: torch.softmax(a, -1),
+     [rand(4, 256, 1000, dtype=torch.float32)])
 case("fused_softmax 4 x 256 x 256 x 64 bf16", fsm.fused_softmax, lambda a, v: torch.softmax(a, -1) @ v,
      [rand(4, 256, 256), rand(4, 256, 64, seed=1)])
 case("softmax(x @ W) 64 x 128 x 10 float32", fsm.matmul_softmax_fused_tiled, lambda a, w: torch.softmax(a @ w, -1),
