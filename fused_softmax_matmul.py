@@ -560,7 +560,8 @@ def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
                            store_lse: bool, wrap: bool, keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None);
-    ``keep`` receives the launch as a Replay of (x, V, out, out) (see ``launch_and_keep``)."""
+    ``keep`` receives the launch as a Replay of (x, V, out, out), with store_lse of (x, V, out,
+    lse) (see ``launch_and_keep``)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     out = _fused_output(x, V)
@@ -581,7 +582,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
                     (x, V, out, out if lse is None else lse, d1, d2 // k_align, d3, *x_strides, *v_strides,
                      *out.stride(), n_tiles, n_tiles_3),
                     dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
-                    None if store_lse else keep, 4)
+                    keep, 4)
     return out, lse
 
 
@@ -684,7 +685,19 @@ class _EagerFusedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
-        out, lse = _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False)
+        # The launch that also stores the log-sum-exp, kept apart from fused_softmax's (grad is
+        # off in here, so the inputs have a key).
+        key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
+        replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
+        out = None
+        if replay is not None:
+            out = _fused_output(x, V)
+            lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
+            if not replay(x, V, out, lse):
+                out = None
+        if out is None:
+            keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
+            out, lse = _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
         ctx.save_for_backward(x, V, out, lse)
         ctx.blocks = (BLOCK_1, BLOCK_2)
         return out
@@ -802,8 +815,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
 
 
-# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and options.
+# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and options; those
+# that also store the log-sum-exp (``_EagerFusedSoftmax``) apart.
 _FUSED_REPLAYS = Replays()
+_FUSED_LSE_REPLAYS = Replays()
 
 
 # ----------------------------------------------------------------------------------------------

@@ -338,6 +338,10 @@ def test_eager_autograd_matches_the_op(case):
     assert type(out.grad_fn).__name__ == function + "Backward"
     grad_out = randn(tuple(out.shape), torch.float32, seed=77)
     eager = torch.autograd.grad(out, leaves, grad_out)
+    again = public(*leaves)  # on a GPU, the launch kept from the first call
+    assert torch.equal(again, out)
+    for a, b in zip(torch.autograd.grad(again, leaves, grad_out), eager):
+        assert torch.equal(a, b)
     via_op = torch.autograd.grad(through_op(*leaves), leaves, grad_out)
     assert type(through_op(*leaves).grad_fn).__name__ != function + "Backward"
     for a, b in zip(eager, via_op):
