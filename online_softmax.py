@@ -759,7 +759,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     x3 = _as_3d(x)
     if needs_op(x3):
         eager = not torch.compiler.is_compiling() and type(x3) in PLAIN_TENSORS
-        y = (_EagerOnlineSoftmax.apply if eager else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
+        y = (OnlineSoftmax.apply if eager else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
     else:
         y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
     return y if y.shape == x.shape else y.reshape(x.shape)
@@ -780,6 +780,8 @@ class OnlineSoftmax(torch.autograd.Function):
     """``OnlineSoftmax.apply(x, BLOCK_1, BLOCK_2)``: online softmax with a Triton backward.
 
     The backward is differentiable itself (``create_graph=True`` gives correct second-order terms).
+    ``online_softmax`` called eagerly with autograd recording runs through it too: its kernels
+    launched directly, not through the custom op and the dispatcher (as ``_EagerRowSoftmax``).
     """
 
     @staticmethod
@@ -793,8 +795,14 @@ class OnlineSoftmax(torch.autograd.Function):
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
         # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
-        # refuses tensor-metadata queries such as .layout inside a traced backward.
-        return _online_backward_3d(_as_3d(y), _as_3d(dy), *ctx.blocks).reshape(y.shape), None, None
+        # refuses tensor-metadata queries such as .layout inside a traced backward. A graph
+        # recorded, a trace or a batch of gradients takes the backward op (``backward_through_op``).
+        y3, dy3 = _as_3d(y), _as_3d(dy)
+        if backward_through_op(dy):
+            dx = _online_softmax_backward_op(y3, dy3, *ctx.blocks)
+        else:
+            dx = _online_backward(y3, dy3, *ctx.blocks, traced=False)
+        return dx.reshape(y.shape), None, None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1632,25 +1640,6 @@ def backward_through_op(grad: torch.Tensor) -> bool:
     return (torch.is_grad_enabled() or torch.compiler.is_compiling() or type(grad) not in PLAIN_TENSORS
             or torch._C._functorch.is_legacy_batchedtensor(grad)
             or torch._C._functorch.is_functorch_wrapped_tensor(grad))
-
-
-class _EagerOnlineSoftmax(torch.autograd.Function):
-    """``online_softmax`` called eagerly with autograd recording: its kernels launched directly,
-    as ``_EagerRowSoftmax`` does for ``row_softmax`` (there the reasons and the figures)."""
-
-    @staticmethod
-    def forward(ctx, x3, BLOCK_1, BLOCK_2):
-        y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
-        ctx.save_for_backward(y)
-        ctx.blocks = (BLOCK_1, BLOCK_2)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        if backward_through_op(dy):
-            return _online_softmax_backward_op(y, dy, *ctx.blocks), None, None
-        return _online_backward(y, dy, *ctx.blocks, traced=False), None, None
 
 
 class _EagerRowSoftmax(torch.autograd.Function):
