@@ -758,8 +758,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     check_tiles(BLOCK_1, BLOCK_2)
     x3 = _as_3d(x)
     if needs_op(x3):
-        eager = not torch.compiler.is_compiling() and type(x3) in PLAIN_TENSORS
-        y = (OnlineSoftmax.apply if eager else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
+        y = (OnlineSoftmax.apply if eager_autograd(x3) else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
     else:
         y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
     return y if y.shape == x.shape else y.reshape(x.shape)
@@ -1632,6 +1631,12 @@ _row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_con
 PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 
+def eager_autograd(*tensors) -> bool:
+    """Whether a call that autograd records (``needs_op``) may take its eager autograd Function,
+    which launches directly, rather than its custom op: not traced, and plain tensors only."""
+    return not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
+
+
 def backward_through_op(grad: torch.Tensor) -> bool:
     """Whether an eager Function's backward must call its backward op instead of launching: when
     it records a graph (create_graph), is traced, or gets a gradient that holds no plain storage
@@ -1694,8 +1699,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
-        eager = not torch.compiler.is_compiling() and type(x2) in PLAIN_TENSORS
-        y = _EagerRowSoftmax.apply(x2, BLOCK_SIZE) if eager else _row_softmax_op(x2, BLOCK_SIZE or 0)
+        y = _EagerRowSoftmax.apply(x2, BLOCK_SIZE) if eager_autograd(x2) else _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
         # The launch takes x itself when x2 is x or a view of contiguous x with its row stride.
         keep = None if key is None or not (x2 is x or x.is_contiguous()) else _ROW_REPLAYS.keeper(key)
