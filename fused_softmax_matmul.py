@@ -1699,12 +1699,13 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
 
 
 def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
-                     wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = dz @ W^T and dW = x^T @ dz by the Triton matmul (transposes read in place); a gradient
-    not needed is an empty tensor."""
+                     wrap: bool, product=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """dx = dz @ W^T and dW = x^T @ dz by the Triton matmul (transposes read in place), or by
+    ``product(a, b)`` where given (``_kept_product``); a gradient not needed is an empty tensor."""
+    product = product or (lambda a, b: _matmul_forward(a, b, None, wrap))
     dz = dz.contiguous()  # an expanded (stride-0) upstream gradient would lose the vector loads
-    dx = _matmul_forward(dz, W.t(), None, wrap) if need_x else x.new_empty((0,))
-    dW = _matmul_forward(x.t(), dz, None, wrap) if need_W else W.new_empty((0,))
+    dx = product(dz, W.t()) if need_x else x.new_empty((0,))
+    dW = product(x.t(), dz) if need_W else W.new_empty((0,))
     return dx, dW
 
 
@@ -1799,6 +1800,11 @@ def _no_check(x, W, launch) -> None:
     """The backward's products: their operands come from checked inputs."""
 
 
+def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """a @ b for an eager backward: ``matmul``'s kept launch (the wrapper's choice), no checks."""
+    return _run_matmul_family("matmul", _matmul_forward, a, b, None, _no_check)
+
+
 class _EagerMatmulFamily(torch.autograd.Function):
     """An eager call of a matmul-family op that autograd records, outside the dispatcher: the
     forward and the backward's products replay their kept launches (``_run_matmul_family``
@@ -1825,10 +1831,8 @@ class _EagerMatmulFamily(torch.autograd.Function):
             op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
             dx, dW = op(x, W, *out, dout, need_x, need_W)
         else:
-            # As _matmul_backward: an expanded (stride-0) gradient would lose the vector loads.
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout.contiguous()
-            dx = _run_matmul_family("matmul", _matmul_forward, dz, W.t(), None, _no_check) if need_x else None
-            dW = _run_matmul_family("matmul", _matmul_forward, x.t(), dz, None, _no_check) if need_W else None
+            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
         return (dx if need_x else None), (dW if need_W else None), None, None, None
 
 
