@@ -259,8 +259,11 @@ def test_tiled_row_block_no_taller_than_the_rows(monkeypatch, B, K, C, dtype, bl
     ((4096, 4096, 2048), True, (256, 128, 8, 1)),
     # a row-major W of whole sectors, a W read from DRAM (250 MiB), C within one default tile:
     # the earlier rule
-    ((4096, 4096, 2048), False, (128, 256, 8, 8)), ((4096, 4096, 32000), True, (128, 256, 8, 8)),
-    ((4096, 4096, 256), True, (32, 256, 4, 8)),
+    ((4096, 4096, 2048), False, (128, 256, 8, 8)), ((4096, 4096, 256), True, (32, 256, 4, 8)),
+    # ... except that a K-major W over several class tiles takes 256 x 128 from 256 rows
+    # (outputs/profiles/kmajor_gemm_probe.txt, kmajor_tma_probe.txt)
+    ((4096, 4096, 32000), True, (256, 128, 8, 8)), ((4096, 4096, 32000), False, (128, 256, 8, 8)),
+    ((128, 4096, 32000), True, (128, 256, 8, 8)),
     # rows fewer than the rule's tiles: none taller than B, so the earlier rule (thin rows)
     ((32, 1024, 20000), True, (32, 256, 4, 8)), ((1, 4096, 5000), True, (16, 64, 4, 8)),
     ((100, 4096, 3000), False, (64, 64, 4, 1)),
@@ -360,6 +363,84 @@ def test_l2_bound_tiles_on_gpu(B, tile, layout, dtype):
     logits64 = x[rows].double() @ W.double()
     assert_close(matmul_softmax_fused_tiled(x, W)[rows], torch.softmax(logits64, -1), matmul_softmax_ref(x, W)[rows])
     assert_close(matmul(x, W)[rows], logits64, (x @ W)[rows])
+
+
+HOPPER = ON_GPU and torch.cuda.get_device_capability(DEVICE) == (9, 0)
+TMA_LAUNCH = MatmulLaunch(16, 32, 16)
+
+
+@pytest.mark.parametrize("layout,B,K,C,dtype,launch,tma", [
+    # Rows TMA can read: x's of K values, W's of C (row-major) or of K (K-major), 16 bytes apart.
+    ("contiguous", 20, 48, 72, "float16", TMA_LAUNCH, True),
+    ("W_transposed", 20, 40, 70, "bfloat16", TMA_LAUNCH, True),
+    # W's rows of 70 classes are 140 bytes apart; x's of 36 values 72 bytes apart.
+    ("contiguous", 20, 48, 70, "float16", TMA_LAUNCH, False),
+    ("W_transposed", 20, 36, 72, "float16", TMA_LAUNCH, False),
+    # x read with a column stride of 2, or along its columns (x^T in dW = x^T @ dz).
+    ("x_strided", 20, 48, 72, "float16", TMA_LAUNCH, False),
+    ("x_transposed", 24, 48, 72, "float16", TMA_LAUNCH, False),
+    # float32 (its products split into TF32 parts in registers), K split, a class tile past 256.
+    ("contiguous", 20, 48, 72, "float32", TMA_LAUNCH, False),
+    ("contiguous", 20, 48, 72, "float16", MatmulLaunch(16, 32, 16, split_k=2), False),
+    ("contiguous", 20, 48, 1024, "float16", MatmulLaunch(16, 512, 16), False),
+])
+def test_tma_path_where_tma_reads_the_operands(layout, B, K, C, dtype, launch, tma):
+    from fused_softmax_matmul import _tma_operands
+
+    x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], layout=layout)
+    taken = _tma_operands(x, W, launch, False) is not None
+    assert taken == (tma and (HOPPER or not ON_GPU))  # compiled, sm_90 only
+    assert _tma_operands(x, W, launch, True) is None  # traced: the pointer kernels
+
+
+@pytest.mark.skipif(ON_GPU and not HOPPER, reason="the TMA path runs on sm_90 (and in the interpreter)")
+@pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
+@pytest.mark.parametrize("B,K,C,tiles,scale", [
+    # Rows, classes and K all past the tiles' last edge (TMA fills them with zeros): 3 row
+    # blocks (the last of 5 rows), 3 class tiles (the last of 8 classes), 3 K steps (the last 8).
+    (37, 40, 72, (16, 32, 16), 1.0),
+    # Logits of size ~1000 over 5 class tiles: exp overflows unless each tile's maximum is taken.
+    (16, 32, 80, (16, 16, 16), 1000.0),
+    # Program groups of 2 row blocks over 4 of them.
+    (64, 48, 64, (16, 16, 16, 2), 1.0),
+])
+def test_tma_path_matches_float64_and_the_pointer_path(monkeypatch, layout, B, K, C, tiles, scale):
+    import fused_softmax_matmul
+
+    launch = MatmulLaunch(*tiles)
+    for dtype in (torch.float16, torch.bfloat16):
+        x, W = matmul_softmax_inputs(B, K, C, dtype, layout=layout, scale=scale)
+        assert fused_softmax_matmul._tma_operands(x, W, launch, False) is not None
+        ref = x.double() @ W.double()
+        tma = matmul_softmax_fused_tiled(x, W, launch), matmul(x, W, launch)
+        assert_close(tma[0], torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+        assert_close(tma[1], ref, x @ W)
+        with monkeypatch.context() as patched:
+            patched.setattr(fused_softmax_matmul, "_tma_operands", lambda *args: None)
+            pointer = matmul_softmax_fused_tiled(x, W, launch), matmul(x, W, launch)
+        # The same products in the same order: the same values, bit for bit.
+        assert torch.equal(tma[0], pointer[0]) and torch.equal(tma[1], pointer[1])
+
+
+@pytest.mark.skipif(not HOPPER, reason="the TMA path's kept launches and capture: sm_90")
+@pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
+def test_tma_path_replays_and_captures(layout):
+    """A second call replays the first's kept launches (descriptors of the new tensors), and a CUDA
+    graph captures them."""
+    B, K, C = 1024, 256, 1000
+    x, W = matmul_softmax_inputs(B, K, C, torch.bfloat16, seed=60, layout=layout)
+    for fn in (matmul_softmax_fused_tiled, matmul):
+        first = fn(x, W)
+        x2, W2 = (t.clone() for t in (x, W))  # new addresses, the same layout
+        if layout == "W_transposed":
+            W2 = W.t().clone().t()
+        assert torch.equal(fn(x2, W2), first)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            out = fn(x2, W2)
+        x2.copy_(matmul_softmax_inputs(B, K, C, torch.bfloat16, seed=61)[0])
+        graph.replay()
+        assert torch.equal(out, fn(x2, W2))
 
 
 @needs_gpu
