@@ -1542,20 +1542,34 @@ def _w_kmajor(W: torch.Tensor) -> bool:
 # (W^T K-major) 1.15-1.30x faster. The outputs were equal bit for bit. Where W is
 # K-major and read from DRAM (past the L2 rule), 256 x 128 tiles beat 128 x 256 by 1.08-1.11x
 # under TMA (4096 x 4096 x 32000 x @ W: 1.713 against 1.905 ms, outputs/profiles/
-# kmajor_gemm_probe.txt; row-major W: 128 x 256 stays, 1.765 against 1.800).
+# kmajor_gemm_probe.txt; row-major W: 128 x 256 stays, 1.765 against 1.800). Each call makes two
+# descriptors and Triton's launcher encodes them: 5-7 us more host time than the pointer launch
+# (outputs/profiles/tma_host_probe.txt), which an eager call pays in full where its GPU time is
+# shorter than its host time (30-50 us). A K-major W takes TMA from TMA_LEAST_KMAJOR_ROWS rows,
+# where the pointer kernels lose most (2048 x 4096 x 1000: 0.0392 ms against 0.0293); a row-major
+# one from TMA_LEAST_PRODUCT = B x K x C, about 30 us of GPU time: below it TMA saved at most 3
+# us of GPU time a call (4096 x 768 x 1000: 0.0242 against 0.0211 ms).
+TMA_LEAST_KMAJOR_ROWS = 256
+TMA_LEAST_PRODUCT = 1 << 33
+
+
 def _tma_operands(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch, wrap: bool) -> tuple | None:
     """(x's TMA descriptor, W's, or W^T's where W is K-major) for ``matmul_tma_kernel`` and
     ``matmul_softmax_tma_tile_kernel``, or None where the pointer kernels serve: a traced call,
     operands not float16 / bfloat16, a GPU other than sm_90 (the interpreter takes the path: CI
-    runs it), K split, a class tile wider than TMA's 256, or an operand TMA cannot read
-    (``tma_2d_unreadable``: W row-major with rows of C values that are no whole 16 bytes, say).
-    Why: the note above."""
+    runs it), K split, a class tile wider than TMA's 256, an operand TMA cannot read
+    (``tma_2d_unreadable``: W row-major with rows of C values that are no whole 16 bytes, say),
+    or, compiled, fewer rows (W K-major) or a smaller product (W row-major) than the note above
+    says."""
     if (wrap or TensorDescriptor is None or x.dtype not in _TMA_DTYPES or launch.split_k != 1
             or launch.block_c > 256 or x.shape[1] == 0):
         return None
-    if not INTERPRET and (x.device.type != "cuda" or _device_capability(_device_index(x.device)) != (9, 0)):
-        return None
     kmajor = _w_kmajor(W)
+    if not INTERPRET:
+        (B, K), C = x.shape, W.shape[1]
+        if (x.device.type != "cuda" or _device_capability(_device_index(x.device)) != (9, 0)
+                or (B < TMA_LEAST_KMAJOR_ROWS if kmajor else B * K * C < TMA_LEAST_PRODUCT)):
+            return None
     w = W.t() if kmajor else W  # rows of K values where W is K-major, else of C
     if tma_2d_unreadable(x) or tma_2d_unreadable(w):
         return None

@@ -384,16 +384,47 @@ TMA_LAUNCH = MatmulLaunch(16, 32, 16)
     ("contiguous", 20, 48, 72, "float16", MatmulLaunch(16, 32, 16, split_k=2), False),
     ("contiguous", 20, 48, 1024, "float16", MatmulLaunch(16, 512, 16), False),
 ])
-def test_tma_path_where_tma_reads_the_operands(layout, B, K, C, dtype, launch, tma):
+def test_tma_path_where_tma_reads_the_operands(monkeypatch, layout, B, K, C, dtype, launch, tma):
+    import fused_softmax_matmul
     from fused_softmax_matmul import _tma_operands
 
     x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], layout=layout)
+    if ON_GPU:  # compiled, small products keep the pointer kernels (test_tma_path_from_its_sizes)
+        assert _tma_operands(x, W, launch, False) is None
+        monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_PRODUCT", 0)
+        monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_KMAJOR_ROWS", 0)
     taken = _tma_operands(x, W, launch, False) is not None
     assert taken == (tma and (HOPPER or not ON_GPU))  # compiled, sm_90 only
     assert _tma_operands(x, W, launch, True) is None  # traced: the pointer kernels
 
 
+@pytest.mark.skipif(not HOPPER, reason="compiled, the TMA path runs on sm_90")
+@pytest.mark.parametrize("layout,B,K,C,tma", [
+    ("W_transposed", 256, 64, 1000, True), ("W_transposed", 255, 4096, 1000, False),
+    ("contiguous", 2048, 4096, 1024, True), ("contiguous", 2048, 4096, 1000, False),
+])
+def test_tma_path_from_its_sizes(layout, B, K, C, tma):
+    from fused_softmax_matmul import _tma_operands
+
+    x, W = matmul_softmax_inputs(B, K, C, torch.bfloat16, layout=layout)
+    assert (_tma_operands(x, W, TMA_LEAST_LAUNCH, False) is not None) == tma
+
+
+TMA_LEAST_LAUNCH = MatmulLaunch(256, 128, 64)
+
+
+@pytest.fixture
+def tma_everywhere(monkeypatch):
+    """The TMA path for every size its operands allow (compiled, small shapes keep the pointer
+    kernels)."""
+    import fused_softmax_matmul
+
+    monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_PRODUCT", 0)
+    monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_KMAJOR_ROWS", 0)
+
+
 @pytest.mark.skipif(ON_GPU and not HOPPER, reason="the TMA path runs on sm_90 (and in the interpreter)")
+@pytest.mark.usefixtures("tma_everywhere")
 @pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
 @pytest.mark.parametrize("B,K,C,tiles,scale", [
     # Rows, classes and K all past the tiles' last edge (TMA fills them with zeros): 3 row
@@ -423,12 +454,17 @@ def test_tma_path_matches_float64_and_the_pointer_path(monkeypatch, layout, B, K
 
 
 @pytest.mark.skipif(not HOPPER, reason="the TMA path's kept launches and capture: sm_90")
+@pytest.mark.usefixtures("tma_everywhere")
 @pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
 def test_tma_path_replays_and_captures(layout):
     """A second call replays the first's kept launches (descriptors of the new tensors), and a CUDA
     graph captures them."""
+    import fused_softmax_matmul
+
     B, K, C = 1024, 256, 1000
     x, W = matmul_softmax_inputs(B, K, C, torch.bfloat16, seed=60, layout=layout)
+    launch = tiled_launch(B, C, torch.bfloat16, x.device, K=K, w_kmajor=layout == "W_transposed")
+    assert fused_softmax_matmul._tma_operands(x, W, launch, False) is not None
     for fn in (matmul_softmax_fused_tiled, matmul):
         first = fn(x, W)
         x2, W2 = (t.clone() for t in (x, W))  # new addresses, the same layout
