@@ -1547,10 +1547,12 @@ def _w_kmajor(W: torch.Tensor) -> bool:
 # (outputs/profiles/tma_host_probe.txt), which an eager call pays in full where its GPU time is
 # shorter than its host time (30-50 us). A K-major W takes TMA from TMA_LEAST_KMAJOR_ROWS rows,
 # where the pointer kernels lose most (2048 x 4096 x 1000: 0.0392 ms against 0.0293); a row-major
-# one from TMA_LEAST_PRODUCT = B x K x C, about 30 us of GPU time: below it TMA saved at most 3
-# us of GPU time a call (4096 x 768 x 1000: 0.0242 against 0.0211 ms).
+# one from TMA_LEAST_PRODUCT = B x K x C: below it TMA saved at most 3 us of GPU time a call
+# (4096 x 768 x 1000: 0.0242 against 0.0211 ms), above it 7.7 us at 4096 x 2048 x 1000 (0.0415
+# against 0.0338) and more with the size. (At 2^33, 4096 x 2048 x 1000 fell back to 0.87x torch
+# in the grid, from 1.04x.)
 TMA_LEAST_KMAJOR_ROWS = 256
-TMA_LEAST_PRODUCT = 1 << 33
+TMA_LEAST_PRODUCT = 1 << 32
 
 
 def _tma_operands(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch, wrap: bool) -> tuple | None:
