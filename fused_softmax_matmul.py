@@ -1543,9 +1543,10 @@ def _w_kmajor(W: torch.Tensor) -> bool:
 # K-major and read from DRAM (past the L2 rule), 256 x 128 tiles beat 128 x 256 by 1.08-1.11x
 # under TMA (4096 x 4096 x 32000 x @ W: 1.713 against 1.905 ms, outputs/profiles/
 # kmajor_gemm_probe.txt; row-major W: 128 x 256 stays, 1.765 against 1.800). Each call makes two
-# descriptors and Triton's launcher encodes them: 5-7 us more host time than the pointer launch
-# (outputs/profiles/tma_host_probe.txt), which an eager call pays in full where its GPU time is
-# shorter than its host time (30-50 us). A K-major W takes TMA from TMA_LEAST_KMAJOR_ROWS rows,
+# descriptors and Triton's launcher encodes them: about 6 us more host time than the pointer
+# launch (0-13 us, outputs/profiles/tma_host_probe.txt), which an eager call pays in full where
+# its GPU time is shorter than its host time (30-50 us). A K-major W takes TMA from
+# TMA_LEAST_KMAJOR_ROWS rows,
 # where the pointer kernels lose most (2048 x 4096 x 1000: 0.0392 ms against 0.0293); a row-major
 # one from TMA_LEAST_PRODUCT = B x K x C: below it TMA saved at most 3 us of GPU time a call
 # (4096 x 768 x 1000: 0.0242 against 0.0211 ms), above it 7.7 us at 4096 x 2048 x 1000 (0.0415
