@@ -49,7 +49,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
-    backward_through_op, eager_autograd,
+    backward_through_op, eager_autograd, functorch_wrapped, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher,
 )
 
@@ -689,33 +689,65 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     (``backward_through_op``), which refuses a second derivative as before."""
 
     @staticmethod
-    def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
+    def forward(x, V, BLOCK_1, BLOCK_2, launch):
         # The launch that also stores the log-sum-exp, kept apart from fused_softmax's (grad is
-        # off in here, so the inputs have a key).
+        # off and the inputs plain in here, so they have a key).
         key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
         replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
-        out = None
         if replay is not None:
             out = _fused_output(x, V)
             lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-            if not replay(x, V, out, lse):
-                out = None
-        if out is None:
-            keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
-            out, lse = _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
-        ctx.save_for_backward(x, V, out, lse)
-        ctx.blocks = (BLOCK_1, BLOCK_2)
-        return out
+            if replay(x, V, out, lse):
+                return out, lse
+        keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
+        return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
 
     @staticmethod
-    def backward(ctx, dout):
+    def setup_context(ctx, inputs, output):
+        x, V, BLOCK_1, BLOCK_2, _ = inputs
+        ctx.save_for_backward(x, V, *output)
+        ctx.save_for_forward(x, V)
+        ctx.mark_non_differentiable(output[1])
+        ctx.blocks = (BLOCK_1, BLOCK_2)
+
+    @staticmethod
+    def backward(ctx, dout, _dlse):
         x, V, out, lse = ctx.saved_tensors
         need_x, need_V = ctx.needs_input_grad[:2]
-        if backward_through_op(dout):
+        if functorch_wrapped(dout):
+            dx, dV = _fused_softmax_torch_grads(x, V, dout)
+        elif backward_through_op(dout):
             dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
         else:
             dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
         return (dx if need_x else None), (dV if need_V else None), None, None, None
+
+    @staticmethod
+    def jvp(ctx, dx, dV, *_):
+        x, V = ctx.saved_tensors
+        P = torch.softmax(x.float(), dim=-1)
+        tangent = 0
+        if dx is not None:
+            tangent = softmax_tangent(P, dx) @ V.float()
+        if dV is not None:
+            tangent = tangent + P @ dV.float()
+        return tangent.to(x.dtype), None
+
+    @staticmethod
+    def vmap(info, in_dims, x, V, BLOCK_1, BLOCK_2, launch):
+        # The batch folds into the kernel's batch (an unbatched operand repeated for it).
+        x, V = (t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
+                for t, dim in zip((x, V), in_dims[:2]))
+        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
+        return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
+
+
+def _fused_softmax_torch_grads(x: torch.Tensor, V: torch.Tensor, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(dx, dV) of softmax(x) @ V in torch's ops, in float32, for gradients that a ``torch.func``
+    transform wraps (grad, jacrev, vmap of them): differentiable under any of them."""
+    P = torch.softmax(x.float(), dim=-1)
+    dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2))
+    return dx.to(x.dtype), (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
 
 
 # Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
@@ -814,7 +846,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
         launch.check()
     if needs_op(x, V):
         if eager_autograd(x, V):
-            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)
+            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)[0]
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -1975,23 +2007,53 @@ class _EagerMatmulFamily(torch.autograd.Function):
     which refuses a second derivative as before."""
 
     @staticmethod
-    def forward(ctx, x, W, name, forward, launch):
-        out = _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off in here
+    def forward(x, W, name, forward, launch):
+        return _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off, x and W plain
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        x, W, name = inputs[:3]
         ctx.softmax = name != "matmul"
-        ctx.save_for_backward(x, W, *((out,) if ctx.softmax else ()))
-        return out
+        saved = (x, W, *((output,) if ctx.softmax else ()))
+        ctx.save_for_backward(*saved)
+        ctx.save_for_forward(*saved)
 
     @staticmethod
     def backward(ctx, dout):
         x, W, *out = ctx.saved_tensors
         need_x, need_W = ctx.needs_input_grad[:2]
-        if backward_through_op(dout):
+        if functorch_wrapped(dout):
+            # A transform's gradient: torch's ops, which it sees through (as jvp's).
+            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+            dx, dW = dz @ W.t(), x.t() @ dz
+        elif backward_through_op(dout):
             op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
             dx, dW = op(x, W, *out, dout, need_x, need_W)
         else:
             dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
             dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
         return (dx if need_x else None), (dW if need_W else None), None, None, None
+
+    @staticmethod
+    def jvp(ctx, dx, dW, *_):
+        x, W, *out = ctx.saved_tensors
+        dz = 0
+        if dx is not None:
+            dz = dx @ W
+        if dW is not None:
+            dz = dz + x @ dW
+        return softmax_tangent(out[0], dz) if ctx.softmax else dz
+
+    @staticmethod
+    def vmap(info, in_dims, x, W, name, forward, launch):
+        (x_dim, w_dim), n = in_dims[:2], info.batch_size
+        if w_dim is None:  # one W for the batch: its rows join x's
+            x = x.movedim(x_dim, 0)
+            out = _EagerMatmulFamily.apply(x.flatten(0, 1), W, name, forward, launch)
+            return out.unflatten(0, x.shape[:2]), 0
+        xs = x.expand(n, *x.shape) if x_dim is None else x.movedim(x_dim, 0)
+        return torch.stack([_EagerMatmulFamily.apply(a, b, name, forward, launch)
+                            for a, b in zip(xs, W.movedim(w_dim, 0))]), 0
 
 
 _MATMUL_REPLAYS = Replays()
@@ -3576,6 +3638,12 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
     """
     check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
+    if transformed(x, W):
+        # Its custom op has no forward-mode formula and no torch.func rules: it would drop a
+        # tangent or fail inside torch.
+        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
+                                  "torch.autograd.grad): x and W must not be dual tensors (forward-mode AD) "
+                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
     BT, V = x.shape[0], W.shape[0]
     if launch is None:
         launch = linear_cross_entropy_launch(BT, V, x.shape[1], x.dtype)

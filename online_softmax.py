@@ -43,6 +43,7 @@ import threading
 from dataclasses import dataclass
 
 import torch
+import torch.autograd.forward_ad as forward_ad
 import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
@@ -162,12 +163,54 @@ def needs_op(*tensors) -> bool:
     """Whether a call must go through its custom op rather than launch its kernels directly.
 
     Under torch.compile the op is what the compiler sees; with autograd recording, the op carries
-    the registered backward. A plain eager call skips torch's dispatcher, whose cost per call is
+    the registered backward; a tangent or a transform's wrapper (``transformed``) needs the
+    autograd Functions, which ``eager_autograd`` then picks. A plain eager call skips torch's dispatcher, whose cost per call is
     of the order of a kernel launch itself, so small softmaxes stay as cheap to call as torch's.
     """
     if torch.compiler.is_compiling():
         return True
-    return torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+    return (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+            or transformed(*tensors))
+
+
+def transformed(*tensors) -> bool:
+    """Whether a tensor carries what a direct launch would drop without a word: a forward-mode
+    tangent (a dual tensor of ``torch.autograd.forward_ad``) or a ``torch.func`` transform's
+    wrapper (grad, vjp, jacrev, jvp, jacfwd, vmap). Such calls take the eager autograd Functions,
+    whose forward sees plain tensors and whose ``jvp`` and ``vmap`` carry the tangents and the
+    batch. (A custom op would drop a tangent: torch registers no forward-mode formula for one.)
+
+    Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at;
+    in a trace by torch.compile, none either (it takes the ops)."""
+    if torch.compiler.is_compiling():
+        return False
+    wrapped = torch._C._are_functorch_transforms_active()
+    dual = getattr(forward_ad, "_current_level", 0) >= 0  # no such level in this torch: assume one, look
+    if not (wrapped or dual):
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (wrapped and torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                            or dual and forward_ad.unpack_dual(t).tangent is not None):
+            return True
+    return False
+
+
+def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """y * (t - rowsum(y * t)): softmax's Jacobian (symmetric) applied to t, for y = softmax(x)
+    over the last dimension. The tangent of y for a tangent t of x, and the gradient of x for a
+    gradient t of y. In torch's ops, in float32 whatever the dtype, so that any transform and any
+    nesting of them (a tangent's tangent, a batch of them) sees through it; the forward-mode
+    and torch.func paths use it, where the kernels' speed matters less than their reach."""
+    yf, tf = y.float(), t.float()
+    return (yf * (tf - (yf * tf).sum(-1, keepdim=True))).to(y.dtype)
+
+
+def functorch_wrapped(t) -> bool:
+    """Whether t is a ``torch.func`` transform's wrapper (not a batch of gradients from
+    ``is_grads_batched``, which the backward ops' batching serves). Never in a trace, which
+    cannot call the check (and takes the ops)."""
+    return (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(t)
+            and not torch._C._functorch.is_legacy_batchedtensor(t))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -464,6 +507,8 @@ def replay_key(tensors: tuple, options: tuple):
         hash(options)
     except TypeError:  # an option nothing can be kept under (the checks name a wrong one)
         return None
+    if transformed(*tensors):  # a tangent or a transform's wrapper: the launch alone would drop it
+        return None
     key = [options]
     grad = torch.is_grad_enabled()
     for t in tensors:
@@ -734,6 +779,8 @@ _online_softmax_backward_op.register_autograd(_online_softmax_backward_grad, set
 
 
 def _online_backward_3d(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
+    if transformed(y, dy):  # the op would drop a tangent (see ``transformed``)
+        return softmax_tangent(y, dy)
     if needs_op(y, dy):
         return _online_softmax_backward_op(y, dy, BLOCK_1, BLOCK_2)
     return _online_backward(y, dy, BLOCK_1, BLOCK_2, traced=False)
@@ -752,13 +799,15 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     x: (batch, d1, d2), or any rank >= 1 (dimensions before the last two fold into batch).
     BLOCK_1 rows by BLOCK_2 columns per step (powers of two; BLOCK_2 up to 4096, the tile at most
     Triton's largest block). Strided inputs are read in place; the output is contiguous, in x's
-    dtype. Differentiable (Triton backward, and twice), and traceable by torch.compile.
+    dtype. Differentiable (Triton backward, and twice; forward-mode AD and torch.func's transforms
+    too), and traceable by torch.compile.
     """
     check_tensor("x", x, ANY_RANK)
     check_tiles(BLOCK_1, BLOCK_2)
     x3 = _as_3d(x)
     if needs_op(x3):
-        y = (OnlineSoftmax.apply if eager_autograd(x3) else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
+        function = _OnlineSoftmaxTangents if transformed(x3) else OnlineSoftmax
+        y = (function.apply if eager_autograd(x3) else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
     else:
         y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
     return y if y.shape == x.shape else y.reshape(x.shape)
@@ -784,15 +833,20 @@ class OnlineSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, BLOCK_1=16, BLOCK_2=16):
-        y = online_softmax(x, BLOCK_1, BLOCK_2)
-        ctx.save_for_backward(y)
-        ctx.blocks = (BLOCK_1, BLOCK_2)
-        return y
+    def forward(x, BLOCK_1=16, BLOCK_2=16):
+        return online_softmax(x, BLOCK_1, BLOCK_2)  # grad is off and x plain in here
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
+        ctx.blocks = (*inputs[1:], 16, 16)[:2]  # apply(x) and apply(x, BLOCK_1) take the defaults
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        if functorch_wrapped(dy):
+            return softmax_tangent(y, dy), None, None
         # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
         # refuses tensor-metadata queries such as .layout inside a traced backward. A graph
         # recorded, a trace or a batch of gradients takes the backward op (``backward_through_op``).
@@ -802,6 +856,23 @@ class OnlineSoftmax(torch.autograd.Function):
         else:
             dx = _online_backward(y3, dy3, *ctx.blocks, traced=False)
         return dx.reshape(y.shape), None, None
+
+    @staticmethod
+    def vmap(info, in_dims, x, BLOCK_1=16, BLOCK_2=16):
+        # The batch (never the softmax's dimension) moved first folds into the kernel's batch.
+        return online_softmax(x if in_dims[0] is None else x.movedim(in_dims[0], 0), BLOCK_1, BLOCK_2), 0
+
+
+class _OnlineSoftmaxTangents(OnlineSoftmax):
+    """``OnlineSoftmax`` with forward mode (``jvp``): what ``online_softmax`` takes for a call that
+    carries a tangent or a transform's wrapper (``transformed``). Apart because torch.compile
+    refuses to trace a Function that defines jvp, and ``OnlineSoftmax.apply`` is traced;
+    called with a dual tensor itself, it gets torch's error asking for a jvp."""
+
+    @staticmethod
+    def jvp(ctx, dx, *_):
+        (y,) = ctx.saved_tensors
+        return softmax_tangent(y, dx)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1657,17 +1728,32 @@ class _EagerRowSoftmax(torch.autograd.Function):
     (``backward_through_op``): differentiable again."""
 
     @staticmethod
-    def forward(ctx, x2, BLOCK_SIZE):
-        y = row_softmax(x2, BLOCK_SIZE)  # grad is off in here: the kept launch
-        ctx.save_for_backward(y)
-        return y
+    def forward(x2, BLOCK_SIZE):
+        return row_softmax(x2, BLOCK_SIZE)  # grad is off and x2 plain in here: the kept launch
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        ctx.save_for_backward(output)
+        ctx.save_for_forward(output)
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        if functorch_wrapped(dy):
+            return softmax_tangent(y, dy), None
         if backward_through_op(dy):
             return _row_softmax_backward_op(y, dy), None
         return _row_backward(y, dy, traced=False), None
+
+    @staticmethod
+    def jvp(ctx, dx, _):
+        (y,) = ctx.saved_tensors
+        return softmax_tangent(y, dx)
+
+    @staticmethod
+    def vmap(info, in_dims, x, BLOCK_SIZE):
+        # The batch (never the softmax's dimension) moved first: rows like any others.
+        return row_softmax(x if in_dims[0] is None else x.movedim(in_dims[0], 0), BLOCK_SIZE), 0
 
 
 def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
@@ -1681,8 +1767,8 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     rows take the online kernel too. A repeated eager call replays the launch kept from the
     first (``Replay``; with its workspace, ``SplitRowReplay``). A given BLOCK_SIZE (a power of two)
     forces the online kernel with tiles of one row by BLOCK_SIZE columns when it is smaller than
-    the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice), and
-    traceable by torch.compile.
+    the row, and the one-pass kernel otherwise. Differentiable (Triton backward, and twice;
+    forward-mode AD and torch.func's transforms too), and traceable by torch.compile.
     """
     key = replay_key((x,), (BLOCK_SIZE,))
     if key is not None:

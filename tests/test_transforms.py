@@ -1,0 +1,142 @@
+"""Forward-mode AD and torch.func transforms over every public op: the tangent, gradient, batch
+or Jacobian a caller gets, never one silently dropped.
+
+A direct launch sees only the values: a dual tensor's tangent (``torch.autograd.forward_ad``) or
+a transform's wrapper (``torch.func.grad``, ``jvp``, ``vmap``, ...) would be lost there, and a
+custom op has no forward-mode formula. Such calls take the ops' autograd Functions, whose
+``jvp`` and ``vmap`` rules carry them (``online_softmax.transformed``). Each result is judged
+against the same transform of the PyTorch reference in float64, allowed PyTorch's own error in
+float32 (``support.assert_close``).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.autograd.forward_ad as forward_ad
+from torch import func
+
+import fused_softmax_matmul as fsm
+from fused_softmax_matmul import MatmulLaunch
+from online_softmax import OnlineSoftmax, online_softmax, row_softmax
+from support import assert_close, randn
+
+SOFTMAX = lambda t: torch.softmax(t, dim=-1)  # noqa: E731 - a table entry
+
+# The fixed operands, drawn once in float32; each case takes them as ``o``, in float32 for the
+# op and PyTorch's float32 answer, in float64 for the reference.
+_OPERANDS = {"W": randn((37, 30), torch.float32, seed=90), "x": randn((6, 37), torch.float32, seed=91),
+             "xv": randn((2, 5, 40), torch.float32, seed=92), "V": randn((2, 40, 24), torch.float32, seed=93)}
+
+# name -> (op of the differentiated tensor t, the PyTorch reference, t's shape). "of W" / "of V"
+# differentiate the second operand.
+CASES = {
+    "row_softmax": (lambda t, o: row_softmax(t), lambda t, o: SOFTMAX(t), (6, 37)),
+    "online_softmax 2x8": (lambda t, o: online_softmax(t, 2, 8), lambda t, o: SOFTMAX(t), (2, 3, 37)),
+    # the course's Function, default tiles (forward mode: see test_online_softmax_function_forward_mode)
+    "OnlineSoftmax.apply": (lambda t, o: OnlineSoftmax.apply(t), lambda t, o: SOFTMAX(t), (2, 3, 37)),
+    "fused_softmax": (lambda t, o: fsm.fused_softmax(t, o["V"], 16, 16), lambda t, o: SOFTMAX(t) @ o["V"], (2, 5, 40)),
+    "fused_softmax of V": (lambda t, o: fsm.fused_softmax(o["xv"], t, 16, 16), lambda t, o: SOFTMAX(o["xv"]) @ t,
+                           (2, 40, 24)),
+    "matmul": (lambda t, o: fsm.matmul(t, o["W"]), lambda t, o: t @ o["W"], (6, 37)),
+    "matmul of W": (lambda t, o: fsm.matmul(o["x"], t), lambda t, o: o["x"] @ t, (37, 30)),
+    # 16-wide class tiles: two of them, rescaled by the second kernel
+    "matmul_softmax_fused_tiled": (lambda t, o: fsm.matmul_softmax_fused_tiled(t, o["W"], MatmulLaunch(16, 16, 16)),
+                                   lambda t, o: SOFTMAX(t @ o["W"]), (6, 37)),
+    "matmul_softmax_fused_tiled of W": (lambda t, o: fsm.matmul_softmax_fused_tiled(o["x"], t),
+                                        lambda t, o: SOFTMAX(o["x"] @ t), (37, 30)),
+    "matmul_softmax_fused_simple": (lambda t, o: fsm.matmul_softmax_fused_simple(t, o["W"]),
+                                    lambda t, o: SOFTMAX(t @ o["W"]), (6, 37)),
+    "matmul_softmax_unfused": (lambda t, o: fsm.matmul_softmax_unfused(t, o["W"]), lambda t, o: SOFTMAX(t @ o["W"]),
+                               (6, 37)),
+}
+
+
+def _with(fn, dtype):
+    """fn of t alone, the fixed operands in dtype."""
+    operands = {name: t.to(dtype) for name, t in _OPERANDS.items()}
+    return lambda t: fn(t, operands)
+
+
+def _dual_tangent(fn, x, t):
+    with forward_ad.dual_level():
+        return forward_ad.unpack_dual(fn(forward_ad.make_dual(x, t))).tangent
+
+
+# transform -> (x, t, a weight c of the output's shape) -> a function of one op giving one tensor
+TRANSFORMS = {
+    "forward_ad": lambda x, t, c: lambda fn: _dual_tangent(fn, x, t),
+    "func.jvp": lambda x, t, c: lambda fn: func.jvp(fn, (x,), (t,))[1],
+    "func.grad": lambda x, t, c: lambda fn: func.grad(lambda a: (fn(a) * c).sum())(x),
+    "func.vmap": lambda x, t, c: lambda fn: func.vmap(fn)(torch.stack([x, t])),
+    "func.vmap, dim 1": lambda x, t, c: lambda fn: func.vmap(fn, in_dims=1)(torch.stack([x, t], dim=1)),
+    "func.jacrev": lambda x, t, c: lambda fn: func.jacrev(fn)(x),
+    "func.jacfwd": lambda x, t, c: lambda fn: func.jacfwd(fn)(x),
+    "func.vmap of func.grad": lambda x, t, c: lambda fn: func.vmap(func.grad(lambda a: (fn(a) * c).sum()))(
+        torch.stack([x, t])),
+}
+
+
+# Transforms that carry tangents: forward-mode AD.
+FORWARD_MODE = ("forward_ad", "func.jvp", "func.jacfwd")
+
+
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+@pytest.mark.parametrize("case", list(CASES))
+def test_transform_matches_torch(case, transform):
+    if case == "OnlineSoftmax.apply" and transform in FORWARD_MODE:
+        pytest.skip("test_online_softmax_function_forward_mode")
+    op, reference, shape = CASES[case]
+    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    x = randn(shape, torch.float32, seed=94)
+    t = randn(shape, torch.float32, seed=95)
+    c = randn(tuple(torch32(x).shape), torch.float32, seed=96)
+    op(x)  # on a GPU a plain call keeps its launch: the transformed call below must not replay it
+    run = TRANSFORMS[transform](x, t, c)
+    out = run(op)
+    assert out is not None, f"{transform} of {case} dropped the tangent"
+    ref64 = TRANSFORMS[transform](x.double(), t.double(), c.double())(torch64)
+    assert_close(out, ref64, run(torch32))
+
+
+@pytest.mark.parametrize("transform", FORWARD_MODE)
+def test_online_softmax_function_forward_mode(transform):
+    """``OnlineSoftmax.apply`` defines no jvp (torch.compile would refuse to trace it): forward mode
+    gets torch's error asking for one, never a lost tangent; ``online_softmax`` carries it."""
+    x, t = randn((2, 3, 37), torch.float32, seed=104), randn((2, 3, 37), torch.float32, seed=105)
+    with pytest.raises((RuntimeError, NotImplementedError), match="jvp"):
+        TRANSFORMS[transform](x, t, None)(OnlineSoftmax.apply)
+
+
+def test_second_order_forward_over_reverse():
+    """The Hessian of a scalar of row_softmax (jacfwd over jacrev): the jvp of the backward."""
+    x, c = randn((37,), torch.float32, seed=97), randn((37,), torch.float32, seed=98)
+    hessian = lambda fn, a: func.hessian(lambda b: (fn(b) * c.to(b.dtype)).sum())(a)  # noqa: E731
+    assert_close(hessian(row_softmax, x), hessian(SOFTMAX, x.double()), hessian(SOFTMAX, x))
+
+
+def test_bfloat16_tangent():
+    """A 16-bit dual tensor: its tangent in its dtype, as accurate as PyTorch's."""
+    x, t = randn((6, 300), torch.bfloat16, seed=99), randn((6, 300), torch.bfloat16, seed=100)
+    out = _dual_tangent(row_softmax, x, t)
+    assert out.dtype == torch.bfloat16
+    assert_close(out, _dual_tangent(SOFTMAX, x.double(), t.double()), _dual_tangent(SOFTMAX, x, t))
+
+
+@pytest.mark.parametrize("transform", ["forward_ad", "func.grad", "func.vmap"])
+def test_linear_cross_entropy_refuses_transforms(transform):
+    """Its op has no forward-mode formula nor torch.func rules: a clear error, not a lost tangent."""
+    x, W = randn((6, 37), torch.float32, seed=101), randn((30, 37), torch.float32, seed=102)
+    target = torch.randint(0, 30, (6,), generator=torch.Generator().manual_seed(0)).to(x.device)
+    loss = lambda a: fsm.linear_cross_entropy(a, W, target, reduction="none")  # noqa: E731
+    with pytest.raises(NotImplementedError, match="must not be dual tensors"):
+        TRANSFORMS[transform](x, x, torch.ones(6, device=x.device))(loss)
+
+
+@pytest.mark.parametrize("transform", ["forward_ad", "func.grad"])
+def test_flash_attention_refuses_transforms(transform):
+    """The course's Function (forward(ctx, ...)) has no jvp nor torch.func form: torch says so."""
+    q = randn((1, 16, 16), torch.float32, seed=103)
+    attend = lambda a: fsm.FlashAttentionTriton.apply(a, q, q, False)  # noqa: E731
+    with pytest.raises((RuntimeError, NotImplementedError), match="jvp|setup_context"):
+        TRANSFORMS[transform](q, q, q)(attend)
