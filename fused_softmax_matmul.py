@@ -49,7 +49,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
-    backward_through_op, eager_autograd, functorch_wrapped, softmax_tangent, transformed,
+    backward_through_op, eager_autograd, function_apply, functorch_wrapped, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher,
 )
 
@@ -846,7 +846,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
         launch.check()
     if needs_op(x, V):
         if eager_autograd(x, V):
-            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)[0]
+            return function_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)[0]
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -1981,7 +1981,7 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
     check(x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            return _EagerMatmulFamily.apply(x, W, name, forward, launch)
+            return function_apply(_EagerMatmulFamily, x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 

@@ -180,10 +180,12 @@ def transformed(*tensors) -> bool:
     whose forward sees plain tensors and whose ``jvp`` and ``vmap`` carry the tangents and the
     batch. (A custom op would drop a tangent: torch registers no forward-mode formula for one.)
 
-    Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at;
-    in a trace by torch.compile, none either (it takes the ops)."""
+    Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at.
+    A trace by torch.compile cannot look at one either: there any call while a dual level is open
+    counts (the compiled code is guarded on that level), and its Function runs outside the trace
+    (``function_apply``; in fullgraph mode torch.compile says it cannot)."""
     if torch.compiler.is_compiling():
-        return False
+        return getattr(forward_ad, "_current_level", -1) >= 0
     wrapped = torch._C._are_functorch_transforms_active()
     dual = getattr(forward_ad, "_current_level", 0) >= 0  # no such level in this torch: assume one, look
     if not (wrapped or dual):
@@ -806,8 +808,10 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     check_tiles(BLOCK_1, BLOCK_2)
     x3 = _as_3d(x)
     if needs_op(x3):
-        function = _OnlineSoftmaxTangents if transformed(x3) else OnlineSoftmax
-        y = (function.apply if eager_autograd(x3) else _online_softmax_op)(x3, BLOCK_1, BLOCK_2)
+        if eager_autograd(x3):
+            y = function_apply(_OnlineSoftmaxTangents if transformed(x3) else OnlineSoftmax, x3, BLOCK_1, BLOCK_2)
+        else:
+            y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
     else:
         y = _online_forward(x3, BLOCK_1, BLOCK_2, traced=False)
     return y if y.shape == x.shape else y.reshape(x.shape)
@@ -1704,8 +1708,25 @@ PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
 def eager_autograd(*tensors) -> bool:
     """Whether a call that autograd records (``needs_op``) may take its eager autograd Function,
-    which launches directly, rather than its custom op: not traced, and plain tensors only."""
-    return not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
+    which launches directly, rather than its custom op: not traced, and plain tensors only; or a
+    call that carries a tangent or a transform's wrapper (``transformed``), which only the
+    Function carries."""
+    return (not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
+            or transformed(*tensors))
+
+
+def function_apply(function, *args):
+    """``function.apply(*args)`` for a call ``eager_autograd`` sent to its Function: in a trace by
+    torch.compile (a dual level open, see ``transformed``) run outside it, where the Function's
+    jvp carries the tangent that the traced op would drop."""
+    if torch.compiler.is_compiling():
+        return _untraced(function.apply, *args)
+    return function.apply(*args)
+
+
+@torch.compiler.disable
+def _untraced(fn, *args):
+    return fn(*args)
 
 
 def backward_through_op(grad: torch.Tensor) -> bool:
@@ -1785,7 +1806,10 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
-        y = _EagerRowSoftmax.apply(x2, BLOCK_SIZE) if eager_autograd(x2) else _row_softmax_op(x2, BLOCK_SIZE or 0)
+        if eager_autograd(x2):
+            y = function_apply(_EagerRowSoftmax, x2, BLOCK_SIZE)
+        else:
+            y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
         # The launch takes x itself when x2 is x or a view of contiguous x with its row stride.
         keep = None if key is None or not (x2 is x or x.is_contiguous()) else _ROW_REPLAYS.keeper(key)

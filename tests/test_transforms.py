@@ -108,6 +108,26 @@ def test_online_softmax_function_forward_mode(transform):
         TRANSFORMS[transform](x, t, None)(OnlineSoftmax.apply)
 
 
+@pytest.mark.parametrize("case", ["row_softmax", "online_softmax 2x8", "fused_softmax", "matmul_softmax_fused_tiled",
+                                  "matmul of W"])
+def test_compiled_call_carries_the_tangent(case):
+    """torch.compile (guarded on the dual level) runs a call that carries a tangent outside its
+    trace; in fullgraph mode it says it cannot, where the op it would trace drops the tangent."""
+    op, reference, shape = CASES[case]
+    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    x, t = randn(shape, torch.float32, seed=106), randn(shape, torch.float32, seed=107)
+    torch._dynamo.reset()
+    compiled = torch.compile(op, backend="aot_eager")
+    assert_close(compiled(x), torch64(x.double()), torch32(x))
+    tangent = _dual_tangent(compiled, x, t)
+    assert tangent is not None, "the compiled call dropped the tangent"
+    assert_close(tangent, _dual_tangent(torch64, x.double(), t.double()), _dual_tangent(torch32, x, t))
+    assert_close(compiled(x), torch64(x.double()), torch32(x))  # the plain call's graph again
+    torch._dynamo.reset()
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="disable"):
+        _dual_tangent(torch.compile(op, backend="aot_eager", fullgraph=True), x, t)
+
+
 def test_second_order_forward_over_reverse():
     """The Hessian of a scalar of row_softmax (jacfwd over jacrev): the jvp of the backward."""
     x, c = randn((37,), torch.float32, seed=97), randn((37,), torch.float32, seed=98)
