@@ -49,7 +49,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
-    backward_through_op, eager_autograd, function_apply, functorch_wrapped, softmax_tangent, transformed,
+    backward_through_op, batch_first, eager_autograd, function_apply, functorch_wrapped, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher,
 )
 
@@ -689,18 +689,47 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     (``backward_through_op``), which refuses a second derivative as before."""
 
     @staticmethod
+    def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
+        out, lse = _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
+        ctx.save_for_backward(x, V, out, lse)
+        ctx.blocks = (BLOCK_1, BLOCK_2)
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, V, out, lse = ctx.saved_tensors
+        need_x, need_V = ctx.needs_input_grad[:2]
+        if backward_through_op(dout):
+            dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+        else:
+            dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
+        return (dx if need_x else None), (dV if need_V else None), None, None, None
+
+
+def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
+                            launch: FusedLaunch | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(softmax(x) @ V, the rows' log-sum-exp) for the eager Functions: the launch that also stores
+    the log-sum-exp, kept apart from fused_softmax's (grad is off and the inputs plain there, so
+    they have a key)."""
+    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
+    replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
+    if replay is not None:
+        out = _fused_output(x, V)
+        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
+        if replay(x, V, out, lse):
+            return out, lse
+    keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
+    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
+
+
+class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
+    """``_EagerFusedSoftmax`` for calls that carry a tangent or a transform's wrapper
+    (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
+    as ``_OnlineSoftmaxTransforms``). The log-sum-exp is a second output, not differentiable."""
+
+    @staticmethod
     def forward(x, V, BLOCK_1, BLOCK_2, launch):
-        # The launch that also stores the log-sum-exp, kept apart from fused_softmax's (grad is
-        # off and the inputs plain in here, so they have a key).
-        key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
-        replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
-        if replay is not None:
-            out = _fused_output(x, V)
-            lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-            if replay(x, V, out, lse):
-                return out, lse
-        keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
-        return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
+        return _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
 
     @staticmethod
     def setup_context(ctx, inputs, output):
@@ -712,15 +741,14 @@ class _EagerFusedSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        x, V, out, lse = ctx.saved_tensors
-        need_x, need_V = ctx.needs_input_grad[:2]
-        if functorch_wrapped(dout):
-            dx, dV = _fused_softmax_torch_grads(x, V, dout)
-        elif backward_through_op(dout):
-            dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
-        else:
-            dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
-        return (dx if need_x else None), (dV if need_V else None), None, None, None
+        if not functorch_wrapped(dout):
+            return _EagerFusedSoftmax.backward(ctx, dout)
+        # A transform's gradient: torch's ops, in float32, which it sees through (as jvp's).
+        x, V, *_ = ctx.saved_tensors
+        P = torch.softmax(x.float(), dim=-1)
+        dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2))
+        dV = P.transpose(-1, -2) @ dout.float()
+        return dx.to(x.dtype), dV.to(V.dtype), None, None, None
 
     @staticmethod
     def jvp(ctx, dx, dV, *_):
@@ -736,18 +764,10 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, V, BLOCK_1, BLOCK_2, launch):
         # The batch folds into the kernel's batch (an unbatched operand repeated for it).
-        x, V = (t.expand(info.batch_size, *t.shape) if dim is None else t.movedim(dim, 0)
+        x, V = (t.expand(info.batch_size, *t.shape) if dim is None else batch_first(t, dim)
                 for t, dim in zip((x, V), in_dims[:2]))
-        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
+        out, lse = _FusedSoftmaxTransforms.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
         return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
-
-
-def _fused_softmax_torch_grads(x: torch.Tensor, V: torch.Tensor, dout: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dV) of softmax(x) @ V in torch's ops, in float32, for gradients that a ``torch.func``
-    transform wraps (grad, jacrev, vmap of them): differentiable under any of them."""
-    P = torch.softmax(x.float(), dim=-1)
-    dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2))
-    return dx.to(x.dtype), (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
 
 
 # Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
@@ -846,7 +866,9 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
         launch.check()
     if needs_op(x, V):
         if eager_autograd(x, V):
-            return function_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)[0]
+            if transformed(x, V):
+                return function_apply(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
+            return function_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -1981,7 +2003,8 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
     check(x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            return function_apply(_EagerMatmulFamily, x, W, name, forward, launch)
+            function = _MatmulFamilyTransforms if transformed(x, W) else _EagerMatmulFamily
+            return function_apply(function, x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
@@ -2007,6 +2030,31 @@ class _EagerMatmulFamily(torch.autograd.Function):
     which refuses a second derivative as before."""
 
     @staticmethod
+    def forward(ctx, x, W, name, forward, launch):
+        out = _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off in here
+        ctx.softmax = name != "matmul"
+        ctx.save_for_backward(x, W, *((out,) if ctx.softmax else ()))
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, W, *out = ctx.saved_tensors
+        need_x, need_W = ctx.needs_input_grad[:2]
+        if backward_through_op(dout):
+            op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
+            dx, dW = op(x, W, *out, dout, need_x, need_W)
+        else:
+            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+        return (dx if need_x else None), (dW if need_W else None), None, None, None
+
+
+class _MatmulFamilyTransforms(_EagerMatmulFamily):
+    """``_EagerMatmulFamily`` for calls that carry a tangent or a transform's wrapper
+    (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
+    as ``_OnlineSoftmaxTransforms``)."""
+
+    @staticmethod
     def forward(x, W, name, forward, launch):
         return _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off, x and W plain
 
@@ -2020,19 +2068,12 @@ class _EagerMatmulFamily(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dout):
+        if not functorch_wrapped(dout):
+            return _EagerMatmulFamily.backward(ctx, dout)
+        # A transform's gradient: torch's ops, which it sees through (as jvp's).
         x, W, *out = ctx.saved_tensors
-        need_x, need_W = ctx.needs_input_grad[:2]
-        if functorch_wrapped(dout):
-            # A transform's gradient: torch's ops, which it sees through (as jvp's).
-            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-            dx, dW = dz @ W.t(), x.t() @ dz
-        elif backward_through_op(dout):
-            op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
-            dx, dW = op(x, W, *out, dout, need_x, need_W)
-        else:
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-        return (dx if need_x else None), (dW if need_W else None), None, None, None
+        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+        return dz @ W.t(), x.t() @ dz, None, None, None
 
     @staticmethod
     def jvp(ctx, dx, dW, *_):
@@ -2048,12 +2089,12 @@ class _EagerMatmulFamily(torch.autograd.Function):
     def vmap(info, in_dims, x, W, name, forward, launch):
         (x_dim, w_dim), n = in_dims[:2], info.batch_size
         if w_dim is None:  # one W for the batch: its rows join x's
-            x = x.movedim(x_dim, 0)
-            out = _EagerMatmulFamily.apply(x.flatten(0, 1), W, name, forward, launch)
+            x = batch_first(x, x_dim)
+            out = _MatmulFamilyTransforms.apply(x.flatten(0, 1), W, name, forward, launch)
             return out.unflatten(0, x.shape[:2]), 0
-        xs = x.expand(n, *x.shape) if x_dim is None else x.movedim(x_dim, 0)
-        return torch.stack([_EagerMatmulFamily.apply(a, b, name, forward, launch)
-                            for a, b in zip(xs, W.movedim(w_dim, 0))]), 0
+        xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
+        return torch.stack([_MatmulFamilyTransforms.apply(a, b, name, forward, launch)
+                            for a, b in zip(xs, batch_first(W, w_dim))]), 0
 
 
 _MATMUL_REPLAYS = Replays()

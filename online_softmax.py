@@ -809,7 +809,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     x3 = _as_3d(x)
     if needs_op(x3):
         if eager_autograd(x3):
-            y = function_apply(_OnlineSoftmaxTangents if transformed(x3) else OnlineSoftmax, x3, BLOCK_1, BLOCK_2)
+            y = function_apply(_OnlineSoftmaxTransforms if transformed(x3) else OnlineSoftmax, x3, BLOCK_1, BLOCK_2)
         else:
             y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
     else:
@@ -837,20 +837,15 @@ class OnlineSoftmax(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(x, BLOCK_1=16, BLOCK_2=16):
-        return online_softmax(x, BLOCK_1, BLOCK_2)  # grad is off and x plain in here
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
-        ctx.blocks = (*inputs[1:], 16, 16)[:2]  # apply(x) and apply(x, BLOCK_1) take the defaults
+    def forward(ctx, x, BLOCK_1=16, BLOCK_2=16):
+        y = online_softmax(x, BLOCK_1, BLOCK_2)
+        ctx.save_for_backward(y)
+        ctx.blocks = (BLOCK_1, BLOCK_2)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        if functorch_wrapped(dy):
-            return softmax_tangent(y, dy), None, None
         # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
         # refuses tensor-metadata queries such as .layout inside a traced backward. A graph
         # recorded, a trace or a batch of gradients takes the backward op (``backward_through_op``).
@@ -861,22 +856,49 @@ class OnlineSoftmax(torch.autograd.Function):
             dx = _online_backward(y3, dy3, *ctx.blocks, traced=False)
         return dx.reshape(y.shape), None, None
 
+
+class _OnlineSoftmaxTransforms(OnlineSoftmax):
+    """``OnlineSoftmax`` for ``online_softmax``'s calls that carry a tangent or a transform's
+    wrapper (``transformed``): in the form torch.func takes (``setup_context``), with forward mode
+    (``jvp``) and a batching rule (``vmap``). Apart from it because that form's apply costs about
+    16 us more host time a call (torch binds the arguments to forward's signature), and because
+    torch.compile refuses to trace a Function with a jvp, where ``OnlineSoftmax.apply`` is traced
+    (called itself with a dual tensor, it gets torch's error asking for a jvp)."""
+
     @staticmethod
-    def vmap(info, in_dims, x, BLOCK_1=16, BLOCK_2=16):
-        # The batch (never the softmax's dimension) moved first folds into the kernel's batch.
-        return online_softmax(x if in_dims[0] is None else x.movedim(in_dims[0], 0), BLOCK_1, BLOCK_2), 0
+    def forward(x, BLOCK_1, BLOCK_2):
+        return online_softmax(x, BLOCK_1, BLOCK_2)  # grad is off and x plain in here
 
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_softmax_output(ctx, inputs, output)
 
-class _OnlineSoftmaxTangents(OnlineSoftmax):
-    """``OnlineSoftmax`` with forward mode (``jvp``): what ``online_softmax`` takes for a call that
-    carries a tangent or a transform's wrapper (``transformed``). Apart because torch.compile
-    refuses to trace a Function that defines jvp, and ``OnlineSoftmax.apply`` is traced;
-    called with a dual tensor itself, it gets torch's error asking for a jvp."""
+    @staticmethod
+    def backward(ctx, dy):
+        if functorch_wrapped(dy):
+            return softmax_tangent(ctx.saved_tensors[0], dy), None, None
+        return OnlineSoftmax.backward(ctx, dy)
 
     @staticmethod
     def jvp(ctx, dx, *_):
-        (y,) = ctx.saved_tensors
-        return softmax_tangent(y, dx)
+        return softmax_tangent(ctx.saved_tensors[0], dx)
+
+    @staticmethod
+    def vmap(info, in_dims, x, BLOCK_1, BLOCK_2):
+        return online_softmax(batch_first(x, in_dims[0]), BLOCK_1, BLOCK_2), 0
+
+
+def _save_softmax_output(ctx, inputs, output):
+    """A softmax Function's setup_context for torch.func: its output for the backward and the
+    jvp, its other inputs (tiles) as blocks."""
+    _save_output_and_blocks(ctx, inputs, output)
+    ctx.save_for_forward(output)
+
+
+def batch_first(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """A vmap rule's operand with its batch dimension (dim, None where unbatched) first: for a
+    softmax over the last dimension, rows like any others."""
+    return t if dim is None else t.movedim(dim, 0)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1749,32 +1771,45 @@ class _EagerRowSoftmax(torch.autograd.Function):
     (``backward_through_op``): differentiable again."""
 
     @staticmethod
-    def forward(x2, BLOCK_SIZE):
-        return row_softmax(x2, BLOCK_SIZE)  # grad is off and x2 plain in here: the kept launch
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        ctx.save_for_backward(output)
-        ctx.save_for_forward(output)
+    def forward(ctx, x2, BLOCK_SIZE):
+        y = row_softmax(x2, BLOCK_SIZE)  # grad is off in here: the kept launch
+        ctx.save_for_backward(y)
+        return y
 
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
-        if functorch_wrapped(dy):
-            return softmax_tangent(y, dy), None
         if backward_through_op(dy):
             return _row_softmax_backward_op(y, dy), None
         return _row_backward(y, dy, traced=False), None
 
+
+class _RowSoftmaxTransforms(_EagerRowSoftmax):
+    """``_EagerRowSoftmax`` for calls that carry a tangent or a transform's wrapper
+    (``transformed``), in the form torch.func takes, with jvp and vmap: as
+    ``_OnlineSoftmaxTransforms``, apart for the same host time."""
+
+    @staticmethod
+    def forward(x2, BLOCK_SIZE):
+        return row_softmax(x2, BLOCK_SIZE)  # grad is off and x2 plain in here
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        _save_softmax_output(ctx, inputs, output)
+
+    @staticmethod
+    def backward(ctx, dy):
+        if functorch_wrapped(dy):
+            return softmax_tangent(ctx.saved_tensors[0], dy), None
+        return _EagerRowSoftmax.backward(ctx, dy)
+
     @staticmethod
     def jvp(ctx, dx, _):
-        (y,) = ctx.saved_tensors
-        return softmax_tangent(y, dx)
+        return softmax_tangent(ctx.saved_tensors[0], dx)
 
     @staticmethod
     def vmap(info, in_dims, x, BLOCK_SIZE):
-        # The batch (never the softmax's dimension) moved first: rows like any others.
-        return row_softmax(x if in_dims[0] is None else x.movedim(in_dims[0], 0), BLOCK_SIZE), 0
+        return row_softmax(batch_first(x, in_dims[0]), BLOCK_SIZE), 0
 
 
 def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
@@ -1807,7 +1842,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
         if eager_autograd(x2):
-            y = function_apply(_EagerRowSoftmax, x2, BLOCK_SIZE)
+            y = function_apply(_RowSoftmaxTransforms if transformed(x2) else _EagerRowSoftmax, x2, BLOCK_SIZE)
         else:
             y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:

@@ -33,8 +33,6 @@ _OPERANDS = {"W": randn((37, 30), torch.float32, seed=90), "x": randn((6, 37), t
 CASES = {
     "row_softmax": (lambda t, o: row_softmax(t), lambda t, o: SOFTMAX(t), (6, 37)),
     "online_softmax 2x8": (lambda t, o: online_softmax(t, 2, 8), lambda t, o: SOFTMAX(t), (2, 3, 37)),
-    # the course's Function, default tiles (forward mode: see test_online_softmax_function_forward_mode)
-    "OnlineSoftmax.apply": (lambda t, o: OnlineSoftmax.apply(t), lambda t, o: SOFTMAX(t), (2, 3, 37)),
     "fused_softmax": (lambda t, o: fsm.fused_softmax(t, o["V"], 16, 16), lambda t, o: SOFTMAX(t) @ o["V"], (2, 5, 40)),
     "fused_softmax of V": (lambda t, o: fsm.fused_softmax(o["xv"], t, 16, 16), lambda t, o: SOFTMAX(o["xv"]) @ t,
                            (2, 40, 24)),
@@ -77,15 +75,9 @@ TRANSFORMS = {
 }
 
 
-# Transforms that carry tangents: forward-mode AD.
-FORWARD_MODE = ("forward_ad", "func.jvp", "func.jacfwd")
-
-
 @pytest.mark.parametrize("transform", list(TRANSFORMS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_transform_matches_torch(case, transform):
-    if case == "OnlineSoftmax.apply" and transform in FORWARD_MODE:
-        pytest.skip("test_online_softmax_function_forward_mode")
     op, reference, shape = CASES[case]
     op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
     x = randn(shape, torch.float32, seed=94)
@@ -99,13 +91,14 @@ def test_transform_matches_torch(case, transform):
     assert_close(out, ref64, run(torch32))
 
 
-@pytest.mark.parametrize("transform", FORWARD_MODE)
-def test_online_softmax_function_forward_mode(transform):
-    """``OnlineSoftmax.apply`` defines no jvp (torch.compile would refuse to trace it): forward mode
-    gets torch's error asking for one, never a lost tangent; ``online_softmax`` carries it."""
+@pytest.mark.parametrize("transform", list(TRANSFORMS))
+def test_online_softmax_function_refuses_transforms(transform):
+    """``OnlineSoftmax.apply``, the course's ``forward(ctx, ...)`` Function, has no jvp (torch.compile
+    would refuse to trace it) nor the form torch.func takes (its apply would cost more host
+    time): torch's error asking for them, never a lost tangent. ``online_softmax`` carries all."""
     x, t = randn((2, 3, 37), torch.float32, seed=104), randn((2, 3, 37), torch.float32, seed=105)
-    with pytest.raises((RuntimeError, NotImplementedError), match="jvp"):
-        TRANSFORMS[transform](x, t, None)(OnlineSoftmax.apply)
+    with pytest.raises((RuntimeError, NotImplementedError), match="jvp|setup_context"):
+        TRANSFORMS[transform](x, t, torch.ones_like(x))(OnlineSoftmax.apply)
 
 
 @pytest.mark.parametrize("case", ["row_softmax", "online_softmax 2x8", "fused_softmax", "matmul_softmax_fused_tiled",
