@@ -725,7 +725,7 @@ def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOC
 class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
     """``_EagerFusedSoftmax`` for calls that carry a tangent or a transform's wrapper
     (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``_OnlineSoftmaxTransforms``). The log-sum-exp is a second output, not differentiable."""
+    as ``softmax_transforms``'s). The log-sum-exp is a second output, not differentiable."""
 
     @staticmethod
     def forward(x, V, BLOCK_1, BLOCK_2, launch):
@@ -2052,7 +2052,7 @@ class _EagerMatmulFamily(torch.autograd.Function):
 class _MatmulFamilyTransforms(_EagerMatmulFamily):
     """``_EagerMatmulFamily`` for calls that carry a tangent or a transform's wrapper
     (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``_OnlineSoftmaxTransforms``)."""
+    as ``softmax_transforms``'s)."""
 
     @staticmethod
     def forward(x, W, name, forward, launch):

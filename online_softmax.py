@@ -857,42 +857,41 @@ class OnlineSoftmax(torch.autograd.Function):
         return dx.reshape(y.shape), None, None
 
 
-class _OnlineSoftmaxTransforms(OnlineSoftmax):
-    """``OnlineSoftmax`` for ``online_softmax``'s calls that carry a tangent or a transform's
-    wrapper (``transformed``): in the form torch.func takes (``setup_context``), with forward mode
-    (``jvp``) and a batching rule (``vmap``). Apart from it because that form's apply costs about
-    16 us more host time a call (torch binds the arguments to forward's signature), and because
-    torch.compile refuses to trace a Function with a jvp, where ``OnlineSoftmax.apply`` is traced
-    (called itself with a dual tensor, it gets torch's error asking for a jvp)."""
+def softmax_transforms(function, softmax):
+    """A subclass of the softmax's eager autograd Function ``function`` for the calls of the public
+    ``softmax`` (x, *tiles) that carry a tangent or a transform's wrapper (``transformed``): in the
+    form torch.func takes (``setup_context``), with forward mode (``jvp``) and a batching rule
+    (``vmap``); gradients a transform wraps by ``softmax_tangent``, others by function's backward.
 
-    @staticmethod
-    def forward(x, BLOCK_1, BLOCK_2):
-        return online_softmax(x, BLOCK_1, BLOCK_2)  # grad is off and x plain in here
+    Apart from ``function`` because that form's apply costs about 16 us more host time a call
+    (torch binds the arguments to forward's signature), and because torch.compile refuses to
+    trace a Function with a jvp, where ``OnlineSoftmax.apply`` is traced (called itself with a
+    dual tensor, it gets torch's error asking for a jvp)."""
 
-    @staticmethod
+    def forward(x, *tiles):
+        return softmax(x, *tiles)  # grad is off and x plain in here
+
     def setup_context(ctx, inputs, output):
-        _save_softmax_output(ctx, inputs, output)
+        _save_output_and_blocks(ctx, inputs, output)
+        ctx.save_for_forward(output)
 
-    @staticmethod
     def backward(ctx, dy):
         if functorch_wrapped(dy):
-            return softmax_tangent(ctx.saved_tensors[0], dy), None, None
-        return OnlineSoftmax.backward(ctx, dy)
+            return (softmax_tangent(ctx.saved_tensors[0], dy), *(None,) * len(ctx.blocks))
+        return function.backward(ctx, dy)
 
-    @staticmethod
     def jvp(ctx, dx, *_):
         return softmax_tangent(ctx.saved_tensors[0], dx)
 
-    @staticmethod
-    def vmap(info, in_dims, x, BLOCK_1, BLOCK_2):
-        return online_softmax(batch_first(x, in_dims[0]), BLOCK_1, BLOCK_2), 0
+    def vmap(info, in_dims, x, *tiles):
+        return softmax(batch_first(x, in_dims[0]), *tiles), 0
+
+    methods = dict(forward=forward, setup_context=setup_context, backward=backward, jvp=jvp, vmap=vmap)
+    return type(f"{function.__name__.lstrip('_')}Transforms", (function,),
+                {name: staticmethod(method) for name, method in methods.items()})
 
 
-def _save_softmax_output(ctx, inputs, output):
-    """A softmax Function's setup_context for torch.func: its output for the backward and the
-    jvp, its other inputs (tiles) as blocks."""
-    _save_output_and_blocks(ctx, inputs, output)
-    ctx.save_for_forward(output)
+_OnlineSoftmaxTransforms = softmax_transforms(OnlineSoftmax, online_softmax)
 
 
 def batch_first(t: torch.Tensor, dim: int | None) -> torch.Tensor:
@@ -1784,34 +1783,6 @@ class _EagerRowSoftmax(torch.autograd.Function):
         return _row_backward(y, dy, traced=False), None
 
 
-class _RowSoftmaxTransforms(_EagerRowSoftmax):
-    """``_EagerRowSoftmax`` for calls that carry a tangent or a transform's wrapper
-    (``transformed``), in the form torch.func takes, with jvp and vmap: as
-    ``_OnlineSoftmaxTransforms``, apart for the same host time."""
-
-    @staticmethod
-    def forward(x2, BLOCK_SIZE):
-        return row_softmax(x2, BLOCK_SIZE)  # grad is off and x2 plain in here
-
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        _save_softmax_output(ctx, inputs, output)
-
-    @staticmethod
-    def backward(ctx, dy):
-        if functorch_wrapped(dy):
-            return softmax_tangent(ctx.saved_tensors[0], dy), None
-        return _EagerRowSoftmax.backward(ctx, dy)
-
-    @staticmethod
-    def jvp(ctx, dx, _):
-        return softmax_tangent(ctx.saved_tensors[0], dx)
-
-    @staticmethod
-    def vmap(info, in_dims, x, BLOCK_SIZE):
-        return row_softmax(batch_first(x, in_dims[0]), BLOCK_SIZE), 0
-
-
 def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     """Softmax over the last dimension of x (any rank >= 1).
 
@@ -1850,6 +1821,9 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
         keep = None if key is None or not (x2 is x or x.is_contiguous()) else _ROW_REPLAYS.keeper(key)
         y = _row_forward(x2, BLOCK_SIZE or 0, traced=False, keep=keep)
     return y.reshape(x.shape) if flat else y
+
+
+_RowSoftmaxTransforms = softmax_transforms(_EagerRowSoftmax, row_softmax)
 
 
 __all__ = [
