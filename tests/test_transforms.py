@@ -18,7 +18,7 @@ from torch import func
 
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import MatmulLaunch
-from online_softmax import OnlineSoftmax, online_softmax, row_softmax
+from online_softmax import OnlineSoftmax, online_softmax, online_softmax_backward, row_softmax
 from support import assert_close, randn
 
 SOFTMAX = lambda t: torch.softmax(t, dim=-1)  # noqa: E731 - a table entry
@@ -33,6 +33,9 @@ _OPERANDS = {"W": randn((37, 30), torch.float32, seed=90), "x": randn((6, 37), t
 CASES = {
     "row_softmax": (lambda t, o: row_softmax(t), lambda t, o: SOFTMAX(t), (6, 37)),
     "online_softmax 2x8": (lambda t, o: online_softmax(t, 2, 8), lambda t, o: SOFTMAX(t), (2, 3, 37)),
+    # the public backward, differentiated in its incoming gradient (its op has no forward mode)
+    "online_softmax_backward of dy": (lambda t, o: online_softmax_backward(SOFTMAX(o["x"]), t, 2, 8),
+                                      lambda t, o: _softmax_vjp(SOFTMAX(o["x"]), t), (6, 37)),
     "fused_softmax": (lambda t, o: fsm.fused_softmax(t, o["V"], 16, 16), lambda t, o: SOFTMAX(t) @ o["V"], (2, 5, 40)),
     "fused_softmax of V": (lambda t, o: fsm.fused_softmax(o["xv"], t, 16, 16), lambda t, o: SOFTMAX(o["xv"]) @ t,
                            (2, 40, 24)),
@@ -48,6 +51,11 @@ CASES = {
     "matmul_softmax_unfused": (lambda t, o: fsm.matmul_softmax_unfused(t, o["W"]), lambda t, o: SOFTMAX(t @ o["W"]),
                                (6, 37)),
 }
+
+
+def _softmax_vjp(y, dy):
+    """torch's own softmax backward: the gradient of x for y = softmax(x) and dy."""
+    return torch._softmax_backward_data(dy, y, -1, y.dtype)
 
 
 def _with(fn, dtype):

@@ -110,14 +110,23 @@ for arg in sys.argv[1:]:
     parts = (split(x), split(W))
     t_split = bench(lambda: (split(x), split(W)))
     line = (f"{arg} torch {t_torch:.4f} ({flops / t_torch / 1e9:.0f} TF/s, err {rel(x @ W, ref):.2e})"
-            f" | module {t_mod:.4f} (err {rel(fsm.matmul(x, W), ref):.2e}) | split pass (torch ops) {t_split:.4f}")
+            f" | module {t_mod:.4f} (err {rel(fsm.matmul(x, W), ref):.2e})")
     print(line, flush=True)
-    for tile in TILES:
-        try:
-            t = bench(lambda: presplit_mm(x, W, tile, parts=parts))
-            e = rel(presplit_mm(x, W, tile, parts=parts), ref)
-            t1 = bench(lambda: tf32_mm(x, W, tile))
-            print(f"   tile {tile}: presplit {t:.4f} ({3 * flops / t / 1e9:.0f} TF32 TF/s, {t_torch / t:.2f}x torch,"
-                  f" with split pass {t_torch / (t + t_split):.2f}x, err {e:.2e}) | one tf32 product {t1:.4f}", flush=True)
-        except Exception as exc:  # out of resources
-            print(f"   tile {tile}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
+    # A row-major W's parts may also be written K-major by the split pass (a transposing copy).
+    layouts = [("as given", parts, t_split)]
+    if not kmajor:
+        k_parts = (split(x), split(W.t().contiguous().t()))
+        layouts.append(("W parts K-major", k_parts, bench(lambda: (split(x), split(W.t().contiguous().t())))))
+    for name, layout_parts, split_ms in layouts:
+        print(f"  {name}: split pass {split_ms:.4f}", flush=True)
+        for tile in TILES:
+            try:
+                t = bench(lambda: presplit_mm(x, W, tile, parts=layout_parts))
+                e = rel(presplit_mm(x, W, tile, parts=layout_parts), ref)
+                wt = layout_parts[1][0]
+                t1 = bench(lambda: tf32_mm(x, wt, tile))
+                print(f"   tile {tile}: presplit {t:.4f} ({3 * flops / t / 1e9:.0f} TF32 TF/s, {t_torch / t:.2f}x torch,"
+                      f" with split pass {t_torch / (t + split_ms):.2f}x, err {e:.2e}) | one tf32 product {t1:.4f}",
+                      flush=True)
+            except Exception as exc:  # out of resources
+                print(f"   tile {tile}: {type(exc).__name__}: {str(exc)[:80]}", flush=True)
