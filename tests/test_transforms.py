@@ -129,11 +129,17 @@ def test_compiled_call_carries_the_tangent(case):
         _dual_tangent(torch.compile(op, backend="aot_eager", fullgraph=True), x, t)
 
 
-def test_second_order_forward_over_reverse():
-    """The Hessian of a scalar of row_softmax (jacfwd over jacrev): the jvp of the backward."""
-    x, c = randn((37,), torch.float32, seed=97), randn((37,), torch.float32, seed=98)
+@pytest.mark.parametrize("case", ["row_softmax", "online_softmax 2x8", "fused_softmax", "fused_softmax of V",
+                                  "matmul_softmax_fused_tiled", "matmul_softmax_fused_tiled of W"])
+def test_second_order_forward_over_reverse(case):
+    """The Hessian of a weighted sum of the output (jacfwd over jacrev): the jvp of the backward,
+    under a batch of tangents."""
+    op, reference, shape = CASES[case]
+    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    x = randn(shape, torch.float32, seed=97)
+    c = randn(tuple(torch32(x).shape), torch.float32, seed=98)
     hessian = lambda fn, a: func.hessian(lambda b: (fn(b) * c.to(b.dtype)).sum())(a)  # noqa: E731
-    assert_close(hessian(row_softmax, x), hessian(SOFTMAX, x.double()), hessian(SOFTMAX, x))
+    assert_close(hessian(op, x), hessian(torch64, x.double()), hessian(torch32, x))
 
 
 def test_bfloat16_tangent():
