@@ -3960,6 +3960,9 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     if torch.is_grad_enabled() and (x.requires_grad or V.requires_grad):
         raise RuntimeError("fused_softmax_gluon has no backward, and x or V requires grad: call fused_softmax, "
                            "or call this under torch.no_grad()")
+    if transformed(x, V):
+        raise RuntimeError("fused_softmax_gluon has no derivative, and x or V carries a tangent (a dual tensor) "
+                           "or is a torch.func transform's tensor: call fused_softmax")
     reason = gluon_softmax_unsupported(x, V)
     if reason is not None:
         raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")
@@ -4716,6 +4719,9 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
         raise RuntimeError("flash_attention_gluon has no backward, and Q, K or V requires grad: call "
                            "FlashAttentionTriton.apply, or call this under torch.no_grad()")
+    if transformed(Q, K, V):
+        raise RuntimeError("flash_attention_gluon has no derivative, and Q, K or V carries a tangent (a dual "
+                           "tensor) or is a torch.func transform's tensor: the launch would drop it")
     reason = gluon_flash_unsupported(Q, K, V)
     if reason is not None:
         raise ValueError(f"flash_attention_gluon cannot take these inputs: {reason}")

@@ -167,3 +167,15 @@ def test_flash_attention_refuses_transforms(transform):
     attend = lambda a: fsm.FlashAttentionTriton.apply(a, q, q, False)  # noqa: E731
     with pytest.raises((RuntimeError, NotImplementedError), match="jvp|setup_context"):
         TRANSFORMS[transform](q, q, q)(attend)
+
+
+@pytest.mark.parametrize("transform", ["forward_ad", "func.vmap"])
+@pytest.mark.parametrize("kernel", ["fused_softmax_gluon", "flash_attention_gluon"])
+def test_gluon_kernels_refuse_transforms(kernel, transform):
+    """The forward-only Gluon entry points refuse a tangent as they refuse a gradient (the check
+    comes before any GPU is needed: this runs everywhere)."""
+    x = randn((1, 16, 16), torch.bfloat16, seed=108)
+    call = {"fused_softmax_gluon": lambda a: fsm.fused_softmax_gluon(a, x),
+            "flash_attention_gluon": lambda a: fsm.flash_attention_gluon(a, x, x)[0]}[kernel]
+    with pytest.raises(RuntimeError, match=f"{kernel} has no derivative"):
+        TRANSFORMS[transform](x, x, None)(call)
