@@ -52,6 +52,7 @@ from online_softmax import (
     backward_through_op, batch_first, eager_autograd, function_apply, functorch_wrapped, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher,
 )
+from torch._subclasses.fake_tensor import is_fake
 
 
 # ----------------------------------------------------------------------------------------------
@@ -3118,6 +3119,12 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
             and _device_is_hopper(_device_index(Q.device)))
 
 
+def _shape_only(t: torch.Tensor) -> bool:
+    """t is a FakeTensor outside a trace (shape propagation by FakeTensorMode): no launch can take
+    it, the opaque ops' fakes answer. (A trace cannot ask: it takes its own route.)"""
+    return not torch.compiler.is_compiling() and is_fake(t)
+
+
 @torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
@@ -3235,7 +3242,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
         check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
         steps = [] if key is not None else None
-        if launches is None and compiled_gluon_route(Q):
+        if launches is None and compiled_gluon_route(Q) or _shape_only(Q):
             O, L = flash_forward_by_path(Q, K, V, is_causal)
         elif O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
             _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
@@ -3266,7 +3273,7 @@ class FlashAttentionTriton(torch.autograd.Function):
         # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
         # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
         dO = dO.to(Q.dtype).contiguous()
-        if ctx.override is None and compiled_gluon_route(Q):
+        if ctx.override is None and compiled_gluon_route(Q) or _shape_only(Q):
             return (*flash_backward_by_path(Q, K, V, O, L, dO, ctx.is_causal), None, None)
         # O and L are the forward's own (contiguous, fresh): Q's shape and dtype decide theirs.
         key = _flash_replay_key((Q, K, V, dO), ctx.is_causal, ctx.override)
@@ -3394,8 +3401,9 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction) -> 
 
 def _may_sync(t: torch.Tensor) -> bool:
     """Whether reading a value of t back to the host is allowed now: not while torch.compile
-    traces or a CUDA graph is being captured."""
-    if torch.compiler.is_compiling():
+    traces or a CUDA graph is being captured, nor from a FakeTensor (shape propagation), which
+    has none."""
+    if torch.compiler.is_compiling() or is_fake(t):
         return False
     return t.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
 

@@ -164,12 +164,15 @@ def needs_op(*tensors) -> bool:
 
     Under torch.compile the op is what the compiler sees; with autograd recording, the op carries
     the registered backward; a tangent or a transform's wrapper (``transformed``) needs the
-    autograd Functions, which ``eager_autograd`` then picks. A plain eager call skips torch's dispatcher, whose cost per call is
-    of the order of a kernel launch itself, so small softmaxes stay as cheap to call as torch's.
+    autograd Functions, which ``eager_autograd`` then picks; a tensor subclass (a FakeTensor of
+    shape propagation, say) needs the dispatcher, which hands the op to the subclass (for a
+    FakeTensor, the op's fake). A plain eager call skips torch's dispatcher, whose cost per call
+    is of the order of a kernel launch itself, so small softmaxes stay as cheap to call as torch's.
     """
     if torch.compiler.is_compiling():
         return True
     return (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
+            or any(isinstance(t, torch.Tensor) and type(t) not in PLAIN_TENSORS for t in tensors)
             or transformed(*tensors))
 
 

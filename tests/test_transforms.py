@@ -1,5 +1,6 @@
 """Forward-mode AD and torch.func transforms over every public op: the tangent, gradient, batch
-or Jacobian a caller gets, never one silently dropped.
+or Jacobian a caller gets, never one silently dropped. And FakeTensorMode (shape propagation):
+shapes and dtypes, never a launch on tensors that have no data.
 
 A direct launch sees only the values: a dual tensor's tangent (``torch.autograd.forward_ad``) or
 a transform's wrapper (``torch.func.grad``, ``jvp``, ``vmap``, ...) would be lost there, and a
@@ -179,3 +180,35 @@ def test_gluon_kernels_refuse_transforms(kernel, transform):
             "flash_attention_gluon": lambda a: fsm.flash_attention_gluon(a, x, x)[0]}[kernel]
     with pytest.raises(RuntimeError, match=f"{kernel} has no derivative"):
         TRANSFORMS[transform](x, x, None)(call)
+
+
+def _fake_calls():
+    """(name, call of the fake inputs, its input shapes): every public op, and a backward."""
+    yield "row_softmax", lambda x: row_softmax(x), [(6, 37)]
+    yield "online_softmax", lambda x: online_softmax(x, 2, 8), [(2, 3, 37)]
+    yield "fused_softmax", lambda x, v: fsm.fused_softmax(x, v), [(2, 5, 40), (2, 40, 24)]
+    yield "matmul", lambda x, w: fsm.matmul(x, w), [(6, 37), (37, 30)]
+    for name in ("matmul_softmax_fused_tiled", "matmul_softmax_fused_simple", "matmul_softmax_unfused"):
+        yield name, lambda x, w, name=name: getattr(fsm, name)(x, w), [(6, 37), (37, 30)]
+    yield ("linear_cross_entropy",  # its eager bounds check reads the targets back: not from a fake
+           lambda x, w: fsm.linear_cross_entropy(x, w, torch.zeros(6, dtype=torch.long, device=x.device)),
+           [(6, 37), (30, 37)])
+    yield "FlashAttentionTriton", lambda q, k, v: fsm.FlashAttentionTriton.apply(q, k, v, True), [(1, 32, 16)] * 3
+
+
+@pytest.mark.parametrize("grad", [False, True], ids=["forward", "backward"])
+@pytest.mark.parametrize("case", list(_fake_calls()), ids=lambda case: case[0])
+def test_fake_tensor_mode(case, grad):
+    """Under FakeTensorMode a call gives what the real call would in shape, dtype and device
+    (through the ops' fakes), forward and backward; before, the direct launch crashed inside torch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    _, call, shapes = case
+    real = [randn(shape, torch.float32, seed=110 + i).requires_grad_(grad) for i, shape in enumerate(shapes)]
+    want = call(*real)
+    wants = torch.autograd.grad(want.sum(), real) if grad else ()
+    with FakeTensorMode() as mode:
+        fakes = [mode.from_tensor(t).requires_grad_(grad) for t in real]
+        got = call(*fakes)
+        gots = torch.autograd.grad(got.sum(), fakes) if grad else ()
+    for g, w in zip((got, *gots), (want, *wants)):
+        assert (g.shape, g.dtype, g.device) == (w.shape, w.dtype, w.device)
