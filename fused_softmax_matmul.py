@@ -49,7 +49,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
-    backward_through_op, batch_first, eager_autograd, function_apply, functorch_wrapped, softmax_tangent, transformed,
+    apply_transforms, backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher,
 )
 from torch._subclasses.fake_tensor import is_fake
@@ -700,7 +700,13 @@ class _EagerFusedSoftmax(torch.autograd.Function):
     def backward(ctx, dout):
         x, V, out, lse = ctx.saved_tensors
         need_x, need_V = ctx.needs_input_grad[:2]
-        if backward_through_op(dout):
+        if transformed(x, V, dout):
+            # A transform's gradient, or one with a tangent: torch's ops, in float32, which the
+            # transforms see through (as ``_FusedSoftmaxTransforms.jvp``'s).
+            P = torch.softmax(x.float(), dim=-1)
+            dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
+            dV = (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
+        elif backward_through_op(dout):
             dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
         else:
             dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
@@ -726,7 +732,8 @@ def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOC
 class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
     """``_EagerFusedSoftmax`` for calls that carry a tangent or a transform's wrapper
     (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``softmax_transforms``'s). The log-sum-exp is a second output, not differentiable."""
+    as ``softmax_transforms``'s). The log-sum-exp is a second output, not differentiable; the
+    backward is ``_EagerFusedSoftmax``'s."""
 
     @staticmethod
     def forward(x, V, BLOCK_1, BLOCK_2, launch):
@@ -742,14 +749,7 @@ class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        if not functorch_wrapped(dout):
-            return _EagerFusedSoftmax.backward(ctx, dout)
-        # A transform's gradient: torch's ops, in float32, which it sees through (as jvp's).
-        x, V, *_ = ctx.saved_tensors
-        P = torch.softmax(x.float(), dim=-1)
-        dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2))
-        dV = P.transpose(-1, -2) @ dout.float()
-        return dx.to(x.dtype), dV.to(V.dtype), None, None, None
+        return _EagerFusedSoftmax.backward(ctx, dout)
 
     @staticmethod
     def jvp(ctx, dx, dV, *_):
@@ -764,11 +764,22 @@ class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
 
     @staticmethod
     def vmap(info, in_dims, x, V, BLOCK_1, BLOCK_2, launch):
-        # The batch folds into the kernel's batch (an unbatched operand repeated for it).
-        x, V = (t.expand(info.batch_size, *t.shape) if dim is None else batch_first(t, dim)
-                for t, dim in zip((x, V), in_dims[:2]))
+        x_dim, v_dim = in_dims[:2]
+        if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
+            x = x.movedim(x_dim, 1)
+            out, lse = _FusedSoftmaxTransforms.apply(x.flatten(1, 2), V, BLOCK_1, BLOCK_2, launch)
+            return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
+        # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
+        x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
+        V = batch_first(V, v_dim)
         out, lse = _FusedSoftmaxTransforms.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
         return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
+
+    @staticmethod
+    def reference(x, V, BLOCK_1, BLOCK_2, launch):
+        """What forward gives, in torch's ops (see ``apply_transforms``)."""
+        x32 = x.float()
+        return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
 
 
 # Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
@@ -868,8 +879,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     if needs_op(x, V):
         if eager_autograd(x, V):
             if transformed(x, V):
-                return function_apply(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-            return function_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
+                return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
+            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -2004,8 +2015,9 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
     check(x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            function = _MatmulFamilyTransforms if transformed(x, W) else _EagerMatmulFamily
-            return function_apply(function, x, W, name, forward, launch)
+            if transformed(x, W):
+                return apply_transforms(_MatmulFamilyTransforms, x, W, name, forward, launch)
+            return _EagerMatmulFamily.apply(x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
@@ -2041,7 +2053,12 @@ class _EagerMatmulFamily(torch.autograd.Function):
     def backward(ctx, dout):
         x, W, *out = ctx.saved_tensors
         need_x, need_W = ctx.needs_input_grad[:2]
-        if backward_through_op(dout):
+        if transformed(x, W, *out, dout):
+            # A transform's gradient, or one with a tangent: torch's ops, which the transforms see
+            # through (as ``_MatmulFamilyTransforms.jvp``'s).
+            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+            dx, dW = dz @ W.t(), x.t() @ dz
+        elif backward_through_op(dout):
             op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
             dx, dW = op(x, W, *out, dout, need_x, need_W)
         else:
@@ -2053,7 +2070,7 @@ class _EagerMatmulFamily(torch.autograd.Function):
 class _MatmulFamilyTransforms(_EagerMatmulFamily):
     """``_EagerMatmulFamily`` for calls that carry a tangent or a transform's wrapper
     (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``softmax_transforms``'s)."""
+    as ``softmax_transforms``'s); the backward is ``_EagerMatmulFamily``'s."""
 
     @staticmethod
     def forward(x, W, name, forward, launch):
@@ -2066,15 +2083,6 @@ class _MatmulFamilyTransforms(_EagerMatmulFamily):
         saved = (x, W, *((output,) if ctx.softmax else ()))
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
-
-    @staticmethod
-    def backward(ctx, dout):
-        if not functorch_wrapped(dout):
-            return _EagerMatmulFamily.backward(ctx, dout)
-        # A transform's gradient: torch's ops, which it sees through (as jvp's).
-        x, W, *out = ctx.saved_tensors
-        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-        return dz @ W.t(), x.t() @ dz, None, None, None
 
     @staticmethod
     def jvp(ctx, dx, dW, *_):
@@ -2096,6 +2104,12 @@ class _MatmulFamilyTransforms(_EagerMatmulFamily):
         xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
         return torch.stack([_MatmulFamilyTransforms.apply(a, b, name, forward, launch)
                             for a, b in zip(xs, batch_first(W, w_dim))]), 0
+
+    @staticmethod
+    def reference(x, W, name, forward, launch):
+        """What forward gives, in torch's ops (see ``apply_transforms``)."""
+        z = x.float() @ W.float()
+        return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
 
 
 _MATMUL_REPLAYS = Replays()
@@ -3629,6 +3643,10 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
         return (None,) * 11
     if ctx.reduction == "none":
+        if transformed(dloss):
+            raise NotImplementedError("linear_cross_entropy (reduction 'none') differentiates by backward only: "
+                                      "its gradient of the losses must not be a dual tensor (forward-mode AD) nor "
+                                      "a torch.func transform's tensor")
         x, W, target, lse = ctx.saved_tensors
         dx, dW = torch.ops.softmax_kernels.linear_cross_entropy_backward(
             x, W, target, lse, dloss, *ctx.args, ctx.grad_x, ctx.grad_W)

@@ -171,9 +171,11 @@ def needs_op(*tensors) -> bool:
     """
     if torch.compiler.is_compiling():
         return True
-    return (torch.is_grad_enabled() and any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors)
-            or any(isinstance(t, torch.Tensor) and type(t) not in PLAIN_TENSORS for t in tensors)
-            or transformed(*tensors))
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (grad and t.requires_grad or type(t) not in PLAIN_TENSORS):
+            return True
+    return transformed(*tensors)
 
 
 def transformed(*tensors) -> bool:
@@ -181,16 +183,17 @@ def transformed(*tensors) -> bool:
     tangent (a dual tensor of ``torch.autograd.forward_ad``) or a ``torch.func`` transform's
     wrapper (grad, vjp, jacrev, jvp, jacfwd, vmap). Such calls take the eager autograd Functions,
     whose forward sees plain tensors and whose ``jvp`` and ``vmap`` carry the tangents and the
-    batch. (A custom op would drop a tangent: torch registers no forward-mode formula for one.)
+    batch. (A custom op has no forward-mode formula: where no input requires grad torch drops
+    its tangent without a word, else it raises.)
 
     Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at.
-    A trace by torch.compile cannot look at one either: there any call while a dual level is open
-    counts (the compiled code is guarded on that level), and its Function runs outside the trace
-    (``function_apply``; in fullgraph mode torch.compile says it cannot)."""
+    A trace by torch.compile cannot look at one either: there every call while a dual level is
+    open counts, tangent or not (the compiled code is guarded on that level), and its Function
+    runs outside the trace (``apply_transforms``: a graph break, which fullgraph mode refuses)."""
     if torch.compiler.is_compiling():
-        return getattr(forward_ad, "_current_level", -1) >= 0
+        return _dual_level_open()
     wrapped = torch._C._are_functorch_transforms_active()
-    dual = getattr(forward_ad, "_current_level", 0) >= 0  # no such level in this torch: assume one, look
+    dual = _dual_level_open()
     if not (wrapped or dual):
         return False
     for t in tensors:
@@ -200,22 +203,35 @@ def transformed(*tensors) -> bool:
     return False
 
 
+def _dual_level_open() -> bool:
+    # Without the attribute (another torch) assume a level is open: the tensors are then looked at.
+    return getattr(forward_ad, "_current_level", 0) >= 0
+
+
+def nested_tangents() -> bool:
+    """Whether two forward-mode levels are open (torch.func's jvp over jvp, jacfwd over jacfwd or
+    over hessian; a dual level around one): torch does not differentiate an autograd Function's
+    jvp at the outer level and gives zeros there without a word (pytorch issue 197867), so such
+    calls take torch's own ops (the Functions' ``reference``). Where torch.func's interpreters
+    cannot be listed, assumed."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        levels = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    except (ImportError, AttributeError):  # pragma: no cover - another torch
+        return True
+    return levels + _dual_level_open() > 1
+
+
 def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """y * (t - rowsum(y * t)): softmax's Jacobian (symmetric) applied to t, for y = softmax(x)
     over the last dimension. The tangent of y for a tangent t of x, and the gradient of x for a
-    gradient t of y. In torch's ops, in float32 whatever the dtype, so that any transform and any
-    nesting of them (a tangent's tangent, a batch of them) sees through it; the forward-mode
-    and torch.func paths use it, where the kernels' speed matters less than their reach."""
+    gradient t of y. In torch's ops, in float32 whatever the dtype, so that the transforms see
+    through it (a batch of tangents, a reverse pass over it, a tangent of a gradient); the
+    forward-mode and torch.func paths use it, where the kernels' speed matters less than their
+    reach."""
     yf, tf = y.float(), t.float()
     return (yf * (tf - (yf * tf).sum(-1, keepdim=True))).to(y.dtype)
-
-
-def functorch_wrapped(t) -> bool:
-    """Whether t is a ``torch.func`` transform's wrapper (not a batch of gradients from
-    ``is_grads_batched``, which the backward ops' batching serves). Never in a trace, which
-    cannot call the check (and takes the ops)."""
-    return (not torch.compiler.is_compiling() and torch._C._functorch.is_functorch_wrapped_tensor(t)
-            and not torch._C._functorch.is_legacy_batchedtensor(t))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -593,7 +609,8 @@ def _softmax_double_backward(y, dy, ddx, backward):
     applied to ddx (``backward``, the Triton op, differentiable in turn); d/dy is
     ddx * (dy - sum(y * dy)) - dy * sum(y * ddx), in float32 whatever the dtype.
     """
-    grad_dy = backward(y, ddx)
+    # The op would drop a tangent of ddx (a dual gradient of the gradient): torch's ops then.
+    grad_dy = softmax_tangent(y, ddx) if transformed(y, ddx) else backward(y, ddx)
     yf, dyf, ddxf = y.float(), dy.float(), ddx.float()
     grad_y = ddxf * (dyf - (yf * dyf).sum(-1, keepdim=True)) - dyf * (yf * ddxf).sum(-1, keepdim=True)
     return grad_y.to(y.dtype), grad_dy
@@ -812,7 +829,8 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     x3 = _as_3d(x)
     if needs_op(x3):
         if eager_autograd(x3):
-            y = function_apply(_OnlineSoftmaxTransforms if transformed(x3) else OnlineSoftmax, x3, BLOCK_1, BLOCK_2)
+            y = (apply_transforms(_OnlineSoftmaxTransforms, x3, BLOCK_1, BLOCK_2) if transformed(x3)
+                 else OnlineSoftmax.apply(x3, BLOCK_1, BLOCK_2))
         else:
             y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
     else:
@@ -849,6 +867,8 @@ class OnlineSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        if transformed(y, dy):  # a transform's gradient, or one with a tangent: see softmax_tangent
+            return softmax_tangent(y, dy), None, None
         # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
         # refuses tensor-metadata queries such as .layout inside a traced backward. A graph
         # recorded, a trace or a batch of gradients takes the backward op (``backward_through_op``).
@@ -864,7 +884,7 @@ def softmax_transforms(function, softmax):
     """A subclass of the softmax's eager autograd Function ``function`` for the calls of the public
     ``softmax`` (x, *tiles) that carry a tangent or a transform's wrapper (``transformed``): in the
     form torch.func takes (``setup_context``), with forward mode (``jvp``) and a batching rule
-    (``vmap``); gradients a transform wraps by ``softmax_tangent``, others by function's backward.
+    (``vmap``); its backward is function's, ``reference`` torch's softmax (``apply_transforms``).
 
     Apart from ``function`` because that form's apply costs about 16 us more host time a call
     (torch binds the arguments to forward's signature), and because torch.compile refuses to
@@ -878,18 +898,16 @@ def softmax_transforms(function, softmax):
         _save_output_and_blocks(ctx, inputs, output)
         ctx.save_for_forward(output)
 
-    def backward(ctx, dy):
-        if functorch_wrapped(dy):
-            return (softmax_tangent(ctx.saved_tensors[0], dy), *(None,) * len(ctx.blocks))
-        return function.backward(ctx, dy)
-
     def jvp(ctx, dx, *_):
         return softmax_tangent(ctx.saved_tensors[0], dx)
 
     def vmap(info, in_dims, x, *tiles):
         return softmax(batch_first(x, in_dims[0]), *tiles), 0
 
-    methods = dict(forward=forward, setup_context=setup_context, backward=backward, jvp=jvp, vmap=vmap)
+    def reference(x, *tiles):
+        return torch.softmax(x, dim=-1)
+
+    methods = dict(forward=forward, setup_context=setup_context, jvp=jvp, vmap=vmap, reference=reference)
     return type(f"{function.__name__.lstrip('_')}Transforms", (function,),
                 {name: staticmethod(method) for name, method in methods.items()})
 
@@ -1739,12 +1757,16 @@ def eager_autograd(*tensors) -> bool:
             or transformed(*tensors))
 
 
-def function_apply(function, *args):
-    """``function.apply(*args)`` for a call ``eager_autograd`` sent to its Function: in a trace by
-    torch.compile (a dual level open, see ``transformed``) run outside it, where the Function's
-    jvp carries the tangent that the traced op would drop."""
+def apply_transforms(function, *args):
+    """``function.apply(*args)`` for a call that carries a tangent or a transform's wrapper
+    (``transformed``), ``function`` one of the eager Functions' torch.func forms: in a trace by
+    torch.compile (a dual level open) run outside it, where the Function's jvp carries the
+    tangent that the traced op would drop; with two forward-mode levels open, torch's ops
+    (``function.reference``, see ``nested_tangents``)."""
     if torch.compiler.is_compiling():
-        return _untraced(function.apply, *args)
+        return _untraced(apply_transforms, function, *args)
+    if nested_tangents():
+        return function.reference(*args)
     return function.apply(*args)
 
 
@@ -1781,6 +1803,8 @@ class _EagerRowSoftmax(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dy):
         (y,) = ctx.saved_tensors
+        if transformed(y, dy):  # a transform's gradient, or one with a tangent: see softmax_tangent
+            return softmax_tangent(y, dy), None
         if backward_through_op(dy):
             return _row_softmax_backward_op(y, dy), None
         return _row_backward(y, dy, traced=False), None
@@ -1816,7 +1840,8 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
         if eager_autograd(x2):
-            y = function_apply(_RowSoftmaxTransforms if transformed(x2) else _EagerRowSoftmax, x2, BLOCK_SIZE)
+            y = (apply_transforms(_RowSoftmaxTransforms, x2, BLOCK_SIZE) if transformed(x2)
+                 else _EagerRowSoftmax.apply(x2, BLOCK_SIZE))
         else:
             y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
