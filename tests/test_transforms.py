@@ -65,6 +65,12 @@ def _with(fn, dtype):
     return lambda t: fn(t, operands)
 
 
+def _case(case):
+    """(the op, PyTorch's float32 answer, the float64 reference, t's shape) of a case of CASES."""
+    op, reference, shape = CASES[case]
+    return _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64), shape
+
+
 def _dual_tangent(fn, x, t):
     with forward_ad.dual_level():
         return forward_ad.unpack_dual(fn(forward_ad.make_dual(x, t))).tangent
@@ -111,8 +117,7 @@ TRANSFORMS = {
 @pytest.mark.parametrize("transform", list(TRANSFORMS))
 @pytest.mark.parametrize("case", list(CASES))
 def test_transform_matches_torch(case, transform):
-    op, reference, shape = CASES[case]
-    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    op, torch32, torch64, shape = _case(case)
     x = randn(shape, torch.float32, seed=94)
     t = randn(shape, torch.float32, seed=95)
     c = randn(tuple(torch32(x).shape), torch.float32, seed=96)
@@ -149,8 +154,7 @@ def test_online_softmax_function_refuses_transforms(transform):
 def test_compiled_call_carries_the_tangent(case):
     """torch.compile (guarded on the dual level) runs a call that carries a tangent outside its
     trace; in fullgraph mode it says it cannot, where the op it would trace drops the tangent."""
-    op, reference, shape = CASES[case]
-    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    op, torch32, torch64, shape = _case(case)
     x, t = randn(shape, torch.float32, seed=106), randn(shape, torch.float32, seed=107)
     torch._dynamo.reset()
     compiled = torch.compile(op, backend="aot_eager")
@@ -169,8 +173,7 @@ def test_compiled_call_carries_the_tangent(case):
 def test_second_order_forward_over_reverse(case):
     """The Hessian of a weighted sum of the output (jacfwd over jacrev): the jvp of the backward,
     under a batch of tangents."""
-    op, reference, shape = CASES[case]
-    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
+    op, torch32, torch64, shape = _case(case)
     x = randn(shape, torch.float32, seed=97)
     c = randn(tuple(torch32(x).shape), torch.float32, seed=98)
     hessian = lambda fn, a: func.hessian(lambda b: (fn(b) * c.to(b.dtype)).sum())(a)  # noqa: E731
@@ -180,9 +183,8 @@ def test_second_order_forward_over_reverse(case):
 @pytest.mark.parametrize("case", ["row_softmax", "fused_softmax", "matmul_softmax_fused_tiled of W"])
 def test_third_order_forward(case):
     """jacfwd over jacfwd (two forward levels, torch's ops answer), on a few values."""
-    op, reference, _ = CASES[case]
+    op, torch32, torch64, _ = _case(case)
     shape = {"row_softmax": (1, 5), "fused_softmax": (2, 1, 40), "matmul_softmax_fused_tiled of W": (37, 2)}[case]
-    op, torch32, torch64 = _with(op, torch.float32), _with(reference, torch.float32), _with(reference, torch.float64)
     x = randn(shape, torch.float32, seed=109)
     twice = lambda fn: func.jacfwd(func.jacfwd(fn))  # noqa: E731
     assert_close(twice(op)(x), twice(torch64)(x.double()), twice(torch32)(x))
