@@ -967,7 +967,10 @@ class MatmulLaunch:
     two, at least 16: ``tl.dot``'s least); programs run in groups of group_b row blocks that walk
     the class tiles together, so their x rows and W columns are read from L2 (see ``tile_coords``).
     split_k > 1 cuts K into that many slices, one program each, for shapes with too few (row
-    block, class tile) pairs to fill the GPU (see ``split_k_kernel``).
+    block, class tile) pairs to fill the GPU (see ``split_k_kernel``). presplit: float32
+    products under 'highest' as three TF32 products of operands split beforehand
+    (``matmul_presplit_kernel``; unsplit K only): ``matmul``, the unfused and the tiled
+    softmax(x @ W); other products and the simple kernel ignore it.
     """
 
     block_b: int
@@ -977,6 +980,7 @@ class MatmulLaunch:
     num_warps: int = 4
     num_stages: int = 3
     split_k: int = 1
+    presplit: bool = False
 
     def check(self) -> None:
         check_block("launch.block_b", self.block_b, 16, 256)
@@ -986,6 +990,9 @@ class MatmulLaunch:
         check_block("launch.num_warps", self.num_warps, 1, 16)
         check_int("launch.num_stages", self.num_stages, 1, 8)
         check_int("launch.split_k", self.split_k, 1, 256)
+        check_flag("launch.presplit", self.presplit)
+        if self.presplit and self.split_k != 1:
+            raise ValueError(f"launch.presplit takes an unsplit K: split_k must be 1, got {self.split_k}")
 
 
 # ``tiled_launch`` splits K when K is at least SPLIT_K_LEAST_STEPS steps of block_k, into slices
@@ -1467,6 +1474,84 @@ def matmul_softmax_tma_tile_kernel(
 
 
 @triton.jit
+def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, R, K, stride_r, stride_k,
+                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, HI: tl.constexpr):
+    """An (R, K) float32 matrix of any strides as its TF32 parts, both (R, K) and contiguous: lo
+    = t - hi, with hi = t with its low 13 mantissa bits cleared (written only with HI). lo of an
+    infinite or NaN t is 0: hi carries it."""
+    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    mask = (rows < R)[:, None] & (ks < K)[None, :]
+    t = tl.load(src_ptr + rows[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k, mask=mask)
+    hi = (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    lo = t - hi
+    offsets = rows[:, None].to(tl.int64) * K + ks[None, :]
+    tl.store(lo_ptr + offsets, tl.where(lo == lo, lo, 0.0), mask=mask)
+    if HI:
+        tl.store(hi_ptr + offsets, hi, mask=mask)
+
+
+@triton.jit
+def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, cols, B, C, K, stride_xb, stride_wc,
+                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of split
+    operands (``tf32_parts_kernel``): x (B, K) and its lo part, W^T (C, K) and its lo part, each
+    contiguous along K (the lo parts wholly contiguous). A TF32 product reads a float32 operand
+    with its low 13 bits dropped, so x and W serve as their own hi parts.
+
+    Each step's three products start from 0 and are added to the tile in float32, small ones
+    first, as triton's own tf32x3 does: summed inside the MMA across K, the tile lost its low
+    bits (2.9e-5 relative error at 4096^3 against 4.8e-7 this way, torch's SGEMM 1.2e-6;
+    outputs/profiles/presplit_flush_probe.txt). NaN among the small products (lo x inf) is
+    dropped there: the hi product carries every infinity and NaN of the inputs."""
+    ks = tl.arange(0, BLOCK_K)
+    row_ok = rows < B
+    col_ok = cols < C
+    x_off = rows[:, None].to(tl.int64) * stride_xb + ks[None, :]
+    xl_off = rows[:, None].to(tl.int64) * K + ks[None, :]
+    w_off = cols[None, :].to(tl.int64) * stride_wc + ks[:, None]
+    wl_off = cols[None, :].to(tl.int64) * K + ks[:, None]
+    acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
+    for k in range(0, K, BLOCK_K):
+        k_ok = (k + ks) < K
+        x_mask = row_ok[:, None] & k_ok[None, :]
+        w_mask = k_ok[:, None] & col_ok[None, :]
+        a = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
+        b = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
+        a_lo = tl.load(xl_ptr + xl_off, mask=x_mask, other=0.0)
+        b_lo = tl.load(wl_ptr + wl_off, mask=w_mask, other=0.0)
+        small = tl.dot(a_lo, b, input_precision="tf32")
+        small = tl.dot(a, b_lo, small, input_precision="tf32")
+        acc += tl.dot(a, b, tl.where(small == small, small, 0.0), input_precision="tf32")
+        x_off += BLOCK_K
+        xl_off += BLOCK_K
+        w_off += BLOCK_K
+        wl_off += BLOCK_K
+    return acc
+
+
+@triton.jit
+def matmul_presplit_kernel(
+    x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, B, K, C, stride_xb, stride_wc, stride_ob, stride_oc,
+    n_tiles_b, n_tiles_c,
+    BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
+    SOFTMAX: tl.constexpr, TILED: tl.constexpr,
+):
+    """``matmul_kernel`` (neither flag), ``matmul_softmax_simple_kernel``'s store (SOFTMAX, one
+    class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there) over float32 operands
+    split beforehand (``presplit_logits_tile``)."""
+    tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
+    rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, cols, B, C, K, stride_xb, stride_wc,
+                               BLOCK_B, BLOCK_C, BLOCK_K)
+    if TILED:
+        store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
+    else:
+        store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
+
+
+@triton.jit
 def rescale_tiles_kernel(
     out_ptr, stats_ptr, B, C, n_tiles_c, tiles_per_program, stride_ob, stride_oc,
     BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr,
@@ -1657,6 +1742,99 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
     return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
 
 
+# Float32 products under 'highest' by three TF32 products of operands split beforehand. tl.dot's
+# "tf32x3" splits both operand tiles into TF32 parts in registers at every K step; the float32
+# kernels keep small tiles (32 x 128) and ran 4096^3 at torch's SGEMM speed (2.76 against 2.70 ms
+# on an H100). Split once by a plain pass (``tf32_parts_kernel``: x's and W's lo parts, and a
+# K-major copy of a W that is not K-major: Hopper's warpgroup MMA reads 32-bit operands K-major
+# only), the products read all four tiles from shared memory. On an H100 (outputs/profiles/
+# presplit_flush_probe.txt, W K-major, do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.43
+# ms and 4096 x 4096 x 50257 in 17.6 (torch 2.70 and 32.4), error 4.8e-7 (torch 1.2e-6); 4 warps
+# ran 3x slower (two 128 x 128 float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x
+# 1000. The pass reads and writes each operand once (a W that is not K-major twice) and holds
+# memory of their size for the call: taken where the time saved at the rates measured
+# (TF32X3_FLOPS, PRESPLIT_FLOPS) is at least twice the pass's at SPLIT_BYTES_PER_S
+# (``presplit_pays``; from ~500 rows with ~500 classes or more); compiled on sm_90 only, in the
+# interpreter where a launch asks for it.
+TF32X3_FLOPS = 48e12
+PRESPLIT_FLOPS = 95e12
+SPLIT_BYTES_PER_S = 2.5e12
+PARTS_BLOCK = 64
+
+
+def presplit_pays(B: int, K: int, C: int, x_kcontig: bool, w_kmajor: bool) -> bool:
+    """Whether (B, K) @ (K, C) in float32 'highest' gains at least twice its split pass's time
+    from ``matmul_presplit_kernel``, by the rates in the note above; x_kcontig / w_kmajor: x's
+    and W's values already contiguous along K (no copy to write)."""
+    saved = 2 * B * K * C * (1 / TF32X3_FLOPS - 1 / PRESPLIT_FLOPS)
+    split_bytes = B * K * (8 if x_kcontig else 12) + K * C * (8 if w_kmajor else 12)
+    return saved >= 2 * split_bytes / SPLIT_BYTES_PER_S
+
+
+@functools.lru_cache(maxsize=4096)
+def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
+    """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
+    fewer tiles than SMs remain, down to 64 x 64."""
+    block_b = block_c = 128
+    while block_b * block_c > 64 * 64 and cdiv(B, block_b) * cdiv(C, block_c) < sms:
+        if block_b >= block_c:
+            block_b //= 2
+        else:
+            block_c //= 2
+    big = block_b * block_c > 64 * 128
+    return MatmulLaunch(block_b, block_c, 32, group_b=8, num_warps=8 if big else 4, num_stages=3 if big else 4,
+                        presplit=True)
+
+
+def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
+    """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90."""
+    if INTERPRET or not _presplit_applies(x) or x.device.type != "cuda":
+        return None
+    K = int(x.shape[1])
+    if not presplit_pays(B, K, C, bool(x.stride(1) == 1), _w_kmajor(W)):
+        return None
+    index = _device_index(x.device)
+    if _device_capability(index) != (9, 0):
+        return None
+    return presplit_launch(B, C, _device_sms(index))
+
+
+def _presplit_applies(x: torch.Tensor) -> bool:
+    return x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32x3"
+
+
+def _tf32_parts(t: torch.Tensor, wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(hi, lo) of an (R, K) float32 matrix for ``presplit_logits_tile``: hi is t itself where its
+    values are contiguous along K (compiled: the MMA drops the low bits), else a contiguous copy
+    with them cleared; lo is contiguous."""
+    R, K = t.shape
+    reuse = not INTERPRET and t.stride(1) == 1
+    lo = torch.empty((R, K), dtype=torch.float32, device=t.device)
+    hi = t if reuse else torch.empty_like(lo)
+    _jit(tf32_parts_kernel, wrap)[(cdiv(R, PARTS_BLOCK), cdiv(K, PARTS_BLOCK))](
+        t, lo if reuse else hi, lo, R, K, *t.stride(), BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, HI=not reuse,
+        num_warps=4)
+    return hi, lo
+
+
+def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, wrap: bool,
+                      softmax: bool) -> None:
+    """out = x @ W, or with softmax softmax(x @ W) (tiles and a rescale over several class
+    tiles), by ``matmul_presplit_kernel`` over x's and W's TF32 parts."""
+    (B, K), C = x.shape, out.shape[1]
+    xh, xl = _tf32_parts(x, wrap)
+    wh, wl = _tf32_parts(W.t(), wrap)
+    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    tiled = softmax and n_tiles_c > 1
+    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device) if tiled else out
+    _jit(matmul_presplit_kernel, wrap)[grid](
+        xh, xl, wh, wl, out, stats, B, K, C, xh.stride(0), wh.stride(0), *out.stride(), n_tiles_b, n_tiles_c,
+        BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
+        SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    if tiled:
+        _launch_rescale(out, stats, launch, None, wrap)
+
+
 def _tma_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch) -> tuple[tuple, dict]:
     """(B, K, C and out's strides: the TMA kernels' shape arguments, C and out's row stride divided
     by VEC; their constant keywords)."""
@@ -1778,7 +1956,11 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = launch or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W))
+    launch = (launch or _presplit_choice(x, W, *_concrete(*out.shape))
+              or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
+    if launch.presplit and _presplit_applies(x):
+        _presplit_forward(x, W, out, launch, wrap, softmax=False)
+        return out
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
         return out
@@ -1828,7 +2010,11 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     if out.numel() == 0:
         return out
     B, C = out.shape
-    launch = launch or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W))
+    launch = (launch or _presplit_choice(x, W, *_concrete(B, C))
+              or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
+    if launch.presplit and _presplit_applies(x):
+        _presplit_forward(x, W, out, launch, wrap, softmax=True)
+        return out
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)
         return out
@@ -1977,7 +2163,7 @@ def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
 
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
         with no_cached_buffers() if opaque else contextlib.nullcontext():
-            return forward(x, W, MatmulLaunch(*launch) if launch else None, wrap=not opaque)
+            return forward(x, W, MatmulLaunch(*launch[:-1], bool(launch[-1])) if launch else None, wrap=not opaque)
 
     if opaque:
         op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(body)

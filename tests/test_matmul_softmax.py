@@ -479,6 +479,186 @@ def test_tma_path_replays_and_captures(layout):
         assert torch.equal(out, fn(x2, W2))
 
 
+# ----------------------------------------------------------------------------------------------
+# float32 'highest' by three TF32 products of operands split beforehand (``presplit``)
+# ----------------------------------------------------------------------------------------------
+@pytest.fixture
+def presplit_calls(monkeypatch):
+    """How many calls went through ``_presplit_forward`` (a list, one entry a call)."""
+    import fused_softmax_matmul
+
+    calls = []
+    real = fused_softmax_matmul._presplit_forward
+
+    def counted(*args, **kwargs):
+        calls.append(args[3])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(fused_softmax_matmul, "_presplit_forward", counted)
+    before = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield calls
+    torch.set_float32_matmul_precision(before)
+
+
+PRESPLIT_IMPLS = {"triton_matmul": matmul, "triton_fused_tiled": matmul_softmax_fused_tiled,
+                  "triton_unfused": TRITON_IMPLS["triton_unfused"]}
+
+
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+@pytest.mark.parametrize("layout", ["contiguous", "W_transposed", "x_transposed", "x_strided"])
+@pytest.mark.parametrize("B,K,C,tiles,scale", [
+    # Rows, classes and K past the tiles' edges: 3 row blocks (the last of 5 rows), 3 class tiles
+    # (the last of 8 classes), 3 K steps (the last of 8): masks, the tile kernel and the rescale.
+    (37, 40, 72, (16, 32, 16), 1.0),
+    # One class tile: the kernel normalises the whole row itself.
+    (20, 33, 30, (16, 32, 16), 1.0),
+    # Logits of size ~1000: each tile's maximum from the three products' sum.
+    (16, 32, 80, (16, 16, 16), 1000.0),
+])
+def test_presplit_matches_float64(presplit_calls, impl, layout, B, K, C, tiles, scale):
+    x, W = matmul_softmax_inputs(B, K, C, torch.float32, layout=layout, scale=scale, seed=B + C)
+    out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(*tiles, presplit=True))
+    assert len(presplit_calls) == 1
+    ref = x.double() @ W.double()
+    if impl == "triton_matmul":
+        assert_close(out, ref, x @ W)
+    else:
+        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+
+
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+def test_presplit_keeps_torchs_infinities_and_nans(presplit_calls, impl):
+    """lo of inf or NaN is 0 and a small product's NaN (0 x inf) is dropped: the hi product carries
+    each input's inf and NaN, so out has NaN and inf where torch's has them."""
+    x, W = matmul_softmax_inputs(20, 40, 50, torch.float32, seed=70)
+    x[0, 3], x[1, 5], W[7, 9] = float("inf"), float("nan"), float("-inf")
+    x[2, 7] = 0.0  # 0 x -inf: NaN in row 2's class 9, as in torch
+    out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, presplit=True))
+    theirs = x @ W if impl == "triton_matmul" else matmul_softmax_ref(x, W)
+    assert len(presplit_calls) == 1
+    assert torch.equal(out.isnan(), theirs.isnan())
+    assert torch.equal(out.isinf(), theirs.isinf())
+    assert torch.equal(out[out.isinf()], theirs[theirs.isinf()])  # the same signs
+
+
+@pytest.mark.parametrize("dtype,precision", [("bfloat16", "highest"), ("float16", "highest"), ("float32", "high")])
+def test_presplit_asked_elsewhere_is_ignored(presplit_calls, dtype, precision):
+    """16-bit products and float32 under 'high' (one TF32 product) take their own kernels."""
+    torch.set_float32_matmul_precision(precision)
+    x, W = matmul_softmax_inputs(20, 48, 72, DTYPES[dtype], seed=71)
+    launch = MatmulLaunch(16, 32, 16, presplit=True)
+    out = matmul_softmax_fused_tiled(x, W, launch)
+    assert not presplit_calls
+    assert torch.equal(out, matmul_softmax_fused_tiled(x, W, MatmulLaunch(16, 32, 16)))
+
+
+def test_presplit_launch_refusals():
+    with pytest.raises(TypeError, match="launch.presplit must be a bool"):
+        check_launch(MatmulLaunch(16, 32, 16, presplit=1))
+    with pytest.raises(ValueError, match="launch.presplit takes an unsplit K"):
+        check_launch(MatmulLaunch(16, 32, 16, split_k=2, presplit=True))
+
+
+@pytest.mark.parametrize("B,K,C,x_kcontig,w_kmajor,pays", [
+    # The LM head, W either way: the pass is a few % of the product.
+    (4096, 4096, 50257, True, False, True), (4096, 4096, 50257, True, True, True),
+    (4096, 4096, 1000, True, True, True), (4096, 768, 32000, True, False, True),
+    (512, 4096, 1000, True, True, True),
+    # A W of few classes, or few rows: the pass costs as much as the product saves.
+    (4096, 4096, 100, True, True, False), (32, 4096, 50257, True, True, False),
+    (256, 4096, 1000, True, True, False), (1, 4096, 128256, True, True, False),
+    # x^T in a backward's dW = x^T @ dz: a copy of x to write too.
+    (4096, 4096, 1000, False, False, True),
+])
+def test_presplit_pays_from_its_sizes(B, K, C, x_kcontig, w_kmajor, pays):
+    from fused_softmax_matmul import presplit_pays
+
+    assert presplit_pays(B, K, C, x_kcontig, w_kmajor) == pays
+    # More rows or classes never make it pay less.
+    assert presplit_pays(2 * B, K, C, x_kcontig, w_kmajor) >= pays
+    assert presplit_pays(B, K, 2 * C, x_kcontig, w_kmajor) >= pays
+
+
+@pytest.mark.parametrize("B,C,tile", [
+    (4096, 50257, (128, 128, 8, 3)), (4096, 1000, (128, 128, 8, 3)),
+    # 8 x 8 tiles of 128 leave SMs idle: 64 x 128 (4 warps), then 64 x 64.
+    (1024, 1000, (64, 64, 4, 4)), (2048, 1000, (64, 128, 4, 4)),
+])
+def test_presplit_launch_fills_the_sms(B, C, tile):
+    from fused_softmax_matmul import presplit_launch
+
+    launch = presplit_launch(B, C, 132)
+    assert (launch.block_b, launch.block_c, launch.num_warps, launch.num_stages) == tile
+    assert launch.presplit and launch.split_k == 1 and launch.block_k == 32
+    check_launch(launch)
+
+
+def test_presplit_not_chosen_on_other_machines():
+    """The wrappers take it by themselves only compiled on sm_90 (the interpreter runs it where a
+    launch asks): a big float32 product on this machine keeps the pointer kernels."""
+    from fused_softmax_matmul import _presplit_choice
+
+    x = torch.empty((4096, 4096), device=DEVICE)
+    W = torch.empty((4096, 50257), device=DEVICE)
+    chosen = _presplit_choice(x, W, 4096, 50257)
+    assert (chosen is not None) == HOPPER
+
+
+@pytest.mark.skipif(not HOPPER, reason="compiled, the presplit kernels are chosen on sm_90")
+@pytest.mark.parametrize("layout", ["contiguous", "W_transposed"])
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+def test_presplit_chosen_and_accurate_on_gpu(presplit_calls, impl, layout):
+    """4096 x 2048 x 1000 float32: the wrappers' own launch splits the operands (both W layouts),
+    as accurate as torch's SGEMM; under 'high' they keep the TF32 kernels."""
+    B, K, C = 4096, 2048, 1000
+    x, W = matmul_softmax_inputs(B, K, C, torch.float32, seed=72, layout=layout)
+    fn = PRESPLIT_IMPLS[impl]
+    out = fn(x, W)
+    assert len(presplit_calls) == 1
+    ref = x.double() @ W.double()
+    if impl == "triton_matmul":
+        assert_close(out, ref, x @ W)
+    else:
+        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+    torch.set_float32_matmul_precision("high")
+    fn(x, W)
+    assert len(presplit_calls) == 1
+
+
+@pytest.mark.parametrize("backend", ["inductor"] if ON_GPU else ["aot_eager"])
+@pytest.mark.parametrize("impl", ["triton_matmul", "triton_fused_tiled"])
+@pytest.mark.usefixtures("fresh_compile")
+def test_presplit_compiles_without_graph_break(presplit_calls, impl, backend):
+    fn = PRESPLIT_IMPLS[impl]
+    launch = MatmulLaunch(16, 32, 16, presplit=True)
+    x, W = (t.requires_grad_() for t in matmul_softmax_inputs(19, 40, 50, torch.float32, seed=73))
+    out = torch.compile(lambda x, W: fn(x, W, launch).sin(), fullgraph=True, backend=backend)(x, W)
+    out.sum().backward()
+    xe, We = (t.detach().requires_grad_() for t in (x, W))
+    eager = fn(xe, We, launch).sin()
+    eager.sum().backward()
+    assert presplit_calls
+    torch.testing.assert_close(out, eager)
+    torch.testing.assert_close(x.grad, xe.grad)
+    torch.testing.assert_close(W.grad, We.grad)
+
+
+@needs_gpu
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+def test_presplit_captures(presplit_calls, impl):
+    """A CUDA graph captures the split pass with its buffers, then the products."""
+    fn = PRESPLIT_IMPLS[impl]
+    launch = MatmulLaunch(64, 64, 32, presplit=True)
+    x, W = matmul_softmax_inputs(300, 256, 500, torch.float32, seed=74)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = fn(x, W, launch)
+    x.copy_(matmul_softmax_inputs(300, 256, 500, torch.float32, seed=75)[0])
+    graph.replay()
+    assert torch.equal(out, fn(x, W, launch))
+
+
 @needs_gpu
 def test_tiled_peak_memory_is_output_plus_stats():
     # The LM head's promise: no (B, C) buffer beyond the output; stats are 2 x B x C/128 floats.

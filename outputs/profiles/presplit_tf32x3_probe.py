@@ -10,7 +10,8 @@ the module's matmul and each tile. From the repository root on a GPU:
 
     PYTHONPATH=. python3 outputs/profiles/presplit_tf32x3_probe.py 4096x4096x4096 4096x4096x4096t 512x4096x1000
 
-Not yet run: no output is committed beside it.
+Output: presplit_tf32x3_probe.txt. Its products accumulate inside the MMA, which loses the
+tile's low bits (error 2.9e-5); presplit_flush_probe.py finds the fix.
 """
 import sys
 
