@@ -1474,43 +1474,39 @@ def matmul_softmax_tma_tile_kernel(
 
 
 @triton.jit
-def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, R, K, stride_r, stride_k,
-                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr, HI: tl.constexpr):
-    """An (R, K) float32 matrix of any strides as its TF32 parts, both (R, K) and contiguous: lo
-    = t - hi, with hi = t with its low 13 mantissa bits cleared (written only with HI). lo of an
-    infinite or NaN t is 0: hi carries it."""
+def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, start, R, K, stride_r, stride_k,
+                      BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
+    """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts, both (R, K)
+    and contiguous: hi = t rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN: hi
+    carries those)."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < R)[:, None] & (ks < K)[None, :]
-    t = tl.load(src_ptr + rows[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k, mask=mask)
-    hi = (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True)
+    t = tl.load(src_ptr + (start + rows)[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k,
+                mask=mask)
+    hi = _tf32_rounded(t)
     lo = t - hi
     offsets = rows[:, None].to(tl.int64) * K + ks[None, :]
-    tl.store(lo_ptr + offsets, tl.where(lo == lo, lo, 0.0), mask=mask)
-    if HI:
-        tl.store(hi_ptr + offsets, hi, mask=mask)
+    tl.store(hi_ptr + offsets, hi, mask=mask)
+    tl.store(lo_ptr + offsets, tl.where(tl.abs(lo) < float("inf"), lo, 0.0), mask=mask)
 
 
 @triton.jit
-def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, cols, B, C, K, stride_xb, stride_wc,
+def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
                          BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
-    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of split
-    operands (``tf32_parts_kernel``): x (B, K) and its lo part, W^T (C, K) and its lo part, each
-    contiguous along K (the lo parts wholly contiguous). A TF32 product reads a float32 operand
-    with its low 13 bits dropped, so x and W serve as their own hi parts.
+    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of split operands
+    (``tf32_parts_kernel``): x's hi and lo parts (B, K) at rows, W^T's (classes, K) at w_rows,
+    all contiguous.
 
     Each step's three products start from 0 and are added to the tile in float32, small ones
     first, as triton's own tf32x3 does: summed inside the MMA across K, the tile lost its low
-    bits (2.9e-5 relative error at 4096^3 against 4.8e-7 this way, torch's SGEMM 1.2e-6;
-    outputs/profiles/presplit_flush_probe.txt). NaN among the small products (lo x inf) is
-    dropped there: the hi product carries every infinity and NaN of the inputs."""
+    bits (2.9e-5 relative error at 4096^3 against 2.4e-7 this way, torch's SGEMM 1.2e-6;
+    outputs/profiles/presplit_flush_probe.txt). Small products that are not finite are dropped
+    there (inf x lo may differ in sign from inf x hi, 0 x inf is NaN): the hi product carries
+    every infinity and NaN of the inputs."""
     ks = tl.arange(0, BLOCK_K)
-    row_ok = rows < B
-    col_ok = cols < C
-    x_off = rows[:, None].to(tl.int64) * stride_xb + ks[None, :]
-    xl_off = rows[:, None].to(tl.int64) * K + ks[None, :]
-    w_off = cols[None, :].to(tl.int64) * stride_wc + ks[:, None]
-    wl_off = cols[None, :].to(tl.int64) * K + ks[:, None]
+    x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
+    w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
     for k in range(0, K, BLOCK_K):
         k_ok = (k + ks) < K
@@ -1518,32 +1514,33 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, cols, B, C, K, stri
         w_mask = k_ok[:, None] & col_ok[None, :]
         a = tl.load(x_ptr + x_off, mask=x_mask, other=0.0)
         b = tl.load(w_ptr + w_off, mask=w_mask, other=0.0)
-        a_lo = tl.load(xl_ptr + xl_off, mask=x_mask, other=0.0)
-        b_lo = tl.load(wl_ptr + wl_off, mask=w_mask, other=0.0)
+        a_lo = tl.load(xl_ptr + x_off, mask=x_mask, other=0.0)
+        b_lo = tl.load(wl_ptr + w_off, mask=w_mask, other=0.0)
         small = tl.dot(a_lo, b, input_precision="tf32")
         small = tl.dot(a, b_lo, small, input_precision="tf32")
-        acc += tl.dot(a, b, tl.where(small == small, small, 0.0), input_precision="tf32")
+        acc += tl.dot(a, b, tl.where(tl.abs(small) < float("inf"), small, 0.0), input_precision="tf32")
         x_off += BLOCK_K
-        xl_off += BLOCK_K
         w_off += BLOCK_K
-        wl_off += BLOCK_K
     return acc
 
 
 @triton.jit
 def matmul_presplit_kernel(
-    x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, B, K, C, stride_xb, stride_wc, stride_ob, stride_oc,
-    n_tiles_b, n_tiles_c,
+    x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, B, K, C, stride_ob, stride_oc,
+    n_tiles_b, chunk_tiles, first_tile, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     SOFTMAX: tl.constexpr, TILED: tl.constexpr,
 ):
     """``matmul_kernel`` (neither flag), ``matmul_softmax_simple_kernel``'s store (SOFTMAX, one
-    class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there) over float32 operands
-    split beforehand (``presplit_logits_tile``)."""
-    tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
+    class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there over all n_tiles_c
+    tiles) over float32 operands split beforehand (``presplit_logits_tile``), for the
+    chunk_tiles class tiles from first_tile, whose W parts hold the chunk's classes only."""
+    tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
+    w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
+    tile_c += first_tile
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, cols, B, C, K, stride_xb, stride_wc,
+    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, rows < B, cols < C, K,
                                BLOCK_B, BLOCK_C, BLOCK_K)
     if TILED:
         store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
@@ -1745,29 +1742,30 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 # Float32 products under 'highest' by three TF32 products of operands split beforehand. tl.dot's
 # "tf32x3" splits both operand tiles into TF32 parts in registers at every K step; the float32
 # kernels keep small tiles (32 x 128) and ran 4096^3 at torch's SGEMM speed (2.76 against 2.70 ms
-# on an H100). Split once by a plain pass (``tf32_parts_kernel``: x's and W's lo parts, and a
-# K-major copy of a W that is not K-major: Hopper's warpgroup MMA reads 32-bit operands K-major
-# only), the products read all four tiles from shared memory. On an H100 (outputs/profiles/
-# presplit_flush_probe.txt, W K-major, do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.43
-# ms and 4096 x 4096 x 50257 in 17.6 (torch 2.70 and 32.4), error 4.8e-7 (torch 1.2e-6); 4 warps
-# ran 3x slower (two 128 x 128 float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x
-# 1000. The pass reads and writes each operand once (a W that is not K-major twice) and holds
-# memory of their size for the call: taken where the time saved at the rates measured
-# (TF32X3_FLOPS, PRESPLIT_FLOPS) is at least twice the pass's at SPLIT_BYTES_PER_S
-# (``presplit_pays``; from ~500 rows with ~500 classes or more); compiled on sm_90 only, in the
-# interpreter where a launch asks for it.
+# on an H100). Split once by a plain pass (``tf32_parts_kernel``: each operand's hi and lo parts,
+# W's written K-major: Hopper's warpgroup MMA reads 32-bit operands K-major only), the products
+# read all four tiles from shared memory. On an H100 (outputs/profiles/presplit_flush_probe.txt,
+# do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.36 ms and 4096 x 4096 x 50257 in 16.9
+# (torch 2.70 and 32.4), error 2.4e-7 (torch 1.2e-6); 4 warps ran 3x slower (two 128 x 128
+# float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000. The pass reads each operand
+# once and writes it twice: taken where the time saved at the rates measured (TF32X3_FLOPS,
+# PRESPLIT_FLOPS) is at least twice the pass's at SPLIT_BYTES_PER_S (``presplit_pays``; from
+# ~500 rows with ~500 classes or more); compiled on sm_90 only, in the interpreter where a launch
+# asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
+# time into one pair of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the
+# chunks' launches one after another on the stream.
 TF32X3_FLOPS = 48e12
 PRESPLIT_FLOPS = 95e12
 SPLIT_BYTES_PER_S = 2.5e12
+PRESPLIT_CHUNK_BYTES = 256 << 20
 PARTS_BLOCK = 64
 
 
-def presplit_pays(B: int, K: int, C: int, x_kcontig: bool, w_kmajor: bool) -> bool:
+def presplit_pays(B: int, K: int, C: int) -> bool:
     """Whether (B, K) @ (K, C) in float32 'highest' gains at least twice its split pass's time
-    from ``matmul_presplit_kernel``, by the rates in the note above; x_kcontig / w_kmajor: x's
-    and W's values already contiguous along K (no copy to write)."""
+    from ``matmul_presplit_kernel``, by the rates in the note above."""
     saved = 2 * B * K * C * (1 / TF32X3_FLOPS - 1 / PRESPLIT_FLOPS)
-    split_bytes = B * K * (8 if x_kcontig else 12) + K * C * (8 if w_kmajor else 12)
+    split_bytes = 12 * K * (B + C)
     return saved >= 2 * split_bytes / SPLIT_BYTES_PER_S
 
 
@@ -1786,12 +1784,16 @@ def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
                         presplit=True)
 
 
+def presplit_chunk(K: int, C: int, block_c: int) -> int:
+    """Classes of W split at a time: whole class tiles whose two parts fit PRESPLIT_CHUNK_BYTES
+    (at least one tile), no more than C's tiles hold."""
+    tiles = max(1, PRESPLIT_CHUNK_BYTES // (8 * max(K, 1) * block_c))
+    return min(tiles, cdiv(C, block_c)) * block_c
+
+
 def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
     """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90."""
-    if INTERPRET or not _presplit_applies(x) or x.device.type != "cuda":
-        return None
-    K = int(x.shape[1])
-    if not presplit_pays(B, K, C, bool(x.stride(1) == 1), _w_kmajor(W)):
+    if INTERPRET or not _presplit_applies(x) or x.device.type != "cuda" or not presplit_pays(B, int(x.shape[1]), C):
         return None
     index = _device_index(x.device)
     if _device_capability(index) != (9, 0):
@@ -1800,39 +1802,48 @@ def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> Matmul
 
 
 def _presplit_applies(x: torch.Tensor) -> bool:
-    return x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32x3"
-
-
-def _tf32_parts(t: torch.Tensor, wrap: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(hi, lo) of an (R, K) float32 matrix for ``presplit_logits_tile``: hi is t itself where its
-    values are contiguous along K (compiled: the MMA drops the low bits), else a contiguous copy
-    with them cleared; lo is contiguous."""
-    R, K = t.shape
-    reuse = not INTERPRET and t.stride(1) == 1
-    lo = torch.empty((R, K), dtype=torch.float32, device=t.device)
-    hi = t if reuse else torch.empty_like(lo)
-    _jit(tf32_parts_kernel, wrap)[(cdiv(R, PARTS_BLOCK), cdiv(K, PARTS_BLOCK))](
-        t, lo if reuse else hi, lo, R, K, *t.stride(), BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, HI=not reuse,
-        num_warps=4)
-    return hi, lo
+    """float32 'highest' with a K to split (an empty K takes the pointer kernels' zeros)."""
+    return x.dtype == torch.float32 and x.shape[1] != 0 and dot_precision(x.dtype) == "tf32x3"
 
 
 def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, wrap: bool,
-                      softmax: bool) -> None:
+                      softmax: bool, keep=None) -> None:
     """out = x @ W, or with softmax softmax(x @ W) (tiles and a rescale over several class
-    tiles), by ``matmul_presplit_kernel`` over x's and W's TF32 parts."""
+    tiles), by ``matmul_presplit_kernel`` over x's and W's TF32 parts; ``keep`` (where given)
+    the whole as a ``ReplayChain`` over (x, W, out) that makes its own buffers."""
     (B, K), C = x.shape, out.shape[1]
-    xh, xl = _tf32_parts(x, wrap)
-    wh, wl = _tf32_parts(W.t(), wrap)
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
+    n_tiles_b, n_tiles_c, _ = _grouped_grid(B, C, launch)
     tiled = softmax and n_tiles_c > 1
-    stats = torch.empty((2, B, n_tiles_c), dtype=torch.float32, device=x.device) if tiled else out
-    _jit(matmul_presplit_kernel, wrap)[grid](
-        xh, xl, wh, wl, out, stats, B, K, C, xh.stride(0), wh.stride(0), *out.stride(), n_tiles_b, n_tiles_c,
-        BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
-        SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps, num_stages=launch.num_stages)
+    chunk = presplit_chunk(K, C, launch.block_c)
+    sizes = [(B, K), (B, K), (chunk, K), (chunk, K)] + ([(2, B, n_tiles_c)] if tiled else [])
+    device = x.device
+    makers = tuple((lambda x, W, out, size=size: torch.empty(size, dtype=torch.float32, device=device))
+                   for size in sizes)
+    slots = (x, W, out, *(make(x, W, out) for make in makers))  # x, W, out, x hi, x lo, W hi, W lo, stats
+    steps = []
+
+    def run(kernel, grid, indices, rest, options):
+        keep_step = None if keep is None else (lambda replay: steps.append((replay, indices)))
+        launch_and_keep(_jit(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
+                        len(indices))
+
+    parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
+    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (0, 3, 4), (0, B, K, *x.stride()), parts)
+    options = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
+                   SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps,
+                   num_stages=launch.num_stages)
+    for first in range(0, C, chunk):
+        width = min(chunk, C - first)
+        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (1, 5, 6),
+            (first, width, K, W.stride(1), W.stride(0)), parts)
+        chunk_tiles = cdiv(width, launch.block_c)
+        run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2),
+            (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c), options)
     if tiled:
-        _launch_rescale(out, stats, launch, None, wrap)
+        _launch_rescale(out, slots[7], launch, None if keep is None else (lambda replay: steps.append((replay, (2, 7)))),
+                        wrap)
+    if keep is not None and len(steps) == 2 * cdiv(C, chunk) + 1 + tiled:
+        keep(ReplayChain(makers, tuple(steps)))
 
 
 def _tma_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch) -> tuple[tuple, dict]:
@@ -1959,7 +1970,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     launch = (launch or _presplit_choice(x, W, *_concrete(*out.shape))
               or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
     if launch.presplit and _presplit_applies(x):
-        _presplit_forward(x, W, out, launch, wrap, softmax=False)
+        _presplit_forward(x, W, out, launch, wrap, softmax=False, keep=keep)
         return out
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
@@ -2013,7 +2024,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     launch = (launch or _presplit_choice(x, W, *_concrete(B, C))
               or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
     if launch.presplit and _presplit_applies(x):
-        _presplit_forward(x, W, out, launch, wrap, softmax=True)
+        _presplit_forward(x, W, out, launch, wrap, softmax=True, keep=keep)
         return out
     if launch.split_k > 1:
         _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)

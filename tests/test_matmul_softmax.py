@@ -516,7 +516,12 @@ PRESPLIT_IMPLS = {"triton_matmul": matmul, "triton_fused_tiled": matmul_softmax_
     # Logits of size ~1000: each tile's maximum from the three products' sum.
     (16, 32, 80, (16, 16, 16), 1000.0),
 ])
-def test_presplit_matches_float64(presplit_calls, impl, layout, B, K, C, tiles, scale):
+@pytest.mark.parametrize("chunked", [False, True], ids=["W at once", "W a class tile at a time"])
+def test_presplit_matches_float64(monkeypatch, presplit_calls, impl, layout, B, K, C, tiles, scale, chunked):
+    import fused_softmax_matmul
+
+    if chunked:  # W's parts a class tile at a time, over the same two buffers
+        monkeypatch.setattr(fused_softmax_matmul, "PRESPLIT_CHUNK_BYTES", 1)
     x, W = matmul_softmax_inputs(B, K, C, torch.float32, layout=layout, scale=scale, seed=B + C)
     out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(*tiles, presplit=True))
     assert len(presplit_calls) == 1
@@ -529,8 +534,9 @@ def test_presplit_matches_float64(presplit_calls, impl, layout, B, K, C, tiles, 
 
 @pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
 def test_presplit_keeps_torchs_infinities_and_nans(presplit_calls, impl):
-    """lo of inf or NaN is 0 and a small product's NaN (0 x inf) is dropped: the hi product carries
-    each input's inf and NaN, so out has NaN and inf where torch's has them."""
+    """lo of inf or NaN is 0 and small products that are not finite are dropped (lo may differ
+    in sign from hi, 0 x inf is NaN): the hi product carries each input's inf and NaN, so out has
+    NaN and inf where torch's has them, of the same signs."""
     x, W = matmul_softmax_inputs(20, 40, 50, torch.float32, seed=70)
     x[0, 3], x[1, 5], W[7, 9] = float("inf"), float("nan"), float("-inf")
     x[2, 7] = 0.0  # 0 x -inf: NaN in row 2's class 9, as in torch
@@ -553,6 +559,15 @@ def test_presplit_asked_elsewhere_is_ignored(presplit_calls, dtype, precision):
     assert torch.equal(out, matmul_softmax_fused_tiled(x, W, MatmulLaunch(16, 32, 16)))
 
 
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+def test_presplit_of_an_empty_k(presplit_calls, impl):
+    """K = 0: nothing to split; the pointer kernels' logits of 0."""
+    x, W = matmul_softmax_inputs(20, 0, 50, torch.float32)
+    out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, presplit=True))
+    assert not presplit_calls
+    torch.testing.assert_close(out, x @ W if impl == "triton_matmul" else matmul_softmax_ref(x, W))
+
+
 def test_presplit_launch_refusals():
     with pytest.raises(TypeError, match="launch.presplit must be a bool"):
         check_launch(MatmulLaunch(16, 32, 16, presplit=1))
@@ -560,24 +575,30 @@ def test_presplit_launch_refusals():
         check_launch(MatmulLaunch(16, 32, 16, split_k=2, presplit=True))
 
 
-@pytest.mark.parametrize("B,K,C,x_kcontig,w_kmajor,pays", [
-    # The LM head, W either way: the pass is a few % of the product.
-    (4096, 4096, 50257, True, False, True), (4096, 4096, 50257, True, True, True),
-    (4096, 4096, 1000, True, True, True), (4096, 768, 32000, True, False, True),
-    (512, 4096, 1000, True, True, True),
+@pytest.mark.parametrize("B,K,C,pays", [
+    # The LM head and bigger: the pass is a few % of the product.
+    (4096, 4096, 50257, True), (4096, 4096, 1000, True), (4096, 768, 32000, True), (4096, 4096, 4096, True),
+    (1024, 4096, 1000, True),
     # A W of few classes, or few rows: the pass costs as much as the product saves.
-    (4096, 4096, 100, True, True, False), (32, 4096, 50257, True, True, False),
-    (256, 4096, 1000, True, True, False), (1, 4096, 128256, True, True, False),
-    # x^T in a backward's dW = x^T @ dz: a copy of x to write too.
-    (4096, 4096, 1000, False, False, True),
+    (4096, 4096, 100, False), (32, 4096, 50257, False), (512, 4096, 1000, False), (1, 4096, 128256, False),
 ])
-def test_presplit_pays_from_its_sizes(B, K, C, x_kcontig, w_kmajor, pays):
+def test_presplit_pays_from_its_sizes(B, K, C, pays):
     from fused_softmax_matmul import presplit_pays
 
-    assert presplit_pays(B, K, C, x_kcontig, w_kmajor) == pays
-    # More rows or classes never make it pay less.
-    assert presplit_pays(2 * B, K, C, x_kcontig, w_kmajor) >= pays
-    assert presplit_pays(B, K, 2 * C, x_kcontig, w_kmajor) >= pays
+    assert presplit_pays(B, K, C) == pays
+    # More rows, classes or K never make it pay less.
+    for more in ((2 * B, K, C), (B, 2 * K, C), (B, K, 2 * C)):
+        assert presplit_pays(*more) >= pays
+
+
+@pytest.mark.parametrize("K,C,block_c,chunk", [
+    (4096, 50257, 128, 8192), (4096, 1000, 128, 1024), (768, 128256, 128, 43648), (1 << 20, 1000, 64, 64),
+])
+def test_presplit_chunk(K, C, block_c, chunk):
+    from fused_softmax_matmul import PRESPLIT_CHUNK_BYTES, presplit_chunk
+
+    assert presplit_chunk(K, C, block_c) == chunk
+    assert chunk % block_c == 0 and (chunk == block_c or 8 * K * chunk <= PRESPLIT_CHUNK_BYTES)
 
 
 @pytest.mark.parametrize("B,C,tile", [
@@ -646,17 +667,32 @@ def test_presplit_compiles_without_graph_break(presplit_calls, impl, backend):
 
 @needs_gpu
 @pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
-def test_presplit_captures(presplit_calls, impl):
-    """A CUDA graph captures the split pass with its buffers, then the products."""
+def test_presplit_replays_and_captures(monkeypatch, presplit_calls, impl):
+    """W split two class tiles at a time (4 chunks): a second call replays the first's kept chain
+    (its own buffers, every chunk), and a CUDA graph captures the split passes with their
+    buffers, then the products."""
+    import fused_softmax_matmul
+
+    B, K, C = 300, 256, 500
+    monkeypatch.setattr(fused_softmax_matmul, "PRESPLIT_CHUNK_BYTES", 8 * K * 128)
     fn = PRESPLIT_IMPLS[impl]
     launch = MatmulLaunch(64, 64, 32, presplit=True)
-    x, W = matmul_softmax_inputs(300, 256, 500, torch.float32, seed=74)
+    x, W = matmul_softmax_inputs(B, K, C, torch.float32, seed=74)
+    first = fn(x, W, launch)
+    x2, W2 = x.clone(), W.clone()
+    assert torch.equal(fn(x2, W2, launch), first)
+    assert len(presplit_calls) == 1  # the second call replayed
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
-        out = fn(x, W, launch)
-    x.copy_(matmul_softmax_inputs(300, 256, 500, torch.float32, seed=75)[0])
+        out = fn(x2, W2, launch)
+    x2.copy_(matmul_softmax_inputs(B, K, C, torch.float32, seed=75)[0])
     graph.replay()
-    assert torch.equal(out, fn(x, W, launch))
+    assert torch.equal(out, fn(x2, W2, launch))
+    ref = x2.double() @ W2.double()
+    if impl == "triton_matmul":
+        assert_close(out, ref, x2 @ W2)
+    else:
+        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x2, W2))
 
 
 @needs_gpu

@@ -1,7 +1,7 @@
 """The presplit float32 path as the module runs it: softmax(x @ W) and x @ W under 'highest', the
 wrappers' own launch (``_presplit_choice``) against the pointer kernels' (``tiled_launch``) and
 torch, by do_bench (mean, L2 flushed) and by CUDA graphs of 10 calls; error against float64;
-the split pass alone (``_tf32_parts``: its GB/s, read + written); forward + backward of one case.
+the split pass alone (``tf32_parts_kernel``: its GB/s, read + written); forward + backward of one case.
 From the repository root on a GPU:
 
     PYTHONPATH=. python3 outputs/profiles/presplit_module_probe.py
@@ -68,10 +68,12 @@ for B, K, C, kmajor in CASES:
         print(f"  {what}: {line}; vs torch {ratio}", flush=True)
     if chosen:
         for label, t in (("x", x), ("W^T", W.t())):
-            ms = triton.testing.do_bench(lambda: fsm._tf32_parts(t, False), warmup=25, rep=100)
-            copy = t.stride(1) != 1
-            nbytes = t.numel() * (12 if copy else 8)
-            print(f"  split pass {label}: {ms:.4f} ms, {nbytes / ms / 1e6:.0f} GB/s ({'with' if copy else 'no'} hi copy)")
+            parts = torch.empty_like(t, memory_format=torch.contiguous_format), torch.empty_like(t, memory_format=torch.contiguous_format)
+            grid = (triton.cdiv(t.shape[0], fsm.PARTS_BLOCK), triton.cdiv(t.shape[1], fsm.PARTS_BLOCK))
+            ms = triton.testing.do_bench(lambda: fsm.tf32_parts_kernel[grid](
+                t, *parts, 0, *t.shape, *t.stride(), BLOCK_R=fsm.PARTS_BLOCK, BLOCK_K=fsm.PARTS_BLOCK, num_warps=4),
+                warmup=25, rep=100)
+            print(f"  split pass {label} ({'strides ' + str(t.stride())}): {ms:.4f} ms, {12 * t.numel() / ms / 1e6:.0f} GB/s")
     del x, W, ref
     torch.cuda.empty_cache()
 
@@ -87,3 +89,13 @@ for label, fn in (("torch", fsm.matmul_softmax_ref), ("module", fsm.matmul_softm
         x.grad = W.grad = None
         fn(x, W).backward(dy)
     print(f"fwd+bwd {B}x{K}x{C} W K-major, {label}: {triton.testing.do_bench(step, warmup=10, rep=150):.4f} ms")
+
+# Where a forward + backward's GPU time goes (torch.profiler, 5 steps), each way.
+for label, fn in (("torch", fsm.matmul_softmax_ref), ("module", fsm.matmul_softmax_fused_tiled)):
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(5):
+            x.grad = W.grad = None
+            fn(x, W).backward(dy)
+        torch.cuda.synchronize()
+    print(f"# fwd+bwd kernels, {label}, 5 steps")
+    print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=10, max_name_column_width=60))
