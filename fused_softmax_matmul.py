@@ -1474,26 +1474,30 @@ def matmul_softmax_tma_tile_kernel(
 
 
 @triton.jit
-def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, start, R, K, stride_r, stride_k,
+def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, K, stride_r, stride_k,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts, both (R, K)
     and contiguous: hi = t rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN: hi
-    carries those)."""
+    carries those). A row holding an infinity or NaN sets its flag (flags_ptr[flag_start + row -
+    start], zeroed beforehand) to 1."""
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < R)[:, None] & (ks < K)[None, :]
     t = tl.load(src_ptr + (start + rows)[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k,
-                mask=mask)
+                mask=mask, other=0.0)
     hi = _tf32_rounded(t)
     lo = t - hi
     offsets = rows[:, None].to(tl.int64) * K + ks[None, :]
     tl.store(hi_ptr + offsets, hi, mask=mask)
     tl.store(lo_ptr + offsets, tl.where(tl.abs(lo) < float("inf"), lo, 0.0), mask=mask)
+    bad = tl.max(tl.where(tl.abs(t) < float("inf"), 0, 1), axis=1)
+    tl.atomic_max(flags_ptr + flag_start + rows, bad, mask=(rows < R) & (bad > 0))
 
 
 @triton.jit
 def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
-                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr):
+                         BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                         GUARD: tl.constexpr):
     """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of split operands
     (``tf32_parts_kernel``): x's hi and lo parts (B, K) at rows, W^T's (classes, K) at w_rows,
     all contiguous.
@@ -1501,9 +1505,11 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
     Each step's three products start from 0 and are added to the tile in float32, small ones
     first, as triton's own tf32x3 does: summed inside the MMA across K, the tile lost its low
     bits (2.9e-5 relative error at 4096^3 against 2.4e-7 this way, torch's SGEMM 1.2e-6;
-    outputs/profiles/presplit_flush_probe.txt). Small products that are not finite are dropped
-    there (inf x lo may differ in sign from inf x hi, 0 x inf is NaN): the hi product carries
-    every infinity and NaN of the inputs."""
+    outputs/profiles/presplit_flush_probe.txt). GUARD, for tiles whose operands hold an
+    infinity or NaN: small products that are not finite are dropped before the hi product
+    (inf x lo may differ in sign from inf x hi, 0 x inf is NaN), which carries every infinity
+    and NaN of the inputs. The guard waits for the small products at every step (4096^3: 2.0
+    against 1.6 ms on an H100), so tiles of finite operands go without."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1518,7 +1524,9 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
         b_lo = tl.load(wl_ptr + w_off, mask=w_mask, other=0.0)
         small = tl.dot(a_lo, b, input_precision="tf32")
         small = tl.dot(a, b_lo, small, input_precision="tf32")
-        acc += tl.dot(a, b, tl.where(tl.abs(small) < float("inf"), small, 0.0), input_precision="tf32")
+        if GUARD:
+            small = tl.where(tl.abs(small) < float("inf"), small, 0.0)
+        acc += tl.dot(a, b, small, input_precision="tf32")
         x_off += BLOCK_K
         w_off += BLOCK_K
     return acc
@@ -1526,7 +1534,7 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
 
 @triton.jit
 def matmul_presplit_kernel(
-    x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, B, K, C, stride_ob, stride_oc,
+    x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, flags_ptr, B, K, C, stride_ob, stride_oc,
     n_tiles_b, chunk_tiles, first_tile, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     SOFTMAX: tl.constexpr, TILED: tl.constexpr,
@@ -1534,14 +1542,23 @@ def matmul_presplit_kernel(
     """``matmul_kernel`` (neither flag), ``matmul_softmax_simple_kernel``'s store (SOFTMAX, one
     class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there over all n_tiles_c
     tiles) over float32 operands split beforehand (``presplit_logits_tile``), for the
-    chunk_tiles class tiles from first_tile, whose W parts hold the chunk's classes only."""
+    chunk_tiles class tiles from first_tile, whose W parts hold the chunk's classes only.
+    flags: (B + C,) from the split passes, 1 for each row of x and class of W holding an
+    infinity or NaN."""
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     tile_c += first_tile
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
-    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, rows < B, cols < C, K,
-                               BLOCK_B, BLOCK_C, BLOCK_K)
+    row_ok, col_ok = rows < B, cols < C
+    bad = (tl.max(tl.load(flags_ptr + rows, mask=row_ok, other=0), axis=0)
+           + tl.max(tl.load(flags_ptr + B + cols, mask=col_ok, other=0), axis=0))
+    if bad > 0:
+        acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
+                                   BLOCK_B, BLOCK_C, BLOCK_K, GUARD=True)
+    else:
+        acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
+                                   BLOCK_B, BLOCK_C, BLOCK_K, GUARD=False)
     if TILED:
         store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
     else:
@@ -1817,9 +1834,12 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
     chunk = presplit_chunk(K, C, launch.block_c)
     sizes = [(B, K), (B, K), (chunk, K), (chunk, K)] + ([(2, B, n_tiles_c)] if tiled else [])
     device = x.device
-    makers = tuple((lambda x, W, out, size=size: torch.empty(size, dtype=torch.float32, device=device))
-                   for size in sizes)
-    slots = (x, W, out, *(make(x, W, out) for make in makers))  # x, W, out, x hi, x lo, W hi, W lo, stats
+    makers = (*((lambda x, W, out, size=size: torch.empty(size, dtype=torch.float32, device=device))
+                for size in sizes),
+              lambda x, W, out: torch.zeros((B + C,), dtype=torch.int32, device=device))
+    # x, W, out, x hi, x lo, W hi, W lo[, stats], flags
+    slots = (x, W, out, *(make(x, W, out) for make in makers))
+    flags = len(slots) - 1
     steps = []
 
     def run(kernel, grid, indices, rest, options):
@@ -1828,16 +1848,17 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
                         len(indices))
 
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
-    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (0, 3, 4), (0, B, K, *x.stride()), parts)
+    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (0, 3, 4, flags), (0, 0, B, K, *x.stride()),
+        parts)
     options = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
                    SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps,
                    num_stages=launch.num_stages)
     for first in range(0, C, chunk):
         width = min(chunk, C - first)
-        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (1, 5, 6),
-            (first, width, K, W.stride(1), W.stride(0)), parts)
+        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (1, 5, 6, flags),
+            (first, B + first, width, K, W.stride(1), W.stride(0)), parts)
         chunk_tiles = cdiv(width, launch.block_c)
-        run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2),
+        run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2, flags),
             (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c), options)
     if tiled:
         _launch_rescale(out, slots[7], launch, None if keep is None else (lambda replay: steps.append((replay, (2, 7)))),

@@ -495,6 +495,7 @@ def presplit_calls(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fused_softmax_matmul, "_presplit_forward", counted)
+    fused_softmax_matmul._MATMUL_REPLAYS.clear()  # a launch kept by an earlier test would serve the call
     before = torch.get_float32_matmul_precision()
     torch.set_float32_matmul_precision("highest")
     yield calls
@@ -532,13 +533,18 @@ def test_presplit_matches_float64(monkeypatch, presplit_calls, impl, layout, B, 
         assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["W at once", "W a class tile at a time"])
 @pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
-def test_presplit_keeps_torchs_infinities_and_nans(presplit_calls, impl):
+def test_presplit_keeps_torchs_infinities_and_nans(monkeypatch, presplit_calls, impl, chunked):
     """lo of inf or NaN is 0 and small products that are not finite are dropped (lo may differ
     in sign from hi, 0 x inf is NaN): the hi product carries each input's inf and NaN, so out has
     NaN and inf where torch's has them, of the same signs."""
+    import fused_softmax_matmul
+
+    if chunked:  # the class flags of the second chunk on
+        monkeypatch.setattr(fused_softmax_matmul, "PRESPLIT_CHUNK_BYTES", 1)
     x, W = matmul_softmax_inputs(20, 40, 50, torch.float32, seed=70)
-    x[0, 3], x[1, 5], W[7, 9] = float("inf"), float("nan"), float("-inf")
+    x[0, 3], x[1, 5], W[7, 9], W[2, 40] = float("inf"), float("nan"), float("-inf"), float("inf")
     x[2, 7] = 0.0  # 0 x -inf: NaN in row 2's class 9, as in torch
     out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, presplit=True))
     theirs = x @ W if impl == "triton_matmul" else matmul_softmax_ref(x, W)

@@ -70,8 +70,9 @@ for B, K, C, kmajor in CASES:
         for label, t in (("x", x), ("W^T", W.t())):
             parts = torch.empty_like(t, memory_format=torch.contiguous_format), torch.empty_like(t, memory_format=torch.contiguous_format)
             grid = (triton.cdiv(t.shape[0], fsm.PARTS_BLOCK), triton.cdiv(t.shape[1], fsm.PARTS_BLOCK))
+            flags = torch.zeros(t.shape[0], dtype=torch.int32, device="cuda")
             ms = triton.testing.do_bench(lambda: fsm.tf32_parts_kernel[grid](
-                t, *parts, 0, *t.shape, *t.stride(), BLOCK_R=fsm.PARTS_BLOCK, BLOCK_K=fsm.PARTS_BLOCK, num_warps=4),
+                t, *parts, flags, 0, 0, *t.shape, *t.stride(), BLOCK_R=fsm.PARTS_BLOCK, BLOCK_K=fsm.PARTS_BLOCK, num_warps=4),
                 warmup=25, rep=100)
             print(f"  split pass {label} ({'strides ' + str(t.stride())}): {ms:.4f} ms, {12 * t.numel() / ms / 1e6:.0f} GB/s")
     del x, W, ref
