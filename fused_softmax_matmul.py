@@ -1509,7 +1509,7 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
     infinity or NaN: small products that are not finite are dropped before the hi product
     (inf x lo may differ in sign from inf x hi, 0 x inf is NaN), which carries every infinity
     and NaN of the inputs. The guard waits for the small products at every step (4096^3: 2.0
-    against 1.6 ms on an H100), so tiles of finite operands go without."""
+    against 1.6 ms on an H100), so tiles of finite operands go without (``matmul_presplit_kernel``)."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1537,28 +1537,44 @@ def matmul_presplit_kernel(
     x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, flags_ptr, B, K, C, stride_ob, stride_oc,
     n_tiles_b, chunk_tiles, first_tile, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
-    SOFTMAX: tl.constexpr, TILED: tl.constexpr,
+    SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr,
 ):
     """``matmul_kernel`` (neither flag), ``matmul_softmax_simple_kernel``'s store (SOFTMAX, one
     class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there over all n_tiles_c
     tiles) over float32 operands split beforehand (``presplit_logits_tile``), for the
     chunk_tiles class tiles from first_tile, whose W parts hold the chunk's classes only.
-    flags: (B + C,) from the split passes, 1 for each row of x and class of W holding an
-    infinity or NaN."""
+
+    GUARD: the same launch again after the plain one, computing (and storing over it) only the
+    tiles whose rows of x or classes of W hold an infinity or NaN (flags: (B + C,) from the split
+    passes), with the small products guarded. One kernel holding both loops would need shared
+    memory for both pipelines (384 KiB at 128 x 128 x 32 in 3 stages)."""
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     tile_c += first_tile
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok, col_ok = rows < B, cols < C
-    bad = (tl.max(tl.load(flags_ptr + rows, mask=row_ok, other=0), axis=0)
-           + tl.max(tl.load(flags_ptr + B + cols, mask=col_ok, other=0), axis=0))
-    if bad > 0:
-        acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
-                                   BLOCK_B, BLOCK_C, BLOCK_K, GUARD=True)
+    if GUARD:
+        bad = (tl.max(tl.load(flags_ptr + rows, mask=row_ok, other=0), axis=0)
+               + tl.max(tl.load(flags_ptr + B + cols, mask=col_ok, other=0), axis=0))
+        if bad > 0:
+            _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
+                           tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc, BLOCK_B, BLOCK_C, BLOCK_K,
+                           SOFTMAX, TILED, GUARD)
     else:
-        acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
-                                   BLOCK_B, BLOCK_C, BLOCK_K, GUARD=False)
+        _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
+                       tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc, BLOCK_B, BLOCK_C, BLOCK_K,
+                       SOFTMAX, TILED, GUARD)
+
+
+@triton.jit
+def _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
+                   tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc,
+                   BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
+                   SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr):
+    """One tile of ``matmul_presplit_kernel``: its products, then its store."""
+    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
+                               BLOCK_B, BLOCK_C, BLOCK_K, GUARD)
     if TILED:
         store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
     else:
@@ -1858,12 +1874,14 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
         run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (1, 5, 6, flags),
             (first, B + first, width, K, W.stride(1), W.stride(0)), parts)
         chunk_tiles = cdiv(width, launch.block_c)
-        run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2, flags),
-            (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c), options)
+        for guard in (False, True):  # every tile, then those of infinite or NaN operands again
+            run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2, flags),
+                (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c),
+                dict(options, GUARD=guard))
     if tiled:
         _launch_rescale(out, slots[7], launch, None if keep is None else (lambda replay: steps.append((replay, (2, 7)))),
                         wrap)
-    if keep is not None and len(steps) == 2 * cdiv(C, chunk) + 1 + tiled:
+    if keep is not None and len(steps) == 3 * cdiv(C, chunk) + 1 + tiled:
         keep(ReplayChain(makers, tuple(steps)))
 
 
