@@ -1782,24 +1782,25 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 # (torch 2.70 and 32.4), error 2.4e-7 (torch 1.2e-6); 4 warps ran 3x slower (two 128 x 128
 # float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000. The pass reads each operand
 # once and writes it twice: taken where the time saved at the rates measured (TF32X3_FLOPS,
-# PRESPLIT_FLOPS) is at least twice the pass's at SPLIT_BYTES_PER_S (``presplit_pays``; from
-# ~500 rows with ~500 classes or more); compiled on sm_90 only, in the interpreter where a launch
-# asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
+# PRESPLIT_FLOPS) is at least the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s from 4096 x
+# 1000 values, presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and the flags'
+# zeroing at ~3 us each (``presplit_pays``; from ~500 rows with ~1000 classes, K long enough);
+# compiled on sm_90 only, in the interpreter where a launch asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
 # time into one pair of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the
 # chunks' launches one after another on the stream.
 TF32X3_FLOPS = 48e12
 PRESPLIT_FLOPS = 95e12
 SPLIT_BYTES_PER_S = 2.5e12
+SPLIT_FIXED_S = 12e-6
 PRESPLIT_CHUNK_BYTES = 256 << 20
 PARTS_BLOCK = 64
 
 
 def presplit_pays(B: int, K: int, C: int) -> bool:
-    """Whether (B, K) @ (K, C) in float32 'highest' gains at least twice its split pass's time
-    from ``matmul_presplit_kernel``, by the rates in the note above."""
+    """Whether (B, K) @ (K, C) in float32 'highest' gains at least its split pass's time from
+    ``matmul_presplit_kernel``, by the rates in the note above."""
     saved = 2 * B * K * C * (1 / TF32X3_FLOPS - 1 / PRESPLIT_FLOPS)
-    split_bytes = 12 * K * (B + C)
-    return saved >= 2 * split_bytes / SPLIT_BYTES_PER_S
+    return saved >= 12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S
 
 
 @functools.lru_cache(maxsize=4096)

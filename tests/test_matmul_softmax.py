@@ -584,9 +584,11 @@ def test_presplit_launch_refusals():
 @pytest.mark.parametrize("B,K,C,pays", [
     # The LM head and bigger: the pass is a few % of the product.
     (4096, 4096, 50257, True), (4096, 4096, 1000, True), (4096, 768, 32000, True), (4096, 4096, 4096, True),
-    (1024, 4096, 1000, True),
+    (512, 4096, 1000, True), (512, 768, 32000, True),
     # A W of few classes, or few rows: the pass costs as much as the product saves.
-    (4096, 4096, 100, False), (32, 4096, 50257, False), (512, 4096, 1000, False), (1, 4096, 128256, False),
+    (4096, 4096, 100, False), (32, 4096, 50257, False), (256, 4096, 1000, False), (1, 4096, 128256, False),
+    # Small products: the pass's extra launches outweigh it.
+    (1024, 100, 1024, False), (1024, 1024, 100, False),
 ])
 def test_presplit_pays_from_its_sizes(B, K, C, pays):
     from fused_softmax_matmul import presplit_pays
