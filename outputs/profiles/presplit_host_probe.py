@@ -11,7 +11,6 @@ import triton
 import fused_softmax_matmul as fsm
 from probe_timing import graph_ms, host_us
 
-
 torch.set_float32_matmul_precision("highest")
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
 for B, K, C, kmajor in ((512, 4096, 1000, True), (512, 4096, 1000, False), (4096, 4096, 1000, True)):
