@@ -1781,14 +1781,18 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 # do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.36 ms and 4096 x 4096 x 50257 in 16.9
 # (torch 2.70 and 32.4), error 2.4e-7 (torch 1.2e-6); 4 warps ran 3x slower (two 128 x 128
 # float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000. The pass reads each operand
-# once and writes it twice: taken where the time saved at the rates measured (TF32X3_FLOPS,
-# PRESPLIT_FLOPS) is at least the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s from 4096 x
-# 1000 values, presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and the flags'
-# zeroing at ~3 us each (``presplit_pays``; from ~500 rows with ~1000 classes, K long enough);
-# compiled on sm_90 only, in the interpreter where a launch asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
+# once and writes it twice: taken where the time saved at the rates measured (the pointer
+# kernels' TF32X3_FLOPS, slower with W K-major, against PRESPLIT_FLOPS) is PRESPLIT_MARGIN times
+# the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s from 4096 x 1000 values,
+# presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and the flags' zeroing at ~3
+# us each (``presplit_pays``): at 512 x 4096 x 1000 (CUDA graphs, presplit_host_probe.txt) W
+# K-major took 0.103 ms against 0.144, W row-major 0.104 against 0.102. Compiled on sm_90 only,
+# in the interpreter where a launch asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
 # time into one pair of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the
 # chunks' launches one after another on the stream.
 TF32X3_FLOPS = 48e12
+TF32X3_KMAJOR_FLOPS = 44e12
+PRESPLIT_MARGIN = 1.2
 PRESPLIT_FLOPS = 95e12
 SPLIT_BYTES_PER_S = 2.5e12
 SPLIT_FIXED_S = 12e-6
@@ -1796,11 +1800,12 @@ PRESPLIT_CHUNK_BYTES = 256 << 20
 PARTS_BLOCK = 64
 
 
-def presplit_pays(B: int, K: int, C: int) -> bool:
-    """Whether (B, K) @ (K, C) in float32 'highest' gains at least its split pass's time from
-    ``matmul_presplit_kernel``, by the rates in the note above."""
-    saved = 2 * B * K * C * (1 / TF32X3_FLOPS - 1 / PRESPLIT_FLOPS)
-    return saved >= 12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S
+def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
+    """Whether (B, K) @ (K, C) in float32 'highest' gains PRESPLIT_MARGIN times its split pass's
+    time from ``matmul_presplit_kernel``, by the rates in the note above."""
+    pointer = TF32X3_KMAJOR_FLOPS if w_kmajor else TF32X3_FLOPS
+    saved = 2 * B * K * C * (1 / pointer - 1 / PRESPLIT_FLOPS)
+    return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -1827,7 +1832,8 @@ def presplit_chunk(K: int, C: int, block_c: int) -> int:
 
 def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
     """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90."""
-    if INTERPRET or not _presplit_applies(x) or x.device.type != "cuda" or not presplit_pays(B, int(x.shape[1]), C):
+    if (INTERPRET or not _presplit_applies(x) or x.device.type != "cuda"
+            or not presplit_pays(B, int(x.shape[1]), C, _w_kmajor(W))):
         return None
     index = _device_index(x.device)
     if _device_capability(index) != (9, 0):

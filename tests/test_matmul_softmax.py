@@ -581,22 +581,25 @@ def test_presplit_launch_refusals():
         check_launch(MatmulLaunch(16, 32, 16, split_k=2, presplit=True))
 
 
-@pytest.mark.parametrize("B,K,C,pays", [
+@pytest.mark.parametrize("B,K,C,w_kmajor,pays", [
     # The LM head and bigger: the pass is a few % of the product.
-    (4096, 4096, 50257, True), (4096, 4096, 1000, True), (4096, 768, 32000, True), (4096, 4096, 4096, True),
-    (512, 4096, 1000, True), (512, 768, 32000, True),
+    (4096, 4096, 50257, False, True), (4096, 4096, 1000, True, True), (4096, 768, 32000, False, True),
+    (4096, 4096, 4096, False, True), (512, 768, 32000, False, True),
+    # Where the pointer kernels are slowest, with W K-major (outputs/profiles/presplit_host_probe.txt).
+    (512, 4096, 1000, True, True), (512, 4096, 1000, False, False),
     # A W of few classes, or few rows: the pass costs as much as the product saves.
-    (4096, 4096, 100, False), (32, 4096, 50257, False), (256, 4096, 1000, False), (1, 4096, 128256, False),
+    (4096, 4096, 100, True, False), (32, 4096, 50257, True, False), (256, 4096, 1000, True, False),
+    (1, 4096, 128256, True, False),
     # Small products: the pass's extra launches outweigh it.
-    (1024, 100, 1024, False), (1024, 1024, 100, False),
+    (1024, 100, 1024, True, False), (1024, 1024, 100, True, False),
 ])
-def test_presplit_pays_from_its_sizes(B, K, C, pays):
+def test_presplit_pays_from_its_sizes(B, K, C, w_kmajor, pays):
     from fused_softmax_matmul import presplit_pays
 
-    assert presplit_pays(B, K, C) == pays
+    assert presplit_pays(B, K, C, w_kmajor) == pays
     # More rows, classes or K never make it pay less.
     for more in ((2 * B, K, C), (B, 2 * K, C), (B, K, 2 * C)):
-        assert presplit_pays(*more) >= pays
+        assert presplit_pays(*more, w_kmajor) >= pays
 
 
 @pytest.mark.parametrize("K,C,block_c,chunk", [
