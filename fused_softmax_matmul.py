@@ -6,8 +6,10 @@ registers and folds it straight into the product, so the softmax never exists in
 
 Float32 matrix products follow PyTorch's own switch, ``torch.get_float32_matmul_precision()``:
 under 'highest' (PyTorch's default) the tensor-core product is split into three TF32 products
-(``input_precision="tf32x3"``), which is as accurate as a float32 product; under 'high' or
-'medium' a single TF32 product is used, as PyTorch then does for its own matmuls. Float16 and
+(``input_precision="tf32x3"``), which is as accurate as a float32 product (on Hopper, large
+products of softmax(x @ W) and ``matmul`` split their operands once, beforehand:
+``matmul_presplit_kernel``); under 'high' or 'medium' a single TF32 product is used, as PyTorch
+then does for its own matmuls. Float16 and
 bfloat16 inputs multiply in their own precision and accumulate in float32.
 
 Sections, each workload in the same order (header, reference, bytes and flops models, launch
@@ -1124,7 +1126,8 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
     4 stages: a 128 KiB float32 accumulator (128 registers a thread) still leaves room for the
     softmax epilogue. Float32: 32 x 128 x 32, 4 warps, 3 stages: tf32x3 splits each operand into
-    two TF32 halves in registers, so the tile is small. On an H100 (outputs/profiles/
+    two TF32 halves in registers, so the tile is small (on sm_90 the wrappers take
+    ``presplit_launch`` instead where ``presplit_pays``). On an H100 (outputs/profiles/
     matmul_tile_probe.txt) 32-row tiles beat 64-row ones by 1.5-3.9x at every shape tried (4096
     x 4096 x 4096: 2.69 against 5.89 ms, torch 2.69) and 16-row ones by 1.2-1.3x at B = 512,
     so float32 rows are thinned to 16 only while 32-row tiles would give fewer programs than
@@ -1830,15 +1833,28 @@ def presplit_chunk(K: int, C: int, block_c: int) -> int:
     return min(tiles, cdiv(C, block_c)) * block_c
 
 
-def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
-    """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90."""
-    if (INTERPRET or not _presplit_applies(x) or x.device.type != "cuda"
-            or not presplit_pays(B, int(x.shape[1]), C, _w_kmajor(W))):
+def presplit_choice(B: int, K: int, C: int, dtype: torch.dtype, device: torch.device,
+                    w_kmajor: bool) -> MatmulLaunch | None:
+    """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90;
+    None where the wrappers keep their other kernels."""
+    if (INTERPRET or dtype != torch.float32 or K == 0 or dot_precision(dtype) != "tf32x3"
+            or device.type != "cuda" or not presplit_pays(B, K, C, w_kmajor)):
         return None
-    index = _device_index(x.device)
+    index = _device_index(device)
     if _device_capability(index) != (9, 0):
         return None
     return presplit_launch(B, C, _device_sms(index))
+
+
+def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
+    return presplit_choice(B, int(x.shape[1]), C, x.dtype, x.device, _w_kmajor(W))
+
+
+def presplit_bytes(B: int, K: int, C: int) -> int:
+    """What the presplit path moves beyond the pointer kernels' reads of x and W: the pass reads
+    each float32 operand once and writes two parts, which the products read back (one more
+    operand's worth)."""
+    return 16 * K * (B + C)
 
 
 def _presplit_applies(x: torch.Tensor) -> bool:

@@ -626,6 +626,27 @@ def test_presplit_launch_fills_the_sms(B, C, tile):
     check_launch(launch)
 
 
+@pytest.mark.parametrize("impl", ["triton_fused_tiled", "triton_unfused"])
+def test_presplit_bytes_in_the_model(monkeypatch, impl):
+    """The bytes model counts the split pass and the parts' reads where the wrapper takes the path."""
+    import support
+
+    B, K, C = 4096, 4096, 50257
+    plain = support.matmul_softmax_impl_bytes(impl, B, K, C, torch.float32, "cpu")
+    theirs = support.matmul_softmax_impl_bytes("torch", B, K, C, torch.float32, "cpu")
+    launch = MatmulLaunch(128, 128, 32, num_warps=8, presplit=True)
+    monkeypatch.setattr(support, "presplit_choice", lambda *args: launch)
+    split = support.matmul_softmax_impl_bytes(impl, B, K, C, torch.float32, "cpu")
+    from fused_softmax_matmul import presplit_bytes
+
+    assert presplit_bytes(B, K, C) == 16 * K * (B + C)
+    if impl == "triton_unfused":
+        assert split == plain + presplit_bytes(B, K, C)
+    else:  # the tiled kernel's stats follow the path's 128-class tiles
+        assert split >= plain + presplit_bytes(B, K, C) - 2 * B * C // 32 * 4
+    assert support.matmul_softmax_impl_bytes("torch", B, K, C, torch.float32, "cpu") == theirs  # torch splits nothing
+
+
 def test_presplit_not_chosen_on_other_machines():
     """The wrappers take it by themselves only compiled on sm_90 (the interpreter runs it where a
     launch asks): a big float32 product on this machine keeps the pointer kernels."""
