@@ -70,3 +70,17 @@ for B, K, C, dtype in ((512, 4096, 1000, torch.bfloat16), (4096, 768, 1000, torc
     fsm._MATMUL_REPLAYS.clear()
     print(f"{B}x{K}x{C} {dtype}: torch {torch_us:.2f} us, pointer {pointer:.2f}, TMA {tma:.2f} (taken {taken},"
           f" {launch})", flush=True)
+
+# 512 x 4096 x 1000 in 16 bits: row blocks of 64 over 16 class tiles leave one program an SM with
+# 64 K steps each; other tiles and K split in slices.
+for dtype in (torch.bfloat16, torch.float16):
+    x, W = inputs(512, 4096, 1000, dtype)
+    print(f"512x4096x1000 {dtype}: torch {graph_us(lambda: fsm.matmul_softmax_ref(x, W)) - flush_alone:.2f} us", flush=True)
+    for bb, bc, bk, split, warps, stages, group in ((64, 64, 64, 1, 4, 4, 1), (64, 64, 64, 2, 4, 4, 1), (64, 64, 64, 4, 4, 4, 1),
+                                                    (64, 128, 64, 2, 4, 4, 1), (64, 128, 64, 4, 4, 4, 1),
+                                                    (128, 128, 64, 4, 8, 4, 1), (128, 128, 64, 8, 8, 4, 1),
+                                                    (64, 256, 64, 4, 8, 4, 1), (128, 256, 64, 8, 8, 3, 1),
+                                                    (64, 64, 128, 2, 4, 3, 1), (64, 128, 64, 1, 4, 4, 8)):
+        launch = MatmulLaunch(bb, bc, bk, group_b=group, num_warps=warps, num_stages=stages, split_k=split)
+        us = graph_us(lambda: fsm.matmul_softmax_fused_tiled(x, W, launch)) - flush_alone
+        print(f"  {bb} x {bc} x {bk}, split {split}, {warps} warps, {stages} stages, group {group}: {us:.2f} us", flush=True)
