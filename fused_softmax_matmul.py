@@ -1362,7 +1362,9 @@ def split_k_kernel(
                       stride_xb, stride_xk, stride_wk, stride_wc, BLOCK_B, BLOCK_C, BLOCK_K, PRECISION, UPCAST)
     tile_offsets = rows[:, None].to(tl.int64) * (n_tiles_c * BLOCK_C) + cols[None, :]
     slice_size = (tl.num_programs(0) // n_splits).to(tl.int64) * (BLOCK_B * BLOCK_C)
-    tl.store(part_ptr + part * slice_size + tile_offsets, acc)
+    # Rows past B are left out of the partials (at B = 1, 15 of a 16-row block's).
+    live = (rows < B)[:, None]
+    tl.store(part_ptr + part * slice_size + tile_offsets, acc, mask=live)
     # One thread bumps the count; the barrier first has every thread's stores of the partial
     # done, so the count's release covers them all (CUTLASS's semaphore does the same).
     tl.debug_barrier()
@@ -1371,9 +1373,10 @@ def split_k_kernel(
         # can live in one buffer across calls and CUDA-graph replays (see ``_split_k_counts``).
         tl.atomic_xchg(count_ptr + tile, 0)
         total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
-        for other in range(0, n_splits):
+        # Unrolled: four partials' loads in flight, not one L2 round trip after another.
+        for other in tl.range(0, n_splits, loop_unroll_factor=4):
             # .cg: from L2, where the other programs' stores are, never a stale L1 line.
-            total += tl.load(part_ptr + other * slice_size + tile_offsets, cache_modifier=".cg")
+            total += tl.load(part_ptr + other * slice_size + tile_offsets, mask=live, other=0.0, cache_modifier=".cg")
         if TILED:
             store_tile_part(total, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
         else:
