@@ -52,7 +52,7 @@ from online_softmax import (
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
     apply_transforms, backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -834,6 +834,7 @@ def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | Non
     return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
 
 
+@on_input_device
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
                   launch: FusedLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V, the fused kernel storing no softmax; differentiable in x and V.
@@ -2377,6 +2378,7 @@ class _MatmulFamilyTransforms(_EagerMatmulFamily):
 _MATMUL_REPLAYS = Replays()
 
 
+@on_input_device
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
 
@@ -2385,11 +2387,13 @@ def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None)
     return _run_matmul_family("matmul", _matmul_forward, x, W, launch, _check_matmul_call)
 
 
+@on_input_device
 def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) as two Triton kernels: ``matmul`` writes the logits, ``row_softmax`` reads them."""
     return _run_matmul_family("matmul_softmax_unfused", _unfused_forward, x, W, launch, _check_matmul_call)
 
 
+@on_input_device
 def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) in one kernel with all C classes of a row block in registers.
 
@@ -2413,6 +2417,7 @@ def _check_simple_call(x, W, launch) -> None:
             raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
 
 
+@on_input_device
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) for any C, with no (B, C) buffer but the output (with K split, float32
     partial tiles of split x B x C, rows and classes padded to the tiles).
@@ -3500,6 +3505,10 @@ class FlashAttentionTriton(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, Q, K, V, is_causal=False, launches=None):
+        device = other_device(Q)
+        if device is not None:  # Q's device current for the launches, as torch's ops run
+            with torch.cuda.device(device):
+                return FlashAttentionTriton.forward(ctx, Q, K, V, is_causal, launches)
         key = _flash_replay_key((Q, K, V), is_causal, launches)
         kept = _FLASH_FORWARDS.get(key) if key is not None else None
         if kept is not None:
@@ -3932,6 +3941,7 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
 
 
+@on_input_device
 def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                          reduction: str = "mean", *, launch: LinearCrossEntropyLaunch | None = None) -> torch.Tensor:
     """``F.cross_entropy(x @ W.T, target, ignore_index=, reduction=)`` without the (BT, V) logits.
@@ -4236,6 +4246,7 @@ if _GLUON is not None:
         ], [1], [LOADER_REGISTERS])
 
 
+@on_input_device
 def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
 
@@ -4990,6 +5001,7 @@ def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
     return None
 
 
+@on_input_device
 def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False, *,
                           stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
                           persistent: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:

@@ -159,6 +159,30 @@ def kernel_op(name: str, fake, mutates_args=()):
     return register
 
 
+def other_device(t) -> int | None:
+    """The index of t's CUDA device where that is not the current device, else None (a CPU tensor,
+    a tensor subclass, a trace). Triton, the direct launches and the kept ones launch on the
+    current device: a call whose tensors live on another must first make theirs current."""
+    if type(t) not in PLAIN_TENSORS or torch.compiler.is_compiling():
+        return None
+    index = t.get_device()
+    return None if index < 0 or index == torch._C._cuda_getDevice() else index
+
+
+def on_input_device(fn):
+    """fn run with its first argument's CUDA device current (``other_device``), as torch's own ops
+    run: without, tensors on cuda:1 while cuda:0 is current were launched on cuda:0. The current
+    device is restored after."""
+    @functools.wraps(fn)
+    def call(x, *args, **kwargs):
+        index = other_device(x)
+        if index is None:
+            return fn(x, *args, **kwargs)
+        with torch.cuda.device(index):
+            return fn(x, *args, **kwargs)
+    return call
+
+
 def needs_op(*tensors) -> bool:
     """Whether a call must go through its custom op rather than launch its kernels directly.
 
@@ -815,6 +839,7 @@ def _as_3d(x: torch.Tensor) -> torch.Tensor:
     return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
 
 
+@on_input_device
 def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
     """Softmax over the last dimension of x, by the online algorithm.
 
@@ -838,6 +863,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     return y if y.shape == x.shape else y.reshape(x.shape)
 
 
+@on_input_device
 def online_softmax_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> torch.Tensor:
     """Gradient of softmax given its output y and the incoming gradient dy, both of one shape (rank >= 1)."""
     check_tensor("y", y, ANY_RANK)
@@ -1810,6 +1836,7 @@ class _EagerRowSoftmax(torch.autograd.Function):
         return _row_backward(y, dy, traced=False), None
 
 
+@on_input_device
 def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     """Softmax over the last dimension of x (any rank >= 1).
 
