@@ -506,6 +506,15 @@ PRESPLIT_IMPLS = {"triton_matmul": matmul, "triton_fused_tiled": matmul_softmax_
                   "triton_unfused": TRITON_IMPLS["triton_unfused"]}
 
 
+def _assert_presplit_close(impl: str, out: torch.Tensor, x: torch.Tensor, W: torch.Tensor) -> None:
+    """out (x @ W for the matmul, else softmax(x @ W)) against float64, as accurate as torch's."""
+    ref = x.double() @ W.double()
+    if impl == "triton_matmul":
+        assert_close(out, ref, x @ W)
+    else:
+        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+
+
 @pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
 @pytest.mark.parametrize("layout", ["contiguous", "W_transposed", "x_transposed", "x_strided"])
 @pytest.mark.parametrize("B,K,C,tiles,scale", [
@@ -526,11 +535,7 @@ def test_presplit_matches_float64(monkeypatch, presplit_calls, impl, layout, B, 
     x, W = matmul_softmax_inputs(B, K, C, torch.float32, layout=layout, scale=scale, seed=B + C)
     out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(*tiles, presplit=True))
     assert len(presplit_calls) == 1
-    ref = x.double() @ W.double()
-    if impl == "triton_matmul":
-        assert_close(out, ref, x @ W)
-    else:
-        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+    _assert_presplit_close(impl, out, x, W)
 
 
 @pytest.mark.parametrize("chunked", [False, True], ids=["W at once", "W a class tile at a time"])
@@ -669,11 +674,7 @@ def test_presplit_chosen_and_accurate_on_gpu(presplit_calls, impl, layout):
     fn = PRESPLIT_IMPLS[impl]
     out = fn(x, W)
     assert len(presplit_calls) == 1
-    ref = x.double() @ W.double()
-    if impl == "triton_matmul":
-        assert_close(out, ref, x @ W)
-    else:
-        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x, W))
+    _assert_presplit_close(impl, out, x, W)
     torch.set_float32_matmul_precision("high")
     fn(x, W)
     assert len(presplit_calls) == 1
@@ -720,11 +721,7 @@ def test_presplit_replays_and_captures(monkeypatch, presplit_calls, impl):
     x2.copy_(matmul_softmax_inputs(B, K, C, torch.float32, seed=75)[0])
     graph.replay()
     assert torch.equal(out, fn(x2, W2, launch))
-    ref = x2.double() @ W2.double()
-    if impl == "triton_matmul":
-        assert_close(out, ref, x2 @ W2)
-    else:
-        assert_close(out, torch.softmax(ref, -1), matmul_softmax_ref(x2, W2))
+    _assert_presplit_close(impl, out, x2, W2)
 
 
 @needs_gpu
