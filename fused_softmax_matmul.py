@@ -1486,13 +1486,19 @@ def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, 
     """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts, both (R, K)
     and contiguous: hi = t rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN: hi
     carries those). A row holding an infinity or NaN sets its flag (flags_ptr[flag_start + row -
-    start], zeroed beforehand) to 1."""
-    rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
-    ks = tl.program_id(1) * BLOCK_K + tl.arange(0, BLOCK_K)
+    start], zeroed beforehand) to 1. One program a (BLOCK_R, BLOCK_K) block, K's blocks
+    fastest (one grid axis: K's blocks alone may pass the second axis's 65535)."""
+    k_blocks = tl.cdiv(K, BLOCK_K)
+    rows = (tl.program_id(0) // k_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
+    ks = (tl.program_id(0) % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
     mask = (rows < R)[:, None] & (ks < K)[None, :]
     t = tl.load(src_ptr + (start + rows)[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k,
                 mask=mask, other=0.0)
     hi = _tf32_rounded(t)
+    # A finite t within half a TF32 unit of float32's largest rounds to inf: truncated instead, so
+    # lo stays finite and t's products stay as finite as torch's.
+    overflow = (tl.abs(hi) == float("inf")) & (tl.abs(t) < float("inf"))
+    hi = tl.where(overflow, (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True), hi)
     lo = t - hi
     offsets = rows[:, None].to(tl.int64) * K + ks[None, :]
     tl.store(hi_ptr + offsets, hi, mask=mask)
@@ -1515,7 +1521,8 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
     outputs/profiles/presplit_flush_probe.txt). GUARD, for tiles whose operands hold an
     infinity or NaN: small products that are not finite are dropped before the hi product
     (inf x lo may differ in sign from inf x hi, 0 x inf is NaN), which carries every infinity
-    and NaN of the inputs. The guard waits for the small products at every step (4096^3: 2.0
+    and NaN of the inputs (one case differs from torch: inf times a subnormal whose hi part
+    rounds to 0 gives NaN, torch inf; tl.dot's tf32x3 splits alike). The guard waits for the small products at every step (4096^3: 2.0
     against 1.6 ms on an H100), so tiles of finite operands go without (``matmul_presplit_kernel``)."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
@@ -1792,7 +1799,8 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 # kernels' TF32X3_FLOPS, slower with W K-major, against PRESPLIT_FLOPS) is PRESPLIT_MARGIN times
 # the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s from 4096 x 1000 values,
 # presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and the flags' zeroing at ~3
-# us each (``presplit_pays``): at 512 x 4096 x 1000 (CUDA graphs, presplit_host_probe.txt) W
+# us each of GPU time (their host time, 89-143 us a call against 36-57 for the pointer kernels'
+# launch, presplit_host_probe.txt, is not in the model) (``presplit_pays``): at 512 x 4096 x 1000 (CUDA graphs, presplit_host_probe.txt) W
 # K-major took 0.103 ms against 0.144, W row-major 0.104 against 0.102. Compiled on sm_90 only,
 # in the interpreter where a launch asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
 # time into one pair of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the
@@ -1891,14 +1899,14 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
                         len(indices))
 
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
-    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (0, 3, 4, flags), (0, 0, B, K, *x.stride()),
+    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),), (0, 3, 4, flags), (0, 0, B, K, *x.stride()),
         parts)
     options = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
                    SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps,
                    num_stages=launch.num_stages)
     for first in range(0, C, chunk):
         width = min(chunk, C - first)
-        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK), cdiv(K, PARTS_BLOCK)), (1, 5, 6, flags),
+        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),), (1, 5, 6, flags),
             (first, B + first, width, K, W.stride(1), W.stride(0)), parts)
         chunk_tiles = cdiv(width, launch.block_c)
         for guard in (False, True):  # every tile, then those of infinite or NaN operands again
@@ -2243,7 +2251,7 @@ def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
             return forward(x, W, MatmulLaunch(*launch[:-1], bool(launch[-1])) if launch else None, wrap=not opaque)
 
     if opaque:
-        op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(body)
+        op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(on_input_device(body))
         op.register_fake(fake)
     else:
         op = kernel_op(name, fake)(body)
@@ -2426,6 +2434,8 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
     block does. Several: unnormalised tiles (with K split, written by each tile's last slice) plus
     a (2, B, tiles) float32 table of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
+    Float32 under 'highest' on sm_90, where ``presplit_pays``: x's and W's TF32 parts first, which
+    hold twice x's size and up to ``PRESPLIT_CHUNK_BYTES`` of W's for the call.
     The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
     """
     return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch, _check_matmul_call)
@@ -3407,6 +3417,7 @@ def _shape_only(t: torch.Tensor) -> bool:
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
+@on_input_device
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) of FlashAttentionTriton's forward by the kernel an eager call would choose
@@ -3440,6 +3451,7 @@ def _(Q, K, V, is_causal):
 
 
 @torch.library.custom_op(f"{OP_NAMESPACE}::flash_backward_by_path", mutates_args=())
+@on_input_device
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of FlashAttentionTriton's backward by the kernels an eager call would choose

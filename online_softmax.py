@@ -37,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import inspect
 import math
 import os
 import threading
@@ -153,7 +154,8 @@ def kernel_op(name: str, fake, mutates_args=()):
     """
     def register(fn):
         make = torch.library.custom_op if INTERPRET else torch.library.triton_op
-        op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(fn)
+        # On its inputs' device: a graph of torch.compile's eager backends runs the op as it is.
+        op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(on_input_device(fn))
         op.register_fake(fake)
         return op
     return register
@@ -172,14 +174,16 @@ def other_device(t) -> int | None:
 def on_input_device(fn):
     """fn run with its first argument's CUDA device current (``other_device``), as torch's own ops
     run: without, tensors on cuda:1 while cuda:0 is current were launched on cuda:0. The current
-    device is restored after."""
+    device is restored after. The first argument may come by position or by its name."""
+    first = next(iter(inspect.signature(fn).parameters))
+
     @functools.wraps(fn)
-    def call(x, *args, **kwargs):
-        index = other_device(x)
+    def call(*args, **kwargs):
+        index = other_device(args[0] if args else kwargs.get(first))
         if index is None:
-            return fn(x, *args, **kwargs)
+            return fn(*args, **kwargs)
         with torch.cuda.device(index):
-            return fn(x, *args, **kwargs)
+            return fn(*args, **kwargs)
     return call
 
 

@@ -559,6 +559,20 @@ def test_presplit_keeps_torchs_infinities_and_nans(monkeypatch, presplit_calls, 
     assert torch.equal(out[out.isinf()], theirs[theirs.isinf()])  # the same signs
 
 
+@pytest.mark.parametrize("impl", PRESPLIT_IMPLS)
+def test_presplit_of_values_near_the_largest_float(presplit_calls, impl):
+    """A finite value within half a TF32 unit of float32's largest rounds to inf: its hi part is
+    truncated instead, so the products stay finite where torch's are (NaN before: inf x 0)."""
+    x, W = matmul_softmax_inputs(8, 40, 50, torch.float32, seed=76)
+    x[0, 0] = 3.4022e38
+    W[0] = 0.25
+    out = PRESPLIT_IMPLS[impl](x, W, MatmulLaunch(16, 32, 16, presplit=True))
+    assert len(presplit_calls) == 1
+    theirs = x @ W if impl == "triton_matmul" else matmul_softmax_ref(x, W)
+    assert theirs.isfinite().all() and out.isfinite().all()
+    torch.testing.assert_close(out, theirs)
+
+
 @pytest.mark.parametrize("dtype,precision", [("bfloat16", "highest"), ("float16", "highest"), ("float32", "high")])
 def test_presplit_asked_elsewhere_is_ignored(presplit_calls, dtype, precision):
     """16-bit products and float32 under 'high' (one TF32 product) take their own kernels."""

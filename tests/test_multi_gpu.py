@@ -90,3 +90,25 @@ def test_op_runs_on_its_inputs_device(name):
                 torch.testing.assert_close(g, w, msg=name)
     finally:
         torch.cuda.set_device(0)
+
+
+@pytest.mark.parametrize("name", ["row_softmax", "matmul_softmax_fused_tiled", "fused_softmax", "FlashAttentionTriton"])
+def test_compiled_op_runs_on_its_inputs_device(name):
+    """torch.compile's eager backends run the graph's custom ops as they are: each op's body takes
+    its inputs' device too (Inductor's own code guards the device already)."""
+    try:
+        torch.cuda.set_device(1)
+        fn, inputs = _cases("cuda:1")[name]
+        want = _run(fn, inputs)
+        torch.cuda.synchronize(1)
+        torch.cuda.set_device(0)
+        torch._dynamo.reset()
+        compiled = torch.compile(fn, backend="aot_eager", fullgraph=True)
+        got = _run(compiled, inputs)
+        torch.cuda.synchronize(1)
+        assert torch.cuda.current_device() == 0
+        torch.testing.assert_close(got[0], want[0], msg=name)
+        for g, w in zip(got[1], want[1]):
+            torch.testing.assert_close(g, w, msg=name)
+    finally:
+        torch.cuda.set_device(0)

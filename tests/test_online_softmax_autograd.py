@@ -374,3 +374,14 @@ def test_eager_autograd_leaves_subclasses_to_the_op():
     assert "Eager" not in type(y.grad_fn).__name__
     (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
     assert torch.allclose(g, torch.zeros_like(g), atol=1e-6)  # rows of a softmax sum to 1
+
+
+def test_first_argument_by_name():
+    """The public ops' device guard takes the first argument by position or by its name."""
+    from online_softmax import online_softmax_backward, row_softmax
+
+    x = torch.randn(3, 40, device=DEVICE)
+    y = torch.softmax(x, -1)
+    dy = torch.randn_like(y)
+    torch.testing.assert_close(row_softmax(x=x), y)
+    torch.testing.assert_close(online_softmax_backward(y=y, dy=dy), online_softmax_backward(y, dy))

@@ -69,7 +69,7 @@ for B, K, C, kmajor in CASES:
     if chosen:
         for label, t in (("x", x), ("W^T", W.t())):
             parts = torch.empty_like(t, memory_format=torch.contiguous_format), torch.empty_like(t, memory_format=torch.contiguous_format)
-            grid = (triton.cdiv(t.shape[0], fsm.PARTS_BLOCK), triton.cdiv(t.shape[1], fsm.PARTS_BLOCK))
+            grid = (triton.cdiv(t.shape[0], fsm.PARTS_BLOCK) * triton.cdiv(t.shape[1], fsm.PARTS_BLOCK),)  # 2-D at f468c1e
             flags = torch.zeros(t.shape[0], dtype=torch.int32, device="cuda")
             ms = triton.testing.do_bench(lambda: fsm.tf32_parts_kernel[grid](
                 t, *parts, flags, 0, 0, *t.shape, *t.stride(), BLOCK_R=fsm.PARTS_BLOCK, BLOCK_K=fsm.PARTS_BLOCK, num_warps=4),
