@@ -1522,8 +1522,9 @@ def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col
     infinity or NaN: small products that are not finite are dropped before the hi product
     (inf x lo may differ in sign from inf x hi, 0 x inf is NaN), which carries every infinity
     and NaN of the inputs (one case differs from torch: inf times a subnormal whose hi part
-    rounds to 0 gives NaN, torch inf; tl.dot's tf32x3 splits alike). The guard waits for the small products at every step (4096^3: 2.0
-    against 1.6 ms on an H100), so tiles of finite operands go without (``matmul_presplit_kernel``)."""
+    rounds to 0 gives NaN, torch inf; tl.dot's tf32x3 splits alike). The guard waits for the
+    small products at every step (4096^3: 2.0 against 1.6 ms on an H100), so tiles of finite
+    operands go without (``matmul_presplit_kernel``)."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1794,17 +1795,19 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 # read all four tiles from shared memory. On an H100 (outputs/profiles/presplit_flush_probe.txt,
 # do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.36 ms and 4096 x 4096 x 50257 in 16.9
 # (torch 2.70 and 32.4), error 2.4e-7 (torch 1.2e-6); 4 warps ran 3x slower (two 128 x 128
-# float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000. The pass reads each operand
-# once and writes it twice: taken where the time saved at the rates measured (the pointer
-# kernels' TF32X3_FLOPS, slower with W K-major, against PRESPLIT_FLOPS) is PRESPLIT_MARGIN times
-# the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s from 4096 x 1000 values,
-# presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and the flags' zeroing at ~3
-# us each of GPU time (their host time, 89-143 us a call against 36-57 for the pointer kernels'
-# launch, presplit_host_probe.txt, is not in the model) (``presplit_pays``): at 512 x 4096 x 1000 (CUDA graphs, presplit_host_probe.txt) W
-# K-major took 0.103 ms against 0.144, W row-major 0.104 against 0.102. Compiled on sm_90 only,
-# in the interpreter where a launch asks for it. x's parts take twice x's size for the call; W is split a chunk of classes at a
-# time into one pair of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the
-# chunks' launches one after another on the stream.
+# float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000.
+#
+# The pass reads each operand once and writes it twice. The path is taken where the time saved
+# at the rates measured (the pointer kernels' TF32X3_FLOPS, slower with W K-major, against
+# PRESPLIT_FLOPS) is PRESPLIT_MARGIN times the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s
+# from 4096 x 1000 values, presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and
+# the flags' zeroing at ~3 us each of GPU time (``presplit_pays``). Their host time is not in the
+# model: 89-143 us a call against 36-57 for the pointer kernels' launch (presplit_host_probe.txt),
+# where at 512 x 4096 x 1000 (CUDA graphs) W K-major took 0.103 ms against 0.144 and W row-major
+# 0.104 against 0.102. Compiled on sm_90 only; in the interpreter where a launch asks for it. x's
+# parts take twice x's size for the call; W is split a chunk of classes at a time into one pair
+# of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the chunks' launches one after
+# another on the stream.
 TF32X3_FLOPS = 48e12
 TF32X3_KMAJOR_FLOPS = 44e12
 PRESPLIT_MARGIN = 1.2
@@ -1914,8 +1917,8 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
                 (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c),
                 dict(options, GUARD=guard))
     if tiled:
-        _launch_rescale(out, slots[7], launch, None if keep is None else (lambda replay: steps.append((replay, (2, 7)))),
-                        wrap)
+        keep_rescale = None if keep is None else (lambda replay: steps.append((replay, (2, 7))))
+        _launch_rescale(out, slots[7], launch, keep_rescale, wrap)
     if keep is not None and len(steps) == 3 * cdiv(C, chunk) + 1 + tiled:
         keep(ReplayChain(makers, tuple(steps)))
 

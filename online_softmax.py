@@ -154,7 +154,9 @@ def kernel_op(name: str, fake, mutates_args=()):
     """
     def register(fn):
         make = torch.library.custom_op if INTERPRET else torch.library.triton_op
-        # On its inputs' device: a graph of torch.compile's eager backends runs the op as it is.
+        # On its inputs' device wherever the body runs as it is: called through the dispatcher
+        # (a tensor subclass, a recorded backward), or opaque in a compiled graph. A triton_op that
+        # torch.compile traces puts its launches in the graph instead (outputs/README.md).
         op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(on_input_device(fn))
         op.register_fake(fake)
         return op
