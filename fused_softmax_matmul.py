@@ -1865,6 +1865,13 @@ def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> Matmul
     return presplit_choice(B, int(x.shape[1]), C, x.dtype, x.device, _w_kmajor(W))
 
 
+def _wrapper_launch(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch:
+    """The launch ``matmul`` and the tiled softmax(x @ W) choose for a (B, C) output (B and C
+    concrete): the presplit path's where it pays, else ``tiled_launch``'s."""
+    return (_presplit_choice(x, W, B, C)
+            or tiled_launch(B, C, x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
+
+
 def presplit_bytes(B: int, K: int, C: int) -> int:
     """What the presplit path moves beyond the pointer kernels' reads of x and W: the pass reads
     each float32 operand once and writes two parts, which the products read back (one more
@@ -2044,8 +2051,7 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = (launch or _presplit_choice(x, W, *_concrete(*out.shape))
-              or tiled_launch(*_concrete(*out.shape), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
+    launch = launch or _wrapper_launch(x, W, *_concrete(*out.shape))
     if launch.presplit and _presplit_applies(x):
         _presplit_forward(x, W, out, launch, wrap, softmax=False, keep=keep)
         return out
@@ -2098,8 +2104,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     if out.numel() == 0:
         return out
     B, C = out.shape
-    launch = (launch or _presplit_choice(x, W, *_concrete(B, C))
-              or tiled_launch(*_concrete(B, C), x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
+    launch = launch or _wrapper_launch(x, W, *_concrete(B, C))
     if launch.presplit and _presplit_applies(x):
         _presplit_forward(x, W, out, launch, wrap, softmax=True, keep=keep)
         return out
