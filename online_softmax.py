@@ -1004,8 +1004,7 @@ class RowLaunch:
     that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
     their chunk of the next row into L2 before each wait, ``split_prefetch``; ``maxnreg``: its
     register cap, ``split_registers``; ``frame`` > 1: rows laid from 128-byte boundaries,
-    ``_split_frame``; ``lag`` > 0: its programs write each row after reading the next,
-    ``split_lag``). ``rows``: rows a
+    ``_split_frame``). ``rows``: rows a
     block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer);
     ``ahead``: its programs bring the row that many on into L2 before storing, ``row_prefetch``.
     """
@@ -1021,7 +1020,6 @@ class RowLaunch:
     maxnreg: int | None = None
     ahead: int = 0
     frame: int = 1
-    lag: int = 0
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -1036,7 +1034,6 @@ class RowLaunch:
             check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
         check_int("RowLaunch.ahead", self.ahead, 0, GRID_0_LIMIT)
         check_block("RowLaunch.frame", self.frame, 1, 128)
-        check_int("RowLaunch.lag", self.lag, 0, 2)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -1234,14 +1231,6 @@ def split_prefetch(dtype: torch.dtype, props) -> bool:
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
-def split_lag(dtype: torch.dtype, props) -> int:
-    """The split kernel's LAG: 0 (each program waits for its group's pairs of a row, holding its
-    chunk's exponentials), 1 (it reads its chunk of the next row first, then the row's again,
-    from L2, and writes it), 2 (1, asking L2 to keep the first read and drop the second and the
-    output)."""
-    return 0
-
-
 def split_registers(n_regs: int) -> int | None:
     """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
     thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
@@ -1290,15 +1279,14 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     split, chunk = _split_shape(cover, _split_chunk_bytes(n_cols, dtype), dtype)
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
-    lag = split_lag(dtype, props)
-    prefetch = not lag and split_prefetch(dtype, props)  # a lagged row is read again from L2 anyway
+    prefetch = split_prefetch(dtype, props)
 
     def compiled(n_groups: int, registers: int | None):
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         return softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
             CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, FRAME=frame,
-            LAG=lag, grid=(1,), **launch_options(warps, registers))
+            grid=(1,), **launch_options(warps, registers))
 
     registers = split_registers(kernel_registers(compiled(n_rows, None)))
 
@@ -1316,11 +1304,10 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
     return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers,
-                     frame=frame, lag=lag).check()
+                     frame=frame).check()
 
 
-# The split-row kernel's workspace: its (max, sum) slots (four float32 a program, eight with LAG;
-# STATS_A_PROGRAM, room for either) and its arrival
+# The split-row kernel's workspace: its (max, sum) slots (four float32 a program) and its arrival
 # counters (two int32 a group, zero between launches: the kernel resets them). One pair of
 # buffers per (device, stream): launches on one stream run one after another, so they never share
 # them at the same time; two streams get two. Nothing is cached while a CUDA graph is being
@@ -1328,7 +1315,6 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 # when that graph first replays, and another graph captured on the same stream would share it.
 # torch.compile's graphs make a workspace of their own per call too.
 _SPLIT_WORKSPACES: dict = {}
-STATS_A_PROGRAM = 8
 
 
 def kernel_registers(compiled) -> int:
@@ -1397,7 +1383,7 @@ def _split_workspace(x: torch.Tensor, n_programs: int, n_groups: int, index: int
     (``fresh_counters``), else the cached pair. ``plain``: x is known to be a real CUDA tensor
     (a kept launch's key says so), which skips the fake-tensor test, the costliest part."""
     if (buffers_per_call(x) if plain else fresh_counters(x)):
-        return (torch.empty(STATS_A_PROGRAM * n_programs, dtype=torch.float32, device=x.device),
+        return (torch.empty(4 * n_programs, dtype=torch.float32, device=x.device),
                 torch.zeros(2 * n_groups, dtype=torch.int32, device=x.device))
     workspace = _SPLIT_WORKSPACES.get((index, torch._C._cuda_getCurrentRawStream(index)))
     return _split_workspace_made(x.device, index) if workspace is None else workspace
@@ -1408,7 +1394,7 @@ def _split_workspace_made(device: torch.device, index: int) -> tuple[torch.Tenso
     made large enough for any launch: at most one program (one group) per resident warp."""
     props = _device_properties(index)
     most_programs = props.multi_processor_count * (props.max_threads_per_multi_processor // 32)
-    workspace = (torch.empty(STATS_A_PROGRAM * most_programs, dtype=torch.float32, device=device),
+    workspace = (torch.empty(4 * most_programs, dtype=torch.float32, device=device),
                  torch.zeros(2 * most_programs, dtype=torch.int32, device=device))
     _SPLIT_WORKSPACES[(index, torch._C._cuda_getCurrentRawStream(index))] = workspace
     return workspace
@@ -1534,85 +1520,10 @@ def _l2_prefetch(ptr, nbytes):
 
 
 @triton.jit
-def _split_layout(row, n_cols, stride_x, stride_y, cols, lanes, part, VEC: tl.constexpr, SPAN: tl.constexpr):
-    """Where the split kernel's program ``part`` finds its values of ``row``: (x_row, y_row, body,
-    edge_cols, edge_ok), the row's start in x and y (from the frame's boundary where VEC > 1),
-    the mask of its chunk's whole vectors, and the columns and mask of the row's partial first
-    and last vectors (the group's first program's; none where VEC is 1). See
-    ``softmax_split_row_kernel``."""
-    x_row = tl.cast(row, tl.int64) * stride_x
-    y_row = tl.cast(row, tl.int64) * stride_y
-    if VEC > 1:
-        shift = (x_row % SPAN).to(tl.int32)
-        x_row = tl.multiple_of(x_row - shift, SPAN)
-        y_row = tl.multiple_of(y_row - shift, SPAN)
-        lead = shift // VEC * VEC  # the frame's vectors before the one the row starts in
-        end = n_cols + shift
-        last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
-        # The row's whole vectors: [lead + VEC, last) of the frame. Its first and last partial
-        # ones (up to VEC - 1 values each; the first may be whole) go apart, to the group's
-        # first program, in ``edge``. A row ending in its first vector (end < lead + VEC; a
-        # direct call only) has last <= lead: the first vector stops at end, the last is empty.
-        body = (cols >= lead + VEC) & (cols < last)
-        edge_cols = tl.where(lanes < VEC, lead + lanes, last + lanes - VEC)
-        first = (lanes < VEC) & (edge_cols >= shift) & (edge_cols < end)
-        after = (lanes >= VEC) & (edge_cols >= lead + VEC) & (edge_cols < end)
-        edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
-    else:
-        body = cols < n_cols
-        edge_cols = lanes
-        edge_ok = lanes < 0
-    return x_row, y_row, body, edge_cols, edge_ok
-
-
-@triton.jit
-def _split_row_stats(stats_ptr, arrived, target, home, parts, slot, SPLIT: tl.constexpr, SLOTS: tl.constexpr):
-    """Wait until the group's ``arrived`` counter reaches ``target``, then combine the SPLIT
-    (max, sum) pairs of the row in ``slot`` of each program's SLOTS: the row's (max, sum)."""
-    while tl.atomic_add(arrived, 0, sem="acquire") < target:
-        pass
-    tl.debug_barrier()
-    # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
-    table = stats_ptr + ((home * SPLIT + parts) * SLOTS + slot) * 2
-    ms = tl.load(table, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
-    ss = tl.load(table + 1, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
-    row_max = tl.max(ms, axis=0)
-    # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
-    row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
-    return row_max, row_sum
-
-
-@triton.jit
-def _split_lagged_store(x_ptr, y_ptr, stats_ptr, arrived, row, target, n_cols, stride_x, stride_y, n_groups,
-                        cols, lanes, parts, part, SPLIT: tl.constexpr, VEC: tl.constexpr, SPAN: tl.constexpr,
-                        SLOTS: tl.constexpr, HINTS: tl.constexpr):
-    """The split kernel's second pass over a row (LAG): once its group's pairs are in (``target``),
-    read the chunk again (from L2, where the first pass left it a row ago) and write
-    exp(x - max) / sum."""
-    row_max, row_sum = _split_row_stats(stats_ptr, arrived, target, row % n_groups, parts,
-                                        (target // SPLIT) % SLOTS, SPLIT, SLOTS)
-    x_row, y_row, body, edge_cols, edge_ok = _split_layout(row, n_cols, stride_x, stride_y, cols, lanes, part,
-                                                           VEC, SPAN)
-    inv = 1.0 / row_sum
-    # A row of only -inf has row_max -inf and comes out NaN (-inf - -inf), as torch's; a NaN or
-    # +inf logit has made row_sum NaN.
-    if HINTS:
-        x = tl.load(x_ptr + x_row + cols, mask=body, other=0.0, eviction_policy="evict_first").to(tl.float32)
-        tl.store(y_ptr + y_row + cols, (fast_exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=body,
-                 eviction_policy="evict_first")
-    else:
-        x = tl.load(x_ptr + x_row + cols, mask=body, other=0.0).to(tl.float32)
-        tl.store(y_ptr + y_row + cols, (fast_exp(x - row_max) * inv).to(y_ptr.dtype.element_ty), mask=body)
-    if VEC > 1:
-        edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=0.0).to(tl.float32)
-        tl.store(y_ptr + y_row + edge_cols, (fast_exp(edge - row_max) * inv).to(y_ptr.dtype.element_ty), mask=edge_ok)
-
-
-@triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1, LAG: tl.constexpr = 0,
+    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1622,12 +1533,12 @@ def softmax_split_row_kernel(
     they load and store the row's whole vectors only, masked by vector; the frame's vectors
     before the row's are masked off, and the values of the vector the row starts in and of
     the one it ends in (up to VEC each) are the group's first program's, one small masked
-    load and store (``_split_layout``). No chunk tests its values one by one: a first version
-    that did (which columns are the row's) ran 2670 x 50257 bf16 at 32 % of copy on an H100,
-    this one at 60 % (outputs/profiles/shifted_split_probe.txt). The wrapper passes VEC only
-    where x's and y's rows share their offset mod SPAN. The whole vectors end at ``last``, a
-    multiple of VEC at most n_cols + shift < n_cols + SPAN, so at most the first multiple of VEC
-    from n_cols + SPAN - VEC on, which SPLIT x CHUNK (a multiple of VEC) must reach: n_cols for
+    load and store. No chunk tests its values one by one: a first version that did (which
+    columns are the row's) ran 2670 x 50257 bf16 at 32 % of copy on an H100, this one at 60 %
+    (outputs/profiles/shifted_split_probe.txt). The wrapper passes VEC only where x's and y's
+    rows share their offset mod SPAN. The whole vectors end at ``last``, a multiple of VEC at
+    most n_cols + shift < n_cols + SPAN, so at most the first multiple of VEC from
+    n_cols + SPAN - VEC on, which SPLIT x CHUNK (a multiple of VEC) must reach: n_cols for
     frames of a vector, more for FRAME (``_split_launch``).
 
     Each publishes its chunk's (max, sum), counts itself in its group's ``arrived`` counter and
@@ -1642,18 +1553,10 @@ def softmax_split_row_kernel(
     cached buffer serves every launch, a CUDA graph's replays included. PREFETCH (compiled
     Hopper GPUs only: inline PTX): before waiting, each program asks L2 for its chunk of the
     next row it takes (``_prefetch_chunk``).
-
-    LAG > 0 (``split_lag``): no program waits right after publishing. It goes on to its chunk of
-    the next row, and writes a row only after publishing the next one's pair: it reads its chunk
-    again then (from L2, which it left a row ago; LAG 2 asks L2 to keep the first read and
-    drop the second, and the output), and the pairs of the row are in by then, or nearly. Nothing
-    is held in registers across a wait. A program then reads pairs of three rows of its group
-    while another writes the fourth's: four slots a program (``stats``: eight float32).
     """
     # Rows are laid in frames of SPAN values from a boundary at or before their start: the vector
     # (VEC), or FRAME values (128 bytes) where given, so that a warp's loads cover whole cache lines.
     SPAN: tl.constexpr = FRAME if FRAME > VEC else VEC
-    SLOTS: tl.constexpr = 4 if LAG > 0 else 2
     pid = tl.program_id(0)
     group = pid // SPLIT
     part = pid % SPLIT
@@ -1665,14 +1568,28 @@ def softmax_split_row_kernel(
     target = 0
     for row in range(group, n_rows, n_groups):
         target += SPLIT
-        slot = (target // SPLIT) % SLOTS  # which of its stats slots a program writes for this row
-        x_row, y_row, body, edge_cols, edge_ok = _split_layout(row, n_cols, stride_x, stride_y, cols, lanes, part,
-                                                               VEC, SPAN)
-        if LAG > 1:
-            x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf"), eviction_policy="evict_last")
-            x = x.to(tl.float32)
+        parity = (target // SPLIT) % 2  # which of its two stats slots a program writes for this row
+        x_row = tl.cast(row, tl.int64) * stride_x
+        y_row = tl.cast(row, tl.int64) * stride_y
+        if VEC > 1:
+            shift = (x_row % SPAN).to(tl.int32)
+            x_row = tl.multiple_of(x_row - shift, SPAN)
+            y_row = tl.multiple_of(y_row - shift, SPAN)
+            lead = shift // VEC * VEC  # the frame's vectors before the one the row starts in
+            end = n_cols + shift
+            last = end // VEC * VEC  # a multiple of VEC: the mask below holds whole vectors
+            # The row's whole vectors: [lead + VEC, last) of the frame. Its first and last partial
+            # ones (up to VEC - 1 values each; the first may be whole) go apart, to the group's
+            # first program, in ``edge``. A row ending in its first vector (end < lead + VEC; a
+            # direct call only) has last <= lead: the first vector stops at end, the last is empty.
+            body = (cols >= lead + VEC) & (cols < last)
+            edge_cols = tl.where(lanes < VEC, lead + lanes, last + lanes - VEC)
+            first = (lanes < VEC) & (edge_cols >= shift) & (edge_cols < end)
+            after = (lanes >= VEC) & (edge_cols >= lead + VEC) & (edge_cols < end)
+            edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
         else:
-            x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
+            body = cols < n_cols
+        x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         if VEC > 1:
             edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
@@ -1691,44 +1608,42 @@ def softmax_split_row_kernel(
         if VEC > 1:
             edge = fast_exp(edge - tl.where(m == float("-inf"), 0.0, m))
             s += tl.sum(edge, axis=0)
-        # This program's slot: [group, part, slot] of the workspace, with the group written as
-        # row % n_groups (the same number), worked out again each row: an address fixed for the
-        # whole loop held registers through it (7 more a thread at 65536 float32 columns, one
-        # program less a SM; triton 3.6, ptxas for sm_90).
+        # This program's slot of the two it alternates between (``parity``): [group, part, parity]
+        # of the workspace, with the group written as row % n_groups (the same number), worked out
+        # again each row: an address fixed for the whole loop held registers through it (7 more a
+        # thread at 65536 float32 columns, one program less a SM; triton 3.6, ptxas for sm_90).
         home = row % n_groups
-        own = stats_ptr + ((home * SPLIT + part) * SLOTS + slot) * 2
-        tl.store(own, m)
-        tl.store(own + 1, s)
+        slot = stats_ptr + ((home * SPLIT + part) * 2 + parity) * 2
+        tl.store(slot, m)
+        tl.store(slot + 1, s)
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
-        if LAG > 0:
-            if target > SPLIT:
-                _split_lagged_store(x_ptr, y_ptr, stats_ptr, arrived, row - n_groups, target - SPLIT, n_cols,
-                                    stride_x, stride_y, n_groups, cols, lanes, parts, part, SPLIT, VEC, SPAN, SLOTS,
-                                    LAG > 1)
-        else:
-            # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
-            # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
-            # Loading the next row's chunk into registers during it (tried at 71cac17) lost or tied
-            # at every width: 15 to 40 more registers a thread, fewer programs resident
-            # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
-            # registers and keeps memory busy through the wait (``split_prefetch``).
-            if PREFETCH:
-                _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
-            row_max, row_sum = _split_row_stats(stats_ptr, arrived, target, home, parts, slot, SPLIT, SLOTS)
-            # exp(x - row_max) / row_sum = exp(x - m) * scale. A chunk of only -inf (m = -inf) holds
-            # zeros and scales by exp(-inf - row_max) = 0 (not by exp(0 - row_max), which overflows
-            # for a row of very negative logits and would make 0 x inf = NaN); NaN where row_max is.
-            scale = tl.exp(m - row_max) / row_sum
-            tl.store(y_ptr + y_row + cols, (x * scale).to(y_ptr.dtype.element_ty), mask=body)
-            if VEC > 1:
-                tl.store(y_ptr + y_row + edge_cols, (edge * scale).to(y_ptr.dtype.element_ty), mask=edge_ok)
-    if LAG > 0:
-        if target > 0:  # the last row this program took
-            _split_lagged_store(x_ptr, y_ptr, stats_ptr, arrived, group + (target // SPLIT - 1) * n_groups, target,
-                                n_cols, stride_x, stride_y, n_groups, cols, lanes, parts, part, SPLIT, VEC, SPAN,
-                                SLOTS, LAG > 1)
+        # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
+        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
+        # Loading the next row's chunk into registers during it (tried at 71cac17) lost or tied
+        # at every width: 15 to 40 more registers a thread, fewer programs resident
+        # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
+        # registers and keeps memory busy through the wait (``split_prefetch``).
+        if PREFETCH:
+            _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
+        while tl.atomic_add(arrived, 0, sem="acquire") < target:
+            pass
+        tl.debug_barrier()
+        # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
+        table = stats_ptr + ((home * SPLIT + parts) * 2 + parity) * 2
+        ms = tl.load(table, mask=parts < SPLIT, other=float("-inf"), cache_modifier=".cg")
+        ss = tl.load(table + 1, mask=parts < SPLIT, other=0.0, cache_modifier=".cg")
+        row_max = tl.max(ms, axis=0)
+        # A row of only -inf: row_max = -inf, exp(-inf - -inf) = NaN, and the row is NaN as torch's.
+        row_sum = tl.sum(ss * tl.exp(ms - row_max), axis=0)
+        # exp(x - row_max) / row_sum = exp(x - m) * scale. A chunk of only -inf (m = -inf) holds
+        # zeros and scales by exp(-inf - row_max) = 0 (not by exp(0 - row_max), which overflows
+        # for a row of very negative logits and would make 0 x inf = NaN); NaN where row_max is.
+        scale = tl.exp(m - row_max) / row_sum
+        tl.store(y_ptr + y_row + cols, (x * scale).to(y_ptr.dtype.element_ty), mask=body)
+        if VEC > 1:
+            tl.store(y_ptr + y_row + edge_cols, (edge * scale).to(y_ptr.dtype.element_ty), mask=edge_ok)
     # Reset the group's counters for the next launch. The last program of the group to get here
     # does it: every other one has passed its last wait, so none still reads ``arrived``.
     tl.debug_barrier()
@@ -1798,8 +1713,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=launch.prefetch, FRAME=launch.frame, LAG=launch.lag,
-                             **launch_options(launch.warps, launch.maxnreg)),
+                             PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))

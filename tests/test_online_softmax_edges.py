@@ -186,43 +186,37 @@ def test_split_row_masked_chunks_nan_and_inf_on_gpu():
     assert out[6, 3 * chunk] == 1 and torch.isnan(out[[3, 4, 5, 7]]).all()
 
 
-@pytest.mark.parametrize("lag", [0, 1, 2], ids=["lag0", "lag1", "lag2"])
 @pytest.mark.parametrize("frame_bytes", [16, 64, 128])
 @pytest.mark.parametrize("groups", [0, 3], ids=["a group a row", "3 groups"])
 @pytest.mark.parametrize("parts", [1, 2], ids=["parts1", "parts2"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, groups, frame_bytes, lag):
+def test_split_row_kernel_on_rows_off_16_bytes_one_program_a_row(dtype, parts, groups, frame_bytes):
     """VEC > 1 (rows that do not start on 16 bytes: width 37, so row r starts 37 r elements in):
     chunks laid from the boundary before each row (of 16 bytes: the vector; or of FRAME values,
     64 or 128 bytes, whole vectors of which before the row are masked off), the neighbours'
     values read in weigh -inf. One program a row (SPLIT 1) is what the interpreter can run
     (programs there never wait for each other), a group a row or 3 groups looping over the rows;
     PARTS 2 (a count of programs that is no power of two rounds up): the combine step's slot past
-    SPLIT must be masked off, not read from the next program's slots. LAG 1 and 2: each row written
-    after the next one's pair is published, its chunk read again, from four slots a program. The
-    planted rows as torch."""
+    SPLIT must be masked off, not read from the next program's slots. The planted rows as torch."""
     x = planted_rows(dtype).reshape(-1, D2)
     y = torch.empty_like(x)
     vec = 16 // x.element_size()
     frame = frame_bytes // x.element_size()
     n_rows = x.shape[0]
     groups = groups or n_rows
-    floats = 8 if lag else 4  # two slots of (max, sum) a program, four with LAG
-    stats = torch.full((floats * groups + 8,), 7.0, device=x.device)  # the slots, then a guard
-    counters = torch.zeros(2 * groups, dtype=torch.int32, device=x.device)
+    stats = torch.full((4 * groups + 8,), 7.0, device=x.device)  # four a program, then a guard
     osm.softmax_split_row_kernel[(groups,)](
-        x, y, stats, counters, n_rows, D2, D2, D2, groups,
-        CHUNK=osm.next_power_of_2(D2 + frame - vec), SPLIT=1, PARTS=parts, VEC=vec, FRAME=frame, LAG=lag)
+        x, y, stats, torch.zeros(2 * groups, dtype=torch.int32, device=x.device),
+        n_rows, D2, D2, D2, groups,
+        CHUNK=osm.next_power_of_2(D2 + frame - vec), SPLIT=1, PARTS=parts, VEC=vec, FRAME=frame)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
-    assert (stats[floats * groups:] == 7).all(), f"the stats slots are {floats} floats a program, whatever the rows"
-    assert (counters == 0).all(), "the kernel leaves its counters at zero"
+    assert (stats[4 * groups:] == 7).all(), "the stats slots are four a program, whatever the rows"
 
 
-@pytest.mark.parametrize("lag", [0, 2], ids=["lag0", "lag2"])
 @pytest.mark.parametrize("frame_bytes", [16, 128])
 @pytest.mark.parametrize("width", [1, 3, 9])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, frame_bytes, lag):
+def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, frame_bytes):
     """VEC > 1 on rows that end before their first 16-byte boundary (width 3: row r starts 3 r
     elements in, and most rows hold no whole vector): each value is read and written once, and
     nothing past the rows is written. The wrapper never sends rows this short to the split
@@ -234,9 +228,9 @@ def test_split_row_kernel_on_rows_shorter_than_a_vector(dtype, width, frame_byte
     vec = 16 // x.element_size()
     frame = frame_bytes // x.element_size()
     osm.softmax_split_row_kernel[(5,)](  # 5 groups of one program: each loops over 3 or 4 rows
-        x, y, torch.empty(8 * 5, device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
+        x, y, torch.empty(4 * 5, device=x.device), torch.zeros(2 * 5, dtype=torch.int32, device=x.device),
         n_rows, width, width, width, 5, CHUNK=osm.next_power_of_2(width + frame - 1), SPLIT=1, PARTS=1, VEC=vec,
-        FRAME=frame, LAG=lag)
+        FRAME=frame)
     assert_close(y, torch.softmax(x.double(), dim=-1), torch.softmax(x, dim=-1))
     assert (out[n_rows * width:] == 7).all()
 

@@ -10,7 +10,7 @@ columns on the row-softmax grid's cases under 92 % of copy, against torch and co
 of the first 64 rows against float64, beside torch's. do_bench means, ms (L2 flushed). From
 the repository root on a GPU:
 
-    PYTHONPATH=. python3 outputs/profiles/split_lag_probe.py
+    PYTHONPATH=. python3 outputs/profiles/split_lag_probe.py   # at f847b24, the tree that has LAG
 """
 import torch
 import triton
