@@ -1634,13 +1634,13 @@ def rescale_tiles_kernel(
     """
     stride_ob, C = stride_ob * VEC, C * VEC
     rescale_row(out_ptr, stats_ptr, tl.program_id(0).to(tl.int64), B, C, n_tiles_c, tl.program_id(1),
-                tiles_per_program, stride_ob, stride_oc, BLOCK_C, TILES, MERGE, SHIFT)
+                tiles_per_program, stride_ob, stride_oc, BLOCK_C, TILES, MERGE, SHIFT, "")
 
 
 @triton.jit
 def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, stride_ob, stride_oc,
                 BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, SHIFT: tl.constexpr,
-                CACHE: tl.constexpr = ""):
+                CACHE: tl.constexpr):
     """Class tiles [q x tiles_per_program, + tiles_per_program) of one row: ``rescale_tiles_kernel``'s
     program (row, q), C and the row stride whole (not divided by a vector). Program 0 of a row
     takes its partial vectors where SHIFT > 1. CACHE: the loads' cache modifier (".cg" where other
