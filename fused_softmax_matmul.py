@@ -1335,8 +1335,7 @@ def split_k_kernel(
     n_splits, k_slice, n_tiles_c,
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, TILED: tl.constexpr, VEC: tl.constexpr,
-    W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False, RESCALE: tl.constexpr = False,
-    R_TILES: tl.constexpr = 1, R_MERGE: tl.constexpr = 1, R_SHIFT: tl.constexpr = 1,
+    W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
     """One K slice of one (row block, class tile) of the logits.
 
@@ -1349,11 +1348,6 @@ def split_k_kernel(
     ``rescale_tiles_kernel``; not touched otherwise). The count's atomic is acquire-release:
     a slice's partial is in memory before its count, and the last program reads all of them after.
     K, C and the row strides divided by VEC, as ``matmul_kernel``'s.
-
-    RESCALE (TILED only; ``split_k_rescales``): the launch finishes the softmax itself. Each row
-    block has a second count (after the tiles' counts), of its class tiles done; the program that
-    finishes the last of them scales the block's rows as ``rescale_tiles_kernel`` would (R_TILES,
-    R_MERGE, R_SHIFT: its TILES, MERGE and SHIFT), reading what the other programs wrote from L2.
     """
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
@@ -1386,17 +1380,6 @@ def split_k_kernel(
             total += tl.load(part_ptr + other * slice_size + tile_offsets, mask=live, other=0.0, cache_modifier=".cg")
         if TILED:
             store_tile_part(total, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
-            if RESCALE:
-                # The tile's part and (max, sum) are stored by every thread before the count.
-                tl.debug_barrier()
-                done = count_ptr + tl.num_programs(0) // n_splits + tile_b
-                if tl.atomic_add(done, 1) == n_tiles_c - 1:
-                    tl.atomic_xchg(done, 0)
-                    for r in range(0, BLOCK_B):
-                        row = tile_b * BLOCK_B + r
-                        if row < B:
-                            rescale_row(out_ptr, stats_ptr, row.to(tl.int64), B, C, n_tiles_c, 0, n_tiles_c,
-                                        stride_ob, stride_oc, BLOCK_C, R_TILES, R_MERGE, R_SHIFT, ".cg")
         else:
             store_tile(total, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
 
@@ -1633,18 +1616,7 @@ def rescale_tiles_kernel(
     ``softmax_split_row_kernel``).
     """
     stride_ob, C = stride_ob * VEC, C * VEC
-    rescale_row(out_ptr, stats_ptr, tl.program_id(0).to(tl.int64), B, C, n_tiles_c, tl.program_id(1),
-                tiles_per_program, stride_ob, stride_oc, BLOCK_C, TILES, MERGE, SHIFT, "")
-
-
-@triton.jit
-def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, stride_ob, stride_oc,
-                BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, SHIFT: tl.constexpr,
-                CACHE: tl.constexpr):
-    """Class tiles [q x tiles_per_program, + tiles_per_program) of one row: ``rescale_tiles_kernel``'s
-    program (row, q), C and the row stride whole (not divided by a vector). Program 0 of a row
-    takes its partial vectors where SHIFT > 1. CACHE: the loads' cache modifier (".cg" where other
-    programs of the same launch wrote out and stats: ``split_k_kernel``'s RESCALE)."""
+    row = tl.program_id(0).to(tl.int64)
     ms = tl.arange(0, MERGE)
     max_row = stats_ptr + row * n_tiles_c
     sum_row = max_row + B * n_tiles_c
@@ -1652,8 +1624,8 @@ def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, 
     row_sum = tl.sum(tl.zeros((MERGE,), tl.float32), axis=0)
     for start in range(0, n_tiles_c, MERGE):
         t_ok = start + ms < n_tiles_c
-        tile_max = tl.load(max_row + start + ms, mask=t_ok, other=float("-inf"), cache_modifier=CACHE)
-        tile_sum = tl.load(sum_row + start + ms, mask=t_ok, other=0.0, cache_modifier=CACHE)
+        tile_max = tl.load(max_row + start + ms, mask=t_ok, other=float("-inf"))
+        tile_sum = tl.load(sum_row + start + ms, mask=t_ok, other=0.0)
         new_max = tl.maximum(row_max, tl.max(tile_max, axis=0))
         # While every tile so far is all -inf the sums are 0: shift by 0, not by -inf (NaN).
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
@@ -1665,7 +1637,7 @@ def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, 
     ts = tl.arange(0, TILES)
     js = tl.arange(0, BLOCK_C)
     out_row = out_ptr + row * stride_ob
-    first = q * tiles_per_program
+    first = tl.program_id(1) * tiles_per_program
     end = tl.minimum(first + tiles_per_program, n_tiles_c)
     if SHIFT > 1:
         lead = (row * stride_ob % SHIFT).to(tl.int32)
@@ -1676,11 +1648,11 @@ def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, 
     for start in range(first, end, TILES):
         tiles = start + ts
         t_ok = tiles < n_tiles_c
-        scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0, cache_modifier=CACHE) - row_max) * inv_sum
+        scale = tl.exp(tl.load(max_row + tiles, mask=t_ok, other=0.0) - row_max) * inv_sum
         cols = tiles[:, None] * BLOCK_C + js[None, :]
         if SHIFT > 1:
-            before = tl.exp(tl.load(max_row + tiles - 1, mask=(tiles >= 1) & (tiles <= n_tiles_c), other=0.0,
-                                    cache_modifier=CACHE) - row_max) * inv_sum
+            before = tl.exp(tl.load(max_row + tiles - 1, mask=(tiles >= 1) & (tiles <= n_tiles_c), other=0.0)
+                            - row_max) * inv_sum
             scale = tl.where(js[None, :] < lead, before[:, None], scale[:, None])
             mask = (cols >= SHIFT) & (cols < last)
             ptrs = out_row + cols.to(tl.int64)
@@ -1688,17 +1660,17 @@ def rescale_row(out_ptr, stats_ptr, row, B, C, n_tiles_c, q, tiles_per_program, 
             scale = scale[:, None]
             mask = t_ok[:, None] & (cols < C)
             ptrs = out_row + cols.to(tl.int64) * stride_oc
-        p = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        p = tl.load(ptrs, mask=mask, other=0.0).to(tl.float32)
         tl.store(ptrs, (p * scale).to(out_ptr.dtype.element_ty), mask=mask)
     if SHIFT > 1:
         # The row's partial vectors: frame [lead, SHIFT) and [last, C + lead), by program 0.
         lanes = tl.arange(0, 2 * SHIFT)
         frame = tl.where(lanes < SHIFT, lanes, last + lanes - SHIFT)
         edge_ok = (((lanes < SHIFT) & (lanes >= lead)) | ((lanes >= SHIFT) & (frame >= SHIFT))) & (frame < C + lead)
-        edge_ok = edge_ok & (tl.full((2 * SHIFT,), q, tl.int32) == 0)
+        edge_ok = edge_ok & (tl.full((2 * SHIFT,), tl.program_id(1), tl.int32) == 0)
         tile = (frame - lead) // BLOCK_C
-        scale = tl.exp(tl.load(max_row + tile, mask=edge_ok, other=0.0, cache_modifier=CACHE) - row_max) * inv_sum
-        p = tl.load(out_row + frame, mask=edge_ok, other=0.0, cache_modifier=CACHE).to(tl.float32)
+        scale = tl.exp(tl.load(max_row + tile, mask=edge_ok, other=0.0) - row_max) * inv_sum
+        p = tl.load(out_row + frame, mask=edge_ok, other=0.0).to(tl.float32)
         tl.store(out_row + frame, (p * scale).to(out_ptr.dtype.element_ty), mask=edge_ok)
 
 
@@ -2032,53 +2004,28 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
     parts_shape = (n_splits, n_tiles_b * launch.block_b, n_tiles_c * launch.block_c)
     tiled = softmax and n_tiles_c > 1
-    rescales = tiled and split_k_rescales(int(B), int(C), launch.block_b)
-    n_counts = split_k_counts(n_tiles_b, n_tiles_c, rescales)
     stats_shape = (2, B, n_tiles_c)
     device = x.device
     parts = torch.empty(parts_shape, dtype=torch.float32, device=device)
-    counts = _split_k_counts_for(x, n_counts)
+    counts = _split_k_counts_for(x, n_tiles_b * n_tiles_c)
     # Without several class tiles to rescale there is no table: the partials stand in for it.
     stats = torch.empty(stats_shape, dtype=torch.float32, device=device) if tiled else parts
     kept = []
     keep_step = None if keep is None else kept.append
     args, vectors = _matmul_args(x, W, out)
-    rescale = {}
-    if rescales:
-        rescale = dict(RESCALE=True, R_TILES=rescale_split(int(B), int(n_tiles_c), launch.block_c, None)[0],
-                       R_MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE), R_SHIFT=rescale_shift(out))
     launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
                     (x, W, out, parts, counts, stats, *args, n_splits, k_slice, n_tiles_c),
-                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, **vectors, **rescale),
+                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, **vectors),
                     keep_step, 6)
     buffers = (lambda x, W, out: torch.empty(parts_shape, dtype=torch.float32, device=device),
-               lambda x, W, out: _split_k_counts_for(x, n_counts))
+               lambda x, W, out: _split_k_counts_for(x, n_tiles_b * n_tiles_c))
     steps = [(0, 1, 2, 3, 4, 3)]
-    if rescales:
-        buffers += (lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),)
-        steps = [(0, 1, 2, 3, 4, 5)]
-    elif tiled:
+    if tiled:
         _launch_rescale(out, stats, launch, keep_step, wrap)
         buffers += (lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),)
         steps = [(0, 1, 2, 3, 4, 5), (2, 5)]
     if len(kept) == len(steps):
         keep(ReplayChain(buffers, tuple(zip(kept, steps))))
-
-
-# split_k_kernel finishes the softmax itself (RESCALE) where the rows of a row block hold at most
-# this many values, which one program then scales; else rescale_tiles_kernel does, a launch more.
-SPLIT_K_RESCALE_VALUES = 8192
-
-
-def split_k_rescales(B: int, C: int, block_b: int) -> bool:
-    """Whether ``split_k_kernel`` finishes a softmax over several class tiles itself (RESCALE): a
-    row block's live rows hold at most SPLIT_K_RESCALE_VALUES values."""
-    return min(B, block_b) * C <= SPLIT_K_RESCALE_VALUES
-
-
-def split_k_counts(n_tiles_b: int, n_tiles_c: int, rescales: bool) -> int:
-    """``split_k_kernel``'s counts: one a (row block, class tile), and with RESCALE one a row block."""
-    return n_tiles_b * n_tiles_c + (n_tiles_b if rescales else 0)
 
 
 def _split_k_counts_for(x: torch.Tensor, n_tiles: int) -> torch.Tensor:

@@ -935,59 +935,20 @@ def test_compiles_without_graph_break(impl, block_c, backend):
     torch.testing.assert_close(W.grad, We.grad)
 
 
-@pytest.fixture(params=[True, False], ids=["rescaled in the launch", "rescale launch"])
-def split_k_rescale(request, monkeypatch):
-    """Both ways a split-K softmax over several class tiles is finished: by split_k_kernel's last
-    program of each row block (RESCALE, where a block's rows are few values) or by
-    rescale_tiles_kernel after it; the test gets whether the former, and the rescale launches
-    made (a list the wrapper appends to)."""
+@pytest.mark.parametrize("block_c,tiles", [(64, 3), (32, 6)], ids=["one class tile", "class tiles"])
+def test_split_k_counts_are_reset_by_the_kernel(block_c, tiles):
+    """The split-K counts (one a row block and class tile) live in one cached buffer: after a
+    call every count is 0 again, so the next call (or a CUDA-graph replay) finds them zeroed
+    with no memset of its own."""
     import fused_softmax_matmul
 
-    monkeypatch.setattr(fused_softmax_matmul, "SPLIT_K_RESCALE_VALUES", 1 << 30 if request.param else 0)
-    launched = []
-    rescale = fused_softmax_matmul._launch_rescale
-    monkeypatch.setattr(fused_softmax_matmul, "_launch_rescale", lambda *a, **k: launched.append(1) or rescale(*a, **k))
-    return request.param, launched
-
-
-@pytest.mark.parametrize("block_c", [64, 32], ids=["one class tile", "class tiles"])
-def test_split_k_counts_are_reset_by_the_kernel(block_c, split_k_rescale):
-    """The split-K counts (one a row block and class tile, and with RESCALE one a row block) live
-    in one cached buffer, the one the call takes: after a call every count is 0 again, so the
-    next call (or a CUDA-graph replay) finds them zeroed with no memset of its own."""
-    import fused_softmax_matmul
-
-    rescales, launched = split_k_rescale
     x, W = matmul_softmax_inputs(40, 100, 50, torch.float32, seed=55)
     launch = MatmulLaunch(16, block_c, 16, split_k=3)
-    n_tiles_c = triton.cdiv(50, block_c)
-    n_counts = fused_softmax_matmul.split_k_counts(3, n_tiles_c, rescales and n_tiles_c > 1)
-    counts = fused_softmax_matmul._split_k_counts_for(x, n_counts)
     first = matmul_softmax_fused_tiled(x, W, launch)
-    assert len(launched) == (n_tiles_c > 1 and not rescales)
-    assert fused_softmax_matmul._split_k_counts_for(x, n_counts) is counts and not counts.any(), counts
-    assert_close(first, torch.softmax(x.double() @ W.double(), dim=-1), matmul_softmax_ref(x, W))
+    stream = torch.cuda.current_stream(x.device).cuda_stream if x.is_cuda else 0
+    counts = fused_softmax_matmul._split_k_counts(x.device, stream, triton.next_power_of_2(tiles))
+    assert counts.numel() == triton.next_power_of_2(tiles) and not counts.any(), counts
     assert torch.equal(matmul_softmax_fused_tiled(x, W, launch), first)
-
-
-@pytest.mark.parametrize("B,C,dtype", [(1, 50, torch.float32), (3, 77, torch.float16), (21, 64, torch.float16)],
-                         ids=["one row", "rows off 16 bytes", "two row blocks"])
-def test_split_k_softmax_finished_either_way(B, C, dtype, split_k_rescale):
-    """A split-K softmax over class tiles of 16 (4 to 5 of them), finished in the launch or by the
-    rescale launch: rows starting off 16-byte boundaries (77 float16 classes: the rescale's
-    frames), a row of NaN, whole class tiles of -inf (the first, a middle one, the last), and the
-    two ways equal to torch in float64."""
-    rescales, launched = split_k_rescale
-    x, W = masked_class_tiles(40, C, 16, dtype)
-    x = x[:1].expand(B, -1).clone()
-    x[:, 1:] += matmul_softmax_inputs(B, 39, C, dtype, seed=57)[0]
-    if B > 1:
-        x[1, 5] = float("nan")
-    out = matmul_softmax_fused_tiled(x, W, MatmulLaunch(16, 16, 16, split_k=3))
-    assert len(launched) == (not rescales)
-    want = torch.softmax(x.double() @ W.double(), dim=-1)
-    assert torch.equal(out.isnan(), want.isnan())
-    assert_close(out, want, matmul_softmax_ref(x, W))
 
 
 @needs_gpu

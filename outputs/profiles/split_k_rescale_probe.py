@@ -4,7 +4,7 @@ rescale launch after it (``rescale_tiles_kernel``), on few rows. GPU us a call, 
 an L2 flush as the harness times it: a CUDA graph of 20 (flush, call) pairs less one of 20
 flushes, least of 5 replays each (``small_rows_probe``'s timing). From the repository root on a GPU:
 
-    PYTHONPATH=. python3 outputs/profiles/split_k_rescale_probe.py
+    PYTHONPATH=. python3 outputs/profiles/split_k_rescale_probe.py   # at 49b7730, the tree that has RESCALE
 """
 import torch
 import triton
