@@ -978,8 +978,6 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
-# A split program's columns a thread (its warps: CHUNK / 32 / this).
-SPLIT_VALUES_A_THREAD = 32
 # Rows of the split kernel laid from boundaries of this many bytes (``_split_frame``).
 SPLIT_FRAME_BYTES = 128
 # The split kernel's register cap (``split_registers``).
@@ -1006,8 +1004,7 @@ class RowLaunch:
     that do not start on one: see ``softmax_split_row_kernel``; ``prefetch``: its programs bring
     their chunk of the next row into L2 before each wait, ``split_prefetch``; ``maxnreg``: its
     register cap, ``split_registers``; ``frame`` > 1: rows laid from 128-byte boundaries,
-    ``_split_frame``; ``keep``: its programs hold their chunk's 16-bit inputs across the wait,
-    ``split_keeps_input``). ``rows``: rows a
+    ``_split_frame``). ``rows``: rows a
     block of the "row" kernel (its programs loop over blocks where ``programs`` holds fewer);
     ``ahead``: its programs bring the row that many on into L2 before storing, ``row_prefetch``.
     """
@@ -1023,7 +1020,6 @@ class RowLaunch:
     maxnreg: int | None = None
     ahead: int = 0
     frame: int = 1
-    keep: bool = False
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -1038,7 +1034,6 @@ class RowLaunch:
             check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
         check_int("RowLaunch.ahead", self.ahead, 0, GRID_0_LIMIT)
         check_block("RowLaunch.frame", self.frame, 1, 128)
-        check_flag("RowLaunch.keep", self.keep)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -1236,12 +1231,6 @@ def split_prefetch(dtype: torch.dtype, props) -> bool:
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
-def split_keeps_input(dtype: torch.dtype, props) -> bool:
-    """Whether the split kernel's programs hold their chunk's inputs across the wait (KEEP_INPUT),
-    not its exponentials."""
-    return False
-
-
 def split_registers(n_regs: int) -> int | None:
     """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
     thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
@@ -1288,17 +1277,16 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     # frames of a vector, n_cols (see softmax_split_row_kernel).
     cover = n_cols + frame - vec if frame > vec else n_cols
     split, chunk = _split_shape(cover, _split_chunk_bytes(n_cols, dtype), dtype)
-    warps = max(1, min(32, chunk // (32 * SPLIT_VALUES_A_THREAD)))
+    warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
     prefetch = split_prefetch(dtype, props)
-    keep = dtype.itemsize < 4 and split_keeps_input(dtype, props)
 
     def compiled(n_groups: int, registers: int | None):
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         return softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
             CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, FRAME=frame,
-            KEEP_INPUT=keep, grid=(1,), **launch_options(warps, registers))
+            grid=(1,), **launch_options(warps, registers))
 
     registers = split_registers(kernel_registers(compiled(n_rows, None)))
 
@@ -1316,7 +1304,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
     return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers,
-                     frame=frame, keep=keep).check()
+                     frame=frame).check()
 
 
 # The split-row kernel's workspace: its (max, sum) slots (four float32 a program) and its arrival
@@ -1448,15 +1436,6 @@ def fast_exp(x):
 
 
 @triton.jit
-def _widen_again(v, zero):
-    """16-bit v as float32, its bits first XORed with ``zero`` (0, which the compilers cannot know:
-    an int16 worked out from an argument), so that neither can take the float32 values of an
-    earlier widening of v for these, and the registers hold v, not them, until this is called."""
-    bits = v.to(tl.int16, bitcast=True) ^ zero
-    return bits.to(v.dtype, bitcast=True).to(tl.float32)
-
-
-@triton.jit
 def softmax_row_kernel(
     x_ptr, y_ptr, n_rows, n_cols, stride_x, stride_y,
     BLOCK_SIZE: tl.constexpr, VEC: tl.constexpr, ROWS: tl.constexpr, AHEAD: tl.constexpr = 0,
@@ -1544,7 +1523,7 @@ def _l2_prefetch(ptr, nbytes):
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1, KEEP_INPUT: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1574,10 +1553,6 @@ def softmax_split_row_kernel(
     cached buffer serves every launch, a CUDA graph's replays included. PREFETCH (compiled
     Hopper GPUs only: inline PTX): before waiting, each program asks L2 for its chunk of the
     next row it takes (``_prefetch_chunk``).
-
-    KEEP_INPUT (16-bit x, ``split_keeps_input``): a program holds its chunk's inputs across the
-    wait, not their exponentials, in half the registers, and works the exponentials out again
-    after it: exp(x - row max) / row sum.
     """
     # Rows are laid in frames of SPAN values from a boundary at or before their start: the vector
     # (VEC), or FRAME values (128 bytes) where given, so that a warp's loads cover whole cache lines.
@@ -1614,8 +1589,7 @@ def softmax_split_row_kernel(
             edge_ok = (first | after) & (tl.full((2 * VEC,), part, tl.int32) == 0)
         else:
             body = cols < n_cols
-        x_in = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf"))
-        x = x_in.to(tl.float32)
+        x = tl.load(x_ptr + x_row + cols, mask=body, other=float("-inf")).to(tl.float32)
         m = tl.max(x, axis=0)
         if VEC > 1:
             edge = tl.load(x_ptr + x_row + edge_cols, mask=edge_ok, other=float("-inf")).to(tl.float32)
@@ -1667,13 +1641,7 @@ def softmax_split_row_kernel(
         # zeros and scales by exp(-inf - row_max) = 0 (not by exp(0 - row_max), which overflows
         # for a row of very negative logits and would make 0 x inf = NaN); NaN where row_max is.
         scale = tl.exp(m - row_max) / row_sum
-        if KEEP_INPUT:
-            # x = -inf gives 0, and NaN where row_max is -inf (a row of only -inf) or NaN.
-            # n_rows >> 31 is 0 (n_rows > 0), which the compilers cannot tell (``_widen_again``).
-            y = fast_exp(_widen_again(x_in, (n_rows >> 31).to(tl.int16)) - row_max) * (1.0 / row_sum)
-            tl.store(y_ptr + y_row + cols, y.to(y_ptr.dtype.element_ty), mask=body)
-        else:
-            tl.store(y_ptr + y_row + cols, (x * scale).to(y_ptr.dtype.element_ty), mask=body)
+        tl.store(y_ptr + y_row + cols, (x * scale).to(y_ptr.dtype.element_ty), mask=body)
         if VEC > 1:
             tl.store(y_ptr + y_row + edge_cols, (edge * scale).to(y_ptr.dtype.element_ty), mask=edge_ok)
     # Reset the group's counters for the next launch. The last program of the group to get here
@@ -1745,8 +1713,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=launch.prefetch, FRAME=launch.frame, KEEP_INPUT=launch.keep,
-                             **launch_options(launch.warps, launch.maxnreg)),
+                             PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))

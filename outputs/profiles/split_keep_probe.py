@@ -12,7 +12,7 @@ rule) the split kernel too. The register count ptxas gave each variant and the p
 resident; the error of the first 64 rows against float64, beside torch's. do_bench means, ms
 (L2 flushed). From the repository root on a GPU:
 
-    PYTHONPATH=. python3 outputs/profiles/split_keep_probe.py
+    PYTHONPATH=. python3 outputs/profiles/split_keep_probe.py   # at 95bf35f, the tree that has KEEP_INPUT
 """
 import torch
 import triton
