@@ -1020,7 +1020,6 @@ class RowLaunch:
     maxnreg: int | None = None
     ahead: int = 0
     frame: int = 1
-    poll: bool = False
 
     def check(self) -> RowLaunch:
         if self.kernel not in ("row", "online", "split"):
@@ -1035,7 +1034,6 @@ class RowLaunch:
             check_int("RowLaunch.maxnreg", self.maxnreg, 16, 255)
         check_int("RowLaunch.ahead", self.ahead, 0, GRID_0_LIMIT)
         check_block("RowLaunch.frame", self.frame, 1, 128)
-        check_flag("RowLaunch.poll", self.poll)
         check_int("RowLaunch.programs", self.programs, 1, GRID_0_LIMIT)
         return self
 
@@ -1233,12 +1231,6 @@ def split_prefetch(dtype: torch.dtype, props) -> bool:
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
-def split_polls(dtype: torch.dtype, props) -> bool:
-    """Whether the split kernel's programs wait by reading their group's counter (POLL), not by
-    atomics."""
-    return False
-
-
 def split_registers(n_regs: int) -> int | None:
     """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
     thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
@@ -1288,14 +1280,13 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
     warps = max(1, min(32, chunk // 1024))
     props = _device_properties(device_index)
     prefetch = split_prefetch(dtype, props)
-    poll = split_polls(dtype, props)
 
     def compiled(n_groups: int, registers: int | None):
         ints = (n_rows, n_cols, stride_x, n_cols, n_groups)  # y's row stride is n_cols
         return softmax_split_row_kernel.warmup(
             dtype, dtype, torch.float32, torch.int32, *map(_int_stand_in, ints),
             CHUNK=chunk, SPLIT=split, PARTS=next_power_of_2(split), VEC=vec, PREFETCH=prefetch, FRAME=frame,
-            POLL=poll, grid=(1,), **launch_options(warps, registers))
+            grid=(1,), **launch_options(warps, registers))
 
     registers = split_registers(kernel_registers(compiled(n_rows, None)))
 
@@ -1313,7 +1304,7 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
         raise KernelCapacityError(f"x: rows of {n_cols} columns need {split} programs of softmax_split_row_kernel "
                                   f"resident at once, and the device cannot hold them")
     return RowLaunch("split", chunk, warps, n_groups * split, split, vec, prefetch=prefetch, maxnreg=registers,
-                     frame=frame, poll=poll).check()
+                     frame=frame).check()
 
 
 # The split-row kernel's workspace: its (max, sum) slots (four float32 a program) and its arrival
@@ -1529,18 +1520,10 @@ def _l2_prefetch(ptr, nbytes):
 
 
 @triton.jit
-def _acquire_fence(v):
-    """fence.acq_rel.gpu (inline PTX): after a relaxed read that saw another program's release,
-    this thread's later reads see what that program wrote before it."""
-    tl.inline_asm_elementwise("fence.acq_rel.gpu; mov.u32 $0, $1;", "=r,r", [v], dtype=tl.int32, is_pure=False,
-                              pack=1)
-
-
-@triton.jit
 def softmax_split_row_kernel(
     x_ptr, y_ptr, stats_ptr, counters_ptr, n_rows, n_cols, stride_x, stride_y, n_groups,
     CHUNK: tl.constexpr, SPLIT: tl.constexpr, PARTS: tl.constexpr, VEC: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1, POLL: tl.constexpr = False,
+    PREFETCH: tl.constexpr = False, FRAME: tl.constexpr = 1,
 ):
     """SPLIT programs (a group) share a row, each holding CHUNK columns in registers.
 
@@ -1644,15 +1627,8 @@ def softmax_split_row_kernel(
         # registers and keeps memory busy through the wait (``split_prefetch``).
         if PREFETCH:
             _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
-        if POLL:
-            # Every thread reads the counter (volatile: from L2 each time), with no barrier a
-            # round; once it is reached, a fence makes the group's pairs visible (acquire).
-            while tl.load(arrived, volatile=True) < target:
-                pass
-            _acquire_fence(target)
-        else:
-            while tl.atomic_add(arrived, 0, sem="acquire") < target:
-                pass
+        while tl.atomic_add(arrived, 0, sem="acquire") < target:
+            pass
         tl.debug_barrier()
         # .cg reads from L2, never from this SM's L1, which other programs' stores don't update.
         table = stats_ptr + ((home * SPLIT + parts) * 2 + parity) * 2
@@ -1737,8 +1713,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
-                             PREFETCH=launch.prefetch, FRAME=launch.frame, POLL=launch.poll,
-                             **launch_options(launch.warps, launch.maxnreg)),
+                             PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
                         None if keep is None else kept.append, 4)
         if kept:
             keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))

@@ -1,6 +1,6 @@
 """The split-row GPU tests with POLL forced on (``split_polls``). From the repository root:
 
-    PYTHONPATH=. python3 outputs/profiles/split_poll_tests.py
+    PYTHONPATH=. python3 outputs/profiles/split_poll_tests.py   # at 0ce52ef
 """
 import sys
 import pytest
