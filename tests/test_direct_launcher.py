@@ -408,6 +408,39 @@ def test_row_softmax_replays_equal_the_checked_path():
 
 
 @needs_gpu
+def test_online_softmax_replays_equal_the_checked_path():
+    """online_softmax keeps its launch as row_softmax does: a second call of a kept key (another
+    tensor) runs the kept launch (counted) and gives the checked path's answer bit for bit, for
+    3-D, 1-D and a row-strided view, each tile size its own key; a non-contiguous 4-D input
+    (its reshape copies) is not kept; an input that needs grad never takes a kept launch."""
+    wide, other = randn((2, 64, 1003), torch.float32, seed=26), randn((2, 64, 1003), torch.float32, seed=27)
+    cases = [(randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (16, 16)),
+             (randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (4, 128)),
+             (randn((777,), torch.float32, seed=30), randn((777,), torch.float32, seed=31), (16, 16)),
+             (wide[..., :1000], other[..., :1000], (8, 64))]
+    for x, x_next, blocks in cases:
+        osm._ONLINE_REPLAYS.clear()
+        osm.online_softmax(x, *blocks)
+        key = osm.replay_key((x,), blocks)
+        assert osm.replay_key((x_next,), blocks) == key
+        kept, uses = counting(osm._ONLINE_REPLAYS, key)
+        assert isinstance(kept, osm.Replay), x.shape
+        again = osm.online_softmax(x_next, *blocks)
+        assert uses == [True], x.shape
+        osm._ONLINE_REPLAYS.clear()
+        assert torch.equal(again, osm.online_softmax(x_next, *blocks)), x.shape
+        torch.testing.assert_close(again, torch.softmax(x_next.float(), -1).to(x.dtype))
+    t = randn((2, 4, 300, 16), torch.float32, seed=32).transpose(2, 3)
+    osm._ONLINE_REPLAYS.clear()
+    for _ in range(2):
+        torch.testing.assert_close(osm.online_softmax(t), torch.softmax(t, -1))
+    assert not osm._ONLINE_REPLAYS
+    x = cases[0][0].clone().requires_grad_()
+    assert osm.replay_key((x,), (16, 16)) is None
+    assert osm.online_softmax(x).grad_fn is not None
+
+
+@needs_gpu
 def test_fused_softmax_and_matmul_replays_equal_the_checked_path():
     """softmax(x) @ V and the one-launch softmax(x @ W) calls: the kept launch of a second call
     gives what the first, checked, call gave."""
