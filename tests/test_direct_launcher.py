@@ -411,8 +411,8 @@ def test_row_softmax_replays_equal_the_checked_path():
 def test_online_softmax_replays_equal_the_checked_path():
     """online_softmax keeps its launch as row_softmax does: a second call of a kept key (another
     tensor) runs the kept launch (counted) and gives the checked path's answer bit for bit, for
-    3-D, 1-D and a row-strided view, each tile size its own key; a non-contiguous 4-D input
-    (its reshape copies) is not kept; an input that needs grad never takes a kept launch."""
+    3-D, 1-D and a row-strided view, each tile size its own key; a 4-D input whose batch
+    dimensions do not fold into one (its reshape copies) is not kept; an input that needs grad never takes a kept launch."""
     wide, other = randn((2, 64, 1003), torch.float32, seed=26), randn((2, 64, 1003), torch.float32, seed=27)
     cases = [(randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (16, 16)),
              (randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (4, 128)),
@@ -430,7 +430,8 @@ def test_online_softmax_replays_equal_the_checked_path():
         osm._ONLINE_REPLAYS.clear()
         assert torch.equal(again, osm.online_softmax(x_next, *blocks)), x.shape
         torch.testing.assert_close(again, torch.softmax(x_next.float(), -1).to(x.dtype))
-    t = randn((2, 4, 300, 16), torch.float32, seed=32).transpose(2, 3)
+    t = randn((4, 2, 16, 300), torch.float32, seed=32).transpose(0, 1)  # batch dims that do not fold
+    assert osm._as_3d(t).data_ptr() != t.data_ptr()
     osm._ONLINE_REPLAYS.clear()
     for _ in range(2):
         torch.testing.assert_close(osm.online_softmax(t), torch.softmax(t, -1))
