@@ -52,7 +52,7 @@ from online_softmax import (
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
     apply_transforms, backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device, _empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -562,7 +562,7 @@ def fused_softmax_backward_dv_kernel(
 
 def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
-    return torch.empty((x.shape[0], x.shape[1], V.shape[2]), dtype=x.dtype, device=x.device)
+    return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: _empty_like_contiguous
 
 
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
@@ -2044,7 +2044,7 @@ def _concrete(*sizes) -> tuple[int, ...]:
 
 
 def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    return torch.empty((x.shape[0], W.shape[1]), dtype=x.dtype, device=x.device)
+    return x.new_empty((x.shape[0], W.shape[1]))  # less host time: _empty_like_contiguous
 
 
 def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
@@ -3431,8 +3431,8 @@ def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
     """(O, L) of FlashAttentionTriton's forward by the kernel an eager call would choose
     (``flash_forward_path``), as one opaque op: what compiled calls run (``compiled_gluon_route``)."""
     batch, n_queries, d = Q.shape
-    O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
-    L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    O = _empty_like_contiguous(Q)
+    L = Q.new_empty((batch, n_queries), dtype=torch.float32)
     if O.numel() == 0:
         return O, L
     # The launches kept from an earlier call of the same key (an eager one's too) serve this one.
@@ -3533,8 +3533,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         kept = _FLASH_FORWARDS.get(key) if key is not None else None
         if kept is not None:
             replay, chosen, causal = kept
-            O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
-            L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
+            O = _empty_like_contiguous(Q)
+            L = Q.new_empty(Q.shape[:2], dtype=torch.float32)
             if replay(Q, K, V, O, L):
                 ctx.save_for_backward(Q, K, V, O, L)
                 ctx.is_causal, ctx.launches, ctx.override = causal, chosen, None

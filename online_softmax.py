@@ -647,7 +647,10 @@ def _softmax_double_backward(y, dy, ddx, backward):
 
 
 def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
-    return torch.empty(t.shape, dtype=t.dtype, device=t.device)
+    """A contiguous uninitialised tensor of t's shape, dtype and device. torch.empty_like costs
+    less host time than torch.empty(shape, dtype=, device=): 3.7 against 7.8 us a call on an H100
+    machine (outputs/profiles/replay_path_probe.txt), which every call of every op pays."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -860,7 +863,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     if key is not None:
         replay = _ONLINE_REPLAYS.get(key)
         if replay is not None:
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            y = _empty_like_contiguous(x)
             if replay(x, y):
                 return y
     check_tensor("x", x, ANY_RANK)
@@ -1874,7 +1877,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if key is not None:
         replay = _ROW_REPLAYS.get(key)
         if replay is not None:
-            y = torch.empty(x.shape, dtype=x.dtype, device=x.device)
+            y = _empty_like_contiguous(x)
             if replay(x, y):
                 return y
     check_tensor("x", x, ANY_RANK)

@@ -1,5 +1,5 @@
 """Host time of each step of a kept launch's call (row_softmax 64 x 1000 float32, a repeated
-eager call), beside the launch alone: Triton's launch of an empty kernel, the same kernel's
+eager call), and of other ways to allocate its output, beside the launch alone: Triton's launch of an empty kernel, the same kernel's
 kept launch (``Replay``), and torch.softmax. us a step, least of 5 runs of 400 calls, each run
 enqueued behind a sleeping GPU (nothing waits for it). From the repository root on a GPU:
 
@@ -53,6 +53,10 @@ steps = (
     ("  _ROW_REPLAYS.get", lambda: osm._ROW_REPLAYS.get(key)),
     ("  torch.empty(shape, dtype, device)", lambda: torch.empty(x.shape, dtype=x.dtype, device=x.device)),
     ("  torch.empty_like", lambda: torch.empty_like(x)),
+    ("  torch.empty_like(memory_format=contiguous)", lambda: torch.empty_like(x, memory_format=torch.contiguous_format)),
+    ("  x.new_empty(shape)", lambda: x.new_empty((64, 10))),
+    ("  x.new_empty(shape, dtype=float32)", lambda: x.new_empty((64, 10), dtype=torch.float32)),
+    ("  torch.empty(shape, dtype, device) of (64, 10)", lambda: torch.empty((64, 10), dtype=x.dtype, device=x.device)),
     ("  Replay.ready", lambda: replay.ready()),
     ("  Replay.launch", lambda: replay.launch(x, y)),
     ("  _cuda_getCurrentRawStream", lambda: torch._C._cuda_getCurrentRawStream(0)),
