@@ -1569,31 +1569,17 @@ def matmul_presplit_kernel(
     tile_c += first_tile
     cols = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
     row_ok, col_ok = rows < B, cols < C
+    bad = 1  # a Python int without GUARD: the test below is decided at compile time
     if GUARD:
         bad = (tl.max(tl.load(flags_ptr + rows, mask=row_ok, other=0), axis=0)
                + tl.max(tl.load(flags_ptr + B + cols, mask=col_ok, other=0), axis=0))
-        if bad > 0:
-            _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
-                           tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc, BLOCK_B, BLOCK_C, BLOCK_K,
-                           SOFTMAX, TILED, GUARD)
-    else:
-        _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
-                       tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc, BLOCK_B, BLOCK_C, BLOCK_K,
-                       SOFTMAX, TILED, GUARD)
-
-
-@triton.jit
-def _presplit_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, out_ptr, stats_ptr, rows, w_rows, cols, row_ok, col_ok,
-                   tile_c, n_tiles_c, B, K, C, stride_ob, stride_oc,
-                   BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
-                   SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr):
-    """One tile of ``matmul_presplit_kernel``: its products, then its store."""
-    acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
-                               BLOCK_B, BLOCK_C, BLOCK_K, GUARD)
-    if TILED:
-        store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
-    else:
-        store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
+    if bad > 0:
+        acc = presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
+                                   BLOCK_B, BLOCK_C, BLOCK_K, GUARD)
+        if TILED:
+            store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc)
+        else:
+            store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX=SOFTMAX)
 
 
 @triton.jit
