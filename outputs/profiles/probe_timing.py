@@ -1,6 +1,7 @@
 """Timing helpers the probes share (one-off diagnostics, not the harness):
 ``bench`` (a do_bench mean, ms), ``graph_ms`` (ms per call replayed from a CUDA graph of ten
 calls: GPU time alone), ``host_us`` (host time per call, enqueued while the GPU spins) and
+``flushed_graph_us`` (GPU us a call, the L2 flushed before each, from a CUDA graph),
 ``attention_training_step`` (an attention forward + backward to time under launch overrides);
 for the split-row probes ``long_row_cases`` (inputs with copy's and torch's times),
 ``split_timed`` (row_softmax under patched split rules) and ``softmax_error``."""
@@ -128,3 +129,33 @@ def split_timed(x, chunk: int | None, force_split: bool, **rules):
     launch = osm._row_launch(x.shape[0], x.shape[1], x.stride(0), x.dtype, 0, 0)
     y = osm.row_softmax(x)
     return launch, bench(lambda: osm.row_softmax(x)), y, split_timed.seen[0] if split_timed.seen else None
+
+
+_FLUSH = []
+
+
+def flushed_graph_us(fn, calls=20):
+    """GPU us a call of fn (None: nothing) with the L2 flushed before each, as the harness times
+    it: a CUDA graph of ``calls`` (flush, call) pairs, least of 5 replays. Take ``fn=None``'s
+    figure from the others to leave the call alone."""
+    if not _FLUSH:
+        _FLUSH.append(torch.empty(256 << 20, dtype=torch.int8, device="cuda"))
+    flush = _FLUSH[0]
+    if fn is not None:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            flush.zero_()
+            if fn is not None:
+                fn()
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / calls)
+    return best
