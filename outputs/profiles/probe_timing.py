@@ -1,7 +1,7 @@
 """Timing helpers the probes share (one-off diagnostics, not the harness):
 ``bench`` (a do_bench mean, ms), ``graph_ms`` (ms per call replayed from a CUDA graph of ten
-calls: GPU time alone), ``host_us`` (host time per call, enqueued while the GPU spins) and
-``flushed_graph_us`` (GPU us a call, the L2 flushed before each, from a CUDA graph),
+calls: GPU time alone), ``flushed_graph_us`` (GPU us a call, the L2 flushed before each, from a
+CUDA graph), ``host_us`` (host time per call, enqueued while the GPU spins) and
 ``attention_training_step`` (an attention forward + backward to time under launch overrides);
 for the split-row probes ``long_row_cases`` (inputs with copy's and torch's times),
 ``split_timed`` (row_softmax under patched split rules) and ``softmax_error``."""
