@@ -659,8 +659,8 @@ def _kept_softmax(replays: Replays, key, x: torch.Tensor) -> torch.Tensor | None
 
 def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
     """A contiguous uninitialised tensor of t's shape, dtype and device. torch.empty_like costs
-    less host time than torch.empty(shape, dtype=, device=): 3.7 against 7.8 us a call on an H100
-    machine (outputs/profiles/replay_path_probe.txt), which every call of every op pays."""
+    less host time than torch.empty(t.shape, dtype=, device=): 2.2 against 7.9 us a call on an
+    H100 machine (outputs/profiles/replay_path_probe.txt), which every call of every op pays."""
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 

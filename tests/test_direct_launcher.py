@@ -412,7 +412,8 @@ def test_online_softmax_replays_equal_the_checked_path():
     """online_softmax keeps its launch as row_softmax does: a second call of a kept key (another
     tensor) runs the kept launch (counted) and gives the checked path's answer bit for bit, for
     3-D, 1-D and a row-strided view, each tile size its own key; a 4-D input whose batch
-    dimensions do not fold into one (its reshape copies) is not kept; an input that needs grad never takes a kept launch."""
+    dimensions do not fold into one (its reshape copies) is not kept; an input that needs grad
+    never takes a kept launch."""
     wide, other = randn((2, 64, 1003), torch.float32, seed=26), randn((2, 64, 1003), torch.float32, seed=27)
     cases = [(randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (16, 16)),
              (randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (4, 128)),
