@@ -10,7 +10,29 @@ import torch
 import triton
 
 import fused_softmax_matmul as fsm
-from probe_timing import flushed_graph_us as graph_us
+
+FLUSH = torch.empty(256 << 20, dtype=torch.int8, device="cuda")
+
+
+def graph_us(fn, calls=20):
+    if fn is not None:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(calls):
+            FLUSH.zero_()
+            if fn is not None:
+                fn()
+    best = float("inf")
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) * 1000 / calls)
+    return best
 
 
 def inputs(B, K, C, dtype):
