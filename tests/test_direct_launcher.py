@@ -411,9 +411,10 @@ def test_row_softmax_replays_equal_the_checked_path():
 def test_online_softmax_replays_equal_the_checked_path():
     """online_softmax keeps its launch as row_softmax does: a second call of a kept key (another
     tensor) runs the kept launch (counted) and gives the checked path's answer bit for bit, for
-    3-D, 1-D and a row-strided view, each tile size its own key; a 4-D input whose batch
+    3-D, 1-D and a row-strided view; another tile size does not take it; a 4-D input whose batch
     dimensions do not fold into one (its reshape copies) is not kept; an input that needs grad
-    never takes a kept launch."""
+    has no key, and takes the autograd Function, whose forward (grad off) replays the kept
+    launch: its output has a history and torch's gradient."""
     wide, other = randn((2, 64, 1003), torch.float32, seed=26), randn((2, 64, 1003), torch.float32, seed=27)
     cases = [(randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (16, 16)),
              (randn((4, 16, 300), torch.bfloat16, seed=28), randn((4, 16, 300), torch.bfloat16, seed=29), (4, 128)),
@@ -437,9 +438,20 @@ def test_online_softmax_replays_equal_the_checked_path():
     for _ in range(2):
         torch.testing.assert_close(osm.online_softmax(t), torch.softmax(t, -1))
     assert not osm._ONLINE_REPLAYS
-    x = cases[0][0].clone().requires_grad_()
-    assert osm.replay_key((x,), (16, 16)) is None
-    assert osm.online_softmax(x).grad_fn is not None
+    x, x_next = randn((4, 16, 300), torch.float32, seed=33), randn((4, 16, 300), torch.float32, seed=34)
+    osm.online_softmax(x)
+    kept, uses = counting(osm._ONLINE_REPLAYS, osm.replay_key((x,), (16, 16)))
+    osm.online_softmax(x_next, 4, 128)  # another tile size: a launch and a key of its own
+    assert uses == [] and len(osm._ONLINE_REPLAYS) == 2
+    leaf = x_next.clone().requires_grad_()
+    assert osm.replay_key((leaf,), (16, 16)) is None
+    out = osm.online_softmax(leaf)
+    assert uses == [True] and out.grad_fn is not None
+    dy = randn(x.shape, torch.float32, seed=35)
+    out.backward(dy)
+    ref = x_next.clone().requires_grad_()
+    torch.softmax(ref, -1).backward(dy)
+    torch.testing.assert_close(leaf.grad, ref.grad)
 
 
 @needs_gpu
