@@ -41,6 +41,7 @@ import inspect
 import math
 import os
 import threading
+import types
 from dataclasses import dataclass
 
 import torch
@@ -439,7 +440,27 @@ class DirectLauncher:
             return None
         compiled, rest = entry
         dims = tuple(grid) + (1,) * (3 - len(grid))
-        return Replay(self, compiled, dims, device, tuple(args[n_tensors:]) + rest)
+        return Replay(self, compiled, dims, device, tuple(args[n_tensors:]) + rest,
+                      all(isinstance(a, torch.Tensor) for a in args[:n_tensors]))
+
+
+def _c_launch(run):
+    """A compiled kernel's launcher (``CompiledKernel.run``) as its C function and the arguments
+    that function takes before the kernel's metadata: where that is known to be what the Python
+    launcher calls, triton 3.6's CUDA launcher, and the kernel asks for no scratch memory (all
+    the Python layer adds then is a frame and two tests). None elsewhere (another Triton, a kernel
+    with tensor descriptors, whose C function is wrapped): the launcher is called as it is.
+
+    Called so, a kept launch may pass its tensors' addresses: given a tensor, the C function calls
+    its ``data_ptr`` and asks the driver whether the address is a device's
+    (cuPointerGetAttribute), once a pointer a launch. A kept launch's tensors are CUDA tensors on
+    the device it was kept for, which its key (``replay_key``) holds."""
+    launch = getattr(run, "launch", None)
+    if (not triton.__version__.startswith("3.6.") or type(run).__name__ != "CudaLauncher"
+            or not isinstance(launch, types.BuiltinFunctionType)
+            or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
+        return None
+    return launch, (run.launch_cooperative_grid, run.launch_pdl, None, None)
 
 
 class Replay:
@@ -453,11 +474,18 @@ class Replay:
     checked path.
     """
 
-    __slots__ = ("launcher", "run", "function", "metadata", "grid", "device", "fixed")
+    __slots__ = ("launcher", "run", "head", "pointers", "function", "grid", "device", "fixed")
 
-    def __init__(self, launcher, compiled, grid, device, fixed):
-        self.launcher, self.run, self.grid, self.device, self.fixed = launcher, compiled.run, grid, device, fixed
-        self.function, self.metadata = compiled.function, compiled.packed_metadata
+    def __init__(self, launcher, compiled, grid, device, fixed, tensors: bool = False):
+        self.launcher, self.grid, self.device, self.fixed = launcher, grid, device, fixed
+        self.function = compiled.function
+        tail = (compiled.packed_metadata, None, None, None)  # no launch metadata, no hooks (``ready``)
+        direct = _c_launch(compiled.run)
+        if direct is None:
+            self.run, self.head, self.pointers = compiled.run, tail, False
+        else:
+            # ``tensors``: the leading arguments are all tensors, whose addresses it then passes.
+            self.run, self.head, self.pointers = direct[0], direct[1] + tail, tensors
 
     def __call__(self, *tensors) -> bool:
         return self.ready() and self.launch(*tensors)
@@ -471,9 +499,11 @@ class Replay:
     def launch(self, *tensors) -> bool:
         """The launch, once ``ready``; False (nothing launched) if the launcher refuses it."""
         g0, g1, g2 = self.grid
+        if self.pointers:
+            tensors = [t.data_ptr() for t in tensors]
         try:
-            self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, self.metadata,
-                     None, None, None, *tensors, *self.fixed)
+            self.run(g0, g1, g2, torch._C._cuda_getCurrentRawStream(self.device), self.function, *self.head,
+                     *tensors, *self.fixed)
         except TypeError:  # a launcher of another signature (see DirectLauncher.launch): nothing launched
             self.launcher.usable = False
             return False
@@ -553,17 +583,19 @@ def replay_key(tensors: tuple, options: tuple):
     record."""
     if INTERPRET or torch.compiler.is_compiling():
         return None
-    options = tuple(map(option_key, options))
+    # Each step below is some 0.1 us of a call that may take 15 in all: plain options are keyed
+    # inline, and ``transformed`` is called only where a transform or a dual level is active.
+    options = tuple((type(v), v) if v is None or type(v) in _PLAIN_OPTIONS else option_key(v) for v in options)
     try:
         hash(options)
     except TypeError:  # an option nothing can be kept under (the checks name a wrong one)
         return None
-    if transformed(*tensors):  # a tangent or a transform's wrapper: the launch alone would drop it
-        return None
+    if (torch._C._are_functorch_transforms_active() or _dual_level_open()) and transformed(*tensors):
+        return None  # a tangent or a transform's wrapper: the launch alone would drop it
     key = [options]
     grad = torch.is_grad_enabled()
     for t in tensors:
-        if (type(t) is not torch.Tensor and type(t) is not torch.nn.Parameter) or not t.is_cuda or (grad and t.requires_grad):
+        if type(t) not in PLAIN_TENSORS or not t.is_cuda or (grad and t.requires_grad):
             return None
         try:
             key += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15)

@@ -9,6 +9,7 @@ which launch through it, must equal Triton's own launches on aligned and unalign
 from __future__ import annotations
 
 import inspect
+import types
 
 import pytest
 import torch
@@ -375,6 +376,44 @@ def test_no_replay_key_for_what_a_replay_cannot_serve(monkeypatch):
     assert osm.replay_key(([1.0, 2.0],), ()) is None  # not a tensor
     assert osm.replay_key((x.to_sparse(),), ()) is None
     assert osm.replay_key((x,), ([1],)) is None  # an unhashable option
+
+
+def test_kept_launches_call_the_c_launcher_only_where_known(monkeypatch):
+    """``_c_launch``: a kept launch calls the compiled launcher's C function directly only for
+    triton 3.6's CUDA launcher of a kernel with no scratch memory and an unwrapped C function;
+    anything else (another Triton, scratch, tensor descriptors' wrapper) keeps the launcher."""
+
+    def launcher(name="CudaLauncher", launch=len, scratch=0, profile=0):
+        kind = type(name, (), {"launch": staticmethod(launch), "global_scratch_size": scratch,
+                               "profile_scratch_size": profile, "launch_cooperative_grid": False,
+                               "launch_pdl": True})
+        return kind()
+
+    monkeypatch.setattr(triton, "__version__", "3.6.0")
+    assert osm._c_launch(launcher()) == (len, (False, True, None, None))
+    assert osm._c_launch(launcher(scratch=64)) is None
+    assert osm._c_launch(launcher(profile=64)) is None
+    assert osm._c_launch(launcher(launch=lambda *args: None)) is None  # a wrapper (tensor descriptors)
+    assert osm._c_launch(launcher(name="HIPLauncher")) is None
+    assert osm._c_launch(Compiled([]).run) is None
+    monkeypatch.setattr(triton, "__version__", "3.7.0")
+    assert osm._c_launch(launcher()) is None
+
+
+@needs_gpu
+def test_kept_launch_passes_addresses_to_the_c_launcher():
+    """On triton 3.6 a kept row_softmax launch calls the C function with its tensors' addresses
+    (``_c_launch``), and gives the checked path's answer bit for bit, for inputs at other addresses."""
+    if not triton.__version__.startswith("3.6."):
+        pytest.skip("the C launcher is called directly on triton 3.6 only")
+    x, x_next = randn((64, 1000), torch.float32, seed=3), randn((64, 1000), torch.float32, seed=4)
+    osm._ROW_REPLAYS.clear()
+    osm.row_softmax(x)
+    kept = osm._ROW_REPLAYS[osm.replay_key((x,), (None,))]
+    assert isinstance(kept, osm.Replay) and kept.pointers and isinstance(kept.run, types.BuiltinFunctionType)
+    again = osm.row_softmax(x_next)  # the kept launch, at x_next's address
+    osm._ROW_REPLAYS.clear()
+    assert torch.equal(again, osm.row_softmax(x_next))
 
 
 @needs_gpu
