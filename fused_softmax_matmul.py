@@ -2264,6 +2264,21 @@ _MATMUL_OPS = {
 }
 
 
+def autocast_operands(x, W) -> tuple:
+    """x and W as torch's matmul takes them under autocast: where autocast is on for x's device
+    type, each floating tensor but a float64 one in autocast's dtype (a float32 parameter beside
+    bfloat16 activations, say, which the checks would otherwise refuse), differentiably; else as
+    they are. Only the public ops call it: the backward's products take what the forward kept."""
+    if not isinstance(x, torch.Tensor):
+        return x, W  # the checks name it
+    kind = "cuda" if x.is_cuda else x.device.type
+    if not torch.is_autocast_enabled(kind):
+        return x, W
+    dtype = torch.get_autocast_dtype(kind)
+    return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
+                 else t for t in (x, W))
+
+
 def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None,
                        check) -> torch.Tensor:
     """The public op ``name``: the launches kept from an earlier call with inputs and options of
@@ -2385,13 +2400,17 @@ def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None)
     """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
 
     ``launch`` overrides the wrapper's tiles (``tiled_launch``). Differentiable in x and W.
+    Under autocast x and W are cast to its dtype first, as torch's matmul casts them
+    (``autocast_operands``); so are the softmax(x @ W) versions' and linear_cross_entropy's.
     """
+    x, W = autocast_operands(x, W)
     return _run_matmul_family("matmul", _matmul_forward, x, W, launch, _check_matmul_call)
 
 
 @on_input_device
 def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) as two Triton kernels: ``matmul`` writes the logits, ``row_softmax`` reads them."""
+    x, W = autocast_operands(x, W)
     return _run_matmul_family("matmul_softmax_unfused", _unfused_forward, x, W, launch, _check_matmul_call)
 
 
@@ -2403,6 +2422,7 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
     (ValueError otherwise, before anything is allocated or launched); a given ``launch`` must
     have block_c >= C.
     """
+    x, W = autocast_operands(x, W)
     return _run_matmul_family("matmul_softmax_fused_simple", _simple_forward, x, W, launch, _check_simple_call)
 
 
@@ -2432,6 +2452,7 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     hold twice x's size and up to ``PRESPLIT_CHUNK_BYTES`` of W's for the call.
     The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
     """
+    x, W = autocast_operands(x, W)
     return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch, _check_matmul_call)
 
 
@@ -3952,7 +3973,8 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
                          reduction: str = "mean", *, launch: LinearCrossEntropyLaunch | None = None) -> torch.Tensor:
     """``F.cross_entropy(x @ W.T, target, ignore_index=, reduction=)`` without the (BT, V) logits.
 
-    x: (BT, H), W: (V, H) (nn.Linear's weight), float32 / float16 / bfloat16, one dtype; target:
+    x: (BT, H), W: (V, H) (nn.Linear's weight), float32 / float16 / bfloat16, one dtype (under
+    autocast both are cast to its dtype, as F.linear casts them: ``autocast_operands``); target:
     (BT,) int64. Returns the loss in float32 (0-d, or (BT,) for reduction "none"), as PyTorch
     gives it on float32 logits; differentiable in x and W.
 
@@ -3982,6 +4004,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
     chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
     """
+    x, W = autocast_operands(x, W)
     check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
     if transformed(x, W):
         # Its custom op has no forward-mode formula and no torch.func rules: it would drop a

@@ -169,6 +169,25 @@ def test_without_gradients_and_with_one():
     torch.testing.assert_close(dW, dW_ref, rtol=1e-5, atol=1e-6)
 
 
+def test_autocast_casts_x_and_W():
+    """Under autocast an nn.Linear-style float32 W beside bfloat16 activations is cast as
+    F.linear casts it: the loss of the cast operands, bit for bit, and W's gradient in float32.
+    Outside autocast the mixed dtypes are refused, naming W."""
+    x, W, target = linear_cross_entropy_inputs(10, 24, 40, torch.float32, seed=31)
+    x = x.bfloat16().requires_grad_()
+    W.requires_grad_()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, W, target)
+    loss.backward()
+    xb, Wb = (t.detach().bfloat16().requires_grad_() for t in (x, W))
+    want = linear_cross_entropy(xb, Wb, target)
+    want.backward()
+    assert torch.equal(loss, want)
+    assert W.grad.dtype == torch.float32 and torch.equal(W.grad, Wb.grad.float()) and torch.equal(x.grad, xb.grad)
+    with pytest.raises(TypeError, match="W has dtype torch.float32"):
+        linear_cross_entropy(x.detach(), W.detach(), target)
+
+
 def test_strided_inputs():
     """x a column-strided view, W a transposed one: the products take any strides."""
     x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)

@@ -898,6 +898,32 @@ def test_gradient_broadcast_and_of_one_input(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+@pytest.mark.parametrize("x_dtype", ["float32", "bfloat16"])
+def test_autocast_casts_the_operands(impl, x_dtype):
+    """Under autocast a float32 weight beside x (float32, or bfloat16 activations) is cast to
+    autocast's dtype as torch's matmul casts it: the op on the cast operands, bit for bit, and
+    W's gradient back in float32. Outside autocast mixed dtypes stay refused, naming W."""
+    fn = IMPLS_WITH_MATMUL[impl]
+    x, W = matmul_softmax_inputs(9, 20, 30, torch.float32, seed=55)
+    x = x.to(DTYPES[x_dtype]).requires_grad_()
+    W.requires_grad_()
+    g = torch.linspace(-1, 1, 9 * 30, device=DEVICE).view(9, 30)
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = fn(x, W)
+        assert out.dtype == torch.bfloat16
+        (out.float() * g).sum().backward()
+    xb, Wb = (t.detach().bfloat16().requires_grad_() for t in (x, W))
+    want = fn(xb, Wb)
+    (want.float() * g).sum().backward()
+    assert torch.equal(out, want)
+    assert W.grad.dtype == torch.float32 and x.grad.dtype == x.dtype
+    assert torch.equal(W.grad, Wb.grad.float()) and torch.equal(x.grad, xb.grad.to(x.dtype))
+    if x_dtype == "bfloat16":
+        with pytest.raises(TypeError, match="W has dtype torch.float32"):
+            fn(x.detach(), W.detach())
+
+
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
 def test_double_backward_is_refused(impl):
     x, W = (t.requires_grad_() for t in matmul_softmax_inputs(9, 20, 30, torch.float32, seed=53))
     (dx,) = torch.autograd.grad(IMPLS_WITH_MATMUL[impl](x, W).pow(2).sum(), x, create_graph=True)
@@ -933,6 +959,19 @@ def test_compiles_without_graph_break(impl, block_c, backend):
     torch.testing.assert_close(out, eager)
     torch.testing.assert_close(x.grad, xe.grad)
     torch.testing.assert_close(W.grad, We.grad)
+
+
+@pytest.mark.parametrize("backend", COMPILE_BACKENDS)
+@pytest.mark.usefixtures("fresh_compile")
+def test_autocast_compiles_without_graph_break(backend):
+    """fullgraph=True under autocast: the cast of a float32 W beside bfloat16 x is traced with the op."""
+    x, W = matmul_softmax_inputs(19, 40, 50, torch.float32, seed=56)
+    x = x.bfloat16()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = torch.compile(lambda x, W: matmul_softmax_fused_tiled(x, W).sin(), fullgraph=True, backend=backend)(x, W)
+        eager = matmul_softmax_fused_tiled(x, W).sin()
+    assert out.dtype == eager.dtype == torch.bfloat16
+    torch.testing.assert_close(out, eager)
 
 
 @pytest.mark.parametrize("block_c,tiles", [(64, 3), (32, 6)], ids=["one class tile", "class tiles"])
