@@ -412,13 +412,12 @@ class DirectLauncher:
             # Tensors by keyword are not in the key; a cache hook may return no kernel.
             if compiled is not None and not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 self.compiled[key] = (compiled, tuple(kwargs[n] if n in kwargs else self.defaults[n]
-                                                      for n in self.names[len(args):]))
+                                                      for n in self.names[len(args):]), *_launch_entry(compiled)[:2])
             return compiled
-        compiled, rest = entry
+        compiled, rest, run, head = entry
         try:
-            compiled.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                         torch._C._cuda_getCurrentRawStream(device), compiled.function, compiled.packed_metadata,
-                         None, None, None, *args, *rest)
+            run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                torch._C._cuda_getCurrentRawStream(device), compiled.function, *head, *args, *rest)
         except TypeError:  # a launcher of another signature: it parses its arguments before launching
             self.usable = False
             return self.kernel[grid](*args, **kwargs)
@@ -438,10 +437,20 @@ class DirectLauncher:
             return None
         if entry is None:
             return None
-        compiled, rest = entry
+        compiled, rest = entry[:2]
         dims = tuple(grid) + (1,) * (3 - len(grid))
         return Replay(self, compiled, dims, device, tuple(args[n_tensors:]) + rest,
                       all(isinstance(a, torch.Tensor) for a in args[:n_tensors]))
+
+
+def _launch_entry(compiled) -> tuple:
+    """(the function a direct launch calls, the arguments it takes between the kernel's function
+    and the kernel's own, whether that function is the C one): ``_c_launch``'s C function where
+    it applies, else the compiled launcher; the packed metadata, with no launch metadata and no
+    hooks (``Replay.ready``)."""
+    tail = (compiled.packed_metadata, None, None, None)
+    direct = _c_launch(compiled.run)
+    return (compiled.run, tail, False) if direct is None else (direct[0], direct[1] + tail, True)
 
 
 def _c_launch(run):
@@ -479,13 +488,9 @@ class Replay:
     def __init__(self, launcher, compiled, grid, device, fixed, tensors: bool = False):
         self.launcher, self.grid, self.device, self.fixed = launcher, grid, device, fixed
         self.function = compiled.function
-        tail = (compiled.packed_metadata, None, None, None)  # no launch metadata, no hooks (``ready``)
-        direct = _c_launch(compiled.run)
-        if direct is None:
-            self.run, self.head, self.pointers = compiled.run, tail, False
-        else:
-            # ``tensors``: the leading arguments are all tensors, whose addresses it then passes.
-            self.run, self.head, self.pointers = direct[0], direct[1] + tail, tensors
+        self.run, self.head, direct = _launch_entry(compiled)
+        # ``tensors``: the leading arguments are all tensors, whose addresses the C function can take.
+        self.pointers = tensors and direct
 
     def __call__(self, *tensors) -> bool:
         return self.ready() and self.launch(*tensors)
