@@ -7,8 +7,9 @@ memory and wait on an atomic counter; that wait keeps long 16-bit rows at 86-93 
 the CTAs of a cluster and reduces across them in distributed shared memory, with the cluster's
 hardware barrier (triton 3.9's PTX for sm_90 holds mapa, barrier.cluster and shared::cluster
 operations for this kernel at 2 and 8 CTAs). One program a row, all rows launched (the hardware
-schedules the clusters). Prepared, not yet run: whether triton 3.6 launches it is the first
-thing it tells. do_bench means, ms (L2 flushed); each output against torch's. From the
+schedules the clusters). Run on an H100 (cluster_row_probe.txt): triton 3.6 compiles no
+variant (TritonGPUPlanCTAPass refuses the reductions' layouts across the CTAs); see
+cluster_exchange_probe.py for a Gluon version. do_bench means, ms (L2 flushed); each output against torch's. From the
 repository root on a GPU:
 
     PYTHONPATH=. python3 outputs/profiles/cluster_row_probe.py
