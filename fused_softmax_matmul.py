@@ -51,7 +51,7 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
-    apply_transforms, backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
+    apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher, on_input_device, other_device, _empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
@@ -883,7 +883,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
         if eager_autograd(x, V):
             if transformed(x, V):
                 return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-            return _EagerFusedSoftmax.apply(x, V, BLOCK_1, BLOCK_2, launch)
+            return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
         return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
     keep = None if key is None else _FUSED_REPLAYS.keeper(key)
     return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
@@ -2302,7 +2302,7 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
         if eager_autograd(x, W):
             if transformed(x, W):
                 return apply_transforms(_MatmulFamilyTransforms, x, W, name, forward, launch)
-            return _EagerMatmulFamily.apply(x, W, name, forward, launch)
+            return eager_apply(_EagerMatmulFamily, x, W, name, forward, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 

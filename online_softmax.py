@@ -683,15 +683,16 @@ def _softmax_double_backward(y, dy, ddx, backward):
     return grad_y.to(y.dtype), grad_dy
 
 
-def _kept_softmax(replays: Replays, key, x: torch.Tensor) -> torch.Tensor | None:
-    """x's softmax by the launch kept in ``replays`` under ``key`` (``replay_key``; None: no key),
-    into a new contiguous output; None where none is kept or it cannot launch (the caller then
-    takes its checked path)."""
+def _kept_softmax(replays: Replays, key, *inputs: torch.Tensor) -> torch.Tensor | None:
+    """The softmax of x (or with inputs (y, dy) its gradient) by the launch kept in ``replays``
+    under ``key`` (``replay_key``; None: no key), into a new contiguous output of the first
+    input's shape; None where none is kept or it cannot launch (the caller then takes its checked
+    path)."""
     replay = None if key is None else replays.get(key)
     if replay is None:
         return None
-    y = _empty_like_contiguous(x)
-    return y if replay(x, y) else None
+    out = _empty_like_contiguous(inputs[0])
+    return out if replay(*inputs, out) else None
 
 
 def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
@@ -832,8 +833,9 @@ def _online_forward(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool, k
     return _online_launch(online_softmax_kernel, (x,), BLOCK_1, BLOCK_2, traced, keep)
 
 
-def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool) -> torch.Tensor:
-    return _online_launch(online_softmax_backward_kernel, (y, dy), BLOCK_1, BLOCK_2, traced)
+def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int, traced: bool,
+                     keep=None) -> torch.Tensor:
+    return _online_launch(online_softmax_backward_kernel, (y, dy), BLOCK_1, BLOCK_2, traced, keep)
 
 
 def _online_fake(x, BLOCK_1, BLOCK_2):
@@ -917,7 +919,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     if needs_op(x3):
         if eager_autograd(x3):
             y = (apply_transforms(_OnlineSoftmaxTransforms, x3, BLOCK_1, BLOCK_2) if transformed(x3)
-                 else OnlineSoftmax.apply(x3, BLOCK_1, BLOCK_2))
+                 else eager_apply(OnlineSoftmax, x3, BLOCK_1, BLOCK_2))
         else:
             y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
     else:
@@ -969,7 +971,8 @@ class OnlineSoftmax(torch.autograd.Function):
         if backward_through_op(dy):
             dx = _online_softmax_backward_op(y3, dy3, *ctx.blocks)
         else:
-            dx = _online_backward(y3, dy3, *ctx.blocks, traced=False)
+            dx = _eager_backward(_ONLINE_BACKWARD_REPLAYS, y3, dy3, ctx.blocks,
+                                 lambda keep: _online_backward(y3, dy3, *ctx.blocks, traced=False, keep=keep))
         return dx.reshape(y.shape), None, None
 
 
@@ -1168,11 +1171,12 @@ def _one_pass_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype
 
 def forget_row_launches() -> None:
     """Drop row_softmax's cached launch choices (``_row_launch``, ``_one_pass_launch``) and the
-    launches its eager calls keep (``_ROW_REPLAYS``): after changing a rule they read (a probe
-    or a test patching ``split_prefetch``, say), the next call chooses afresh."""
+    launches its eager calls keep (``_ROW_REPLAYS``, ``_ROW_BACKWARD_REPLAYS``): after changing a
+    rule they read (a probe or a test patching ``split_prefetch``, say), the next call chooses afresh."""
     _row_launch.cache_clear()
     _one_pass_launch.cache_clear()
     _ROW_REPLAYS.clear()
+    _ROW_BACKWARD_REPLAYS.clear()
 
 
 def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, device_index: int, block: int,
@@ -1791,18 +1795,20 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
     return y
 
 
-def _row_backward(y2: torch.Tensor, dy2: torch.Tensor, traced: bool) -> torch.Tensor:
-    """dx for 2-D y2 (contiguous, row_softmax's output) and dy2 of its shape, any strides."""
+def _row_backward(y2: torch.Tensor, dy2: torch.Tensor, traced: bool, keep=None) -> torch.Tensor:
+    """dx for 2-D y2 (contiguous, row_softmax's output) and dy2 of its shape, any strides;
+    ``keep``, if given, receives the launch as a ``Replay`` of (y2, dy2, dx)."""
     dx = _empty_like_contiguous(y2)
     if dx.numel() == 0:
         return dx
     n_rows, n_cols = int(y2.shape[0]), int(y2.shape[1])  # plain ints for the cache (see _row_forward)
     launch = _row_backward_launch(n_rows, n_cols, _device_index(y2))
     if launch.kernel == "online":
-        return _online_backward(y2.unsqueeze(0), dy2.unsqueeze(0), 1, launch.block, traced).squeeze(0)
-    _jit(softmax_row_backward_kernel, traced)[(launch.programs,)](
-        y2, dy2, dx, n_rows, n_cols, y2.stride(0), dy2.stride(0), dy2.stride(1), dx.stride(0),
-        BLOCK_SIZE=launch.block, num_warps=launch.warps)
+        # Its views of y2 and dy2 start where they do, with their strides: a replay of (y2, dy2, dx) launches the same.
+        return _online_backward(y2.unsqueeze(0), dy2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
+    launch_and_keep(_jit(softmax_row_backward_kernel, traced), (launch.programs,),
+                    (y2, dy2, dx, n_rows, n_cols, y2.stride(0), dy2.stride(0), dy2.stride(1), dx.stride(0)),
+                    dict(BLOCK_SIZE=launch.block, num_warps=launch.warps), keep, 3)
     return dx
 
 
@@ -1850,6 +1856,23 @@ def eager_autograd(*tensors) -> bool:
             or transformed(*tensors))
 
 
+# The C half of torch.autograd.Function.apply. The Python half binds the arguments to forward's
+# signature for Functions with a setup_context (none of the eager ones here), maps functorch's
+# dead wrappers out of them and hands transforms on: 1.5 us of a 4 us apply on a CPU.
+_C_APPLY = getattr(torch._C, "_FunctionBase", object).__dict__.get("apply")
+
+
+def eager_apply(function, *args):
+    """``function.apply(*args)`` for this project's eager autograd Functions (forward(ctx, ...),
+    no setup_context), called where no torch.func transform is active (``eager_autograd``): the
+    C apply, each tensor argument unwrapped if it is a dead transform's wrapper as Python's apply
+    does. Where a transform is active, or torch has no such C apply, ``function.apply``."""
+    if _C_APPLY is None or torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    unwrap = torch._C._functorch.unwrap_if_dead
+    return _C_APPLY.__get__(None, function)(*[unwrap(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
 def apply_transforms(function, *args):
     """``function.apply(*args)`` for a call that carries a tangent or a transform's wrapper
     (``transformed``), ``function`` one of the eager Functions' torch.func forms: in a trace by
@@ -1878,6 +1901,23 @@ def backward_through_op(grad: torch.Tensor) -> bool:
             or torch._C._functorch.is_functorch_wrapped_tensor(grad))
 
 
+def _eager_backward(replays: Replays, y: torch.Tensor, dy: torch.Tensor, options: tuple, launch):
+    """dx of an eager softmax backward (``backward_through_op`` False): the launch kept in
+    ``replays`` for (y, dy)'s key (``replay_key`` of them and ``options``), else ``launch(keep)``,
+    which computes dx and hands ``keep`` its launch as a Replay of (y, dy, dx). Kept, a training
+    step's backward skips the launch choice and Triton's argument keys (a few us of host time)."""
+    key = replay_key((y, dy), options)
+    dx = _kept_softmax(replays, key, y, dy)
+    if dx is not None:
+        return dx
+    return launch(None if key is None else replays.keeper(key))
+
+
+# Eager backwards' kept launches, by ``replay_key`` of (y, dy) and the tiles.
+_ROW_BACKWARD_REPLAYS = Replays()
+_ONLINE_BACKWARD_REPLAYS = Replays()
+
+
 class _EagerRowSoftmax(torch.autograd.Function):
     """``row_softmax`` called eagerly with autograd recording, outside the dispatcher: the forward
     replays its kept launch (``row_softmax`` without grad) and the backward launches
@@ -1900,7 +1940,8 @@ class _EagerRowSoftmax(torch.autograd.Function):
             return softmax_tangent(y, dy), None
         if backward_through_op(dy):
             return _row_softmax_backward_op(y, dy), None
-        return _row_backward(y, dy, traced=False), None
+        return _eager_backward(_ROW_BACKWARD_REPLAYS, y, dy, (),
+                               lambda keep: _row_backward(y, dy, traced=False, keep=keep)), None
 
 
 @on_input_device
@@ -1932,7 +1973,7 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if needs_op(x2):
         if eager_autograd(x2):
             y = (apply_transforms(_RowSoftmaxTransforms, x2, BLOCK_SIZE) if transformed(x2)
-                 else _EagerRowSoftmax.apply(x2, BLOCK_SIZE))
+                 else eager_apply(_EagerRowSoftmax, x2, BLOCK_SIZE))
         else:
             y = _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:

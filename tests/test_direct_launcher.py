@@ -16,7 +16,7 @@ import torch
 import triton
 
 import online_softmax as osm
-from support import needs_gpu, randn
+from support import assert_close, needs_gpu, randn
 
 
 class Compiled:
@@ -444,6 +444,32 @@ def test_row_softmax_replays_equal_the_checked_path():
     x = cases[0][0].clone().requires_grad_()
     assert osm.replay_key((x,), (None,)) is None
     assert osm.row_softmax(x).grad_fn is not None
+
+
+@needs_gpu
+def test_eager_backwards_replay_their_kept_launch():
+    """An eager backward of row_softmax or online_softmax keeps its launch under (y, dy)'s key
+    (``_eager_backward``); the next one of that key replays it, giving the checked path's dx bit
+    for bit and torch's within its error. A broadcast gradient (row stride 0) is a key of its
+    own; the third row_softmax shape takes the backward's online tiles (two rows past the chip)."""
+    cases = ((osm.row_softmax, osm._ROW_BACKWARD_REPLAYS, ((64, 1000), (4, 16, 300), (3, 40000))),
+             (lambda t: osm.online_softmax(t, 16, 16), osm._ONLINE_BACKWARD_REPLAYS, ((64, 1000), (4, 16, 300))))
+    for fn, replays, shapes in cases:
+        for shape in shapes:
+            for dtype in (torch.float32, torch.bfloat16):
+                x = randn(shape, dtype, seed=21).requires_grad_()
+                for g in (randn(shape, dtype, seed=22), randn(shape[-1:], dtype, seed=23).expand(shape)):
+                    replays.clear()
+                    (first,) = torch.autograd.grad(fn(x), x, g)
+                    assert len(replays) == 1, (shape, dtype)
+                    (kept,) = torch.autograd.grad(fn(x), x, g)
+                    replays.clear()
+                    (checked,) = torch.autograd.grad(fn(x), x, g)
+                    assert torch.equal(kept, checked) and torch.equal(first, checked), (shape, dtype)
+                    x64 = x.detach().double().requires_grad_()
+                    (want,) = torch.autograd.grad(torch.softmax(x64, -1), x64, g.double())
+                    (theirs,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
+                    assert_close(kept, want, theirs)
 
 
 @needs_gpu

@@ -259,3 +259,30 @@ def test_fake_tensor_mode(case, grad):
         gots = torch.autograd.grad(got.sum(), fakes) if grad else ()
     for g, w in zip((got, *gots), (want, *wants)):
         assert (g.shape, g.dtype, g.device) == (w.shape, w.dtype, w.device)
+
+
+@pytest.mark.parametrize("name", ["row_softmax", "online_softmax 2x8", "fused_softmax", "matmul_softmax_fused_tiled"])
+def test_a_dead_transform_wrapper_outside_the_transform(name):
+    """A tensor that escaped a finished torch.func.grad (a dead wrapper of a tensor that needs
+    grad) taken by an op afterwards: the eager Functions' C apply (``eager_apply``) unwraps it as
+    torch's apply does, and the gradient reaches the leaf as torch's would."""
+    if name not in CASES:
+        pytest.skip(f"{name} is not a case here")
+    op, reference, shape = CASES[name]
+    leaf = randn(shape, torch.float32, seed=94).requires_grad_()
+    escaped = []
+
+    def keep(w):
+        escaped.append(leaf * w)
+        return w.sum()
+
+    func.grad(keep)(torch.ones(shape[-1]))
+    assert torch._C._functorch.is_functorch_wrapped_tensor(escaped[0])
+    g = randn(tuple(reference(leaf.detach(), _OPERANDS).shape), torch.float32, seed=95)
+    (op(escaped[0], _OPERANDS) * g).sum().backward()
+    grads = []
+    for dtype in (torch.float64, torch.float32):  # the reference, and PyTorch's own in float32
+        t = leaf.detach().to(dtype).requires_grad_()
+        (reference(t, {k: v.to(dtype) for k, v in _OPERANDS.items()}) * g.to(dtype)).sum().backward()
+        grads.append(t.grad)
+    assert_close(leaf.grad, *grads)
