@@ -276,7 +276,7 @@ def test_a_dead_transform_wrapper_outside_the_transform(name):
         escaped.append(leaf * w)
         return w.sum()
 
-    func.grad(keep)(torch.ones(shape[-1]))
+    func.grad(keep)(torch.ones(shape[-1], device=leaf.device))
     assert torch._C._functorch.is_functorch_wrapped_tensor(escaped[0])
     g = randn(tuple(reference(leaf.detach(), _OPERANDS).shape), torch.float32, seed=95)
     (op(escaped[0], _OPERANDS) * g).sum().backward()
