@@ -2277,8 +2277,8 @@ def autocast_operands(x, W) -> tuple:
     if not isinstance(x, torch.Tensor):
         return x, W  # the checks name it
     kind = "cuda" if x.is_cuda else x.device.type
-    if not torch.is_autocast_enabled(kind):
-        return x, W
+    if kind not in ("cuda", "cpu") or not torch.is_autocast_enabled(kind):
+        return x, W  # the kernels' devices only: torch has no autocast state for "meta", say
     dtype = torch.get_autocast_dtype(kind)
     return tuple(t.to(dtype) if isinstance(t, torch.Tensor) and t.is_floating_point() and t.dtype != torch.float64
                  else t for t in (x, W))

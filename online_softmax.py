@@ -43,6 +43,7 @@ import os
 import threading
 import types
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import torch.autograd.forward_ad as forward_ad
@@ -412,12 +413,12 @@ class DirectLauncher:
             # Tensors by keyword are not in the key; a cache hook may return no kernel.
             if compiled is not None and not any(isinstance(v, torch.Tensor) for v in kwargs.values()):
                 self.compiled[key] = (compiled, tuple(kwargs[n] if n in kwargs else self.defaults[n]
-                                                      for n in self.names[len(args):]), *_launch_entry(compiled)[:2])
+                                                      for n in self.names[len(args):]), _launch_entry(compiled))
             return compiled
-        compiled, rest, run, head = entry
+        compiled, rest, how = entry
         try:
-            run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
-                torch._C._cuda_getCurrentRawStream(device), compiled.function, *head, *args, *rest)
+            how.run(grid[0], grid[1] if len(grid) > 1 else 1, grid[2] if len(grid) > 2 else 1,
+                    torch._C._cuda_getCurrentRawStream(device), compiled.function, *how.head, *args, *rest)
         except TypeError:  # a launcher of another signature: it parses its arguments before launching
             self.usable = False
             return self.kernel[grid](*args, **kwargs)
@@ -437,20 +438,26 @@ class DirectLauncher:
             return None
         if entry is None:
             return None
-        compiled, rest = entry[:2]
+        compiled, rest, _ = entry
         dims = tuple(grid) + (1,) * (3 - len(grid))
         return Replay(self, compiled, dims, device, tuple(args[n_tensors:]) + rest,
-                      all(isinstance(a, torch.Tensor) for a in args[:n_tensors]))
+                      all_tensors=all(isinstance(a, torch.Tensor) for a in args[:n_tensors]))
 
 
-def _launch_entry(compiled) -> tuple:
-    """(the function a direct launch calls, the arguments it takes between the kernel's function
-    and the kernel's own, whether that function is the C one): ``_c_launch``'s C function where
-    it applies, else the compiled launcher; the packed metadata, with no launch metadata and no
-    hooks (``Replay.ready``)."""
+class LaunchEntry(NamedTuple):
+    """How a direct launch calls a compiled kernel (``_launch_entry``)."""
+
+    run: object  # the function called: _c_launch's C function where it applies, else the compiled launcher
+    head: tuple  # what it takes between the kernel's function and the kernel's arguments
+    direct: bool  # whether ``run`` is the C function (which takes tensors' addresses)
+
+
+def _launch_entry(compiled) -> LaunchEntry:
+    """The ``LaunchEntry`` of a compiled kernel: the packed metadata, with no launch metadata and
+    no hooks (``Replay.ready``), after whatever the C function takes first."""
     tail = (compiled.packed_metadata, None, None, None)
     direct = _c_launch(compiled.run)
-    return (compiled.run, tail, False) if direct is None else (direct[0], direct[1] + tail, True)
+    return LaunchEntry(compiled.run, tail, False) if direct is None else LaunchEntry(direct[0], direct[1] + tail, True)
 
 
 def _c_launch(run):
@@ -485,12 +492,13 @@ class Replay:
 
     __slots__ = ("launcher", "run", "head", "pointers", "function", "grid", "device", "fixed")
 
-    def __init__(self, launcher, compiled, grid, device, fixed, tensors: bool = False):
+    def __init__(self, launcher, compiled, grid, device, fixed, all_tensors: bool = False):
         self.launcher, self.grid, self.device, self.fixed = launcher, grid, device, fixed
         self.function = compiled.function
-        self.run, self.head, direct = _launch_entry(compiled)
-        # ``tensors``: the leading arguments are all tensors, whose addresses the C function can take.
-        self.pointers = tensors and direct
+        how = _launch_entry(compiled)
+        self.run, self.head = how.run, how.head
+        # ``all_tensors``: the leading arguments are all tensors, whose addresses the C function can take.
+        self.pointers = all_tensors and how.direct
 
     def __call__(self, *tensors) -> bool:
         return self.ready() and self.launch(*tensors)
