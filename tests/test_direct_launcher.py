@@ -449,27 +449,35 @@ def test_row_softmax_replays_equal_the_checked_path():
 @needs_gpu
 def test_eager_backwards_replay_their_kept_launch():
     """An eager backward of row_softmax or online_softmax keeps its launch under (y, dy)'s key
-    (``_eager_backward``); the next one of that key replays it, giving the checked path's dx bit
-    for bit and torch's within its error. A broadcast gradient (row stride 0) is a key of its
-    own; the third row_softmax shape takes the backward's online tiles (two rows past the chip)."""
+    (``_eager_backward``): a dense gradient and a broadcast one (row stride 0) are two keys. A
+    backward of each key with other tensors (fresh x and gradient) runs that key's kept entry
+    once (counted) and gives the checked path's dx bit for bit, and torch's within its error.
+    The third row_softmax shape takes the backward's online tiles (two rows past the chip)."""
     cases = ((osm.row_softmax, osm._ROW_BACKWARD_REPLAYS, ((64, 1000), (4, 16, 300), (3, 40000))),
              (lambda t: osm.online_softmax(t, 16, 16), osm._ONLINE_BACKWARD_REPLAYS, ((64, 1000), (4, 16, 300))))
     for fn, replays, shapes in cases:
         for shape in shapes:
             for dtype in (torch.float32, torch.bfloat16):
                 x = randn(shape, dtype, seed=21).requires_grad_()
-                for g in (randn(shape, dtype, seed=22), randn(shape[-1:], dtype, seed=23).expand(shape)):
-                    replays.clear()
-                    (first,) = torch.autograd.grad(fn(x), x, g)
-                    assert len(replays) == 1, (shape, dtype)
-                    (kept,) = torch.autograd.grad(fn(x), x, g)
-                    replays.clear()
-                    (checked,) = torch.autograd.grad(fn(x), x, g)
-                    assert torch.equal(kept, checked) and torch.equal(first, checked), (shape, dtype)
-                    x64 = x.detach().double().requires_grad_()
+                grads = (randn(shape, dtype, seed=22), randn(shape[-1:], dtype, seed=23).expand(shape))
+                replays.clear()
+                for g in grads:
+                    torch.autograd.grad(fn(x), x, g)
+                assert len(replays) == 2, (shape, dtype)  # the two gradients' layouts: two keys
+                uses = [counting(replays, key)[1] for key in list(replays)]
+                # Other tensors at other addresses, of the same keys.
+                x2 = (x.detach() * 1.5).requires_grad_()
+                grads2 = (grads[0] * -0.5, (grads[1][0] * -0.5).expand(shape))
+                kept = [torch.autograd.grad(fn(x2), x2, g)[0] for g in grads2]
+                assert uses == [[True], [True]], (shape, dtype)  # each key's entry ran once and launched
+                replays.clear()
+                for g, dx in zip(grads2, kept):
+                    (checked,) = torch.autograd.grad(fn(x2), x2, g)
+                    assert torch.equal(dx, checked), (shape, dtype)
+                    x64 = x2.detach().double().requires_grad_()
                     (want,) = torch.autograd.grad(torch.softmax(x64, -1), x64, g.double())
-                    (theirs,) = torch.autograd.grad(torch.softmax(x, -1), x, g)
-                    assert_close(kept, want, theirs)
+                    (theirs,) = torch.autograd.grad(torch.softmax(x2, -1), x2, g)
+                    assert_close(dx, want, theirs)
 
 
 @needs_gpu

@@ -921,6 +921,8 @@ def test_autocast_casts_the_operands(impl, x_dtype):
     if x_dtype == "bfloat16":
         with pytest.raises(TypeError, match="W has dtype torch.float32"):
             fn(x.detach(), W.detach())
+    with torch.autocast(DEVICE, dtype=torch.bfloat16), pytest.raises(ValueError, match="x"):
+        fn(x.detach().to("meta"), W.detach().to("meta"))  # a device autocast has no state for: the checks' error
 
 
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
