@@ -16,10 +16,11 @@ import importlib
 import os
 import sys
 import tempfile
-import time
 
 import torch
 import triton
+
+from probe_timing import host_us
 
 MODULES = ("online_softmax", "fused_softmax_matmul")
 
@@ -46,18 +47,6 @@ def load(folder, namespace=None):
         for name in MODULES:
             sys.modules.pop(name, None)
     return modules
-
-
-def host_us(fn, n=100):
-    fn()
-    torch.cuda.synchronize()
-    torch.cuda._sleep(int(2e9 * 0.05))  # about 50 ms of spin: no launch below waits for the GPU
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    seconds = time.perf_counter() - t0
-    torch.cuda.synchronize()
-    return seconds / n * 1e6
 
 
 @triton.jit
