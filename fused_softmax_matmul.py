@@ -720,6 +720,11 @@ def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOC
     """(softmax(x) @ V, the rows' log-sum-exp) for the eager Functions: the launch that also stores
     the log-sum-exp, kept apart from fused_softmax's (grad is off and the inputs plain there, so
     they have a key)."""
+    if isinstance(launch, GluonSoftmaxLaunch):  # the Gluon kernel, not kept (a large call: its host time is small beside it)
+        out = _fused_output(x, V)
+        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
+        _gluon_fused_forward(x, V, out, lse, launch)
+        return out, lse
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
     replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
     if replay is not None:
@@ -816,20 +821,29 @@ def materialized_wins(d3: int, dtype: torch.dtype, programs: int | None = None, 
             and programs < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms)
 
 
-def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False) -> str:
-    """What ``fused_softmax(x, V, ...)`` runs: "fused" (``fused_softmax_kernel``) or "materialized"
-    (``row_softmax``, then ``torch.bmm``). ``materialize`` True or False forces one; ``tuned``
-    (BLOCK_1, BLOCK_2 or a launch given: parameters of the fused kernel) means "fused"; else
-    ``materialized_wins`` decides, for the wrapper's tiles (``default_block``: one program per
-    BLOCK_1 rows of a batch element; a d3 tile each where d3 <= 128)."""
+def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False,
+                       launch=None) -> str:
+    """What ``fused_softmax(x, V, ...)`` runs: "gluon" (``fused_softmax_gluon_kernel``), "fused"
+    (``fused_softmax_kernel``) or "materialized" (``row_softmax``, then ``torch.bmm``).
+    ``materialize`` True or False forces one of the last two; a ``GluonSoftmaxLaunch`` as
+    ``launch`` forces "gluon"; ``tuned`` (BLOCK_1, BLOCK_2 or a launch given: parameters of the
+    Triton kernel) means "fused". Else "gluon" where ``gluon_fused_wins`` and the call may take
+    it (``gluon_fused_route``), and otherwise ``materialized_wins`` decides, for the wrapper's
+    tiles (``default_block``: one program per BLOCK_1 rows of a batch element; a d3 tile each
+    where d3 <= 128)."""
     if materialize is not None:
         if not isinstance(materialize, bool):
             raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
         return "materialized" if materialize else "fused"
+    if isinstance(launch, GluonSoftmaxLaunch):
+        return "gluon"
     if tuned:
         return "fused"
     batch, d1 = int(x.shape[0]), int(x.shape[1])
     d3 = int(V.shape[-1])
+    if (x.is_cuda and not torch.compiler.is_compiling()
+            and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device)) and gluon_fused_route(x, V)):
+        return "gluon"
     programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
     return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
 
@@ -849,10 +863,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products;
     TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
-    cost of a (batch, d1, d2) buffer (``fused_softmax_path`` says which runs). ``materialize``:
-    None for that choice, True or False to force one; the fused kernel's parameters (BLOCK_1,
-    BLOCK_2, launch) ask for the fused kernel. The materialised path is differentiable twice; the
-    fused kernel's backward is not (a second derivative raises).
+    cost of a (batch, d1, d2) buffer. On Hopper, 16-bit inputs of d3 <= 256 and long rows run the
+    warp-specialised Gluon kernel instead (``gluon_fused_wins``) in eager calls, with autograd
+    recording only at d3 <= 128 (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
+    ``materialize``: None for that choice, True or False to force one of the Triton paths; the
+    Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
+    ``GluonSoftmaxLaunch`` for the Gluon kernel. The materialised path is differentiable twice;
+    the fused kernels' backward is not (a second derivative raises).
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -863,10 +880,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
                 return out
     check_softmax_matmul_inputs(x, V)
     tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
-    path = fused_softmax_path(x, V, materialize, tuned)  # checks materialize's type
+    path = fused_softmax_path(x, V, materialize, tuned, launch)  # checks materialize's type
     if materialize and tuned:
-        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernel, which "
+        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernels, which "
                          "materialize=True does not run: give one or the other")
+    if materialize is False and isinstance(launch, GluonSoftmaxLaunch):
+        raise ValueError("materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch: "
+                         "give one or the other")
     if path == "materialized":
         return torch.bmm(row_softmax(x), V)
     if BLOCK_1 is None or BLOCK_2 is None:
@@ -875,9 +895,11 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
         BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
     check_block("BLOCK_1", BLOCK_1, 16, 256)
     check_block("BLOCK_2", BLOCK_2, 16, 256)
+    if path == "gluon":
+        return _gluon_fused_softmax(x, V, BLOCK_1, BLOCK_2, launch)
     if launch is not None:
         if not isinstance(launch, FusedLaunch):
-            raise TypeError(f"launch must be a FusedLaunch, got {type(launch).__name__}")
+            raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
         launch.check()
     if needs_op(x, V):
         if eager_autograd(x, V):
@@ -893,6 +915,64 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
 # that also store the log-sum-exp (``_EagerFusedSoftmax``) apart.
 _FUSED_REPLAYS = Replays()
 _FUSED_LSE_REPLAYS = Replays()
+
+
+# The Gluon kernel against what fused_softmax ran before it (the Triton kernel to d3 = 128,
+# row_softmax + torch.bmm above), 16-bit, from CUDA graphs on an H100
+# (outputs/profiles/gluon_fused_sweep.txt: batch 8 x d1 1000, 16 x 2048 and 8 x 4096; d2 256 to
+# 8192; d3 64 to 512), with its 128-wide steps of d2: 1.24-1.62x faster from d2 = 1024 at d3 64
+# to 256, and 1.07-1.15x at d2 = 512 for d3 <= 128 (0.98-0.99x at d3 256); at d2 = 256 0.79-1.01x.
+# At d3 = 512 it runs two d3 tiles, each repeating the softmax, and ties cuBLAS's product after
+# row_softmax (0.83-1.05x). Its programs (128 rows each) against the SMs
+# (gluon_fused_sweep_programs.txt, d2 1000 and 4096, d3 64 to 256): 96 and 128 programs on 132
+# SMs 1.17-1.63x (d3 256 at d2 1000: 0.94x), 192 (a wave and a half) 0.96-1.28x; 64 (batch 8 x
+# 1000 rows, above) 0.58-1.14x, behind at d3 >= 128 but for d2 8192.
+GLUON_FUSED_MAX_D3 = 256
+GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
+
+
+def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None) -> bool:
+    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape on a GPU of ``sms``
+    SMs (the measurements above); it must also take the inputs (``gluon_softmax_applies``)."""
+    if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
+        return False
+    programs = batch * cdiv(d1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M) * cdiv(d3, GLUON_FUSED_MAX_D3)
+    return programs >= GLUON_FUSED_MIN_SM_SHARE * sms
+
+
+def gluon_fused_route(x: torch.Tensor, V: torch.Tensor) -> bool:
+    """Whether a ``fused_softmax`` call may run the Gluon kernel: the kernel takes the inputs
+    (``gluon_softmax_applies``), and the call is eager (not traced, plain tensors, no tangent or
+    transform: the Gluon launch is not an op torch.compile or torch.func can see). With autograd
+    recording, only where the fused kernel would run (d3 <= FUSED_MAX_D3), whose backward it
+    shares (above, the materialised path's backward is torch's)."""
+    if torch.compiler.is_compiling() or transformed(x, V) or not gluon_softmax_applies(x, V):
+        return False
+    if needs_op(x, V):
+        return eager_autograd(x, V) and V.shape[-1] <= FUSED_MAX_D3
+    return True
+
+
+def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
+                         launch: GluonSoftmaxLaunch | None) -> torch.Tensor:
+    """``fused_softmax`` on its "gluon" path: the Gluon forward, through ``_EagerFusedSoftmax`` (the
+    log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records."""
+    if launch is not None:
+        launch.check()
+        if needs_op(x, V) and not eager_autograd(x, V):
+            raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
+                             "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
+    reason = gluon_softmax_unsupported(x, V)
+    if reason is not None:
+        raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {reason}")
+    launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2])
+    if needs_op(x, V):
+        if transformed(x, V):
+            return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
+        return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
+    out = _fused_output(x, V)
+    _gluon_fused_forward(x, V, out, None, launch)
+    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -4039,12 +4119,20 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 # softmax(x) @ V on Hopper in Gluon
 # ----------------------------------------------------------------------------------------------
 # The compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after issuing it; Gluon
-# writes the overlap down: a TMA loader warp feeds a ring of stages while one warpgroup computes
-# step i's softmax during step i - 1's MMA. BLOCK_M = 64 is one warpgroup MMA's height. Layout and
-# register budgets: outputs/README.md, "Design notes".
+# writes the overlap down. A program owns GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows of x and one
+# d3 tile of the output: a loader warp brings each step's x tile (all the program's rows) and V
+# tile into a ring by TMA, and each consumer warpgroup runs the online softmax of its 64 rows of
+# step i while the tensor cores still work on its product of step i - 1. The two consumers share
+# every V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax
+# runs under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
 GLUON_BLOCK_M = 64
-GLUON_STAGES = 3  # 3 x (64 x 128 + 128 x 128) x 2 B = 144 KiB of the 227 KiB a program may have
-GLUON_LOADER_REGISTERS = 40  # the loader only computes TMA coordinates; setmaxnreg wants a multiple of 8
+GLUON_SOFTMAX_CONSUMERS = 2
+# setmaxnreg: the loader warp (padded to a warpgroup) keeps 24 registers, each consumer 240
+# (24 x 128 + 2 x 240 x 128 = 63 K of the 64 K an SM has): a 64 x 256 float32 accumulator is 128
+# of them.
+GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders (they also hold Q's coordinates)
+GLUON_SOFTMAX_LOADER_REGISTERS = 24
+GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
 
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
 
@@ -4114,43 +4202,51 @@ def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
 
 @dataclass(frozen=True)
 class GluonSoftmaxLaunch:
-    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring slots.
+    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring
+    slots, whether the two consumer warpgroups take turns to issue their products (pingpong),
+    and whether a consumer rescales its accumulator only when a row's max grew by more than 8
+    (lazy_rescale; else at every step).
 
-    maxnreg caps the registers per thread at launch (the consumer warpgroup then raises its own
-    share, the loader lowers its). 128 with 2 slots of 128-wide tiles fits two programs per SM
-    (2 x 8 warps x 128 registers, 2 x 96 KiB), so one program's softmax can run under the other's
-    MMA; it compiles without spilling. None leaves triton's default (one program per SM).
+    A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
+    block_n x block_d3, 16-bit.
     """
 
     block_n: int
     block_d3: int
-    stages: int = GLUON_STAGES
-    maxnreg: int | None = None
+    stages: int = 2
+    pingpong: bool = False
+    lazy_rescale: bool = True
 
     def check(self) -> None:
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
-        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 2 <= self.stages <= 4:
-            raise ValueError(f"stages must be an int from 2 to 4, got {self.stages!r}")
-        if self.maxnreg is not None and self.maxnreg not in range(64, 257, 8):
-            raise ValueError(f"maxnreg must be None or a multiple of 8 from 64 to 256, got {self.maxnreg!r}")
-        ring = self.stages * (GLUON_BLOCK_M * self.block_n + self.block_n * self.block_d3) * 2
+        check_int("stages", self.stages, 2, 8)
+        check_flag("pingpong", self.pingpong)
+        check_flag("lazy_rescale", self.lazy_rescale)
+        ring = gluon_softmax_ring_bytes(self)
         if ring > _SHARED_MEMORY_BUDGET:
             raise KernelCapacityError(
-                f"{self.stages} slots of {GLUON_BLOCK_M} x {self.block_n} x tiles and {self.block_n} x {self.block_d3} "
-                f"V tiles need {ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+                f"{self.stages} slots of {GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M} x {self.block_n} x tiles and "
+                f"{self.block_n} x {self.block_d3} V tiles need {ring // 1024} KiB of shared memory, more than "
+                f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+
+
+def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch) -> int:
+    """Shared memory of ``launch``'s ring: its slots of x and V tiles (16-bit), and their barriers."""
+    rows = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M
+    return launch.stages * ((rows * launch.block_n + launch.block_n * launch.block_d3) * 2 + 4 * 8)
 
 
 def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
-    """128-wide tiles (the register budget above), narrower only where d2 or d3 is smaller.
-
-    16 is the least: the MMA's K step for 16-bit operands, and 32 bytes of a TMA box row. Wider d3
-    tiles (256, with 2 slots of 128-wide steps or 4 of 64) also compile without spilling and halve
-    the softmax work repeated per d3 tile; which is faster is for an H100 to say
-    (outputs/profiles/gluon_fused_check.py times them).
-    """
+    """d3 in tiles of up to 256 (the widest MMA: each tile repeats the softmax of its rows, so the
+    fewer the better), d2 in steps of up to 128 through 2 slots, the lazy rescale; narrower only
+    where d2 or d3 is smaller. 16 is the least: the MMA's K step for 16-bit operands, and 32 bytes
+    of a TMA box row. On an H100 (outputs/profiles/gluon_fused_sweep.txt, gluon_check.txt) 128-wide
+    steps through 2 slots ran 1.03-1.12x faster than 64-wide ones through 4 at d2 >= 1024; the
+    lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
+    differ (0.69-0.74 ms either way)."""
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
-                              block_d3=max(16, min(128, next_power_of_2(d3))))
+                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2)
 
 
 if _GLUON is not None:
@@ -4175,84 +4271,145 @@ if _GLUON is not None:
             _tma_load(v_desc, [batch, i * BLOCK_N, off_d3], v_ready.index(slot), v_bufs.index(slot))
 
     @gluon.jit
-    def _gluon_softmax_consumer(x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
-                                o_ptr, stride_ob, stride_o1, stride_o3, batch, off_m, off_d3, d1, d2, d3, n_steps,
-                                s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr):
-        """The default partition: online softmax of step i overlapping the MMA of step i - 1; then the output."""
+    def _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn, their_turn,
+                            acc, m, l, p, cols, d2, s_layout: gl.constexpr, acc_layout: gl.constexpr,
+                            p_layout: gl.constexpr, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
+                            PINGPONG: gl.constexpr, LAZY: gl.constexpr):
+        """Step i of one consumer: the online softmax of its rows' x tile while its product of
+        step i - 1 runs, then the wait for that product, acc's rescale, and step i's product
+        issued asynchronously. MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
-        BLOCK_M: gl.constexpr = x_bufs.type.shape[2]
+        ROWS: gl.constexpr = x_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
         BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
-        dtype: gl.constexpr = x_bufs.dtype
+        BLOCK_M: gl.constexpr = m.shape[0]
         LOG2E: gl.constexpr = 1.4426950408889634
+        slot = i % STAGES
+        phase = (i // STAGES) & 1
+        mbarrier.wait(x_ready.index(slot), phase)
+        x_tile = x_bufs.index(slot).reshape([ROWS, BLOCK_N]).slice(CONSUMER * BLOCK_M, BLOCK_M)
+        s = x_tile.load(s_layout).to(gl.float32)
+        # The generic-proxy read of the slot must precede the TMA that refills it.
+        fence_async_shared()
+        mbarrier.arrive(x_free.index(slot))
+        if MASKED:
+            s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
+        m_new = gl.maximum(m, gl.max(s, axis=1))
+        # A row that has seen only -inf subtracts 0: exp(-inf - -inf) would be NaN. The logits
+        # are taken from the max before scaling to base 2, which cannot overflow (x * log2(e)
+        # can, past 2.4e38).
+        m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
+        alpha = gl.exp2((m - m_sub) * LOG2E)
+        rescale = True
+        if LAZY:
+            # Rescale only when some row's max grew by more than 8: until then exp(x - m) against
+            # the stale m stays below e^8 (~3e3), far inside both 16-bit ranges, and the final
+            # division uses the same m. A row at -inf that sees a finite logit grows (-inf + 8 is
+            # -inf). The test spans the warpgroup, so all its warps take one branch.
+            rescale = gl.max((m_new > m + 8.0).to(gl.int32), axis=0) > 0
+        if rescale:
+            m = m_new
+            l = l * alpha
+        else:
+            m_sub = gl.where(m == float("-inf"), 0.0, m)
+        w = gl.exp2((s - gl.expand_dims(m_sub, 1)) * LOG2E)
+        l = l + gl.sum(w, axis=1)
+        # Step i - 1's product must be done before acc is rescaled and its V slot refilled; its
+        # A operand p lives in registers and must not be overwritten until then either.
+        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES), pred=i > 0)
+        if rescale:
+            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+        p = gl.convert_layout(w.to(x_bufs.dtype), p_layout)
+        mbarrier.wait(v_ready.index(slot), phase)
+        if PINGPONG:
+            mbarrier.wait(my_turn, i & 1)
+        acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
+        if PINGPONG:
+            mbarrier.arrive(their_turn)
+        return acc, m, l, p
+
+    @gluon.jit
+    def _gluon_softmax_consumer(x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns,
+                                o_ptr, stride_ob, stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1,
+                                batch, off_m, off_d3, d1, d2, d3, n_steps,
+                                s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
+                                CONSUMER: gl.constexpr, PINGPONG: gl.constexpr, LAZY: gl.constexpr,
+                                STORE_LSE: gl.constexpr):
+        """Consumer warpgroup CONSUMER: rows off_m + CONSUMER * BLOCK_M onwards through every step
+        of the ring, then their output tile (and, STORE_LSE, their log-sum-exp)."""
+        BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
+        BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
+        BLOCK_M: gl.constexpr = x_bufs.type.shape[2] // turns.type.shape[0]  # the rows / the consumers
+        LN2: gl.constexpr = 0.6931471805599453
         rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
+        my_turn = turns.index(CONSUMER)
+        their_turn = turns.index(1 - CONSUMER)
+        if PINGPONG:
+            if CONSUMER == 1:  # consumer 0 issues first
+                mbarrier.arrive(their_turn)
 
         m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
         l = gl.zeros([BLOCK_M], gl.float32, rows_l)
         acc = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
-        p = gl.zeros([BLOCK_M, BLOCK_N], dtype, p_layout)
+        p = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
-        for i in range(n_steps):
-            slot = i % STAGES
-            phase = (i // STAGES) & 1
-            mbarrier.wait(x_ready.index(slot), phase)
-            s = x_bufs.index(slot).reshape([BLOCK_M, BLOCK_N]).load(s_layout).to(gl.float32)
-            # The generic-proxy read of the slot must precede the TMA that refills it. (An arrive
-            # is one thread's, after a barrier of the partition's warps: triton puts it there.)
-            fence_async_shared()
-            mbarrier.arrive(x_free.index(slot))
-
-            # Columns past d2 came in as zeros: they must weigh nothing.
-            s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
-            m_new = gl.maximum(m, gl.max(s, axis=1))
-            # A row that has seen only -inf keeps m = -inf: exp(-inf - -inf) would be NaN.
-            live = m_new > float("-inf")
-            alpha = gl.where(live, gl.exp2((m - m_new) * LOG2E), 1.0)
-            w = gl.where(gl.expand_dims(live, 1), gl.exp2((s - gl.expand_dims(m_new, 1)) * LOG2E), 0.0).to(dtype)
-            # The weights are summed as rounded for the product, so they are normalised as used.
-            l = l * alpha + gl.sum(w.to(gl.float32), axis=1)
-            m = m_new
-
-            # Step i - 1's product must be done before acc is rescaled and its V slot refilled;
-            # its A operand p lives in registers and must not be overwritten until then either.
-            acc, p = warpgroup_mma_wait(0, deps=(acc, p))
-            mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES), pred=i > 0)
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
-            p = gl.convert_layout(w, p_layout)
-            mbarrier.wait(v_ready.index(slot), phase)
-            acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
+        full_steps = d2 // BLOCK_N
+        for i in range(full_steps):
+            acc, m, l, p = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn,
+                                               their_turn, acc, m, l, p, cols, d2, s_layout, acc_layout, p_layout,
+                                               CONSUMER, False, PINGPONG, LAZY)
+        for i in range(full_steps, n_steps):  # the last, part-filled step, if any
+            acc, m, l, p = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn,
+                                               their_turn, acc, m, l, p, cols, d2, s_layout, acc_layout, p_layout,
+                                               CONSUMER, True, PINGPONG, LAZY)
         acc, p = warpgroup_mma_wait(0, deps=(acc, p))
 
         # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, acc_layout)), 1)
-        rows = off_m + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
+        first_row = off_m + CONSUMER * BLOCK_M
+        rows = first_row + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
         out_cols = off_d3 + gl.arange(0, BLOCK_D3, gl.SliceLayout(0, acc_layout))
         o_ptrs = (o_ptr + batch.to(gl.int64) * stride_ob + gl.expand_dims(rows.to(gl.int64) * stride_o1, 1)
                   + gl.expand_dims(out_cols * stride_o3, 0))
         mask = gl.expand_dims(rows < d1, 1) & gl.expand_dims(out_cols < d3, 0)
-        gl.store(o_ptrs, out.to(dtype), mask=mask)
+        gl.store(o_ptrs, out.to(x_bufs.dtype), mask=mask)
+        if STORE_LSE:
+            # The first d3 tile's programs write it. A row of only -inf gets -inf (log 0 + 0):
+            # its backward is NaN, as torch's is.
+            if off_d3 == 0:
+                lse_rows = first_row + gl.arange(0, BLOCK_M, rows_l)
+                lse = (m + gl.log2(l) * LN2)
+                gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + lse_rows * stride_l1, lse, mask=lse_rows < d1)
 
     @gluon.jit
-    def fused_softmax_gluon_kernel(x_desc, v_desc, o_ptr, stride_ob, stride_o1, stride_o3, d1, d2, d3, n_tiles_d3,
-                                   STAGES: gl.constexpr, LOADER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
-        """softmax(x) @ V for one (BLOCK_M rows, BLOCK_D3 columns) tile of one batch element's output."""
-        BLOCK_M: gl.constexpr = x_desc.block_type.shape[1]
+    def fused_softmax_gluon_kernel(x_desc, v_desc, o_ptr, stride_ob, stride_o1, stride_o3, lse_ptr, stride_lb,
+                                   stride_l1, d1, d2, d3, n_tiles_d3, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
+                                   LOADER_REGISTERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
+                                   PINGPONG: gl.constexpr, LAZY: gl.constexpr, STORE_LSE: gl.constexpr,
+                                   num_warps: gl.constexpr):
+        """softmax(x) @ V for one (CONSUMERS x BLOCK_M rows, BLOCK_D3 columns) tile of one batch
+        element's output, through a ring of STAGES slots."""
+        ROWS: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
         BLOCK_D3: gl.constexpr = v_desc.block_type.shape[2]
+        BLOCK_M: gl.constexpr = 16 * num_warps
         dtype: gl.constexpr = x_desc.dtype
-        gl.static_assert(num_warps == 4, "one consumer warpgroup")
-        gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
+        gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
+        gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
+        gl.static_assert(ROWS == CONSUMERS * BLOCK_M, "an x tile holds every consumer's rows")
 
         tile = gl.program_id(0)
         batch = gl.program_id(1)
-        off_m = (tile // n_tiles_d3) * BLOCK_M
+        # Adjacent programs take the d3 tiles of one row block: its x tiles come from L2 after the first.
+        off_m = (tile // n_tiles_d3) * ROWS
         off_d3 = (tile % n_tiles_d3) * BLOCK_D3
         n_steps = gl.cdiv(d2, BLOCK_N)
 
         # The accumulator's layout fixes the MMA: 16 rows per warp, BLOCK_D3 columns per
         # instruction, K of 16 (16-bit operands). The logits use the same row distribution
         # (N = BLOCK_N), so their row statistics line up with the accumulator's rows, and the
-        # weights move from it to the MMA's register operand layout.
+        # weights move from it to the MMA's register operand layout within each thread.
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, BLOCK_D3, 16])
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -4265,19 +4422,27 @@ if _GLUON is not None:
         x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        turns = gl.allocate_shared_memory(gl.int64, [CONSUMERS, 1], mbarrier.MBarrierLayout())
         for slot in gl.static_range(STAGES):
             mbarrier.init(x_ready.index(slot), count=1)
-            mbarrier.init(x_free.index(slot), count=1)
+            mbarrier.init(x_free.index(slot), count=CONSUMERS)  # every consumer reads every slot
             mbarrier.init(v_ready.index(slot), count=1)
-            mbarrier.init(v_free.index(slot), count=1)
+            mbarrier.init(v_free.index(slot), count=CONSUMERS)
+        for c in gl.static_range(CONSUMERS):
+            mbarrier.init(turns.index(c), count=1)
 
         gl.warp_specialize([
-            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
-                                       o_ptr, stride_ob, stride_o1, stride_o3, batch, off_m, off_d3, d1, d2, d3,
-                                       n_steps, s_layout, acc_layout, p_layout)),
+            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
+                                       stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
+                                       d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 0, PINGPONG, LAZY,
+                                       STORE_LSE)),
+            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
+                                       stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
+                                       d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 1, PINGPONG, LAZY,
+                                       STORE_LSE)),
             (_gluon_softmax_loader, (x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                      batch, off_m, off_d3, n_steps)),
-        ], [1], [LOADER_REGISTERS])
+        ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 @on_input_device
@@ -4299,23 +4464,38 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     reason = gluon_softmax_unsupported(x, V)
     if reason is not None:
         raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")
+    if launch is not None:
+        if not isinstance(launch, GluonSoftmaxLaunch):
+            raise TypeError(f"launch must be a GluonSoftmaxLaunch, got {type(launch).__name__}")
+        launch.check()
+    out = _fused_output(x, V)
+    _gluon_fused_forward(x, V, out, None, launch)
+    return out
+
+
+def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+                         launch: GluonSoftmaxLaunch | None = None, kept: list | None = None) -> None:
+    """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
+    rows' log-sum-exp). With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of
+    (x, V, out) or (x, V, out, lse), or None where it cannot be kept."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3)
-    launch.check()
     gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    x_block = [1, GLUON_BLOCK_M, launch.block_n]
+    x_block = [1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M, launch.block_n]
     v_block = [1, launch.block_n, launch.block_d3]
-    x_desc, v_desc = _gluon_descriptors(gl_dtype, (x, x_block), (V, v_block))
-    out = _fused_output(x, V)
+    descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, v_block))
     n_tiles_d3 = cdiv(d3, launch.block_d3)
-    grid = (cdiv(d1, GLUON_BLOCK_M) * n_tiles_d3, batch)
-    fused_softmax_gluon_kernel[grid](
-        x_desc, v_desc, out, *out.stride(), d1, d2, d3, n_tiles_d3,
-        STAGES=launch.stages, LOADER_REGISTERS=GLUON_LOADER_REGISTERS, num_warps=GLUON_BLOCK_M // 16,
-        **({} if launch.maxnreg is None else {"maxnreg": launch.maxnreg}),
-    )
-    return out
+    grid = (cdiv(d1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M) * n_tiles_d3, batch)
+    kernel = _jit(fused_softmax_gluon_kernel, traced=False)
+    lse_args = (out, 0, 0) if lse is None else (lse, *lse.stride())
+    args = (*descs, out, *out.stride(), *lse_args, d1, d2, d3, n_tiles_d3)
+    options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
+                   CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
+                   STORE_LSE=lse is not None, num_warps=GLUON_BLOCK_M // 16)
+    kernel[grid](*args, **options)
+    if kept is not None:
+        _keep_flash_launch(kernel, grid, args, options, 3 if lse is None else 4, kept, tuple(descs))
 
 
 # ----------------------------------------------------------------------------------------------

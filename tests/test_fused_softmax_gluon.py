@@ -5,9 +5,10 @@ Judged like ``fused_softmax`` (tests/test_fused_softmax_matmul.py): at most twic
 inputs (``support.assert_close``). The kernel only compiles for sm_90 with Gluon: its tests skip
 elsewhere, except the ones that check it refuses inputs it cannot take, which run everywhere.
 
-Shapes are chosen against the kernel's tiles (64 rows of x per program, d2 in steps of up to 128,
-d3 in tiles of up to 128, a ring of 3 slots) and TMA's rule that every stride but the last is a
-multiple of 16 bytes (d2 and d3 multiples of 8 for contiguous 16-bit inputs).
+Shapes are chosen against the kernel's tiles (128 rows of x per program, 64 for each of its two
+consumer warpgroups; d2 in steps of up to 64, d3 in tiles of up to 256, a ring of 4 slots) and
+TMA's rule that every stride but the last is a multiple of 16 bytes (d2 and d3 multiples of 8 for
+contiguous 16-bit inputs).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import fused_softmax_matmul as fsm
 from fused_softmax_matmul import (
-    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax_gluon, gluon_softmax_applies, gluon_softmax_launch,
-    gluon_softmax_unsupported, softmax_mult,
+    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax, fused_softmax_gluon, fused_softmax_path,
+    gluon_fused_wins, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported, softmax_mult,
 )
 from online_softmax import KernelCapacityError
-from support import DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs
+from support import DEVICE, DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs
 
 
 def _missing_hopper_gluon() -> str | None:
@@ -46,18 +48,20 @@ def check_gluon(x: torch.Tensor, V: torch.Tensor, launch: GluonSoftmaxLaunch | N
 
 # (batch, d1, d2, d3), logit scale: the code path each exercises.
 CASES = {
-    # Whole tiles: one row block, one d2 step, one d3 tile.
-    "64x128x128": ((1, 64, 128, 128), 1.0),
-    # d1 = 100: the second row block has 36 live rows (TMA reads zeros past d1, the store masks
-    # them); d2 = 200: a last step of 72 columns (zeros past d2 masked to -inf); d3 = 40: one
+    # Whole tiles: one row block, two d2 steps, one d3 tile.
+    "128x128x128": ((1, 128, 128, 128), 1.0),
+    # d1 = 100: the second consumer has 36 live rows (TMA reads zeros past d1, the store masks
+    # them); d2 = 200: a last step of 8 columns (zeros past d2 masked to -inf); d3 = 40: one
     # 64-wide d3 tile, 24 columns of it past d3.
     "ragged 100x200x40": ((2, 100, 200, 40), 1.0),
-    # d2 = 8 under the least step of 16; d3 = 8 under the least tile of 16; 17 rows.
+    # d2 = 8 under the least step of 16; d3 = 8 under the least tile of 16; 17 rows, none for
+    # the second consumer.
     "tiny 17x8x8": ((1, 17, 8, 8), 1.0),
-    # 8 steps through a 3-slot ring (each slot's barriers change phase twice or more), three d3
-    # tiles of 128 with 8 live columns in the last, logits of size 8 so the running max moves.
+    # 16 steps through a 4-slot ring (each slot's barriers change phase four times), two d3
+    # tiles of 256 with 8 live columns in the second, a second row block with 2 live rows,
+    # logits of size 8 so the running max moves.
     "ring 130x1000x264": ((3, 130, 1000, 264), 8.0),
-    # The spec's d3 = 512 (four d3 tiles per row block) with 32 steps of d2.
+    # The spec's d3 = 512 (two d3 tiles per row block) with 64 steps of d2.
     "d3 512": ((2, 128, 4096, 512), 1.0),
     # Logits of size 100: earlier steps' weights underflow to 0 when the max grows.
     "scale 100": ((2, 70, 520, 24), 100.0),
@@ -74,12 +78,16 @@ def test_against_float64(case, dtype_name):
 
 
 @needs_hopper_gluon
-@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 256, 4),
-                                    GluonSoftmaxLaunch(128, 128, 2, maxnreg=128)], ids=str)
-def test_other_launches(launch):
-    """The launches the check script times beside the default: 256-wide d3 tiles (two over 264, 8
-    live columns in the second; 8 or 16 steps of d2 through 2 or 4 slots), and two programs per SM."""
-    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=8.0)
+@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(64, 256, 4, pingpong=True), GluonSoftmaxLaunch(32, 256, 6),
+                                    GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 128, 4),
+                                    GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False)], ids=str)
+@pytest.mark.parametrize("scale", [8.0, 100.0])
+def test_other_launches(launch, scale):
+    """The launches the check script times beside the default: the consumers taking turns, 32- and
+    128-wide steps of d2 (32 or 8 of them through 6 or 2 slots), 128-wide d3 tiles (three over
+    264, 8 live columns in the last), and a rescale at every step; logits of size 8 and 100 (the
+    lazy rescale's skipped and taken steps)."""
+    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=scale)
     check_gluon(x, V, launch)
 
 
@@ -155,14 +163,130 @@ def test_refuses_what_tma_cannot_read(layout):
 
 
 def test_launch_refuses_a_ring_past_shared_memory():
-    """3 slots of 128 x 256 V tiles are 240 KiB: refused by name before any launch."""
+    """3 slots of 128 x 128 x tiles and 128 x 256 V tiles are 288 KiB: refused by name before any launch."""
     GluonSoftmaxLaunch(128, 256, 2).check()
     with pytest.raises(KernelCapacityError, match="shared memory"):
         GluonSoftmaxLaunch(128, 256, 3).check()
 
 
 def test_launch_tiles_follow_the_shape():
-    """128-wide tiles where d2 and d3 allow, down to 16 (the MMA's K step) for narrow ones."""
-    assert gluon_softmax_launch(8192, 512) == gluon_softmax_launch(256, 512)
-    assert (gluon_softmax_launch(8192, 512).block_n, gluon_softmax_launch(8192, 512).block_d3) == (128, 128)
-    assert (gluon_softmax_launch(8, 40).block_n, gluon_softmax_launch(8, 40).block_d3) == (16, 64)
+    """d3 tiles of up to 256 and d2 steps of up to 128 where d2 and d3 allow, down to 16 (the MMA's
+    K step) for narrow ones; 2 slots."""
+    assert gluon_softmax_launch(8192, 512) == gluon_softmax_launch(256, 512) == GluonSoftmaxLaunch(128, 256, 2)
+    assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2)
+    assert gluon_softmax_launch(1000, 96) == GluonSoftmaxLaunch(128, 128, 2)
+
+
+@pytest.mark.parametrize("field, value", [("block_n", 48), ("block_d3", 512), ("stages", 1), ("pingpong", 1)])
+def test_launch_refuses_bad_fields(field, value):
+    """Each field is checked by name: powers of two within the MMA's and TMA's bounds, 2 to 8
+    slots, a bool."""
+    fields = {**dict(block_n=64, block_d3=256, stages=4, pingpong=False), field: value}
+    with pytest.raises((ValueError, TypeError), match=field):
+        GluonSoftmaxLaunch(**fields).check()
+
+
+# ----------------------------------------------------------------------------------------------
+# fused_softmax's "gluon" path
+# ----------------------------------------------------------------------------------------------
+def test_the_rule_is_a_function_of_the_shape():
+    """d3 up to 256, d2 from 512 (d3 <= 128) or 1024, and programs (128 rows each) for 7 in 10 SMs."""
+    assert gluon_fused_wins(16, 2048, 8192, 64, 132) and gluon_fused_wins(16, 2048, 1024, 256, 132)
+    assert gluon_fused_wins(16, 2048, 512, 128, 132) and not gluon_fused_wins(16, 2048, 512, 256, 132)
+    assert not gluon_fused_wins(16, 2048, 256, 64, 132)  # short rows: the Triton kernel's
+    assert not gluon_fused_wins(16, 2048, 8192, 512, 132)  # two d3 tiles: materialised
+    assert gluon_fused_wins(8, 1536, 4096, 64, 132)  # 96 programs for 132 SMs
+    assert not gluon_fused_wins(8, 1000, 8192, 64, 132)  # 64
+    assert gluon_fused_wins(8, 1000, 8192, 64, 64) and not gluon_fused_wins(16, 2048, 8192, 64, None)
+
+
+def test_a_gluon_launch_asks_for_the_gluon_kernel():
+    """A GluonSoftmaxLaunch is the Gluon path; where the kernel cannot run (here, a CPU tensor or
+    no Hopper) fused_softmax says so by name instead of running something else."""
+    x, V = softmax_matmul_inputs(1, 16, 16, 16, torch.bfloat16)
+    launch = GluonSoftmaxLaunch(16, 16)
+    assert fused_softmax_path(x, V, tuned=True, launch=launch) == "gluon"
+    assert fused_softmax_path(x, V, materialize=False, tuned=True, launch=launch) == "fused"
+    if not gluon_softmax_applies(x, V):
+        with pytest.raises(ValueError, match="GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs"):
+            fused_softmax(x, V, launch=launch)
+    with pytest.raises(ValueError, match="materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch"):
+        fused_softmax(x, V, launch=launch, materialize=False)
+    with pytest.raises(ValueError, match="materialize=True does not run"):
+        fused_softmax(x, V, launch=launch, materialize=True)
+    with pytest.raises(TypeError, match="launch must be a FusedLaunch or a GluonSoftmaxLaunch"):
+        fused_softmax(x, V, launch=(64, 4, 3))
+
+
+def _ruled_shape(d3: int) -> tuple:
+    """A (batch, d1, d2, d3) the rule sends to the Gluon kernel on this GPU: a program of 128 rows
+    for every SM, d2 1024."""
+    return (1, 128 * fsm._sm_count(torch.device("cuda")), 1024, d3)
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("d3", [64, 256])
+def test_fused_softmax_runs_the_gluon_kernel_where_the_rule_says(d3):
+    """A plain call at a ruled shape takes the Gluon path, and gives what fused_softmax_gluon gives."""
+    x, V = softmax_matmul_inputs(*_ruled_shape(d3), torch.bfloat16, scale=4.0)
+    assert fused_softmax_path(x, V) == "gluon"
+    out = fused_softmax(x, V)
+    assert torch.equal(out, fused_softmax_gluon(x, V))
+    assert_close(out, softmax_mult(x.double(), V.double()), softmax_mult(x, V))
+    assert fused_softmax_path(x, V, materialize=False) == "fused"
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_gradients_through_the_gluon_forward(dtype_name):
+    """With autograd recording at d3 <= 128 the Gluon forward saves the log-sum-exp the Triton
+    backward reads: the forward and both gradients against float64, PyTorch's error the bound."""
+    from test_fused_softmax_matmul import check_gradients
+
+    x, V = softmax_matmul_inputs(*_ruled_shape(64), DTYPES[dtype_name], scale=4.0)
+    x.requires_grad_()
+    V.requires_grad_()
+    assert fused_softmax_path(x, V) == "gluon"
+    block = fsm.default_block(x, V)
+    check_gradients(x, V, None, (block, block), seed=3)
+
+
+@needs_hopper_gluon
+def test_gradients_under_a_gluon_launch_at_a_wide_d3():
+    """A GluonSoftmaxLaunch at d3 > 128 with grad: the Gluon forward and the Triton backward
+    (not the rule's choice there, where the materialised path's backward is torch's)."""
+    from test_fused_softmax_matmul import check_gradients
+
+    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=4.0)
+    check_gradients(x.requires_grad_(), V.requires_grad_(), GluonSoftmaxLaunch(128, 256, 2), (32, 32), seed=5)
+
+
+@needs_hopper_gluon
+def test_wide_d3_with_grad_keeps_the_materialised_path():
+    """At d3 = 256 the rule's Gluon kernel serves calls without grad only."""
+    x, V = softmax_matmul_inputs(*_ruled_shape(256), torch.bfloat16)
+    assert fused_softmax_path(x, V) == "gluon"
+    x.requires_grad_()
+    assert fused_softmax_path(x, V) == "materialized"
+    with torch.no_grad():
+        assert fused_softmax_path(x, V) == "gluon"
+
+
+@needs_hopper_gluon
+def test_compiled_calls_take_the_triton_kernel():
+    """Under torch.compile the path is the Triton one: the Gluon launch is no op the compiler sees."""
+    x, V = softmax_matmul_inputs(*_ruled_shape(64), torch.bfloat16)
+    out = torch.compile(fused_softmax, fullgraph=True)(x, V)
+    torch._dynamo.reset()
+    assert_close(out, softmax_mult(x.double(), V.double()), softmax_mult(x, V))
+
+
+def test_a_gluon_launch_refuses_a_tensor_subclass():
+    """A fake tensor (shape propagation) goes through the op, which only has the Triton kernel: a
+    GluonSoftmaxLaunch is refused by name rather than read as a FusedLaunch."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x, V = (torch.empty((1, 16, 16), dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
+        with pytest.raises(ValueError, match="a GluonSoftmaxLaunch runs in eager calls only"):
+            fused_softmax(x, V, launch=GluonSoftmaxLaunch(16, 16))

@@ -318,7 +318,7 @@ BAD_LAUNCHES = {
     "lazy_rescale int": (FusedLaunch(16, 4, 2, 1), TypeError, r"launch\.lazy_rescale must be a bool, got int"),
     "transposed None": (FusedLaunch(16, 4, 2, False, None), TypeError, r"launch\.transposed must be a bool, got NoneType"),
     # The positional tuples of old: refused by type, not unpacked.
-    "tuple": ((16, 4, 2, False, False), TypeError, r"launch must be a FusedLaunch, got tuple"),
+    "tuple": ((16, 4, 2, False, False), TypeError, r"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got tuple"),
 }
 
 

@@ -19,7 +19,8 @@ import subprocess
 import sys
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-CASES = {"check": 300, "bench_8192": 300, "bench_256": 300}  # seconds each may take, compilation included
+CASES = {"check": 300, "bench_8192": 300, "bench_256": 300, "bench_1024": 300, "bench_2048": 300,
+         "d3": 300}  # seconds each may take, compilation included
 
 
 def run_all(names: list[str]) -> int:
@@ -47,17 +48,21 @@ def compare(x, V, impls):
 
 
 def implementations():
-    """name -> fn(x, V): PyTorch, the Triton kernel, the Gluon kernel with its own tiles and with wider d3 tiles."""
+    """name -> fn(x, V): PyTorch, ``fused_softmax`` as the wrapper chooses (materialised past d3 = 128),
+    the Triton kernel forced, the Gluon kernel with its own tiles and with others."""
     from fused_softmax_matmul import GluonSoftmaxLaunch, fused_softmax, fused_softmax_gluon, softmax_mult
 
     def gluon(launch=None):
         return lambda x, V: fused_softmax_gluon(x, V, launch=launch)
 
     # BLOCK 64: the Triton kernel's fastest bfloat16 tiles at this shape (outputs/README.md).
-    return {"torch": softmax_mult, "triton": lambda x, V: fused_softmax(x, V, 64, 64), "gluon": gluon(),
+    return {"torch": softmax_mult, "wrapper": fused_softmax, "triton": lambda x, V: fused_softmax(x, V, 64, 64),
+            "gluon": gluon(),
+            "gluon eager": gluon(GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False)),
+            "gluon pingpong": gluon(GluonSoftmaxLaunch(64, 256, 4, pingpong=True)),
+            "gluon 64x256x3": gluon(GluonSoftmaxLaunch(64, 256, 3)),
             "gluon 128x256x2": gluon(GluonSoftmaxLaunch(128, 256, 2)),
-            "gluon 64x256x4": gluon(GluonSoftmaxLaunch(64, 256, 4)),
-            "gluon 2/SM": gluon(GluonSoftmaxLaunch(128, 128, 2, maxnreg=128))}
+            "gluon 128x256x2 eager": gluon(GluonSoftmaxLaunch(128, 256, 2, lazy_rescale=False))}
 
 
 def case_check() -> None:
@@ -87,25 +92,42 @@ def case_check() -> None:
         raise SystemExit(f"{bad} (shape, launch) pairs failed the accuracy check")
 
 
-def case_bench(d2: int) -> None:
+def bench(batch: int, d1: int, d2: int, d3: int, impls: dict) -> None:
     import torch
     import triton
     from fused_softmax_matmul import softmax_matmul_flops
     from support import softmax_matmul_inputs
 
-    batch, d1, d3 = 16, 2048, 512
     x, V = softmax_matmul_inputs(batch, d1, d2, d3, torch.bfloat16)
-    impls = implementations()
     _, _, err = compare(x, V, impls)
-    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"bfloat16 ({batch}, {d1}, {d2}, {d3}): rel. error against float64: "
           + ", ".join(f"{k} {v:.2e}" for k, v in err.items()), flush=True)
     flops = softmax_matmul_flops(batch, d1, d2, d3)
     ms = {}
     for name, fn in impls.items():
         ms[name] = triton.testing.do_bench(lambda: fn(x, V), return_mode="median")
-        print(f"  {name:>15}: {ms[name]:.4f} ms median  {flops / ms[name] * 1e-9:7.1f} TFLOP/s  "
+        print(f"  {name:>21}: {ms[name]:.4f} ms median  {flops / ms[name] * 1e-9:7.1f} TFLOP/s  "
               f"{ms['torch'] / ms[name]:.2f}x torch", flush=True)
+
+
+def header() -> None:
+    import torch
+    import triton
+    print(f"{torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+
+
+def case_bench(d2: int) -> None:
+    """The issue's shape (batch 16, d1 2048, d3 512) at one d2, every implementation."""
+    header()
+    bench(16, 2048, d2, 512, implementations())
+
+
+def case_d3() -> None:
+    """Narrower V at d2 8192: PyTorch, the wrapper's choice and the Gluon kernel's own tiles."""
+    header()
+    impls = {k: v for k, v in implementations().items() if k in ("torch", "wrapper", "gluon")}
+    for d3 in (64, 128, 256):
+        bench(16, 2048, 8192, d3, impls)
 
 
 if __name__ == "__main__":
@@ -114,6 +136,8 @@ if __name__ == "__main__":
         name = sys.argv[2]
         if name == "check":
             case_check()
+        elif name == "d3":
+            case_d3()
         else:
             case_bench(int(name.split("_")[1]))
     else:
