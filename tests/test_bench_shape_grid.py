@@ -6,8 +6,8 @@ torch.compile, Liger-Kernel's softmax) and this project's public op as a user ca
 outputs/shape_grid_benchmark.csv has one row per (workload, case, impl); ``speedup`` on a Triton
 or peer row is the fastest baseline's time on that case over the row's own (conftest.py's
 ``BenchGroup.best_of``); ``path`` on a Triton row says what ran: for attention the kernel of its forward
-(``flash_forward_path``: "gluon" or "triton"), for softmax(x) @ V "fused" or "materialized"
-(``fused_softmax_path``). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
+(``flash_forward_path``: "gluon" or "triton"), for softmax(x) @ V "gluon", "fused" or
+"materialized" (``fused_softmax_path``). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
 it does not take) or is not installed leaves an empty row with the reason, as does a case that
 runs out of memory.
 
@@ -344,10 +344,11 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
     try:  # the precision is the case's: every implementation (and the matmul peak) runs under it
         if precision != "n/a":
             torch.set_float32_matmul_precision(precision)
-        fused = impl == TRITON and _smv_path(d1, d2, d3, torch_dtype) == "fused"
+        path = _smv_path(d1, d2, d3, torch_dtype) if impl == TRITON else None
         if impl == TRITON:
-            row["path"] = "fused" if fused else "materialized"
-        model = fused_softmax_bytes if fused else softmax_mult_bytes
+            row["path"] = path
+        # Both fused kernels (Triton's and Gluon's) keep the softmax on chip.
+        model = fused_softmax_bytes if path in ("fused", "gluon") else softmax_mult_bytes
         bench(GROUP, row, build, bytes_moved=model(SMV_BATCH, d1, d2, d3, torch_dtype.itemsize),
               flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=error)
     finally:
