@@ -3,7 +3,7 @@
 A one-off diagnostic, not part of the benchmark suite. Run from the repository root:
 
     python3 outputs/profiles/gluon_fused_check.py            # every case
-    python3 outputs/profiles/gluon_fused_check.py check      # one case: check, bench_8192 or bench_256
+    python3 outputs/profiles/gluon_fused_check.py check      # some cases: check, bench_<d2> (256, 1024, 2048, 8192), d3
 
 Each case runs in its own process under ``timeout``: a kernel that never finishes (an mbarrier
 waiting for a phase that never completes) costs that case, not the machine. "check" compares the
