@@ -1,6 +1,6 @@
 """One case of issue 19's targets, run three times, for ncu to profile one kernel's third launch
 (gluon_prof.sh). Cases: fused_default and fused_256 (fused_softmax_gluon at (16, 2048, 8192, 512)
-bf16, the wrapper's tiles and 256-wide d3 tiles with 2 slots), attention (FlashAttentionTriton
+bf16, the wrapper's tiles and 256-wide d3 tiles with 2 slots: one launch from 77de787), attention (FlashAttentionTriton
 forward + backward at (16, 8192, 64) causal bf16, the kernels each chooses)."""
 import sys
 
