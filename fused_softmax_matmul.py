@@ -841,8 +841,7 @@ def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | Non
         return "fused"
     batch, d1 = int(x.shape[0]), int(x.shape[1])
     d3 = int(V.shape[-1])
-    if (x.is_cuda and not torch.compiler.is_compiling()
-            and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device)) and gluon_fused_route(x, V)):
+    if x.is_cuda and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device)) and gluon_fused_route(x, V):
         return "gluon"
     programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
     return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
@@ -936,7 +935,7 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None) -> 
     SMs (the measurements above); it must also take the inputs (``gluon_softmax_applies``)."""
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
-    programs = batch * cdiv(d1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M) * cdiv(d3, GLUON_FUSED_MAX_D3)
+    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
     return programs >= GLUON_FUSED_MIN_SM_SHARE * sms
 
 
@@ -957,16 +956,17 @@ def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2
                          launch: GluonSoftmaxLaunch | None) -> torch.Tensor:
     """``fused_softmax`` on its "gluon" path: the Gluon forward, through ``_EagerFusedSoftmax`` (the
     log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records."""
+    op = needs_op(x, V)
     if launch is not None:
         launch.check()
-        if needs_op(x, V) and not eager_autograd(x, V):
+        if op and not eager_autograd(x, V):
             raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
                              "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
     reason = gluon_softmax_unsupported(x, V)
     if reason is not None:
         raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {reason}")
     launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2])
-    if needs_op(x, V):
+    if op:
         if transformed(x, V):
             return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
         return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
@@ -4127,10 +4127,11 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 # runs under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
 GLUON_BLOCK_M = 64
 GLUON_SOFTMAX_CONSUMERS = 2
+GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
 # setmaxnreg: the loader warp (padded to a warpgroup) keeps 24 registers, each consumer 240
 # (24 x 128 + 2 x 240 x 128 = 63 K of the 64 K an SM has): a 64 x 256 float32 accumulator is 128
 # of them.
-GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders (they also hold Q's coordinates)
+GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
 
@@ -4226,15 +4227,14 @@ class GluonSoftmaxLaunch:
         ring = gluon_softmax_ring_bytes(self)
         if ring > _SHARED_MEMORY_BUDGET:
             raise KernelCapacityError(
-                f"{self.stages} slots of {GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M} x {self.block_n} x tiles and "
+                f"{self.stages} slots of {GLUON_SOFTMAX_ROWS} x {self.block_n} x tiles and "
                 f"{self.block_n} x {self.block_d3} V tiles need {ring // 1024} KiB of shared memory, more than "
                 f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
 def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch) -> int:
     """Shared memory of ``launch``'s ring: its slots of x and V tiles (16-bit), and their barriers."""
-    rows = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M
-    return launch.stages * ((rows * launch.block_n + launch.block_n * launch.block_d3) * 2 + 4 * 8)
+    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + launch.block_n * launch.block_d3) * 2 + 4 * 8)
 
 
 def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
@@ -4474,19 +4474,18 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 
 
 def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                         launch: GluonSoftmaxLaunch | None = None, kept: list | None = None) -> None:
+                         launch: GluonSoftmaxLaunch | None = None) -> None:
     """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
-    rows' log-sum-exp). With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of
-    (x, V, out) or (x, V, out, lse), or None where it cannot be kept."""
+    rows' log-sum-exp)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3)
     gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-    x_block = [1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M, launch.block_n]
+    x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
     v_block = [1, launch.block_n, launch.block_d3]
     descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, v_block))
     n_tiles_d3 = cdiv(d3, launch.block_d3)
-    grid = (cdiv(d1, GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M) * n_tiles_d3, batch)
+    grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
     kernel = _jit(fused_softmax_gluon_kernel, traced=False)
     lse_args = (out, 0, 0) if lse is None else (lse, *lse.stride())
     args = (*descs, out, *out.stride(), *lse_args, d1, d2, d3, n_tiles_d3)
@@ -4494,8 +4493,6 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
                    CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
                    STORE_LSE=lse is not None, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
-    if kept is not None:
-        _keep_flash_launch(kernel, grid, args, options, 3 if lse is None else 4, kept, tuple(descs))
 
 
 # ----------------------------------------------------------------------------------------------
