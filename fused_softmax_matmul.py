@@ -863,8 +863,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper, 16-bit inputs of d3 <= 256 and long rows run the
-    warp-specialised Gluon kernel instead (``gluon_fused_wins``) in eager calls, with autograd
-    recording only at d3 <= 128 (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
+    warp-specialised Gluon kernel instead (``gluon_fused_wins``) in plain eager calls without
+    autograd recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
     ``GluonSoftmaxLaunch`` for the Gluon kernel. The materialised path is differentiable twice;
@@ -895,7 +895,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     check_block("BLOCK_1", BLOCK_1, 16, 256)
     check_block("BLOCK_2", BLOCK_2, 16, 256)
     if path == "gluon":
-        return _gluon_fused_softmax(x, V, BLOCK_1, BLOCK_2, launch)
+        return _gluon_fused_softmax(x, V, BLOCK_1, BLOCK_2, launch, None if key is None else _FUSED_REPLAYS.keeper(key))
     if launch is not None:
         if not isinstance(launch, FusedLaunch):
             raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
@@ -941,21 +941,21 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None) -> 
 
 def gluon_fused_route(x: torch.Tensor, V: torch.Tensor) -> bool:
     """Whether a ``fused_softmax`` call may run the Gluon kernel: the kernel takes the inputs
-    (``gluon_softmax_applies``), and the call is eager (not traced, plain tensors, no tangent or
-    transform: the Gluon launch is not an op torch.compile or torch.func can see). With autograd
-    recording, only where the fused kernel would run (d3 <= FUSED_MAX_D3), whose backward it
-    shares (above, the materialised path's backward is torch's)."""
-    if torch.compiler.is_compiling() or transformed(x, V) or not gluon_softmax_applies(x, V):
-        return False
-    if needs_op(x, V):
-        return eager_autograd(x, V) and V.shape[-1] <= FUSED_MAX_D3
-    return True
+    (``gluon_softmax_applies``), and the call is a plain eager one (``needs_op`` false: not
+    traced, no autograd recording, plain tensors, no tangent or transform; the Gluon launch is no
+    op torch.compile or torch.func can see). With autograd recording at d3 <= 128, a training
+    step through the Gluon forward (which saves the log-sum-exp for the Triton backward) ran
+    0.70-0.88x as fast as one through the Triton kernel, do_bench on an H100
+    (outputs/profiles/gluon_fused_user_probe.txt): its launch is not kept, and the eager step is
+    host-bound at those sizes. A ``GluonSoftmaxLaunch`` still asks for it there."""
+    return not needs_op(x, V) and gluon_softmax_applies(x, V)
 
 
 def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                         launch: GluonSoftmaxLaunch | None) -> torch.Tensor:
+                         launch: GluonSoftmaxLaunch | None, keep=None) -> torch.Tensor:
     """``fused_softmax`` on its "gluon" path: the Gluon forward, through ``_EagerFusedSoftmax`` (the
-    log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records."""
+    log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records;
+    else launched directly and kept (``keep``: the call's keeper in ``_FUSED_REPLAYS``)."""
     op = needs_op(x, V)
     if launch is not None:
         launch.check()
@@ -971,7 +971,7 @@ def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2
             return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
         return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
     out = _fused_output(x, V)
-    _gluon_fused_forward(x, V, out, None, launch)
+    _gluon_fused_forward(x, V, out, None, launch, keep)
     return out
 
 
@@ -4383,7 +4383,7 @@ if _GLUON is not None:
                 gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + lse_rows * stride_l1, lse, mask=lse_rows < d1)
 
     @gluon.jit
-    def fused_softmax_gluon_kernel(x_desc, v_desc, o_ptr, stride_ob, stride_o1, stride_o3, lse_ptr, stride_lb,
+    def fused_softmax_gluon_kernel(x_desc, v_desc, o_ptr, lse_ptr, stride_ob, stride_o1, stride_o3, stride_lb,
                                    stride_l1, d1, d2, d3, n_tiles_d3, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                    LOADER_REGISTERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                                    PINGPONG: gl.constexpr, LAZY: gl.constexpr, STORE_LSE: gl.constexpr,
@@ -4474,9 +4474,10 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 
 
 def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                         launch: GluonSoftmaxLaunch | None = None) -> None:
+                         launch: GluonSoftmaxLaunch | None = None, keep=None) -> None:
     """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
-    rows' log-sum-exp)."""
+    rows' log-sum-exp). ``keep`` receives the launch as a ``DescriptorReplay`` of (x, V, out, lse),
+    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3)
@@ -4487,12 +4488,16 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
     kernel = _jit(fused_softmax_gluon_kernel, traced=False)
-    lse_args = (out, 0, 0) if lse is None else (lse, *lse.stride())
-    args = (*descs, out, *out.stride(), *lse_args, d1, d2, d3, n_tiles_d3)
+    lse_strides = (0, 0) if lse is None else lse.stride()
+    args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
                    CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
                    STORE_LSE=lse is not None, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, 4)
+        if replay is not None:
+            keep(DescriptorReplay(replay, tuple(descs)))
 
 
 # ----------------------------------------------------------------------------------------------

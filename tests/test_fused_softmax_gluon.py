@@ -18,7 +18,7 @@ import torch
 
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import (
-    GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax, fused_softmax_gluon, fused_softmax_path,
+    FUSED_MAX_D3, GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax, fused_softmax_gluon, fused_softmax_path,
     gluon_fused_wins, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported, softmax_mult,
 )
 from online_softmax import KernelCapacityError
@@ -239,16 +239,16 @@ def test_fused_softmax_runs_the_gluon_kernel_where_the_rule_says(d3):
 @needs_hopper_gluon
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 def test_gradients_through_the_gluon_forward(dtype_name):
-    """With autograd recording at d3 <= 128 the Gluon forward saves the log-sum-exp the Triton
-    backward reads: the forward and both gradients against float64, PyTorch's error the bound."""
+    """A GluonSoftmaxLaunch with autograd recording at a ruled shape: the Gluon forward saves the
+    log-sum-exp the Triton backward reads; the forward and both gradients against float64,
+    PyTorch's error the bound. (The rule itself leaves calls that record to the Triton kernel.)"""
     from test_fused_softmax_matmul import check_gradients
 
     x, V = softmax_matmul_inputs(*_ruled_shape(64), DTYPES[dtype_name], scale=4.0)
     x.requires_grad_()
     V.requires_grad_()
-    assert fused_softmax_path(x, V) == "gluon"
     block = fsm.default_block(x, V)
-    check_gradients(x, V, None, (block, block), seed=3)
+    check_gradients(x, V, gluon_softmax_launch(x.shape[2], V.shape[2]), (block, block), seed=3)
 
 
 @needs_hopper_gluon
@@ -262,12 +262,14 @@ def test_gradients_under_a_gluon_launch_at_a_wide_d3():
 
 
 @needs_hopper_gluon
-def test_wide_d3_with_grad_keeps_the_materialised_path():
-    """At d3 = 256 the rule's Gluon kernel serves calls without grad only."""
-    x, V = softmax_matmul_inputs(*_ruled_shape(256), torch.bfloat16)
+@pytest.mark.parametrize("d3", [64, 256])
+def test_calls_that_record_autograd_keep_the_triton_paths(d3):
+    """The rule's Gluon kernel serves calls without autograd recording only: with grad the path
+    is the Triton kernel's (d3 <= 128) or the materialised one, as the rule of materialized_wins says."""
+    x, V = softmax_matmul_inputs(*_ruled_shape(d3), torch.bfloat16)
     assert fused_softmax_path(x, V) == "gluon"
     x.requires_grad_()
-    assert fused_softmax_path(x, V) == "materialized"
+    assert fused_softmax_path(x, V) == ("fused" if d3 <= FUSED_MAX_D3 else "materialized")
     with torch.no_grad():
         assert fused_softmax_path(x, V) == "gluon"
 
@@ -290,3 +292,45 @@ def test_a_gluon_launch_refuses_a_tensor_subclass():
         x, V = (torch.empty((1, 16, 16), dtype=torch.bfloat16, device=DEVICE) for _ in range(2))
         with pytest.raises(ValueError, match="a GluonSoftmaxLaunch runs in eager calls only"):
             fused_softmax(x, V, launch=GluonSoftmaxLaunch(16, 16))
+
+
+@needs_hopper_gluon
+def test_a_kept_gluon_launch_serves_fresh_inputs(monkeypatch):
+    """A plain call on the gluon path keeps its launch (descriptors rebuilt from the kept ones):
+    a second call with fresh inputs of the same key replays it without the checked path, and
+    both give what fused_softmax_gluon gives."""
+    from online_softmax import DescriptorReplay
+
+    shape = _ruled_shape(64)
+    x, V = softmax_matmul_inputs(*shape, torch.bfloat16, scale=4.0)
+    fsm._FUSED_REPLAYS.clear()
+    first = fused_softmax(x, V)
+    kept = list(fsm._FUSED_REPLAYS.values())
+    assert len(kept) == 1 and isinstance(kept[0], DescriptorReplay)
+    x2, V2 = softmax_matmul_inputs(*shape, torch.bfloat16, seed=9, scale=4.0)
+    want = fused_softmax_gluon(x2, V2)
+
+    def checked_path(*args, **kwargs):
+        raise AssertionError("the kept launch should have served this call")
+    monkeypatch.setattr(fsm, "_gluon_fused_softmax", checked_path)
+    second = fused_softmax(x2, V2)
+    monkeypatch.undo()
+    assert torch.equal(second, want)
+    assert torch.equal(first, fused_softmax_gluon(x, V))
+
+
+def test_the_route_is_plain_eager_calls(monkeypatch):
+    """gluon_fused_route (the kernel's own checks stubbed as passing, so it runs anywhere): a plain
+    call may take the Gluon kernel, and so may one under no_grad on an input that requires grad;
+    one that records autograd may not, nor one on a fake tensor."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    monkeypatch.setattr(fsm, "gluon_softmax_applies", lambda x, V: True)
+    x, V = softmax_matmul_inputs(1, 16, 16, 16, torch.bfloat16)
+    assert fsm.gluon_fused_route(x, V)
+    assert not fsm.gluon_fused_route(x.requires_grad_(), V)
+    with torch.no_grad():
+        assert fsm.gluon_fused_route(x, V)
+    with FakeTensorMode():
+        fake = torch.empty((1, 16, 16), dtype=torch.bfloat16, device=DEVICE)
+        assert not fsm.gluon_fused_route(fake, fake)
