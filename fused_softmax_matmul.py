@@ -841,7 +841,7 @@ def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | Non
         return "fused"
     batch, d1 = int(x.shape[0]), int(x.shape[1])
     d3 = int(V.shape[-1])
-    if x.is_cuda and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device)) and gluon_fused_route(x, V):
+    if x.is_cuda and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device), x.dtype) and gluon_fused_route(x, V):
         return "gluon"
     programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
     return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
@@ -930,9 +930,12 @@ GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 
 
-def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None) -> bool:
-    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape on a GPU of ``sms``
-    SMs (the measurements above); it must also take the inputs (``gluon_softmax_applies``)."""
+def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
+                     dtype: torch.dtype = torch.bfloat16) -> bool:
+    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape and dtype on a GPU of
+    ``sms`` SMs (the measurements above); it must also take the inputs (``gluon_softmax_applies``)."""
+    if dtype == torch.float32:
+        return False
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
@@ -958,14 +961,14 @@ def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2
     else launched directly and kept (``keep``: the call's keeper in ``_FUSED_REPLAYS``)."""
     op = needs_op(x, V)
     if launch is not None:
-        launch.check()
+        launch.check(x.dtype)
         if op and not eager_autograd(x, V):
             raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
                              "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
     reason = gluon_softmax_unsupported(x, V)
     if reason is not None:
         raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {reason}")
-    launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2])
+    launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2], x.dtype)
     if op:
         if transformed(x, V):
             return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
@@ -1561,6 +1564,19 @@ def matmul_softmax_tma_tile_kernel(
 
 
 @triton.jit
+def _tf32_parts(t):
+    """float32 t as hi + lo: hi rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN:
+    hi carries those)."""
+    hi = _tf32_rounded(t)
+    # A finite t within half a TF32 unit of float32's largest rounds to inf: truncated instead, so
+    # lo stays finite and t's products stay as finite as torch's.
+    overflow = (tl.abs(hi) == float("inf")) & (tl.abs(t) < float("inf"))
+    hi = tl.where(overflow, (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True), hi)
+    lo = t - hi
+    return hi, tl.where(tl.abs(lo) < float("inf"), lo, 0.0)
+
+
+@triton.jit
 def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, K, stride_r, stride_k,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
     """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts, both (R, K)
@@ -1574,17 +1590,32 @@ def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, 
     mask = (rows < R)[:, None] & (ks < K)[None, :]
     t = tl.load(src_ptr + (start + rows)[:, None].to(tl.int64) * stride_r + ks[None, :].to(tl.int64) * stride_k,
                 mask=mask, other=0.0)
-    hi = _tf32_rounded(t)
-    # A finite t within half a TF32 unit of float32's largest rounds to inf: truncated instead, so
-    # lo stays finite and t's products stay as finite as torch's.
-    overflow = (tl.abs(hi) == float("inf")) & (tl.abs(t) < float("inf"))
-    hi = tl.where(overflow, (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True), hi)
-    lo = t - hi
+    hi, lo = _tf32_parts(t)
     offsets = rows[:, None].to(tl.int64) * K + ks[None, :]
     tl.store(hi_ptr + offsets, hi, mask=mask)
-    tl.store(lo_ptr + offsets, tl.where(tl.abs(lo) < float("inf"), lo, 0.0), mask=mask)
+    tl.store(lo_ptr + offsets, lo, mask=mask)
     bad = tl.max(tl.where(tl.abs(t) < float("inf"), 0, 1), axis=1)
     tl.atomic_max(flags_ptr + flag_start + rows, bad, mask=(rows < R) & (bad > 0))
+
+
+@triton.jit
+def tf32_transposed_parts_kernel(v_ptr, out_ptr, d2, d3, stride_vb, stride_v2, stride_v3, stride_ob, stride_op,
+                                 stride_o3, PARTS: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr):
+    """float32 V (batch, d2, d3) of any strides as its TF32 parts d3 by d2, out (batch, PARTS, d3,
+    d2) with d2 contiguous: part 0 V rounded to TF32, part 1 (PARTS = 2) the rest
+    (``_tf32_parts``). One program a (BLOCK_2, BLOCK_3) block of one batch element."""
+    blocks_3 = tl.cdiv(d3, BLOCK_3)
+    ks = (tl.program_id(0) // blocks_3) * BLOCK_2 + tl.arange(0, BLOCK_2)
+    cs = (tl.program_id(0) % blocks_3) * BLOCK_3 + tl.arange(0, BLOCK_3)
+    batch = tl.program_id(1).to(tl.int64)
+    mask = (ks < d2)[:, None] & (cs < d3)[None, :]
+    t = tl.load(v_ptr + batch * stride_vb + ks[:, None].to(tl.int64) * stride_v2 + cs[None, :].to(tl.int64) * stride_v3,
+                mask=mask, other=0.0)
+    hi, lo = _tf32_parts(t)
+    offsets = batch * stride_ob + cs[None, :].to(tl.int64) * stride_o3 + ks[:, None]
+    tl.store(out_ptr + offsets, hi, mask=mask)
+    if PARTS == 2:
+        tl.store(out_ptr + stride_op + offsets, lo, mask=mask)
 
 
 @triton.jit
@@ -4134,8 +4165,14 @@ GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows
 GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
+# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products,
+# _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; 256 columns spilled.
+GLUON_TF32X3_MAX_D3 = 128
 
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
+# softmax(x) @ V takes float32 too, as TF32 products: one under 'high' and 'medium', three
+# (tf32x3: the weights and V each split into a TF32 value and the rest) under 'highest'.
+_GLUON_SOFTMAX_DTYPES = _GLUON_DTYPES + (torch.float32,)
 
 
 def _import_gluon():
@@ -4167,8 +4204,9 @@ if _GLUON is not None:
 def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
     """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can.
 
-    It needs an sm_90 GPU with Gluon, float16 or bfloat16, non-empty inputs and what TMA needs:
-    a contiguous last dimension, 16-byte aligned base addresses and other strides.
+    It needs an sm_90 GPU with Gluon, float16, bfloat16 or float32, non-empty inputs and what
+    TMA needs: a contiguous last dimension, 16-byte aligned base addresses and other strides (of
+    x alone in float32: V is copied into its TF32 parts first, ``gluon_softmax_v_parts``).
     """
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
@@ -4179,15 +4217,15 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
     major, minor = _device_capability(_device_index(x.device))
     if (major, minor) != (9, 0):
         return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
-    if x.dtype not in _GLUON_DTYPES or V.dtype != x.dtype:
-        return f"x and V must both be float16 or bfloat16, got {x.dtype} and {V.dtype}"
+    if x.dtype not in _GLUON_SOFTMAX_DTYPES or V.dtype != x.dtype:
+        return f"x and V must both be float16, bfloat16 or float32, got {x.dtype} and {V.dtype}"
     if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
         return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
     if x.numel() == 0 or V.numel() == 0:
         return "empty inputs have no TMA descriptor (fused_softmax handles them)"
     if x.shape[0] > 65535:
         return f"a batch of {x.shape[0]} is past the 65535 programs a grid's second axis can have"
-    for name, t in (("x", x), ("V", V)):
+    for name, t in (("x", x), ("V", V))[:1 if x.dtype == torch.float32 else 2]:
         if t.stride(2) != 1:
             return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
         if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
@@ -4209,7 +4247,7 @@ class GluonSoftmaxLaunch:
     (lazy_rescale; else at every step).
 
     A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
-    block_n x block_d3, 16-bit.
+    block_n x block_d3 (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype.
     """
 
     block_n: int
@@ -4218,33 +4256,69 @@ class GluonSoftmaxLaunch:
     pingpong: bool = False
     lazy_rescale: bool = True
 
-    def check(self) -> None:
+    def check(self, dtype: torch.dtype = torch.bfloat16) -> None:
+        """The fields' types and ranges, and the ring's shared memory for inputs of ``dtype``
+        (under the float32 matmul setting)."""
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         check_int("stages", self.stages, 2, 8)
         check_flag("pingpong", self.pingpong)
         check_flag("lazy_rescale", self.lazy_rescale)
-        ring = gluon_softmax_ring_bytes(self)
+        parts = gluon_softmax_v_parts(dtype)
+        if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
+            raise KernelCapacityError(
+                f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
+                f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
+                f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
+        ring = gluon_softmax_ring_bytes(self, dtype)
         if ring > _SHARED_MEMORY_BUDGET:
             raise KernelCapacityError(
                 f"{self.stages} slots of {GLUON_SOFTMAX_ROWS} x {self.block_n} x tiles and "
-                f"{self.block_n} x {self.block_d3} V tiles need {ring // 1024} KiB of shared memory, more than "
-                f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+                f"{parts} x {self.block_n} x {self.block_d3} V tiles of {dtype} need "
+                f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
-def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch) -> int:
-    """Shared memory of ``launch``'s ring: its slots of x and V tiles (16-bit), and their barriers."""
-    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + launch.block_n * launch.block_d3) * 2 + 4 * 8)
+def gluon_softmax_v_parts(dtype: torch.dtype) -> int:
+    """V's tiles a ring slot holds: 2 for float32 under 'highest' (tf32x3: V's TF32 value and the
+    rest, each a TF32 product's operand), else 1."""
+    return 2 if dtype == torch.float32 and dot_precision(dtype) == "tf32x3" else 1
 
 
-def gluon_softmax_launch(d2: int, d3: int) -> GluonSoftmaxLaunch:
+def gluon_softmax_v_operand(V: torch.Tensor, parts: int) -> torch.Tensor:
+    """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
+    (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
+    16-byte aligned (padded to 4 columns beyond d2, which TMA never reads)."""
+    batch, d2, d3 = V.shape
+    padded = torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=V.device)
+    out = padded[..., :d2]
+    block = 64
+    grid = (cdiv(d2, block) * cdiv(d3, block), batch)
+    _jit(tf32_transposed_parts_kernel, traced=False)[grid](V, out, d2, d3, *V.stride(), *out.stride()[:3],
+                                                           PARTS=parts, BLOCK_2=block, BLOCK_3=block)
+    return out
+
+
+def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
+    """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, and their barriers."""
+    v_tiles = gluon_softmax_v_parts(dtype) * launch.block_n * launch.block_d3
+    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8)
+
+
+def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) -> GluonSoftmaxLaunch:
     """d3 in tiles of up to 256 (the widest MMA: each tile repeats the softmax of its rows, so the
     fewer the better), d2 in steps of up to 128 through 2 slots, the lazy rescale; narrower only
     where d2 or d3 is smaller. 16 is the least: the MMA's K step for 16-bit operands, and 32 bytes
     of a TMA box row. On an H100 (outputs/profiles/gluon_fused_sweep.txt, gluon_check.txt) 128-wide
     steps through 2 slots ran 1.03-1.12x faster than 64-wide ones through 4 at d2 >= 1024; the
     lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
-    differ (0.69-0.74 ms either way)."""
+    differ (0.69-0.74 ms either way).
+
+    float32 steps are 64 wide (256 bytes of a row, as 128 16-bit values); under tf32x3 d3 comes
+    in tiles of up to GLUON_TF32X3_MAX_D3 (a consumer holds two accumulators)."""
+    if dtype == torch.float32:
+        widest_d3 = GLUON_TF32X3_MAX_D3 if gluon_softmax_v_parts(dtype) == 2 else 256
+        return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
+                                  block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
                               block_d3=max(16, min(256, next_power_of_2(d3))), stages=2)
 
@@ -4254,9 +4328,13 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_softmax_loader(x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                               batch, off_m, off_d3, n_steps):
-        """The producer: one warp issuing the TMA copies of every step's x and V tiles into the ring."""
+        """The producer: one warp issuing the TMA copies of every step's x and V tiles into the ring.
+        16-bit V comes as it is, (batch, d2, d3); float32 V as its TF32 parts, (batch, parts, d3,
+        d2), each part's tile into its own buffer of the slot."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
+        PARTS: gl.constexpr = v_bufs.type.shape[0] // STAGES
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
+        PARTED: gl.constexpr = len(v_desc.block_type.shape) == 4
         for i in range(n_steps):
             slot = i % STAGES
             # Each pass through the ring completes one phase of a slot's barriers. A fresh mbarrier
@@ -4267,21 +4345,82 @@ if _GLUON is not None:
             mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
             _tma_load(x_desc, [batch, off_m, i * BLOCK_N], x_ready.index(slot), x_bufs.index(slot))
             mbarrier.wait(v_free.index(slot), phase ^ 1)
-            mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-            _tma_load(v_desc, [batch, i * BLOCK_N, off_d3], v_ready.index(slot), v_bufs.index(slot))
+            mbarrier.expect(v_ready.index(slot), PARTS * v_desc.block_type.nbytes)
+            if PARTED:
+                for part in gl.static_range(PARTS):
+                    _tma_load(v_desc, [batch, part, off_d3, i * BLOCK_N], v_ready.index(slot),
+                              v_bufs.index(slot * PARTS + part))
+            else:
+                _tma_load(v_desc, [batch, i * BLOCK_N, off_d3], v_ready.index(slot), v_bufs.index(slot))
+
+    @gluon.jit
+    def _gluon_tf32(w):
+        """Non-negative finite float32 w rounded to the nearest TF32 value (half up), as
+        ``_tf32_rounded`` does: the tensor core would truncate it."""
+        bits = w.to(gl.int32, bitcast=True)
+        return ((bits + 0x1000) & -8192).to(gl.float32, bitcast=True)
+
+    @gluon.jit
+    def _gluon_softmax_operands(w, p, q, p_layout: gl.constexpr, PARTS: gl.constexpr):
+        """The weights w as the products' register operands: in the inputs' 16-bit dtype (q is
+        left as it is), rounded to TF32 (float32, one product), or split into that and the rest
+        (tf32x3: p and q)."""
+        if p.dtype == gl.float32:
+            hi = _gluon_tf32(w)
+            if PARTS == 2:
+                q = gl.convert_layout(w - hi, p_layout)
+            p = gl.convert_layout(hi, p_layout)
+        else:
+            p = gl.convert_layout(w.to(p.dtype), p_layout)
+        return p, q
+
+    @gluon.jit
+    def _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS: gl.constexpr):
+        """Issues acc += weights @ V's tile in ``slot`` as asynchronous warpgroup MMAs. 16-bit:
+        one product, V's tile d2 by d3. float32: V's parts arrive d3 by d2 (K-major, as a TF32
+        MMA needs an operand in shared memory): one product of the rounded weights p and V
+        ('high'), or three, p V_hi + p V_lo + q V_hi (tf32x3, 'highest'); the tensor core's
+        truncation of the small terms is at the level of float32's own rounding."""
+        if len(v_bufs.type.shape) == 4:  # 16-bit: (slots, 1, BLOCK_N, BLOCK_D3)
+            BLOCK_N: gl.constexpr = v_bufs.type.shape[2]
+            BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
+            acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
+        else:  # float32: (slots x parts, 1, 1, BLOCK_D3, BLOCK_N)
+            BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
+            BLOCK_N: gl.constexpr = v_bufs.type.shape[4]
+            v_hi = v_bufs.index(slot * PARTS).reshape([BLOCK_D3, BLOCK_N]).permute((1, 0))
+            if PARTS == 2:  # into a fresh accumulator (see _gluon_softmax_step)
+                v_lo = v_bufs.index(slot * PARTS + 1).reshape([BLOCK_D3, BLOCK_N]).permute((1, 0))
+                acc = warpgroup_mma(q, v_hi, acc, use_acc=False, is_async=True)
+                acc = warpgroup_mma(p, v_lo, acc, is_async=True)
+            acc = warpgroup_mma(p, v_hi, acc, is_async=True)
+        return acc
+
+    @gluon.jit
+    def _gluon_softmax_products_done(acc, part, p, q, PARTS: gl.constexpr):
+        """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
+        accumulator, part, added to acc here in registers, rounded to nearest: the tensor core's
+        own accumulation truncates, and three products a K step of 8 over a long d2 added up to
+        a bias many times PyTorch's error."""
+        if PARTS == 2:
+            part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
+            acc = acc + part
+        else:
+            acc, p, q = warpgroup_mma_wait(0, deps=(acc, p, q))
+        return acc, part, p, q
 
     @gluon.jit
     def _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn, their_turn,
-                            acc, m, l, p, cols, d2, s_layout: gl.constexpr, acc_layout: gl.constexpr,
+                            acc, part, m, l, p, q, cols, d2, s_layout: gl.constexpr, acc_layout: gl.constexpr,
                             p_layout: gl.constexpr, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
-                            PINGPONG: gl.constexpr, LAZY: gl.constexpr):
-        """Step i of one consumer: the online softmax of its rows' x tile while its product of
-        step i - 1 runs, then the wait for that product, acc's rescale, and step i's product
-        issued asynchronously. MASKED: columns past d2 (TMA's zeros) weigh nothing."""
+                            PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr):
+        """Step i of one consumer: the online softmax of its rows' x tile while its products of
+        step i - 1 run, then the wait for them, acc's rescale, and step i's products issued
+        asynchronously. MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
-        BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
+
         BLOCK_M: gl.constexpr = m.shape[0]
         LOG2E: gl.constexpr = 1.4426950408889634
         slot = i % STAGES
@@ -4314,20 +4453,23 @@ if _GLUON is not None:
             m_sub = gl.where(m == float("-inf"), 0.0, m)
         w = gl.exp2((s - gl.expand_dims(m_sub, 1)) * LOG2E)
         l = l + gl.sum(w, axis=1)
-        # Step i - 1's product must be done before acc is rescaled and its V slot refilled; its
-        # A operand p lives in registers and must not be overwritten until then either.
-        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+        # Step i - 1's products must be done before acc is rescaled and its V slot refilled; their
+        # A operands p (and q) live in registers and must not be overwritten until then either.
+        acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
         mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES), pred=i > 0)
         if rescale:
             acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
-        p = gl.convert_layout(w.to(x_bufs.dtype), p_layout)
+        p, q = _gluon_softmax_operands(w, p, q, p_layout, PARTS)
         mbarrier.wait(v_ready.index(slot), phase)
         if PINGPONG:
             mbarrier.wait(my_turn, i & 1)
-        acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
+        if PARTS == 2:
+            part = _gluon_softmax_products(p, q, v_bufs, slot, part, PARTS)
+        else:
+            acc = _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS)
         if PINGPONG:
             mbarrier.arrive(their_turn)
-        return acc, m, l, p
+        return acc, part, m, l, p, q
 
     @gluon.jit
     def _gluon_softmax_consumer(x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns,
@@ -4335,7 +4477,7 @@ if _GLUON is not None:
                                 batch, off_m, off_d3, d1, d2, d3, n_steps,
                                 s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                                 CONSUMER: gl.constexpr, PINGPONG: gl.constexpr, LAZY: gl.constexpr,
-                                STORE_LSE: gl.constexpr):
+                                STORE_LSE: gl.constexpr, PARTS: gl.constexpr):
         """Consumer warpgroup CONSUMER: rows off_m + CONSUMER * BLOCK_M onwards through every step
         of the ring, then their output tile (and, STORE_LSE, their log-sum-exp)."""
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
@@ -4351,19 +4493,28 @@ if _GLUON is not None:
 
         m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
         l = gl.zeros([BLOCK_M], gl.float32, rows_l)
-        acc = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
+        if PARTS == 2:  # acc in registers, each step's products in part
+            acc = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
+            part = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
+        else:  # the products accumulate in acc; part only passes through
+            acc = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
+            part = gl.zeros([BLOCK_M], gl.float32, rows_l)
         p = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
+        if PARTS == 2:
+            q = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
+        else:  # no second operand: q only passes through
+            q = gl.zeros([BLOCK_M], gl.float32, rows_l)
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         full_steps = d2 // BLOCK_N
         for i in range(full_steps):
-            acc, m, l, p = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn,
-                                               their_turn, acc, m, l, p, cols, d2, s_layout, acc_layout, p_layout,
-                                               CONSUMER, False, PINGPONG, LAZY)
+            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                                        my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
+                                                        acc_layout, p_layout, CONSUMER, False, PINGPONG, LAZY, PARTS)
         for i in range(full_steps, n_steps):  # the last, part-filled step, if any
-            acc, m, l, p = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn,
-                                               their_turn, acc, m, l, p, cols, d2, s_layout, acc_layout, p_layout,
-                                               CONSUMER, True, PINGPONG, LAZY)
-        acc, p = warpgroup_mma_wait(0, deps=(acc, p))
+            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                                        my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
+                                                        acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS)
+        acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
 
         # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, acc_layout)), 1)
@@ -4387,9 +4538,10 @@ if _GLUON is not None:
                                    stride_l1, d1, d2, d3, n_tiles_d3, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                    LOADER_REGISTERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                                    PINGPONG: gl.constexpr, LAZY: gl.constexpr, STORE_LSE: gl.constexpr,
-                                   num_warps: gl.constexpr):
+                                   PARTS: gl.constexpr, num_warps: gl.constexpr):
         """softmax(x) @ V for one (CONSUMERS x BLOCK_M rows, BLOCK_D3 columns) tile of one batch
-        element's output, through a ring of STAGES slots."""
+        element's output, through a ring of STAGES slots. 16-bit: v_desc reads V (batch, d2, d3).
+        float32: v_desc reads V's PARTS TF32 parts, (batch, PARTS, d3, d2)."""
         ROWS: gl.constexpr = x_desc.block_type.shape[1]
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
         BLOCK_D3: gl.constexpr = v_desc.block_type.shape[2]
@@ -4407,17 +4559,25 @@ if _GLUON is not None:
         n_steps = gl.cdiv(d2, BLOCK_N)
 
         # The accumulator's layout fixes the MMA: 16 rows per warp, BLOCK_D3 columns per
-        # instruction, K of 16 (16-bit operands). The logits use the same row distribution
-        # (N = BLOCK_N), so their row statistics line up with the accumulator's rows, and the
-        # weights move from it to the MMA's register operand layout within each thread.
+        # instruction, K of 32 bytes (16 16-bit operands, 8 TF32 ones). 16-bit: the logits use the
+        # same row distribution (N = BLOCK_N), so their row statistics line up with the
+        # accumulator's rows, and the weights move from it to the MMA's register operand layout
+        # within each thread. float32: a thread's columns of the register operand are not those of
+        # the accumulator's layout, so the logits are read from shared memory in the operand's
+        # layout itself (its rows are the accumulator's).
+        FP32: gl.constexpr = dtype == gl.float32
+        K_WIDTH: gl.constexpr = 1 if FP32 else 2
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                             instr_shape=[16, BLOCK_D3, 16])
-        s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
-                                                           instr_shape=[16, BLOCK_N, 16])
-        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+                                                             instr_shape=[16, BLOCK_D3, 8 * K_WIDTH])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=K_WIDTH)
+        if FP32:
+            s_layout: gl.constexpr = p_layout
+        else:
+            s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
+                                                               instr_shape=[16, BLOCK_N, 16])
 
         x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
-        v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
+        v_bufs = gl.allocate_shared_memory(dtype, [STAGES * PARTS] + v_desc.block_type.shape, v_desc.layout)
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -4435,11 +4595,11 @@ if _GLUON is not None:
             (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
                                        stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
                                        d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 0, PINGPONG, LAZY,
-                                       STORE_LSE)),
+                                       STORE_LSE, PARTS)),
             (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
                                        stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
                                        d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 1, PINGPONG, LAZY,
-                                       STORE_LSE)),
+                                       STORE_LSE, PARTS)),
             (_gluon_softmax_loader, (x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                      batch, off_m, off_d3, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
@@ -4467,7 +4627,7 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     if launch is not None:
         if not isinstance(launch, GluonSoftmaxLaunch):
             raise TypeError(f"launch must be a GluonSoftmaxLaunch, got {type(launch).__name__}")
-        launch.check()
+        launch.check(x.dtype)
     out = _fused_output(x, V)
     _gluon_fused_forward(x, V, out, None, launch)
     return out
@@ -4480,11 +4640,18 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
-    launch = launch or gluon_softmax_launch(d2, d3)
-    gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+    launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
     x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
-    v_block = [1, launch.block_n, launch.block_d3]
-    descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, v_block))
+    parts = gluon_softmax_v_parts(x.dtype)
+    if x.dtype == torch.float32:
+        # TF32 products take V K-major from shared memory: its parts first, d3 by d2. That launch
+        # and a fresh operand each call: not kept.
+        keep = None
+        descs = _gluon_descriptors(gl.float32, (x, x_block),
+                                   (gluon_softmax_v_operand(V, parts), [1, 1, launch.block_d3, launch.block_n]))
+    else:
+        gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+        descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
     kernel = _jit(fused_softmax_gluon_kernel, traced=False)
@@ -4492,7 +4659,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
                    CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
-                   STORE_LSE=lse is not None, num_warps=GLUON_BLOCK_M // 16)
+                   STORE_LSE=lse is not None, PARTS=parts, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
     if keep is not None and isinstance(kernel, DirectLauncher):
         replay = kernel.replay(grid, args, options, 4)

@@ -6,9 +6,13 @@ inputs (``support.assert_close``). The kernel only compiles for sm_90 with Gluon
 elsewhere, except the ones that check it refuses inputs it cannot take, which run everywhere.
 
 Shapes are chosen against the kernel's tiles (128 rows of x per program, 64 for each of its two
-consumer warpgroups; d2 in steps of up to 64, d3 in tiles of up to 256, a ring of 4 slots) and
-TMA's rule that every stride but the last is a multiple of 16 bytes (d2 and d3 multiples of 8 for
-contiguous 16-bit inputs).
+consumer warpgroups; d2 in steps of up to 128 (64 in float32), d3 in tiles of up to 256 (128
+under tf32x3), a ring of 2 slots) and TMA's rule that every stride but the last is a multiple of
+16 bytes (d2 and d3 multiples of 8 for contiguous 16-bit inputs, d2 of 4 for float32 x; float32
+V is copied into its TF32 parts first, and may have any strides).
+
+float32 follows ``torch.get_float32_matmul_precision()`` (one TF32 product under 'high', three
+under 'highest'); those tests pin it and compare with PyTorch under the same setting.
 """
 
 from __future__ import annotations
@@ -23,6 +27,14 @@ from fused_softmax_matmul import (
 )
 from online_softmax import KernelCapacityError
 from support import DEVICE, DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs
+
+
+@pytest.fixture
+def matmul_precision():
+    """Sets torch's float32 matmul precision for the test; restores it after."""
+    before = torch.get_float32_matmul_precision()
+    yield torch.set_float32_matmul_precision
+    torch.set_float32_matmul_precision(before)
 
 
 def _missing_hopper_gluon() -> str | None:
@@ -78,6 +90,42 @@ def test_against_float64(case, dtype_name):
 
 
 @needs_hopper_gluon
+@pytest.mark.parametrize("precision", ["high", "highest"])
+@pytest.mark.parametrize("case", CASES)
+def test_float32_against_float64(case, precision, matmul_precision):
+    """float32 as TF32 products: one of the weights and V rounded to TF32 ('high'), or tf32x3
+    ('highest'), each within twice PyTorch's error under the same setting."""
+    matmul_precision(precision)
+    shape, scale = CASES[case]
+    x, V = softmax_matmul_inputs(*shape, torch.float32, scale=scale)
+    check_gluon(x, V)
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("precision", ["high", "highest"])
+@pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(32, 128, 2), GluonSoftmaxLaunch(16, 64, 3, pingpong=True),
+                                    GluonSoftmaxLaunch(64, 64, 2, lazy_rescale=False)], ids=str)
+def test_float32_launches(launch, precision, matmul_precision):
+    """float32 through other tiles: 32- and 16-wide steps of d2, three slots, the consumers in
+    turns, a rescale at every step, d3 tiles of 128 and 64 (three and five over d3 264, 8 live
+    columns in the last); two row blocks, 2 live rows in the second."""
+    matmul_precision(precision)
+    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.float32, scale=8.0)
+    check_gluon(x, V, launch)
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("precision", ["high", "highest"])
+def test_float32_v_of_any_strides(precision, matmul_precision):
+    """float32 V is copied into its parts, so any strides do: V transposed, with d3 = 37, and x a
+    column slice whose rows are 16-byte aligned (d2 = 100, row stride 104); masked logits."""
+    matmul_precision(precision)
+    x = masked_logits((2, 70, 104), torch.float32)[:, :, :100]
+    V = randn((2, 37, 100), torch.float32, seed=2).transpose(1, 2)
+    check_gluon(x, V)
+
+
+@needs_hopper_gluon
 @pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(64, 256, 4, pingpong=True), GluonSoftmaxLaunch(32, 256, 6),
                                     GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 128, 4),
                                     GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False)], ids=str)
@@ -127,11 +175,17 @@ def test_smoke_rows_sum_to_one():
 # ----------------------------------------------------------------------------------------------
 # What it refuses (runs everywhere: the predicate and the error need no GPU)
 # ----------------------------------------------------------------------------------------------
-def test_refuses_float32_and_cpu():
-    x = randn((1, 16, 16), torch.float32, seed=0)
-    V = randn((1, 16, 16), torch.float32, seed=1)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_refuses_cpu_tensors_and_float64(dtype):
+    """CPU tensors (float32: by the kernel's predicate in the interpreter, by the input checks
+    where Triton compiles) and float64 anywhere are refused by name."""
+    x, V = (randn((1, 16, 16), dtype, seed=seed) for seed in (0, 1))
+    if dtype == torch.float32:
+        x, V = x.cpu(), V.cpu()
     assert not gluon_softmax_applies(x, V)
-    with pytest.raises(ValueError, match="fused_softmax_gluon cannot take these inputs"):
+    error, message = ((ValueError, "fused_softmax_gluon cannot take these inputs|x is on cpu")
+                      if dtype == torch.float32 else (TypeError, "x must be float32, float16 or bfloat16"))
+    with pytest.raises(error, match=message):
         fused_softmax_gluon(x, V)
 
 
@@ -169,12 +223,39 @@ def test_launch_refuses_a_ring_past_shared_memory():
         GluonSoftmaxLaunch(128, 256, 3).check()
 
 
-def test_launch_tiles_follow_the_shape():
+def test_launch_tiles_follow_the_shape(matmul_precision):
     """d3 tiles of up to 256 and d2 steps of up to 128 where d2 and d3 allow, down to 16 (the MMA's
-    K step) for narrow ones; 2 slots."""
+    K step) for narrow ones; 2 slots. float32: steps of up to 64, and d3 tiles of up to 128 under
+    'highest' (two V parts a slot)."""
     assert gluon_softmax_launch(8192, 512) == gluon_softmax_launch(256, 512) == GluonSoftmaxLaunch(128, 256, 2)
     assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2)
     assert gluon_softmax_launch(1000, 96) == GluonSoftmaxLaunch(128, 128, 2)
+    matmul_precision("high")
+    assert gluon_softmax_launch(8192, 512, torch.float32) == GluonSoftmaxLaunch(64, 256, 2)
+    assert gluon_softmax_launch(8, 40, torch.float32) == GluonSoftmaxLaunch(16, 64, 2)
+    matmul_precision("highest")
+    assert gluon_softmax_launch(8192, 512, torch.float32) == GluonSoftmaxLaunch(64, 128, 2)
+    GluonSoftmaxLaunch(64, 128, 2).check(torch.float32)
+    with pytest.raises(KernelCapacityError, match="2 x 32 x 256 V tiles of torch.float32"):
+        GluonSoftmaxLaunch(32, 256, 2).check(torch.float32)  # fits shared memory, not the registers
+    with pytest.raises(KernelCapacityError, match="shared memory"):
+        GluonSoftmaxLaunch(64, 128, 3).check(torch.float32)  # 3 x (32 + 2 x 32) KiB
+
+
+@pytest.mark.parametrize("parts", [1, 2])
+def test_float32_v_operand(parts):
+    """The TF32 parts of float32 V, d3 by d2 (the pass runs in the interpreter too): part 0 is V
+    rounded to the nearest TF32 value (its low 13 bits clear, within half a TF32 unit), part 1
+    the rest, exactly; rows padded to 16 bytes; V of other strides read in place."""
+    V = randn((2, 9, 30), torch.float32, seed=4).transpose(1, 2)[:, :, :7]  # (2, 30, 7) of strides (270, 1, 30)
+    out = fsm.gluon_softmax_v_operand(V, parts)
+    assert out.shape == (2, parts, 7, 30) and out.stride() == (parts * 7 * 32, 7 * 32, 32, 1)
+    want = V.transpose(1, 2)
+    hi = out[:, 0]
+    assert not (hi.view(torch.int32) & 0x1FFF).any()
+    assert ((hi - want).abs() <= want.abs() * 2.0 ** -11).all()
+    if parts == 2:
+        assert torch.equal(hi + out[:, 1], want)
 
 
 @pytest.mark.parametrize("field, value", [("block_n", 48), ("block_d3", 512), ("stages", 1), ("pingpong", 1)])
