@@ -20,7 +20,8 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * softmax(x @ W): ``matmul_softmax_ref`` and three Triton versions.
 * Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
-* softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only).
+* softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only; 16-bit, and
+  float32 as TF32 or tf32x3 products), which ``fused_softmax`` runs where it is the faster path.
 * Attention's forward in Gluon for Hopper: ``flash_attention_gluon``, which FlashAttentionTriton
   runs for 16-bit problems where it is the faster kernel (``flash_forward_path``), and its
   backward's dK and dV likewise (``flash_dkdv_path``).
@@ -862,9 +863,10 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products;
     TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
-    cost of a (batch, d1, d2) buffer. On Hopper, 16-bit inputs of d3 <= 256 and long rows run the
-    warp-specialised Gluon kernel instead (``gluon_fused_wins``) in plain eager calls without
-    autograd recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
+    cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
+    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
+    programs fill the GPU, or from d2 1024 under TF32) in plain eager calls without autograd
+    recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
     ``GluonSoftmaxLaunch`` for the Gluon kernel. The materialised path is differentiable twice;
@@ -926,16 +928,31 @@ _FUSED_LSE_REPLAYS = Replays()
 # (gluon_fused_sweep_programs.txt, d2 1000 and 4096, d3 64 to 256): 96 and 128 programs on 132
 # SMs 1.17-1.63x (d3 256 at d2 1000: 0.94x), 192 (a wave and a half) 0.96-1.28x; 64 (batch 8 x
 # 1000 rows, above) 0.58-1.14x, behind at d3 >= 128 but for d2 8192.
+#
+# float32 (TF32 products; outputs/profiles/gluon_tf32_sweep.txt, CUDA graphs, batch 8 x d1 1000
+# and 16 x 2048, d2 256 / 1024 / 8192, d3 64 to 512, V's TF32 parts made in each call): with
+# programs for 256 and more SMs' worth (16 x 2048) the Gluon kernel ran 1.03-2.43x as fast as
+# the path before it under 'high' and 1.06-1.56x under 'highest', d3 512 and d2 256 included. With
+# 64 (8 x 1000 at d3 <= 128, and d3 256 under 'high'): 'high' 1.17-1.54x from d2 1024, 0.87-0.96x
+# at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
+# 1.16-1.34x at d3 256 and 512 (128 and 256 programs).
 GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
+GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 1024
 
 
 def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
                      dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape and dtype on a GPU of
-    ``sms`` SMs (the measurements above); it must also take the inputs (``gluon_softmax_applies``)."""
+    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape and dtype (float32: under
+    the float32 matmul setting) on a GPU of ``sms`` SMs (the measurements above); it must also
+    take the inputs (``gluon_softmax_applies``)."""
     if dtype == torch.float32:
-        return False
+        if sms is None:
+            return False
+        launch = gluon_softmax_launch(d2, d3, dtype)
+        programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
+        return (programs >= GLUON_FUSED_MIN_SM_SHARE * sms
+                or (gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2))
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
@@ -4284,18 +4301,30 @@ def gluon_softmax_v_parts(dtype: torch.dtype) -> int:
     return 2 if dtype == torch.float32 and dot_precision(dtype) == "tf32x3" else 1
 
 
-def gluon_softmax_v_operand(V: torch.Tensor, parts: int) -> torch.Tensor:
+def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
     """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
     (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
-    16-byte aligned (padded to 4 columns beyond d2, which TMA never reads)."""
+    16-byte aligned (padded to 4 columns beyond d2, which TMA never reads). ``keep`` receives
+    the launch (a ``Replay`` of (V, operand))."""
     batch, d2, d3 = V.shape
-    padded = torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=V.device)
-    out = padded[..., :d2]
+    out = _gluon_v_operand_buffer(V.shape, parts, V.device)
     block = 64
     grid = (cdiv(d2, block) * cdiv(d3, block), batch)
-    _jit(tf32_transposed_parts_kernel, traced=False)[grid](V, out, d2, d3, *V.stride(), *out.stride()[:3],
-                                                           PARTS=parts, BLOCK_2=block, BLOCK_3=block)
+    kernel = _jit(tf32_transposed_parts_kernel, traced=False)
+    args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
+    options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
+    kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, 2)
+        if replay is not None:
+            keep(replay)
     return out
+
+
+def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> torch.Tensor:
+    """An empty operand of ``gluon_softmax_v_operand`` for V of ``shape``."""
+    batch, d2, d3 = shape
+    return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
 
 
 def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
@@ -4609,8 +4638,11 @@ if _GLUON is not None:
 def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
 
-    x: (batch, d1, d2), V: (batch, d2, d3), float16 or bfloat16 -> (batch, d1, d3) in x's dtype,
-    accumulated in float32. Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
+    x: (batch, d1, d2), V: (batch, d2, d3), float16, bfloat16 or float32 -> (batch, d1, d3) in
+    x's dtype, accumulated in float32; float32 products follow torch's float32 matmul setting
+    (TF32 under 'high' and 'medium', tf32x3 under 'highest'), with V first copied into its TF32
+    parts, d3 by d2 (``gluon_softmax_v_operand``: an allocation the size of V, or twice that under
+    'highest'). Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
     says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
     an input that requires grad is refused (``fused_softmax`` has the backward).
     """
@@ -4637,18 +4669,18 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
                          launch: GluonSoftmaxLaunch | None = None, keep=None) -> None:
     """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
     rows' log-sum-exp). ``keep`` receives the launch as a ``DescriptorReplay`` of (x, V, out, lse),
-    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept."""
+    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept; float32
+    as a ``ReplayChain`` of V's parts into a fresh operand, then the kernel."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
     x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
     parts = gluon_softmax_v_parts(x.dtype)
+    kept = []
     if x.dtype == torch.float32:
-        # TF32 products take V K-major from shared memory: its parts first, d3 by d2. That launch
-        # and a fresh operand each call: not kept.
-        keep = None
-        descs = _gluon_descriptors(gl.float32, (x, x_block),
-                                   (gluon_softmax_v_operand(V, parts), [1, 1, launch.block_d3, launch.block_n]))
+        # TF32 products take V K-major from shared memory: its parts first, d3 by d2.
+        operand = gluon_softmax_v_operand(V, parts, None if keep is None else kept.append)
+        descs = _gluon_descriptors(gl.float32, (x, x_block), (operand, [1, 1, launch.block_d3, launch.block_n]))
     else:
         gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
         descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
@@ -4663,8 +4695,15 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     kernel[grid](*args, **options)
     if keep is not None and isinstance(kernel, DirectLauncher):
         replay = kernel.replay(grid, args, options, 4)
-        if replay is not None:
-            keep(DescriptorReplay(replay, tuple(descs)))
+        if replay is None:
+            return
+        replay = DescriptorReplay(replay, tuple(descs))
+        if x.dtype != torch.float32:
+            keep(replay)
+        elif kept:  # float32: V's parts into a fresh operand, then the kernel, over (x, V, out, lse, operand)
+            shape, device = tuple(V.shape), V.device
+            keep(ReplayChain((lambda x, V, out, lse: _gluon_v_operand_buffer(shape, parts, device),),
+                             ((kept[0], (1, 4)), (replay, (0, 4, 2, 3)))))
 
 
 # ----------------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ part, not the machine). "spec": the issue's shape (16, 2048, 8192, 512) and its 
 relative errors against float64 and ``triton.testing.do_bench`` medians (L2 flushed), the Gluon
 kernel's own tiles and others, and the pass that makes V's TF32 parts alone. "sweep": batch x d1,
 d2 and d3 under both settings, each call replayed from a CUDA graph (GPU time alone), grad off:
-from these the rule for float32 (``gluon_fused_wins``) is written.
+from these the rule for float32 (``gluon_fused_wins``) is written. "user": as a user calls it,
+eagerly: host time per call (enqueued while the GPU spins) and do_bench means (L2 flushed) of
+``fused_softmax`` on its path, the path before it (``materialize`` as before) and PyTorch.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import os
 import subprocess
 import sys
 
-PARTS = {"spec": 540, "sweep": 540}  # seconds each may take, compilation included
+PARTS = {"spec": 300, "sweep": 300, "user": 200}  # seconds each may take, compilation included
 
 
 def run_all(names: list[str]) -> int:
@@ -101,12 +103,40 @@ def sweep() -> None:
             del x, V
 
 
+def user() -> None:
+    import torch
+    import triton
+
+    import fused_softmax_matmul as fsm
+    from probe_timing import host_us
+    from support import softmax_matmul_inputs
+
+    print("shape precision path | host us: fused_softmax before torch | ms: fused_softmax before torch | "
+          "vs before, vs torch", flush=True)
+    with torch.no_grad():
+        for shape in [(16, 2048, 256, 64), (8, 1000, 1024, 64), (16, 2048, 1024, 128), (8, 1000, 8192, 512)]:
+            x, V = softmax_matmul_inputs(*shape, torch.float32)
+            for precision in ("high", "highest"):
+                torch.set_float32_matmul_precision(precision)
+                programs = shape[0] * fsm.cdiv(shape[1], fsm.default_block(x, V))
+                before = fsm.materialized_wins(shape[3], torch.float32, programs, fsm._sm_count(x.device))
+                fns = {"fused_softmax": lambda: fsm.fused_softmax(x, V),
+                       "before": lambda: fsm.fused_softmax(x, V, materialize=before),
+                       "torch": lambda: fsm.softmax_mult(x, V)}
+                host = {k: host_us(f) for k, f in fns.items()}
+                ms = {k: triton.testing.do_bench(f, warmup=25, rep=150) for k, f in fns.items()}
+                print(f"{shape} {precision} {fsm.fused_softmax_path(x, V)} | "
+                      + " ".join(f"{v:.1f}" for v in host.values()) + " | "
+                      + " ".join(f"{v:.4f}" for v in ms.values())
+                      + f" | {ms['before'] / ms['fused_softmax']:.2f} {ms['torch'] / ms['fused_softmax']:.2f}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--part"]:
         import torch
         import triton
 
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-        {"spec": spec, "sweep": sweep}[sys.argv[2]]()
+        {"spec": spec, "sweep": sweep, "user": user}[sys.argv[2]]()
     else:
         sys.exit(run_all(sys.argv[1:] or list(PARTS)))
