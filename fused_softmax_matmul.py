@@ -865,7 +865,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
     where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
-    programs fill the GPU, or from d2 1024 under TF32) in plain eager calls without autograd
+    programs fill the GPU, or under TF32, from d2 1024) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
@@ -935,10 +935,13 @@ _FUSED_LSE_REPLAYS = Replays()
 # the path before it under 'high' and 1.06-1.56x under 'highest', d3 512 and d2 256 included. With
 # 64 (8 x 1000 at d3 <= 128, and d3 256 under 'high'): 'high' 1.17-1.54x from d2 1024, 0.87-0.96x
 # at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
-# 1.16-1.34x at d3 256 and 512 (128 and 256 programs).
+# 1.16-1.34x at d3 256 and 512 (128 and 256 programs). As a user calls it, eagerly
+# (gluon_tf32_user.txt), the kept float32 launch (V's parts into a fresh operand, then the
+# kernel) costs 45-97 us of host time against the path before it's 22-45: at d2 256 that is more
+# than the GPU time (31-35 us at (16, 2048, 256, 64)), so float32 takes the kernel from d2 1024.
 GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
-GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 1024
+GLUON_TF32_MIN_D2 = 1024
 
 
 def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
@@ -947,12 +950,11 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
     the float32 matmul setting) on a GPU of ``sms`` SMs (the measurements above); it must also
     take the inputs (``gluon_softmax_applies``)."""
     if dtype == torch.float32:
-        if sms is None:
+        if sms is None or d2 < GLUON_TF32_MIN_D2:
             return False
         launch = gluon_softmax_launch(d2, d3, dtype)
         programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
-        return (programs >= GLUON_FUSED_MIN_SM_SHARE * sms
-                or (gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2))
+        return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or gluon_softmax_v_parts(dtype) == 1
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
