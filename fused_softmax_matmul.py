@@ -865,7 +865,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
     where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
-    programs fill the GPU, or under TF32, from d2 1024) in plain eager calls without autograd
+    programs fill the GPU from d2 1024, or TF32 from d2 4096) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
@@ -937,11 +937,14 @@ _FUSED_LSE_REPLAYS = Replays()
 # at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
 # 1.16-1.34x at d3 256 and 512 (128 and 256 programs). As a user calls it, eagerly
 # (gluon_tf32_user.txt), the kept float32 launch (V's parts into a fresh operand, then the
-# kernel) costs 45-97 us of host time against the path before it's 22-45: at d2 256 that is more
-# than the GPU time (31-35 us at (16, 2048, 256, 64)), so float32 takes the kernel from d2 1024.
+# kernel) costs 45-97 us of host time against the path before it's 17-45: more than the GPU time
+# at d2 256 (31-35 us at (16, 2048, 256, 64)) and at (8, 1000, 1024, 64) (34 us, host 64). So
+# float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and with fewer under
+# 'high' from d2 4096 (at 8192: 0.17-0.36 ms of GPU time).
 GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 GLUON_TF32_MIN_D2 = 1024
+GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 4096
 
 
 def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
@@ -954,7 +957,8 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
             return False
         launch = gluon_softmax_launch(d2, d3, dtype)
         programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
-        return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or gluon_softmax_v_parts(dtype) == 1
+        return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
+            gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2)
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)

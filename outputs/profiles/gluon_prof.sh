@@ -1,6 +1,7 @@
 #!/bin/bash
 # ncu profiles of the Gluon kernels at issue 19's target cases (gluon_prof.py): softmax(x) @ V
-# bf16 (16, 2048, 8192, 512) and attention bf16 (16, 8192, 64) causal, forward and backward.
+# bf16 (16, 2048, 8192, 512) and attention bf16 (16, 8192, 64) causal, forward and backward; or
+# the "case kernel" pairs given as arguments (float32 softmax(x) @ V: tf32_high, tf32_highest).
 cd "$(dirname "$0")/../.."
 export PYTHONPATH=$PWD
 want=""
@@ -8,9 +9,11 @@ for m in sm__pipe_tensor_op_gmma_cycles_active sm__pipe_tensor_op_hmma_cycles_ac
   want="$want,$m.sum,$m.avg.pct_of_peak_sustained_elapsed"
 done
 want=${want#,}
-for c in "fused_default fused_softmax_gluon_kernel" "fused_256 fused_softmax_gluon_kernel" \
-         "attention flash_attention_gluon_kernel" "attention flash_attention_backward_dq_gluon_kernel" \
-         "attention flash_attention_backward_dkdv"; do
+cases=("fused_default fused_softmax_gluon_kernel" "fused_256 fused_softmax_gluon_kernel"
+       "attention flash_attention_gluon_kernel" "attention flash_attention_backward_dq_gluon_kernel"
+       "attention flash_attention_backward_dkdv")
+[ $# -gt 0 ] && cases=("$@")  # e.g. "tf32_high fused_softmax_gluon_kernel"
+for c in "${cases[@]}"; do
   set -- $c
   echo "=== $1 $2"
   timeout 150 ncu --clock-control none -k "regex:$2" -s 2 -c 1 \
