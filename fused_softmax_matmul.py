@@ -865,7 +865,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
     where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
-    programs fill the GPU from d2 1024, or TF32 from d2 4096) in plain eager calls without autograd
+    programs fill the GPU from d2 1024, or TF32 from d2 2048) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
@@ -940,11 +940,13 @@ _FUSED_LSE_REPLAYS = Replays()
 # kernel) costs 45-97 us of host time against the path before it's 17-45: more than the GPU time
 # at d2 256 (31-35 us at (16, 2048, 256, 64)) and at (8, 1000, 1024, 64) (34 us, host 64). So
 # float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and with fewer under
-# 'high' from d2 4096 (at 8192: 0.17-0.36 ms of GPU time).
+# 'high' from d2 2048: the float32 grid at eefcaa8 (shape_grid_softmax_matmul_float32_eefcaa8.csv)
+# timed (8, 1000, 3000, d3 64 to 512) there at 0.075-0.144 ms against 41-70 us of host time,
+# 1.52-1.90x torch.
 GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 GLUON_TF32_MIN_D2 = 1024
-GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 4096
+GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
 
 
 def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
