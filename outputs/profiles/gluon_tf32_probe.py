@@ -13,6 +13,8 @@ d2 and d3 under both settings, each call replayed from a CUDA graph (GPU time al
 from these the rule for float32 (``gluon_fused_wins``) is written. "user": as a user calls it,
 eagerly: host time per call (enqueued while the GPU spins) and do_bench means (L2 flushed) of
 ``fused_softmax`` on its path, the path before it (``materialize`` as before) and PyTorch.
+"pingpong": under 'high', the kernel's own tiles with the consumers taking turns against without
+(CUDA graphs), over batch x d1, d2 and d3.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ import os
 import subprocess
 import sys
 
-PARTS = {"spec": 300, "sweep": 300, "user": 200}  # seconds each may take, compilation included
+PARTS = {"spec": 300, "sweep": 300, "user": 200, "pingpong": 200}  # seconds each may take, compilation included
 
 
 def run_all(names: list[str]) -> int:
@@ -131,12 +133,31 @@ def user() -> None:
                       + f" | {ms['before'] / ms['fused_softmax']:.2f} {ms['torch'] / ms['fused_softmax']:.2f}", flush=True)
 
 
+def pingpong() -> None:
+    import torch
+
+    import fused_softmax_matmul as fsm
+    from probe_timing import graph_ms
+    from support import softmax_matmul_inputs
+
+    torch.set_float32_matmul_precision("high")
+    print("batch d1 d2 d3 | default pingpong (ms) | default/pingpong", flush=True)
+    with torch.no_grad():
+        for (batch, d1), d2, d3 in itertools.product([(8, 1000), (16, 2048)], [1024, 8192], [64, 128, 256, 512]):
+            x, V = softmax_matmul_inputs(batch, d1, d2, d3, torch.float32)
+            launch = fsm.gluon_softmax_launch(d2, d3, torch.float32)
+            turns = fsm.GluonSoftmaxLaunch(**{**vars(launch), "pingpong": not launch.pingpong})
+            a = graph_ms(lambda: fsm.fused_softmax_gluon(x, V, launch=launch))
+            b = graph_ms(lambda: fsm.fused_softmax_gluon(x, V, launch=turns))
+            print(f"{batch} {d1} {d2} {d3} {launch.pingpong} | {a:.4f} {b:.4f} | {a / b:.3f}", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--part"]:
         import torch
         import triton
 
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-        {"spec": spec, "sweep": sweep, "user": user}[sys.argv[2]]()
+        {"spec": spec, "sweep": sweep, "user": user, "pingpong": pingpong}[sys.argv[2]]()
     else:
         sys.exit(run_all(sys.argv[1:] or list(PARTS)))
