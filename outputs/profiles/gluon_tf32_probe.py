@@ -14,7 +14,9 @@ from these the rule for float32 (``gluon_fused_wins``) is written. "user": as a 
 eagerly: host time per call (enqueued while the GPU spins) and do_bench means (L2 flushed) of
 ``fused_softmax`` on its path, the path before it (``materialize`` as before) and PyTorch.
 "pingpong": under 'high', the kernel's own tiles with the consumers taking turns against without
-(CUDA graphs), over batch x d1, d2 and d3.
+(CUDA graphs), over batch x d1, d2 and d3. "recheck": the two float32 grid rows whose rounds
+were bimodal at eefcaa8, (8, 4096, 3000, 128) and (8, 4096, 4096, 96) under 'highest', each
+call's time spread (do_bench, L2 flushed, three runs) for the Gluon kernel and the Triton one.
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ import os
 import subprocess
 import sys
 
-PARTS = {"spec": 300, "sweep": 300, "user": 200, "pingpong": 200}  # seconds each may take, compilation included
+PARTS = {"spec": 300, "sweep": 300, "user": 200, "pingpong": 200, "recheck": 200}  # seconds each may take, compilation included
 
 
 def run_all(names: list[str]) -> int:
@@ -152,12 +154,31 @@ def pingpong() -> None:
             print(f"{batch} {d1} {d2} {d3} {launch.pingpong} | {a:.4f} {b:.4f} | {a / b:.3f}", flush=True)
 
 
+def recheck() -> None:
+    import torch
+    import triton
+
+    import fused_softmax_matmul as fsm
+    from support import softmax_matmul_inputs
+
+    torch.set_float32_matmul_precision("highest")
+    with torch.no_grad():
+        for shape in [(8, 4096, 3000, 128), (8, 4096, 4096, 96), (8, 4096, 3000, 96)]:
+            x, V = softmax_matmul_inputs(*shape, torch.float32)
+            for name, fn in [("gluon", lambda: fsm.fused_softmax(x, V)),
+                             ("triton", lambda: fsm.fused_softmax(x, V, materialize=False))]:
+                for run in range(3):
+                    t = sorted(triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="all"))
+                    print(f"{shape} {name} run {run}: min {t[0]:.4f} median {t[len(t) // 2]:.4f} "
+                          f"p90 {t[len(t) * 9 // 10]:.4f} max {t[-1]:.4f} ms ({len(t)} calls)", flush=True)
+
+
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--part"]:
         import torch
         import triton
 
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
-        {"spec": spec, "sweep": sweep, "user": user, "pingpong": pingpong}[sys.argv[2]]()
+        {"spec": spec, "sweep": sweep, "user": user, "pingpong": pingpong, "recheck": recheck}[sys.argv[2]]()
     else:
         sys.exit(run_all(sys.argv[1:] or list(PARTS)))
