@@ -4231,7 +4231,7 @@ def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
 
     It needs an sm_90 GPU with Gluon, float16, bfloat16 or float32, non-empty inputs and what
     TMA needs: a contiguous last dimension, 16-byte aligned base addresses and other strides (of
-    x alone in float32: V is copied into its TF32 parts first, ``gluon_softmax_v_parts``).
+    x alone in float32: V is copied into its TF32 parts first, ``gluon_softmax_v_operand``).
     """
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
@@ -4426,7 +4426,7 @@ if _GLUON is not None:
             BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
             BLOCK_N: gl.constexpr = v_bufs.type.shape[4]
             v_hi = v_bufs.index(slot * PARTS).reshape([BLOCK_D3, BLOCK_N]).permute((1, 0))
-            if PARTS == 2:  # into a fresh accumulator (see _gluon_softmax_step)
+            if PARTS == 2:  # into a fresh accumulator (see _gluon_softmax_products_done)
                 v_lo = v_bufs.index(slot * PARTS + 1).reshape([BLOCK_D3, BLOCK_N]).permute((1, 0))
                 acc = warpgroup_mma(q, v_hi, acc, use_acc=False, is_async=True)
                 acc = warpgroup_mma(p, v_lo, acc, is_async=True)
@@ -4436,9 +4436,11 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_softmax_products_done(acc, part, p, q, PARTS: gl.constexpr):
         """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
-        accumulator, part, added to acc here in registers, rounded to nearest: the tensor core's
-        own accumulation truncates, and three products a K step of 8 over a long d2 added up to
-        a bias many times PyTorch's error."""
+        accumulator, part, added to acc here in float32 registers. Accumulated in the tensor core
+        across the steps, three products every 8 columns of d2 erred 35x PyTorch's error at the
+        issue's shape (16, 2048, 8192, 512) on an H100, where this erred 0.2x
+        (outputs/profiles/gluon_tf32_spec.txt): the tensor core's accumulation does not round as
+        float32 arithmetic does."""
         if PARTS == 2:
             part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
             acc = acc + part
@@ -4457,7 +4459,6 @@ if _GLUON is not None:
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
-
         BLOCK_M: gl.constexpr = m.shape[0]
         LOG2E: gl.constexpr = 1.4426950408889634
         slot = i % STAGES
