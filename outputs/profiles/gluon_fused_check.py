@@ -23,14 +23,17 @@ CASES = {"check": 300, "bench_8192": 300, "bench_256": 300, "bench_1024": 300, "
          "d3": 300}  # seconds each may take, compilation included
 
 
-def run_all(names: list[str]) -> int:
+def run_all(names: list[str], script: str = __file__, limits: dict | None = None, flag: str = "--case") -> int:
+    """Runs ``script flag name`` for each name in its own process under ``timeout`` (``limits``:
+    seconds by name, CASES by default); returns how many failed."""
+    limits = CASES if limits is None else limits
     failed = 0
     for name in names:
         print(f"=== {name}", flush=True)
-        command = ["timeout", "-k", "10", str(CASES[name]), sys.executable, __file__, "--case", name]
+        command = ["timeout", "-k", "10", str(limits[name]), sys.executable, script, flag, name]
         proc = subprocess.run(command, cwd=ROOT)
         if proc.returncode in (124, 137):
-            print(f"{name}: TIMEOUT after {CASES[name]} s: a kernel never finished (a barrier deadlock?)", flush=True)
+            print(f"{name}: TIMEOUT after {limits[name]} s: a kernel never finished (a barrier deadlock?)", flush=True)
         elif proc.returncode:
             print(f"{name}: FAILED with exit status {proc.returncode}", flush=True)
         failed += proc.returncode != 0

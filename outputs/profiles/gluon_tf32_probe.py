@@ -22,24 +22,9 @@ call's time spread (do_bench, L2 flushed, three runs) for the Gluon kernel and t
 from __future__ import annotations
 
 import itertools
-import os
-import subprocess
 import sys
 
 PARTS = {"spec": 300, "sweep": 300, "user": 200, "pingpong": 200, "recheck": 200}  # seconds each may take, compilation included
-
-
-def run_all(names: list[str]) -> int:
-    failed = 0
-    for name in names:
-        print(f"=== {name}", flush=True)
-        proc = subprocess.run(["timeout", "-k", "10", str(PARTS[name]), sys.executable, __file__, "--part", name])
-        if proc.returncode in (124, 137):
-            print(f"{name}: TIMEOUT after {PARTS[name]} s", flush=True)
-        elif proc.returncode:
-            print(f"{name}: FAILED with exit status {proc.returncode}", flush=True)
-        failed += proc.returncode != 0
-    return failed
 
 
 def spec() -> None:
@@ -181,4 +166,6 @@ if __name__ == "__main__":
         print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}", flush=True)
         {"spec": spec, "sweep": sweep, "user": user, "pingpong": pingpong, "recheck": recheck}[sys.argv[2]]()
     else:
-        sys.exit(run_all(sys.argv[1:] or list(PARTS)))
+        from gluon_fused_check import run_all
+
+        sys.exit(run_all(sys.argv[1:] or list(PARTS), __file__, PARTS, "--part"))
