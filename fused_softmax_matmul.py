@@ -865,7 +865,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
     where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
-    programs fill the GPU from d2 1024, or TF32 from d2 2048) in plain eager calls without autograd
+    programs fill the GPU from d2 1024, or TF32 from d2 2048; d3 <= 512) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
     Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
@@ -937,16 +937,19 @@ _FUSED_LSE_REPLAYS = Replays()
 # at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
 # 1.16-1.34x at d3 256 and 512 (128 and 256 programs). As a user calls it, eagerly
 # (gluon_tf32_user.txt), the kept float32 launch (V's parts into a fresh operand, then the
-# kernel) costs 45-97 us of host time against the path before it's 17-45: more than the GPU time
+# kernel) costs 45-97 us of host time against the path before it's 17-87: more than the GPU time
 # at d2 256 (31-35 us at (16, 2048, 256, 64)) and at (8, 1000, 1024, 64) (34 us, host 64). So
-# float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and with fewer under
-# 'high' from d2 2048: the float32 grid at eefcaa8 (shape_grid_softmax_matmul_float32_eefcaa8.csv)
-# timed (8, 1000, 3000, d3 64 to 512) there at 0.075-0.144 ms against 41-70 us of host time,
-# 1.52-1.90x torch.
+# float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and under 'high' with
+# fewer, down to the 64 measured on 132 SMs, from d2 2048 (between the host-bound 1024 and 3000,
+# where the float32 grid at eefcaa8, shape_grid_softmax_matmul_float32_eefcaa8.csv, timed (8,
+# 1000, 3000, d3 64 to 512) at 0.075-0.144 ms against 41-70 us of host time, 1.52-1.90x torch).
+# No float32 shape past d3 512 was measured: those keep the Triton paths.
 GLUON_FUSED_MAX_D3 = 256
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 GLUON_TF32_MIN_D2 = 1024
 GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
+GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE = 0.48  # 64 programs on 132 SMs
+GLUON_TF32_MAX_D3 = 512
 
 
 def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
@@ -955,12 +958,13 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
     the float32 matmul setting) on a GPU of ``sms`` SMs (the measurements above); it must also
     take the inputs (``gluon_softmax_applies``)."""
     if dtype == torch.float32:
-        if sms is None or d2 < GLUON_TF32_MIN_D2:
+        if sms is None or d2 < GLUON_TF32_MIN_D2 or d3 > GLUON_TF32_MAX_D3:
             return False
         launch = gluon_softmax_launch(d2, d3, dtype)
         programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
         return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
-            gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2)
+            gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
+            and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms)
     if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
@@ -4312,7 +4316,7 @@ def gluon_softmax_v_parts(dtype: torch.dtype) -> int:
 def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
     """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
     (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
-    16-byte aligned (padded to 4 columns beyond d2, which TMA never reads). ``keep`` receives
+    16-byte aligned (d2 rounded up to a multiple of 4 columns, which TMA never reads). ``keep`` receives
     the launch (a ``Replay`` of (V, operand))."""
     batch, d2, d3 = V.shape
     out = _gluon_v_operand_buffer(V.shape, parts, V.device)

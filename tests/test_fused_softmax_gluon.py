@@ -140,6 +140,50 @@ def test_float32_v_of_any_strides(precision, matmul_precision):
 
 
 @needs_hopper_gluon
+def test_float32_rows_tma_cannot_read(matmul_precision):
+    """Contiguous float32 x with d2 = 99 has rows of 396 bytes, which TMA cannot step by: the
+    kernel refuses it by name, and fused_softmax takes a Triton path at a shape its rule sends to
+    the Gluon kernel otherwise. Under 'highest': at this odd d2 torch's own product may be a full
+    float32 one, against which only tf32x3 is judged fairly."""
+    matmul_precision("highest")
+    x, V = softmax_matmul_inputs(1, 128 * fsm._sm_count(torch.device("cuda")), 99 * 11, 64, torch.float32)
+    assert gluon_fused_wins(*x.shape, 64, fsm._sm_count(x.device), torch.float32)
+    assert "x's address" in gluon_softmax_unsupported(x, V)
+    with pytest.raises(ValueError, match="x's address"):
+        fused_softmax_gluon(x, V)
+    assert fused_softmax_path(x, V) != "gluon"
+    assert_close(fused_softmax(x, V), softmax_mult(x.double(), V.double()), softmax_mult(x, V))
+
+
+@needs_hopper_gluon
+def test_float32_v_expanded(matmul_precision):
+    """float32 V broadcast along d2 (stride 0, every row alike): its parts are read through the
+    strides; softmax rows sum to 1, so every output row is V's row, to TF32's rounding."""
+    matmul_precision("highest")
+    x = randn((2, 130, 1000), torch.float32, seed=6, scale=4.0)
+    V = randn((2, 1, 40), torch.float32, seed=7).expand(2, 1000, 40)
+    out = check_gluon(x, V)
+    assert ((out - V[:, :1]).abs() <= 1e-5 * V.abs().amax()).all()
+
+
+@needs_hopper_gluon
+def test_a_kept_float32_launch_follows_the_setting(matmul_precision):
+    """The kept float32 launches are kept by setting: calls under 'high', then 'highest', then
+    'high' again each give what fused_softmax_gluon gives under that setting (one or three TF32
+    products), from two kept chains."""
+    x, V = softmax_matmul_inputs(*_ruled_shape(64), torch.float32, scale=4.0)
+    fsm._FUSED_REPLAYS.clear()
+    for precision in ("high", "highest", "high"):
+        matmul_precision(precision)
+        assert torch.equal(fused_softmax(x, V), fused_softmax_gluon(x, V)), precision
+    assert len(fsm._FUSED_REPLAYS) == 2
+    matmul_precision("high")
+    high = fused_softmax(x, V)
+    matmul_precision("highest")
+    assert not torch.equal(high, fused_softmax(x, V))  # one product or three: not the same bits
+
+
+@needs_hopper_gluon
 @pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(64, 256, 4, pingpong=True), GluonSoftmaxLaunch(32, 256, 6),
                                     GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 128, 4),
                                     GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False)], ids=str)
@@ -260,14 +304,19 @@ def test_launch_tiles_follow_the_shape(matmul_precision):
 def test_float32_v_operand(parts):
     """The TF32 parts of float32 V, d3 by d2 (the pass runs in the interpreter too): part 0 is V
     rounded to the nearest TF32 value (its low 13 bits clear, within half a TF32 unit), part 1
-    the rest, exactly; rows padded to 16 bytes; V of other strides read in place."""
+    the rest, exactly; rows padded to 16 bytes; V of other strides read in place. float32's
+    largest values, which round to inf, are truncated instead (their parts stay finite)."""
     V = randn((2, 9, 30), torch.float32, seed=4).transpose(1, 2)[:, :, :7]  # (2, 30, 7) of strides (270, 1, 30)
+    big = torch.finfo(torch.float32).max
+    V[0, 3, 2], V[1, 29, 6] = big, -big
     out = fsm.gluon_softmax_v_operand(V, parts)
     assert out.shape == (2, parts, 7, 30) and out.stride() == (parts * 7 * 32, 7 * 32, 32, 1)
     want = V.transpose(1, 2)
     hi = out[:, 0]
-    assert not (hi.view(torch.int32) & 0x1FFF).any()
-    assert ((hi - want).abs() <= want.abs() * 2.0 ** -11).all()
+    assert not (hi.view(torch.int32) & 0x1FFF).any() and torch.isfinite(hi).all()
+    assert ((hi - want).abs() <= want.abs() * 2.0 ** -10).all()
+    rounded = want.abs() < big
+    assert ((hi - want).abs()[rounded] <= want.abs()[rounded] * 2.0 ** -11).all()
     if parts == 2:
         assert torch.equal(hi + out[:, 1], want)
 
@@ -299,7 +348,8 @@ def test_the_rule_is_a_function_of_the_shape():
 def test_the_float32_rule(precision, matmul_precision):
     """float32, from d2 1024 (below, the kept launch's host time passes its GPU time): programs
     (128 rows, a d3 tile of up to 256 under 'high' or 128 under 'highest') for 7 in 10 SMs, at
-    any d3; with fewer, under 'high' only and from d2 2048."""
+    d3 up to 512 (nothing wider was measured); with fewer, down to 64 on 132 SMs, under 'high'
+    only and from d2 2048."""
     matmul_precision(precision)
     f32 = torch.float32
     assert gluon_fused_wins(16, 2048, 1024, 512, 132, f32) and gluon_fused_wins(16, 2048, 8192, 64, 132, f32)
@@ -307,6 +357,8 @@ def test_the_float32_rule(precision, matmul_precision):
     assert not gluon_fused_wins(8, 1000, 1024, 64, 132, f32)  # 64 programs
     assert gluon_fused_wins(8, 1000, 2048, 64, 132, f32) == (precision == "high")
     assert gluon_fused_wins(8, 1000, 1024, 256, 132, f32) == (precision == "highest")  # 128 programs there
+    assert not gluon_fused_wins(1, 128, 8192, 128, 132, f32)  # one program
+    assert not gluon_fused_wins(16, 2048, 8192, 1024, 132, f32)  # d3 past what was measured
     assert not gluon_fused_wins(16, 2048, 8192, 64, None, f32)
 
 
