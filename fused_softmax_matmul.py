@@ -4195,7 +4195,8 @@ GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
 # Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products,
-# _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; 256 columns spilled.
+# _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; at 256 columns ptxas
+# spilled 2456 bytes a thread (outputs/profiles/gluon_sm90_compile.txt).
 GLUON_TF32X3_MAX_D3 = 128
 
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
