@@ -61,6 +61,15 @@ INF = float("inf")
 
 
 @pytest.fixture
+def matmul_precision():
+    """A setter of torch's float32 matmul precision for one test ("n/a", a 16-bit case's, leaves
+    it); the precision before the test is restored after."""
+    before = torch.get_float32_matmul_precision()
+    yield lambda p: torch.set_float32_matmul_precision(p) if p != "n/a" else None
+    torch.set_float32_matmul_precision(before)
+
+
+@pytest.fixture
 def fresh_compile():
     """torch.compile from scratch: Inductor's on-disk caches do not key a graph by the schemas of
     the custom ops it calls, so a graph cached before an op changed would call it wrongly."""

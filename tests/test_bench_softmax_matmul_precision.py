@@ -11,6 +11,7 @@ import torch
 
 from conftest import BenchGroup
 from fused_softmax_matmul import softmax_matmul_flops
+import support
 from support import DTYPES, ON_GPU
 # The softmax_matmul group's implementations, shape and builders, at every precision.
 from test_bench_softmax_matmul import (
@@ -42,13 +43,7 @@ else:
 IMPL_BLOCKS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) for b in BLOCKS] + [
     (impl, None) for impl in CALLER_FORMS]
 
-
-@pytest.fixture
-def matmul_precision():
-    """Set torch's float32 matmul precision for one test and restore it after."""
-    before = torch.get_float32_matmul_precision()
-    yield lambda p: torch.set_float32_matmul_precision(p) if p != "n/a" else None
-    torch.set_float32_matmul_precision(before)
+matmul_precision = support.matmul_precision  # the fixture, under this module's name for pytest
 
 
 @pytest.mark.parametrize("impl,block", IMPL_BLOCKS)

@@ -26,15 +26,10 @@ from fused_softmax_matmul import (
     gluon_fused_wins, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported, softmax_mult,
 )
 from online_softmax import KernelCapacityError
+import support
 from support import DEVICE, DTYPES, ON_GPU, assert_close, extreme_logits, masked_logits, randn, softmax_matmul_inputs
 
-
-@pytest.fixture
-def matmul_precision():
-    """Sets torch's float32 matmul precision for the test; restores it after."""
-    before = torch.get_float32_matmul_precision()
-    yield torch.set_float32_matmul_precision
-    torch.set_float32_matmul_precision(before)
+matmul_precision = support.matmul_precision  # the fixture, under this module's name for pytest
 
 
 def _missing_hopper_gluon() -> str | None:
