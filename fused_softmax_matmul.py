@@ -4739,15 +4739,10 @@ GLUON_FLASH_STAGES = 2
 # Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
 # V ring, so a program keeps twice the products in flight (GLUON_FLASH_PINGPONG orders them).
 GLUON_FLASH_CONSUMERS = 2
-# setmaxnreg for the consumers in workers (a multiple of 8), by consumers a program. The 1-warp
-# loader is padded to a warpgroup (40 registers); the default partition gets what is left of the
-# 64K: with 232 here both of two consumers get 232, with 160 the first of three 168.
-GLUON_FLASH_CONSUMER_REGISTERS = {2: 232, 3: 160}
-
-
-def gluon_flash_consumers(d: int) -> int:
-    """Consumer warpgroups a program of the Gluon attention forward at head dimension d."""
-    return GLUON_FLASH_CONSUMERS
+# setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
+# warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
+# both consumers get 232.
+GLUON_FLASH_CONSUMER_REGISTERS = 232
 # Whether the two consumers take turns to issue their products (FlashAttention-3's ping-pong: one
 # warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
@@ -4908,12 +4903,12 @@ if _GLUON is not None:
         LN2: gl.constexpr = 0.6931471805599453
         rows_l: gl.constexpr = gl.SliceLayout(1, s_layout)
         my_turn = turns.index(CONSUMER)
-        their_turn = turns.index((CONSUMER + 1) % CONSUMERS)  # the next consumer in the turn's round
+        their_turn = turns.index(1 - CONSUMER)
         q = q_buf.reshape([BLOCK_M, HEAD_DIM])
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         s_zero = gl.zeros([BLOCK_M, BLOCK_N], gl.float32, s_layout)
         if PINGPONG:
-            if CONSUMER == CONSUMERS - 1:  # consumer 0 issues first
+            if CONSUMER == 1:  # consumer 0 issues first
                 mbarrier.arrive(their_turn)
 
         it = 0  # the program's key steps so far: ring slot and phase
@@ -4923,11 +4918,6 @@ if _GLUON is not None:
             batch, off_m, full_steps, n_steps = _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL,
                                                                   CONSUMERS * BLOCK_M, BLOCK_N)
             off_m = off_m + CONSUMER * BLOCK_M
-            if IS_CAUSAL:
-                # Every consumer runs the tile's key steps, up to its last query's; the steps
-                # before this consumer's first query need no mask, and a step past its last
-                # query is all masked (weights 0: every row sees key 0, so its max is finite).
-                full_steps = gl.minimum(off_m, n_keys) // BLOCK_N
             rows = off_m + gl.arange(0, BLOCK_M, rows_l)
             # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
             acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
@@ -4992,8 +4982,9 @@ if _GLUON is not None:
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
         qk_scale = qk_scale.to(gl.float32)
-        # The free barriers count every consumer's release, so every consumer runs the same key
-        # steps: the tile's, to its last query's causal end.
+        # The free barriers count every consumer's release, so every consumer must run the same
+        # key steps; with a tile's queries one key step long, the causal end is shared.
+        gl.static_assert(CONSUMERS * BLOCK_M == BLOCK_N, "the consumers' causal ends share a key step")
         n_work = n_batch * gl.cdiv(n_queries, CONSUMERS * BLOCK_M)
         first = gl.program_id(0)
 
@@ -5024,38 +5015,19 @@ if _GLUON is not None:
             mbarrier.init(v_ready.index(slot), count=1)
             mbarrier.init(v_free.index(slot), count=CONSUMERS)
 
-        gl.static_assert(CONSUMERS == 2 or CONSUMERS == 3, "the default partition and one or two workers consume")
-        # (the layouts are constexprs: they cannot ride in a tuple built here, so each branch spells the arguments)
-        if CONSUMERS == 2:
-            gl.warp_specialize([
-                (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                                         v_free, turns, o_desc, lse_ptr, stride_lb, stride_lm, first, n_work, n_batch,
-                                         n_queries, n_keys, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout, 0,
-                                         PINGPONG)),
-                (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                                         v_free, turns, o_desc, lse_ptr, stride_lb, stride_lm, first, n_work, n_batch,
-                                         n_queries, n_keys, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout, 1,
-                                         PINGPONG)),
-                (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
-                                       v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
-            ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
-        else:
-            gl.warp_specialize([
-                (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                                         v_free, turns, o_desc, lse_ptr, stride_lb, stride_lm, first, n_work, n_batch,
-                                         n_queries, n_keys, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout, 0,
-                                         PINGPONG)),
-                (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                                         v_free, turns, o_desc, lse_ptr, stride_lb, stride_lm, first, n_work, n_batch,
-                                         n_queries, n_keys, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout, 1,
-                                         PINGPONG)),
-                (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                                         v_free, turns, o_desc, lse_ptr, stride_lb, stride_lm, first, n_work, n_batch,
-                                         n_queries, n_keys, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout, 2,
-                                         PINGPONG)),
-                (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
-                                       v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
-            ], [num_warps, num_warps, 1], [CONSUMER_REGISTERS, CONSUMER_REGISTERS, LOADER_REGISTERS])
+        gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
+        gl.warp_specialize([
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
+                                     turns, o_desc, lse_ptr, stride_lb, stride_lm,
+                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout, 0, PINGPONG)),
+            (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
+                                     turns, o_desc, lse_ptr, stride_lb, stride_lm,
+                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
+                                     s_layout, acc_layout, p_layout, 1, PINGPONG)),
+            (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
+                                   v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
+        ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
 # The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_CONSUMERS x
@@ -5468,8 +5440,7 @@ def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
 @on_input_device
 def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False, *,
                           stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
-                          persistent: bool | None = None, consumers: int | None = None
-                          ) -> tuple[torch.Tensor, torch.Tensor]:
+                          persistent: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L): FlashAttentionTriton's forward by the warp-specialised Hopper kernel.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
@@ -5478,9 +5449,7 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     only: an input that requires grad is refused. ``stages``: K and V ring slots (3 fit in shared
     memory beside the Q and O tiles at d = 64 only: KernelCapacityError at d = 128); ``pingpong``:
     the consumers take turns to issue their products; ``persistent``: one program an SM looping
-    over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice);
-    ``consumers``: warpgroups of 64 queries a program, 2, or 3 at d = 64 only (None:
-    ``gluon_flash_consumers``'s choice).
+    over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
     """
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
@@ -5496,20 +5465,16 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     check_flag("pingpong", pingpong)
     if persistent is not None:
         check_flag("persistent", persistent)
-    if consumers is not None:
-        check_int("consumers", consumers, 2, 3)
-        if consumers == 3 and Q.shape[-1] != 64:
-            raise ValueError(f"consumers=3 fits the registers at d = 64 only, got d = {Q.shape[-1]}")
     O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
     L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
-    _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong, persistent=persistent, consumers=consumers)
+    _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong, persistent=persistent)
     return O, L
 
 
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
                          L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
                          kept: list | None = None, persistent: bool | None = None,
-                         programs: int | None = None, consumers: int | None = None) -> None:
+                         programs: int | None = None) -> None:
     """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32).
     With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of (Q, K, V, O, L), or
     None where it cannot be kept. ``persistent``: None takes ``gluon_flash_persistent``'s choice;
@@ -5518,22 +5483,21 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    consumers = consumers or gluon_flash_consumers(d)
     q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
-    ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * consumers * GLUON_BLOCK_M) * d * Q.element_size()
+    ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
     if ring > _SHARED_MEMORY_BUDGET:
         raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
-                                  f"{consumers} Q and O tiles need "
+                                  f"{GLUON_FLASH_CONSUMERS} Q and O tiles need "
                                   f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
     descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))
-    n_work = batch * cdiv(n_queries, consumers * GLUON_BLOCK_M)
+    n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
     grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
     kernel = _jit(flash_attention_gluon_kernel, traced=False)
     args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=consumers,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS[consumers],
+    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
+                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
     _keep_flash_launch(kernel, grid, args, options, 5, kept, tuple(descs))

@@ -75,44 +75,12 @@ def test_against_float64(shape, dtype, is_causal, pingpong):
     assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
 
 
-D64_SHAPES = {name: shape for name, shape in SHAPES.items() if shape[3] == 64} | {
-    "three tiles": (2, 500, 500, 64),  # 192-query tiles: the third holds 116 rows, consumer 2 none
-    "diagonal steps": (1, 448, 448, 64),  # causal: consumer 0 of the second tile has a step all masked
-}
-
-
 @needs_hopper_gluon
 @pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("shape", list(D64_SHAPES.values()), ids=list(D64_SHAPES))
-def test_three_consumers(shape, is_causal, pingpong):
-    """Three consumer warpgroups a program (192 queries, d = 64): the turns go round three, and
-    causal, every consumer runs the tile's key steps, those past its own queries all masked."""
-    batch, n_queries, n_keys, d = shape
-    Q, K, V = attention_inputs(batch, n_queries, n_keys, d, torch.bfloat16, seed=n_queries + n_keys, scale=4.0)
-    with torch.no_grad():
-        O, L = flash_attention_gluon(Q, K, V, is_causal, pingpong=pingpong, consumers=3)
-    Q64, K64, V64 = (t.double() for t in (Q, K, V))
-    assert_close(O, attention_reference(Q64, K64, V64, is_causal), attention_reference(Q, K, V, is_causal))
-    assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
-
-
-@needs_hopper_gluon
-def test_three_consumers_need_d64():
-    Q, K, V = attention_inputs(1, 64, 64, 128, torch.bfloat16, seed=0)
-    with torch.no_grad(), pytest.raises(ValueError, match="consumers=3 fits the registers at d = 64 only"):
-        flash_attention_gluon(Q, K, V, consumers=3)
-    with torch.no_grad(), pytest.raises(ValueError, match="consumers must be an int from 2 to 3"):
-        flash_attention_gluon(Q, K, V, consumers=4)
-
-
-@needs_hopper_gluon
-@pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
-@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("d, consumers", [(64, 2), (128, 2), (64, 3)])
-def test_programs_of_several_tiles(d, consumers, is_causal, pingpong):
-    """A persistent grid of 3 programs over 3 x 6 tiles of 128 queries (3 x 4 of 192 with three
-    consumers; the last one ragged): ring
+@pytest.mark.parametrize("d", [64, 128])
+def test_programs_of_several_tiles(d, is_causal, pingpong):
+    """A persistent grid of 3 programs over 3 x 6 tiles of 128 queries (the last one ragged): ring
     slots, barrier phases and turns run on from tile to tile, Q and the O buffer are reused, tiles
     of different lengths (causal) follow each other; equal to the grid of one tile a program."""
     import fused_softmax_matmul as fsm
@@ -122,7 +90,7 @@ def test_programs_of_several_tiles(d, consumers, is_causal, pingpong):
         O, L = torch.empty_like(Q), torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
         with torch.no_grad():
             fsm._gluon_flash_forward(Q, K, V, is_causal, O, L, pingpong=pingpong, persistent=programs is not None,
-                                     programs=programs, consumers=consumers)
+                                     programs=programs)
         outs.append((O, L))
     (O, L), (O1, L1) = outs
     assert torch.equal(O, O1) and torch.equal(L, L1)  # the same tiles, computed the same way
