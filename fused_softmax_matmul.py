@@ -4454,26 +4454,49 @@ if _GLUON is not None:
         return acc, part, p, q
 
     @gluon.jit
+    def _gluon_softmax_issue(i, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part, PINGPONG: gl.constexpr,
+                             PARTS: gl.constexpr):
+        """Issues step i's products (its weights p, q against V's tile in the step's slot) once the
+        tile is in and, PINGPONG, once it is this consumer's turn."""
+        STAGES: gl.constexpr = v_bufs.type.shape[0] // PARTS
+        slot = i % STAGES
+        mbarrier.wait(v_ready.index(slot), (i // STAGES) & 1)
+        if PINGPONG:
+            mbarrier.wait(my_turn, i & 1)
+        if PARTS == 2:
+            part = _gluon_softmax_products(p, q, v_bufs, slot, part, PARTS)
+        else:
+            acc = _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS)
+        if PINGPONG:
+            mbarrier.arrive(their_turn)
+        return acc, part
+
+    @gluon.jit
     def _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn, their_turn,
                             acc, part, m, l, p, q, cols, d2, s_layout: gl.constexpr, acc_layout: gl.constexpr,
                             p_layout: gl.constexpr, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
-                            PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr):
-        """Step i of one consumer: the online softmax of its rows' x tile while its products of
-        step i - 1 run, then the wait for them, acc's rescale, and step i's products issued
-        asynchronously. MASKED: columns past d2 (TMA's zeros) weigh nothing."""
+                            PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr, FIRST: gl.constexpr):
+        """Step i of one consumer: step i - 1's products issued asynchronously (not FIRST), the
+        online softmax of its rows' x tile while they run, then the wait for them, acc's rescale,
+        and step i's weights as the next products' operands. The products issued in a step are
+        waited for in it: with an MMA in flight across the loop's back edge ptxas serialised
+        every warpgroup MMA (its C7512, "insufficient register resources").
+        MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
         BLOCK_M: gl.constexpr = m.shape[0]
         LOG2E: gl.constexpr = 1.4426950408889634
         slot = i % STAGES
-        phase = (i // STAGES) & 1
-        mbarrier.wait(x_ready.index(slot), phase)
+        mbarrier.wait(x_ready.index(slot), (i // STAGES) & 1)
         x_tile = x_bufs.index(slot).reshape([ROWS, BLOCK_N]).slice(CONSUMER * BLOCK_M, BLOCK_M)
         s = x_tile.load(s_layout).to(gl.float32)
         # The generic-proxy read of the slot must precede the TMA that refills it.
         fence_async_shared()
         mbarrier.arrive(x_free.index(slot))
+        if not FIRST:
+            acc, part = _gluon_softmax_issue(i - 1, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part,
+                                             PINGPONG, PARTS)
         if MASKED:
             s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, axis=1))
@@ -4496,22 +4519,14 @@ if _GLUON is not None:
             m_sub = gl.where(m == float("-inf"), 0.0, m)
         w = gl.exp2((s - gl.expand_dims(m_sub, 1)) * LOG2E)
         l = l + gl.sum(w, axis=1)
-        # Step i - 1's products must be done before acc is rescaled and its V slot refilled; their
-        # A operands p (and q) live in registers and must not be overwritten until then either.
-        acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
-        mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES), pred=i > 0)
-        if rescale:
-            acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
+        if not FIRST:
+            # Step i - 1's products must be done before acc is rescaled and its V slot refilled;
+            # their A operands p (and q) live in registers and must not be overwritten until then.
+            acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
+            mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES))
+            if rescale:  # (before any product, acc is 0)
+                acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
         p, q = _gluon_softmax_operands(w, p, q, p_layout, PARTS)
-        mbarrier.wait(v_ready.index(slot), phase)
-        if PINGPONG:
-            mbarrier.wait(my_turn, i & 1)
-        if PARTS == 2:
-            part = _gluon_softmax_products(p, q, v_bufs, slot, part, PARTS)
-        else:
-            acc = _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS)
-        if PINGPONG:
-            mbarrier.arrive(their_turn)
         return acc, part, m, l, p, q
 
     @gluon.jit
@@ -4536,11 +4551,10 @@ if _GLUON is not None:
 
         m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
         l = gl.zeros([BLOCK_M], gl.float32, rows_l)
+        acc = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
         if PARTS == 2:  # acc in registers, each step's products in part
-            acc = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
-            part = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
+            part = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
         else:  # the products accumulate in acc; part only passes through
-            acc = warpgroup_mma_init(gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout))
             part = gl.zeros([BLOCK_M], gl.float32, rows_l)
         p = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
         if PARTS == 2:
@@ -4549,14 +4563,22 @@ if _GLUON is not None:
             q = gl.zeros([BLOCK_M], gl.float32, rows_l)
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         full_steps = d2 // BLOCK_N
-        for i in range(full_steps):
+        # Step 0 (no products before it) is masked whatever it holds.
+        acc, part, m, l, p, q = _gluon_softmax_step(0, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+                                                    my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
+                                                    acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS, True)
+        for i in range(1, full_steps):
             acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                                         my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
-                                                        acc_layout, p_layout, CONSUMER, False, PINGPONG, LAZY, PARTS)
-        for i in range(full_steps, n_steps):  # the last, part-filled step, if any
+                                                        acc_layout, p_layout, CONSUMER, False, PINGPONG, LAZY, PARTS,
+                                                        False)
+        for i in range(gl.maximum(full_steps, 1), n_steps):  # the last, part-filled step, if any
             acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                                         my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
-                                                        acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS)
+                                                        acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS,
+                                                        False)
+        acc, part = _gluon_softmax_issue(n_steps - 1, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part,
+                                         PINGPONG, PARTS)
         acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
 
         # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
