@@ -864,7 +864,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
-    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows; float32 where its
+    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows, of d3 <= 512 from d2
+    3000; float32 where its
     programs fill the GPU from d2 1024, or TF32 from d2 2048; d3 <= 512) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
@@ -944,7 +945,13 @@ _FUSED_LSE_REPLAYS = Replays()
 # where the float32 grid at eefcaa8, shape_grid_softmax_matmul_float32_eefcaa8.csv, timed (8,
 # 1000, 3000, d3 64 to 512) at 0.075-0.144 ms against 41-70 us of host time, 1.52-1.90x torch).
 # No float32 shape past d3 512 was measured: those keep the Triton paths.
-GLUON_FUSED_MAX_D3 = 256
+#
+# Two d3 tiles (16-bit, d3 384 and 512; outputs/profiles/gluon_fused_d512_probe.txt, CUDA graphs,
+# at 6eb4090, where a step's products no longer stay in flight across the loop's back edge): from
+# d2 3000 with 128 to 512 programs 1.08-1.22x row_softmax + torch.bmm, at d2 1000-1024 0.83-0.92x,
+# with 64 programs (batch 4 x 1000) 0.63-0.71x. Nothing was measured between d2 1024 and 3000.
+GLUON_FUSED_MAX_D3 = 512
+GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 GLUON_TF32_MIN_D2 = 1024
 GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
@@ -965,9 +972,11 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
         return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
             gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
             and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms)
-    if sms is None or d3 > GLUON_FUSED_MAX_D3 or d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
+    if sms is None or d3 > GLUON_FUSED_MAX_D3:
         return False
-    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, GLUON_FUSED_MAX_D3)
+    if d2 < (512 if d3 <= FUSED_MAX_D3 else 1024 if d3 <= 256 else GLUON_FUSED_TWO_TILES_MIN_D2):
+        return False
+    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype).block_d3)
     return programs >= GLUON_FUSED_MIN_SM_SHARE * sms
 
 

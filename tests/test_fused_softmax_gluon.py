@@ -329,11 +329,15 @@ def test_launch_refuses_bad_fields(field, value):
 # fused_softmax's "gluon" path
 # ----------------------------------------------------------------------------------------------
 def test_the_rule_is_a_function_of_the_shape():
-    """d3 up to 256, d2 from 512 (d3 <= 128) or 1024, and programs (128 rows each) for 7 in 10 SMs."""
+    """d3 up to 512, d2 from 512 (d3 <= 128), 1024 (d3 <= 256) or 3000 (two d3 tiles), and
+    programs (128 rows and a d3 tile of up to 256 each) for 7 in 10 SMs."""
     assert gluon_fused_wins(16, 2048, 8192, 64, 132) and gluon_fused_wins(16, 2048, 1024, 256, 132)
     assert gluon_fused_wins(16, 2048, 512, 128, 132) and not gluon_fused_wins(16, 2048, 512, 256, 132)
     assert not gluon_fused_wins(16, 2048, 256, 64, 132)  # short rows: the Triton kernel's
-    assert not gluon_fused_wins(16, 2048, 8192, 512, 132)  # two d3 tiles: materialised
+    assert gluon_fused_wins(16, 2048, 8192, 512, 132) and gluon_fused_wins(8, 2048, 3000, 384, 132)  # two d3 tiles
+    assert not gluon_fused_wins(16, 2048, 2048, 512, 132)  # two d3 tiles, shorter rows: materialised
+    assert not gluon_fused_wins(16, 2048, 8192, 1024, 132)  # four: materialised
+    assert gluon_fused_wins(4, 1536, 8192, 512, 132) and not gluon_fused_wins(4, 1000, 8192, 512, 132)  # 96, 64
     assert gluon_fused_wins(8, 1536, 4096, 64, 132)  # 96 programs for 132 SMs
     assert not gluon_fused_wins(8, 1000, 8192, 64, 132)  # 64
     assert gluon_fused_wins(8, 1000, 8192, 64, 64) and not gluon_fused_wins(16, 2048, 8192, 64, None)

@@ -9,6 +9,12 @@ for m in sm__pipe_tensor_op_gmma_cycles_active sm__pipe_tensor_op_hmma_cycles_ac
   want="$want,$m.sum,$m.avg.pct_of_peak_sustained_elapsed"
 done
 want=${want#,}
+# Where this ncu has them: the exponential unit's (XU) and the FMA pipe's issue rates, and the
+# cycles a warp waits between two instructions, by reason.
+for m in $(ncu --query-metrics --chip gh100 2>/dev/null | awk '{print $1}' | grep -E \
+    '^(smsp__average_warps_issue_stalled_[a-z_]+_per_issue_active|sm__inst_executed_pipe_(xu|fma|alu))$'); do
+  case $m in smsp__*) want="$want,$m.ratio";; *) want="$want,$m.avg.pct_of_peak_sustained_active";; esac
+done
 cases=("fused_default fused_softmax_gluon_kernel" "fused_256 fused_softmax_gluon_kernel"
        "attention flash_attention_gluon_kernel" "attention flash_attention_backward_dq_gluon_kernel"
        "attention flash_attention_backward_dkdv")
@@ -20,5 +26,6 @@ for c in "${cases[@]}"; do
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section Occupancy --section LaunchStats \
     --section WarpStateStats --section MemoryWorkloadAnalysis --metrics "$want" \
     python3 outputs/profiles/gluon_prof.py $1 > ${OUT:-outputs/profiles}/ncu_gluon_$1_$2.txt 2>&1
-  grep -E "^  [a-z_]+ \(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc|gmma|hmma|lts__t_bytes.avg|dram__bytes_read.avg|forward|launch|Error" ${OUT:-outputs/profiles}/ncu_gluon_$1_$2.txt | head -20
+  grep -E "^  [a-z_]+ \(|Duration|Registers Per|Achieved Occupancy|Warp Cycles Per Issued|Issue Slots Busy|Executed Ipc|gmma|hmma|pipe_xu|lts__t_bytes.avg|dram__bytes_read.avg|forward|launch|Error" ${OUT:-outputs/profiles}/ncu_gluon_$1_$2.txt | head -20
+  grep -E "issue_stalled" ${OUT:-outputs/profiles}/ncu_gluon_$1_$2.txt | awk '{print $NF, $1}' | sort -g -r | head -8
 done
