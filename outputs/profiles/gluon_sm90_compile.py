@@ -1,6 +1,7 @@
 """Compiles ``fused_softmax_gluon_kernel`` for sm_90 on a machine without a GPU (triton 3.6 with
 Gluon and its bundled ptxas) and prints, per launch, its shared memory and what ptxas reports:
-registers a thread and spills. A one-off diagnostic, not part of the suite. From the repository
+registers a thread, spills, and whether it serialised the warpgroup MMAs (its C7512, which every
+launch had until 6eb4090, where a step's products stayed in flight across the loop's back edge). A one-off diagnostic, not part of the suite. From the repository
 root, with a triton 3.6 on the path:
 
     PYTHONPATH=. python3 outputs/profiles/gluon_sm90_compile.py
@@ -51,13 +52,14 @@ def ptxas_report(compiled) -> list[str]:
         f.write(compiled.asm["ptx"])
     result = subprocess.run([ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull], capture_output=True, text=True)
     os.unlink(f.name)
-    return [line.split("info    : ")[-1].strip() for line in result.stderr.splitlines() if "Used" in line or "spill" in line]
+    return [line.split("info    : ")[-1].strip() for line in result.stderr.splitlines()
+            if "Used" in line or "spill" in line or "C75" in line]  # C7512: warpgroup MMAs serialised
 
 
 if __name__ == "__main__":
     print(f"# triton {triton.__version__}, sm_90a; consumers get {fsm.GLUON_SOFTMAX_CONSUMER_REGISTERS} registers "
           "by setmaxnreg (ptxas reports the launch's)")
-    cases = [(fsm.GluonSoftmaxLaunch(128, 256, 2), torch.bfloat16, 1),
+    cases = [(fsm.GluonSoftmaxLaunch(128, 256, 2), torch.bfloat16, 1), (fsm.GluonSoftmaxLaunch(64, 256, 2), torch.bfloat16, 1),
              (fsm.GluonSoftmaxLaunch(64, 256, 2), torch.float32, 1),
              (fsm.GluonSoftmaxLaunch(64, 128, 2), torch.float32, 2),
              (fsm.GluonSoftmaxLaunch(32, 128, 2), torch.float32, 2),
