@@ -4205,7 +4205,7 @@ GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
 # Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products,
 # _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; at 256 columns ptxas
-# spilled 2456 bytes a thread at 64-wide d2 steps, 4012 at 32-wide from 6eb4090
+# spilled 2456 bytes a thread with 32-wide d2 steps, 4012 from 6eb4090
 # (outputs/profiles/gluon_sm90_compile.txt, in git at each commit).
 GLUON_TF32X3_MAX_D3 = 128
 
