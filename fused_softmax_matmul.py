@@ -4283,8 +4283,9 @@ def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
 class GluonSoftmaxLaunch:
     """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring
     slots, whether the two consumer warpgroups take turns to issue their products (pingpong),
-    and whether a consumer rescales its accumulator only when a row's max grew by more than 8
-    (lazy_rescale; else at every step).
+    whether a consumer rescales its accumulator only when a row's max grew by more than 8
+    (lazy_rescale; else at every step), and whether 16-bit weights reach the products through
+    shared memory (p_smem: 64 x block_n a consumer) rather than as their register operand.
 
     A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
     block_n x block_d3 (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype.
@@ -4295,6 +4296,7 @@ class GluonSoftmaxLaunch:
     stages: int = 2
     pingpong: bool = False
     lazy_rescale: bool = True
+    p_smem: bool = False
 
     def check(self, dtype: torch.dtype = torch.bfloat16) -> None:
         """The fields' types and ranges, and the ring's shared memory for inputs of ``dtype``
@@ -4304,6 +4306,9 @@ class GluonSoftmaxLaunch:
         check_int("stages", self.stages, 2, 8)
         check_flag("pingpong", self.pingpong)
         check_flag("lazy_rescale", self.lazy_rescale)
+        check_flag("p_smem", self.p_smem)
+        if self.p_smem and dtype == torch.float32:
+            raise ValueError("p_smem is for 16-bit inputs: float32's TF32 weights stay in registers")
         parts = gluon_softmax_v_parts(dtype)
         if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
             raise KernelCapacityError(
@@ -4353,7 +4358,8 @@ def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> t
 def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
     """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, and their barriers."""
     v_tiles = gluon_softmax_v_parts(dtype) * launch.block_n * launch.block_d3
-    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8)
+    weights = GLUON_SOFTMAX_ROWS * launch.block_n * dtype.itemsize if launch.p_smem else 0
+    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8) + weights
 
 
 def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) -> GluonSoftmaxLaunch:
@@ -4365,6 +4371,14 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
     lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
     differ (0.69-0.74 ms either way).
 
+    16-bit weights reach the products through shared memory where one d3 tile covers d3 (d3 <=
+    256): on an H100 (outputs/profiles/gluon_fused_psmem_probe.txt, at 057f8d7's kernel) 1.04-1.15x
+    faster than as the register operand there, 0.92x at d3 512 with d2 8192 (1.03x at d2 3000).
+    ptxas places each step's wait for its products before most of the step's softmax either way
+    (the SASS of both), so a consumer's softmax runs under the other consumer's products, not
+    under its own; through shared memory the weights free 32 registers a thread (the 128 x 256
+    launch no longer spills).
+
     float32 steps are 64 wide (256 bytes of a row, as 128 16-bit values); under tf32x3 d3 comes
     in tiles of up to GLUON_TF32X3_MAX_D3 (a consumer holds two accumulators)."""
     if dtype == torch.float32:
@@ -4372,7 +4386,7 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
         return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
                                   block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
-                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2)
+                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2, p_smem=d3 <= 256)
 
 
 if _GLUON is not None:
@@ -4433,7 +4447,7 @@ if _GLUON is not None:
         MMA needs an operand in shared memory): one product of the rounded weights p and V
         ('high'), or three, p V_hi + p V_lo + q V_hi (tf32x3, 'highest'); the tensor core's
         truncation of the small terms is at the level of float32's own rounding."""
-        if len(v_bufs.type.shape) == 4:  # 16-bit: (slots, 1, BLOCK_N, BLOCK_D3)
+        if len(v_bufs.type.shape) == 4:  # 16-bit: (slots, 1, BLOCK_N, BLOCK_D3); p in registers or shared memory
             BLOCK_N: gl.constexpr = v_bufs.type.shape[2]
             BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
             acc = warpgroup_mma(p, v_bufs.index(slot).reshape([BLOCK_N, BLOCK_D3]), acc, is_async=True)
@@ -4464,16 +4478,18 @@ if _GLUON is not None:
         return acc, part, p, q
 
     @gluon.jit
-    def _gluon_softmax_issue(i, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part, PINGPONG: gl.constexpr,
-                             PARTS: gl.constexpr):
-        """Issues step i's products (its weights p, q against V's tile in the step's slot) once the
-        tile is in and, PINGPONG, once it is this consumer's turn."""
+    def _gluon_softmax_issue(i, p, q, p_buf, v_bufs, v_ready, my_turn, their_turn, acc, part, PINGPONG: gl.constexpr,
+                             PARTS: gl.constexpr, P_SMEM: gl.constexpr):
+        """Issues step i's products (its weights p, q, or P_SMEM those in p_buf, against V's tile
+        in the step's slot) once the tile is in and, PINGPONG, once it is this consumer's turn."""
         STAGES: gl.constexpr = v_bufs.type.shape[0] // PARTS
         slot = i % STAGES
         mbarrier.wait(v_ready.index(slot), (i // STAGES) & 1)
         if PINGPONG:
             mbarrier.wait(my_turn, i & 1)
-        if PARTS == 2:
+        if P_SMEM:
+            acc = _gluon_softmax_products(p_buf, q, v_bufs, slot, acc, PARTS)
+        elif PARTS == 2:
             part = _gluon_softmax_products(p, q, v_bufs, slot, part, PARTS)
         else:
             acc = _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS)
@@ -4482,10 +4498,11 @@ if _GLUON is not None:
         return acc, part
 
     @gluon.jit
-    def _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, my_turn, their_turn,
+    def _gluon_softmax_step(i, x_bufs, v_bufs, p_buf, x_ready, x_free, v_ready, v_free, my_turn, their_turn,
                             acc, part, m, l, p, q, cols, d2, s_layout: gl.constexpr, acc_layout: gl.constexpr,
                             p_layout: gl.constexpr, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
-                            PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr, FIRST: gl.constexpr):
+                            PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr, FIRST: gl.constexpr,
+                            P_SMEM: gl.constexpr):
         """Step i of one consumer: step i - 1's products issued asynchronously (not FIRST), the
         online softmax of its rows' x tile while they run, then the wait for them, acc's rescale,
         and step i's weights as the next products' operands. The products issued in a step are
@@ -4505,8 +4522,8 @@ if _GLUON is not None:
         fence_async_shared()
         mbarrier.arrive(x_free.index(slot))
         if not FIRST:
-            acc, part = _gluon_softmax_issue(i - 1, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part,
-                                             PINGPONG, PARTS)
+            acc, part = _gluon_softmax_issue(i - 1, p, q, p_buf, v_bufs, v_ready, my_turn, their_turn, acc, part,
+                                             PINGPONG, PARTS, P_SMEM)
         if MASKED:
             s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, axis=1))
@@ -4536,16 +4553,20 @@ if _GLUON is not None:
             mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES))
             if rescale:  # (before any product, acc is 0)
                 acc = acc * gl.expand_dims(gl.convert_layout(alpha, gl.SliceLayout(1, acc_layout)), 1)
-        p, q = _gluon_softmax_operands(w, p, q, p_layout, PARTS)
+        if P_SMEM:  # the next products read the weights from shared memory
+            p_buf.store(w.to(p_buf.dtype))
+            fence_async_shared()
+        else:
+            p, q = _gluon_softmax_operands(w, p, q, p_layout, PARTS)
         return acc, part, m, l, p, q
 
     @gluon.jit
-    def _gluon_softmax_consumer(x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns,
+    def _gluon_softmax_consumer(x_bufs, v_bufs, p_bufs, x_ready, x_free, v_ready, v_free, turns,
                                 o_ptr, stride_ob, stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1,
                                 batch, off_m, off_d3, d1, d2, d3, n_steps,
                                 s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                                 CONSUMER: gl.constexpr, PINGPONG: gl.constexpr, LAZY: gl.constexpr,
-                                STORE_LSE: gl.constexpr, PARTS: gl.constexpr):
+                                STORE_LSE: gl.constexpr, PARTS: gl.constexpr, P_SMEM: gl.constexpr):
         """Consumer warpgroup CONSUMER: rows off_m + CONSUMER * BLOCK_M onwards through every step
         of the ring, then their output tile (and, STORE_LSE, their log-sum-exp)."""
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
@@ -4566,7 +4587,11 @@ if _GLUON is not None:
             part = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
         else:  # the products accumulate in acc; part only passes through
             part = gl.zeros([BLOCK_M], gl.float32, rows_l)
-        p = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
+        p_buf = p_bufs.index(CONSUMER)
+        if P_SMEM:  # the weights go through p_buf: p only passes through
+            p = gl.zeros([BLOCK_M], gl.float32, rows_l)
+        else:
+            p = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
         if PARTS == 2:
             q = gl.zeros([BLOCK_M, BLOCK_N], x_bufs.dtype, p_layout)
         else:  # no second operand: q only passes through
@@ -4574,21 +4599,22 @@ if _GLUON is not None:
         cols = gl.arange(0, BLOCK_N, gl.SliceLayout(0, s_layout))
         full_steps = d2 // BLOCK_N
         # Step 0 (no products before it) is masked whatever it holds.
-        acc, part, m, l, p, q = _gluon_softmax_step(0, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+        acc, part, m, l, p, q = _gluon_softmax_step(0, x_bufs, v_bufs, p_buf, x_ready, x_free, v_ready, v_free,
                                                     my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
-                                                    acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS, True)
+                                                    acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS, True,
+                                                    P_SMEM)
         for i in range(1, full_steps):
-            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, p_buf, x_ready, x_free, v_ready, v_free,
                                                         my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
                                                         acc_layout, p_layout, CONSUMER, False, PINGPONG, LAZY, PARTS,
-                                                        False)
+                                                        False, P_SMEM)
         for i in range(gl.maximum(full_steps, 1), n_steps):  # the last, part-filled step, if any
-            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
+            acc, part, m, l, p, q = _gluon_softmax_step(i, x_bufs, v_bufs, p_buf, x_ready, x_free, v_ready, v_free,
                                                         my_turn, their_turn, acc, part, m, l, p, q, cols, d2, s_layout,
                                                         acc_layout, p_layout, CONSUMER, True, PINGPONG, LAZY, PARTS,
-                                                        False)
-        acc, part = _gluon_softmax_issue(n_steps - 1, p, q, v_bufs, v_ready, my_turn, their_turn, acc, part,
-                                         PINGPONG, PARTS)
+                                                        False, P_SMEM)
+        acc, part = _gluon_softmax_issue(n_steps - 1, p, q, p_buf, v_bufs, v_ready, my_turn, their_turn, acc, part,
+                                         PINGPONG, PARTS, P_SMEM)
         acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
 
         # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
@@ -4613,7 +4639,7 @@ if _GLUON is not None:
                                    stride_l1, d1, d2, d3, n_tiles_d3, STAGES: gl.constexpr, CONSUMERS: gl.constexpr,
                                    LOADER_REGISTERS: gl.constexpr, CONSUMER_REGISTERS: gl.constexpr,
                                    PINGPONG: gl.constexpr, LAZY: gl.constexpr, STORE_LSE: gl.constexpr,
-                                   PARTS: gl.constexpr, num_warps: gl.constexpr):
+                                   PARTS: gl.constexpr, P_SMEM: gl.constexpr, num_warps: gl.constexpr):
         """softmax(x) @ V for one (CONSUMERS x BLOCK_M rows, BLOCK_D3 columns) tile of one batch
         element's output, through a ring of STAGES slots. 16-bit: v_desc reads V (batch, d2, d3).
         float32: v_desc reads V's PARTS TF32 parts, (batch, PARTS, d3, d2)."""
@@ -4653,6 +4679,12 @@ if _GLUON is not None:
 
         x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES * PARTS] + v_desc.block_type.shape, v_desc.layout)
+        if P_SMEM:  # each consumer's weights, the products' operand in shared memory
+            gl.static_assert(not FP32, "float32's weights stay in registers")
+            p_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS, BLOCK_M, BLOCK_N],
+                                               gl.NVMMASharedLayout.get_default_for([BLOCK_M, BLOCK_N], dtype))
+        else:  # unused
+            p_bufs = x_bufs
         x_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         x_free = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         v_ready = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -4667,14 +4699,14 @@ if _GLUON is not None:
             mbarrier.init(turns.index(c), count=1)
 
         gl.warp_specialize([
-            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
+            (_gluon_softmax_consumer, (x_bufs, v_bufs, p_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
                                        stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
                                        d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 0, PINGPONG, LAZY,
-                                       STORE_LSE, PARTS)),
-            (_gluon_softmax_consumer, (x_bufs, v_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
+                                       STORE_LSE, PARTS, P_SMEM)),
+            (_gluon_softmax_consumer, (x_bufs, v_bufs, p_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
                                        stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
                                        d1, d2, d3, n_steps, s_layout, acc_layout, p_layout, 1, PINGPONG, LAZY,
-                                       STORE_LSE, PARTS)),
+                                       STORE_LSE, PARTS, P_SMEM)),
             (_gluon_softmax_loader, (x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                      batch, off_m, off_d3, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
@@ -4737,7 +4769,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
                    CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
-                   STORE_LSE=lse is not None, PARTS=parts, num_warps=GLUON_BLOCK_M // 16)
+                   STORE_LSE=lse is not None, PARTS=parts, P_SMEM=launch.p_smem, num_warps=GLUON_BLOCK_M // 16)
     kernel[grid](*args, **options)
     if keep is not None and isinstance(kernel, DirectLauncher):
         replay = kernel.replay(grid, args, options, 4)

@@ -181,13 +181,15 @@ def test_a_kept_float32_launch_follows_the_setting(matmul_precision):
 @needs_hopper_gluon
 @pytest.mark.parametrize("launch", [GluonSoftmaxLaunch(64, 256, 4, pingpong=True), GluonSoftmaxLaunch(32, 256, 6),
                                     GluonSoftmaxLaunch(128, 256, 2), GluonSoftmaxLaunch(64, 128, 4),
-                                    GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False)], ids=str)
+                                    GluonSoftmaxLaunch(64, 256, 4, lazy_rescale=False),
+                                    GluonSoftmaxLaunch(128, 256, 2, p_smem=True),
+                                    GluonSoftmaxLaunch(64, 128, 3, pingpong=True, p_smem=True)], ids=str)
 @pytest.mark.parametrize("scale", [8.0, 100.0])
 def test_other_launches(launch, scale):
     """The launches the check script times beside the default: the consumers taking turns, 32- and
     128-wide steps of d2 (32 or 8 of them through 6 or 2 slots), 128-wide d3 tiles (three over
-    264, 8 live columns in the last), and a rescale at every step; logits of size 8 and 100 (the
-    lazy rescale's skipped and taken steps)."""
+    264, 8 live columns in the last), a rescale at every step, and the weights through shared
+    memory; logits of size 8 and 100 (the lazy rescale's skipped and taken steps)."""
     x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=scale)
     check_gluon(x, V, launch)
 
@@ -272,17 +274,22 @@ def test_refuses_what_tma_cannot_read(layout):
 def test_launch_refuses_a_ring_past_shared_memory():
     """3 slots of 128 x 128 x tiles and 128 x 256 V tiles are 288 KiB: refused by name before any launch."""
     GluonSoftmaxLaunch(128, 256, 2).check()
+    GluonSoftmaxLaunch(128, 256, 2, p_smem=True).check()  # 192 KiB and the weights' 32
     with pytest.raises(KernelCapacityError, match="shared memory"):
         GluonSoftmaxLaunch(128, 256, 3).check()
+    with pytest.raises(ValueError, match="p_smem is for 16-bit inputs"):
+        GluonSoftmaxLaunch(64, 128, 2, p_smem=True).check(torch.float32)
 
 
 def test_launch_tiles_follow_the_shape(matmul_precision):
     """d3 tiles of up to 256 and d2 steps of up to 128 where d2 and d3 allow, down to 16 (the MMA's
-    K step) for narrow ones; 2 slots. float32: steps of up to 64, and d3 tiles of up to 128 under
-    'highest' (two V parts a slot)."""
+    K step) for narrow ones; 2 slots; 16-bit weights through shared memory where one d3 tile
+    covers d3. float32: steps of up to 64, and d3 tiles of up to 128 under 'highest' (two V parts
+    a slot)."""
     assert gluon_softmax_launch(8192, 512) == gluon_softmax_launch(256, 512) == GluonSoftmaxLaunch(128, 256, 2)
-    assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2)
-    assert gluon_softmax_launch(1000, 96) == GluonSoftmaxLaunch(128, 128, 2)
+    assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2, p_smem=True)
+    assert gluon_softmax_launch(1000, 96) == GluonSoftmaxLaunch(128, 128, 2, p_smem=True)
+    assert gluon_softmax_launch(8192, 256) == GluonSoftmaxLaunch(128, 256, 2, p_smem=True)
     matmul_precision("high")
     assert gluon_softmax_launch(8192, 512, torch.float32) == GluonSoftmaxLaunch(64, 256, 2)
     assert gluon_softmax_launch(8, 40, torch.float32) == GluonSoftmaxLaunch(16, 64, 2)
@@ -316,7 +323,8 @@ def test_float32_v_operand(parts):
         assert torch.equal(hi + out[:, 1], want)
 
 
-@pytest.mark.parametrize("field, value", [("block_n", 48), ("block_d3", 512), ("stages", 1), ("pingpong", 1)])
+@pytest.mark.parametrize("field, value", [("block_n", 48), ("block_d3", 512), ("stages", 1), ("pingpong", 1),
+                                          ("p_smem", 1)])
 def test_launch_refuses_bad_fields(field, value):
     """Each field is checked by name: powers of two within the MMA's and TMA's bounds, 2 to 8
     slots, a bool."""

@@ -37,7 +37,7 @@ def compile_softmax(launch: fsm.GluonSoftmaxLaunch, dtype: torch.dtype, parts: i
     constants = dict(STAGES=launch.stages, CONSUMERS=fsm.GLUON_SOFTMAX_CONSUMERS, LAZY=launch.lazy_rescale,
                      LOADER_REGISTERS=fsm.GLUON_SOFTMAX_LOADER_REGISTERS,
                      CONSUMER_REGISTERS=fsm.GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong,
-                     STORE_LSE=False, PARTS=parts, num_warps=fsm.GLUON_BLOCK_M // 16)
+                     STORE_LSE=False, PARTS=parts, P_SMEM=launch.p_smem, num_warps=fsm.GLUON_BLOCK_M // 16)
     values = dict(x_desc=descs[0], v_desc=descs[1], o_ptr=out, stride_ob=1, stride_o1=1, stride_o3=1, lse_ptr=lse,
                   stride_lb=1, stride_l1=1, d1=3, d2=3, d3=3, n_tiles_d3=3)
     signature = {n: "constexpr" if n in constants else mangle_type(values[n]) for n in kernel.arg_names}
@@ -59,7 +59,8 @@ def ptxas_report(compiled) -> list[str]:
 if __name__ == "__main__":
     print(f"# triton {triton.__version__}, sm_90a; consumers get {fsm.GLUON_SOFTMAX_CONSUMER_REGISTERS} registers "
           "by setmaxnreg (ptxas reports the launch's)")
-    cases = [(fsm.GluonSoftmaxLaunch(128, 256, 2), torch.bfloat16, 1), (fsm.GluonSoftmaxLaunch(64, 256, 2), torch.bfloat16, 1),
+    cases = [(fsm.GluonSoftmaxLaunch(128, 256, 2), torch.bfloat16, 1), (fsm.GluonSoftmaxLaunch(128, 256, 2, p_smem=True), torch.bfloat16, 1),
+             (fsm.GluonSoftmaxLaunch(64, 256, 2), torch.bfloat16, 1),
              (fsm.GluonSoftmaxLaunch(64, 256, 2), torch.float32, 1),
              (fsm.GluonSoftmaxLaunch(64, 128, 2), torch.float32, 2),
              (fsm.GluonSoftmaxLaunch(32, 128, 2), torch.float32, 2),

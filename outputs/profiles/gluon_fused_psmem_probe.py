@@ -1,0 +1,49 @@
+"""softmax(x) @ V by the Gluon kernel with the weights as the products' register operand (the
+default) or through shared memory (``GluonSoftmaxLaunch(p_smem=True)``): do_bench medians (L2
+flushed) and the error against float64 on batch element 0, bf16. One-off diagnostic. From the
+repository root on an H100:
+
+    PYTHONPATH=. python3 outputs/profiles/gluon_fused_psmem_probe.py
+"""
+import dataclasses
+
+import torch
+import triton
+
+import fused_softmax_matmul as fsm
+
+L = fsm.GluonSoftmaxLaunch
+CASES = [(16, 2048, 8192, 512), (16, 2048, 8192, 256), (16, 2048, 8192, 128), (8, 2048, 4096, 64),
+         (8, 1000, 8192, 512), (16, 2048, 1024, 256), (8, 4096, 3000, 512)]
+
+
+def ms(fn):
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def error(out, x, V):
+    ref = torch.softmax(x[:1].double(), -1) @ V[:1].double()
+    return ((out[:1].double() - ref).norm() / ref.norm()).item()
+
+
+print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; do_bench medians (ms), "
+      "L2 flushed; err: ||out - float64|| / ||float64|| on batch element 0", flush=True)
+with torch.no_grad():
+    for b, d1, d2, d3 in CASES:
+        g = torch.Generator(device="cuda").manual_seed(d2 + d3)
+        x = torch.randn(b, d1, d2, device="cuda", dtype=torch.bfloat16, generator=g)
+        V = torch.randn(b, d2, d3, device="cuda", dtype=torch.bfloat16, generator=g)
+        default = fsm.gluon_softmax_launch(d2, d3)
+        launches = {"registers": default, "smem": dataclasses.replace(default, p_smem=True),
+                    "smem_64": dataclasses.replace(default, block_n=64, p_smem=True),
+                    "smem_64x3": dataclasses.replace(default, block_n=64, stages=3, p_smem=True)}
+        t = {"torch": ms(lambda: fsm.softmax_mult(x, V))}
+        errs = {"torch": error(fsm.softmax_mult(x, V), x, V)}
+        for name, launch in launches.items():
+            t[name] = ms(lambda: fsm.fused_softmax_gluon(x, V, launch=launch))
+            errs[name] = error(fsm.fused_softmax_gluon(x, V, launch=launch), x, V)
+        best = min((v, k) for k, v in t.items() if k != "torch")
+        print(f"({b},{d1},{d2},{d3}): " + " ".join(f"{k} {v:.4f}" for k, v in t.items())
+              + f" | smem/registers {t['registers'] / t['smem']:.3f}x, best {best[1]} {t['registers'] / best[0]:.3f}x"
+              f" registers' speed, {t['torch'] / best[0]:.2f}x torch | err " + " ".join(f"{k} {v:.2e}" for k, v in errs.items()),
+              flush=True)
