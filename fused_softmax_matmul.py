@@ -4371,13 +4371,18 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
     lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
     differ (0.69-0.74 ms either way).
 
-    16-bit weights reach the products through shared memory where one d3 tile covers d3 (d3 <=
-    256): on an H100 (outputs/profiles/gluon_fused_psmem_probe.txt, at 057f8d7's kernel) 1.04-1.15x
-    faster than as the register operand there, 0.92x at d3 512 with d2 8192 (1.03x at d2 3000).
-    ptxas places each step's wait for its products before most of the step's softmax either way
-    (the SASS of both), so a consumer's softmax runs under the other consumer's products, not
-    under its own; through shared memory the weights free 32 registers a thread (the 128 x 256
-    launch no longer spills).
+    bfloat16 weights reach the products through shared memory where one d3 tile of more than 64
+    columns covers d3 (64 < d3 <= 256). As the register operand, bfloat16 weights take a byte
+    permute a pair on their way from the logits' layout (float16 ones do not), and the two 16-bit
+    types' times differ by up to 1.12x there. On an H100, against the register operand: the
+    16-bit grid at 354d63f (shape_grid_softmax_matmul_16bit_354d63f.csv, where every 16-bit
+    launch at d3 <= 256 went through shared memory) against the one at 057f8d7: bfloat16 at d3
+    96 and 128 1.05-1.12x faster from d2 4096 (1.00x at 1000 and 3000), at d3 64 0.95-0.98x;
+    float16 0.87-0.97x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt: bfloat16 d3 256
+    1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192. Either way ptxas places each step's wait for
+    its products before most of the step's softmax (the SASS of both), so a consumer's softmax
+    runs under the other consumer's products, not under its own; through shared memory the
+    weights free 32 registers a thread (the 128 x 256 launch no longer spills).
 
     float32 steps are 64 wide (256 bytes of a row, as 128 16-bit values); under tf32x3 d3 comes
     in tiles of up to GLUON_TF32X3_MAX_D3 (a consumer holds two accumulators)."""
@@ -4386,7 +4391,8 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
         return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
                                   block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
-                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2, p_smem=d3 <= 256)
+                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2,
+                              p_smem=dtype == torch.bfloat16 and 64 < d3 <= 256)
 
 
 if _GLUON is not None:

@@ -283,13 +283,14 @@ def test_launch_refuses_a_ring_past_shared_memory():
 
 def test_launch_tiles_follow_the_shape(matmul_precision):
     """d3 tiles of up to 256 and d2 steps of up to 128 where d2 and d3 allow, down to 16 (the MMA's
-    K step) for narrow ones; 2 slots; 16-bit weights through shared memory where one d3 tile
-    covers d3. float32: steps of up to 64, and d3 tiles of up to 128 under 'highest' (two V parts
+    K step) for narrow ones; 2 slots; bfloat16 weights through shared memory where one d3 tile of
+    more than 64 columns covers d3. float32: steps of up to 64, and d3 tiles of up to 128 under 'highest' (two V parts
     a slot)."""
     assert gluon_softmax_launch(8192, 512) == gluon_softmax_launch(256, 512) == GluonSoftmaxLaunch(128, 256, 2)
-    assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2, p_smem=True)
+    assert gluon_softmax_launch(8, 40) == GluonSoftmaxLaunch(16, 64, 2)
     assert gluon_softmax_launch(1000, 96) == GluonSoftmaxLaunch(128, 128, 2, p_smem=True)
     assert gluon_softmax_launch(8192, 256) == GluonSoftmaxLaunch(128, 256, 2, p_smem=True)
+    assert gluon_softmax_launch(8192, 256, torch.float16) == GluonSoftmaxLaunch(128, 256, 2)
     matmul_precision("high")
     assert gluon_softmax_launch(8192, 512, torch.float32) == GluonSoftmaxLaunch(64, 256, 2)
     assert gluon_softmax_launch(8, 40, torch.float32) == GluonSoftmaxLaunch(16, 64, 2)
