@@ -924,8 +924,8 @@ _FUSED_LSE_REPLAYS = Replays()
 # (outputs/profiles/gluon_fused_sweep.txt: batch 8 x d1 1000, 16 x 2048 and 8 x 4096; d2 256 to
 # 8192; d3 64 to 512), with its 128-wide steps of d2: 1.24-1.62x faster from d2 = 1024 at d3 64
 # to 256, and 1.07-1.15x at d2 = 512 for d3 <= 128 (0.98-0.99x at d3 256); at d2 = 256 0.79-1.01x.
-# At d3 = 512 it runs two d3 tiles, each repeating the softmax, and ties cuBLAS's product after
-# row_softmax (0.83-1.05x). Its programs (128 rows each) against the SMs
+# At d3 = 512 it runs two d3 tiles, each repeating the softmax, and tied cuBLAS's product after
+# row_softmax (0.83-1.05x) until 6eb4090 (below). Its programs (128 rows each) against the SMs
 # (gluon_fused_sweep_programs.txt, d2 1000 and 4096, d3 64 to 256): 96 and 128 programs on 132
 # SMs 1.17-1.63x (d3 256 at d2 1000: 0.94x), 192 (a wave and a half) 0.96-1.28x; 64 (batch 8 x
 # 1000 rows, above) 0.58-1.14x, behind at d3 >= 128 but for d2 8192.
