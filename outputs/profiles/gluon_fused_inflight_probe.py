@@ -6,7 +6,7 @@ float64 on batch element 0. One-off diagnostic. From the repository root on an H
 
     mkdir -p outputs/profiles/head_tree
     git show 92ed370:fused_softmax_matmul.py > outputs/profiles/head_tree/fsm_92ed370.py
-    PYTHONPATH=.:outputs/profiles/head_tree python3 outputs/profiles/gluon_fused_inflight_probe.py
+    PYTHONPATH=.:outputs/profiles:outputs/profiles/head_tree python3 outputs/profiles/gluon_fused_inflight_probe.py
 """
 import sys
 
@@ -15,6 +15,7 @@ import triton
 
 import fsm_92ed370 as before
 import fused_softmax_matmul as fsm
+from probe_timing import median_ms as ms, softmax_matmul_error as error
 
 L = fsm.GluonSoftmaxLaunch
 CASES = [(16, 2048, 8192, 512), (16, 2048, 8192, 256), (16, 2048, 8192, 128), (16, 2048, 8192, 64),
@@ -22,15 +23,6 @@ CASES = [(16, 2048, 8192, 512), (16, 2048, 8192, 256), (16, 2048, 8192, 128), (1
 LAUNCHES = {"128x256x2": L(128, 256, 2), "64x256x2": L(64, 256, 2), "64x256x3": L(64, 256, 3),
             "64x256x4": L(64, 256, 4), "128x128x2": L(128, 128, 2), "64x256x2_pp": L(64, 256, 2, pingpong=True),
             "64x256x2_eager": L(64, 256, 2, lazy_rescale=False)}
-
-
-def ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def error(out, x, V):
-    ref = torch.softmax(x[:1].double(), -1) @ V[:1].double()
-    return ((out[:1].double() - ref).norm() / ref.norm()).item()
 
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; do_bench medians (ms), "

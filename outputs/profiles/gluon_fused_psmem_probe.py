@@ -3,7 +3,7 @@ default) or through shared memory (``GluonSoftmaxLaunch(p_smem=True)``): do_benc
 flushed) and the error against float64 on batch element 0, bf16. One-off diagnostic. From the
 repository root on an H100:
 
-    PYTHONPATH=. python3 outputs/profiles/gluon_fused_psmem_probe.py
+    PYTHONPATH=.:outputs/profiles python3 outputs/profiles/gluon_fused_psmem_probe.py
 """
 import dataclasses
 
@@ -11,19 +11,11 @@ import torch
 import triton
 
 import fused_softmax_matmul as fsm
+from probe_timing import median_ms as ms, softmax_matmul_error as error
 
 L = fsm.GluonSoftmaxLaunch
 CASES = [(16, 2048, 8192, 512), (16, 2048, 8192, 256), (16, 2048, 8192, 128), (8, 2048, 4096, 64),
          (8, 1000, 8192, 512), (16, 2048, 1024, 256), (8, 4096, 3000, 512)]
-
-
-def ms(fn):
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def error(out, x, V):
-    ref = torch.softmax(x[:1].double(), -1) @ V[:1].double()
-    return ((out[:1].double() - ref).norm() / ref.norm()).item()
 
 
 print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}; do_bench medians (ms), "

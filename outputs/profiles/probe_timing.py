@@ -1,6 +1,6 @@
 """Timing helpers the attention and Gluon probes share (one-off diagnostics, not the harness):
-``bench`` (a do_bench mean, ms), ``graph_ms`` (ms per call replayed from a CUDA graph of ten
-calls: GPU time alone), ``host_us`` (host time per call, enqueued while the GPU spins) and
+``bench`` (a do_bench mean, ms), ``median_ms`` (its median), ``softmax_matmul_error`` (against
+float64), ``graph_ms`` (ms per call replayed from a CUDA graph of ten calls: GPU time alone), ``host_us`` (host time per call, enqueued while the GPU spins) and
 ``attention_training_step`` (an attention forward + backward to time under launch overrides)."""
 import time
 
@@ -10,6 +10,17 @@ import triton
 
 def bench(fn):
     return triton.testing.do_bench(fn, warmup=25, rep=150)
+
+
+def median_ms(fn):
+    """do_bench's median, ms (the L2 flushed before each run)."""
+    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+
+
+def softmax_matmul_error(out, x, V):
+    """||out - softmax(x) @ V in float64|| / ||that|| on batch element 0."""
+    ref = torch.softmax(x[:1].double(), -1) @ V[:1].double()
+    return ((out[:1].double() - ref).norm() / ref.norm()).item()
 
 
 def captured(step, calls):
