@@ -864,8 +864,8 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
     materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
     cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
-    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows, of d3 <= 512 from d2
-    3000; float32 where its
+    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows, of d3 384 to 512 from
+    d2 3000; float32 where its
     programs fill the GPU from d2 1024, or TF32 from d2 2048; d3 <= 512) in plain eager calls without autograd
     recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
     ``materialize``: None for that choice, True or False to force one of the Triton paths; the
@@ -949,9 +949,14 @@ _FUSED_LSE_REPLAYS = Replays()
 # Two d3 tiles (16-bit, d3 384 and 512; outputs/profiles/gluon_fused_d512_probe.txt, CUDA graphs,
 # at 6eb4090, where a step's products no longer stay in flight across the loop's back edge): from
 # d2 3000 with 128 to 512 programs 1.08-1.22x row_softmax + torch.bmm, at d2 1000-1024 0.83-0.92x,
-# with 64 programs (batch 4 x 1000) 0.63-0.71x. Nothing was measured between d2 1024 and 3000.
+# with 64 programs (batch 4 x 1000; d2 2048 and 8192) 0.63-0.71x. Not measured, so left to the
+# materialised path: d3 257-383 (the second tile part-empty, its softmax repeated in full: the
+# materialised path's product shrinks with d3, the kernel's time does not), 65-127 programs, and
+# d2 between 1024 and 3000 with more than 64 programs.
 GLUON_FUSED_MAX_D3 = 512
+GLUON_FUSED_TWO_TILES_MIN_D3 = 384
 GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
+GLUON_FUSED_TWO_TILES_MIN_SM_SHARE = 0.96  # 128 programs on 132 SMs
 GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
 GLUON_TF32_MIN_D2 = 1024
 GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
@@ -974,10 +979,12 @@ def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
             and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms)
     if sms is None or d3 > GLUON_FUSED_MAX_D3:
         return False
-    if d2 < (512 if d3 <= FUSED_MAX_D3 else 1024 if d3 <= 256 else GLUON_FUSED_TWO_TILES_MIN_D2):
+    if d3 > 256:  # two d3 tiles of 256
+        return (d3 >= GLUON_FUSED_TWO_TILES_MIN_D3 and d2 >= GLUON_FUSED_TWO_TILES_MIN_D2
+                and batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * 2 >= GLUON_FUSED_TWO_TILES_MIN_SM_SHARE * sms)
+    if d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
         return False
-    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype).block_d3)
-    return programs >= GLUON_FUSED_MIN_SM_SHARE * sms
+    return batch * cdiv(d1, GLUON_SOFTMAX_ROWS) >= GLUON_FUSED_MIN_SM_SHARE * sms  # one d3 tile
 
 
 def gluon_fused_route(x: torch.Tensor, V: torch.Tensor) -> bool:
@@ -4190,10 +4197,11 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 # The compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after issuing it; Gluon
 # writes the overlap down. A program owns GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows of x and one
 # d3 tile of the output: a loader warp brings each step's x tile (all the program's rows) and V
-# tile into a ring by TMA, and each consumer warpgroup runs the online softmax of its 64 rows of
-# step i while the tensor cores still work on its product of step i - 1. The two consumers share
-# every V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax
-# runs under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
+# tile into a ring by TMA, and each consumer warpgroup issues its products of step i - 1, runs
+# the online softmax of its 64 rows of step i, then waits for them. The two consumers share every
+# V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax runs
+# under the other's products; under its own too as written, but ptxas places the wait before most
+# of the softmax (``gluon_softmax_launch``). BLOCK_M = 64 is one warpgroup MMA's height.
 GLUON_BLOCK_M = 64
 GLUON_SOFTMAX_CONSUMERS = 2
 GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
@@ -4223,19 +4231,17 @@ def _import_gluon():
         from triton.experimental import gluon
         from triton.experimental.gluon import language as gl
         from triton.experimental.gluon.language.nvidia.hopper import (
-            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
+            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
         )
         from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
     except Exception as error:  # an older or newer triton whose Gluon lacks these names
         return None, f"triton {triton.__version__} has no usable Gluon for Hopper ({error!r})"
-    return (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
-            TensorDescriptor), None
+    return (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor), None
 
 
 _GLUON, GLUON_UNAVAILABLE = _import_gluon()
 if _GLUON is not None:
-    (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_init, warpgroup_mma_wait,
-     GluonTensorDescriptor) = _GLUON
+    (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, GluonTensorDescriptor) = _GLUON
     # The TMA load and store were renamed after triton 3.6 (the old names now raise); same arguments.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
@@ -4317,9 +4323,10 @@ class GluonSoftmaxLaunch:
                 f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
         ring = gluon_softmax_ring_bytes(self, dtype)
         if ring > _SHARED_MEMORY_BUDGET:
+            weights = f" and the weights' {GLUON_SOFTMAX_ROWS} x {self.block_n}" if self.p_smem else ""
             raise KernelCapacityError(
                 f"{self.stages} slots of {GLUON_SOFTMAX_ROWS} x {self.block_n} x tiles and "
-                f"{parts} x {self.block_n} x {self.block_d3} V tiles of {dtype} need "
+                f"{parts} x {self.block_n} x {self.block_d3} V tiles of {dtype}{weights} need "
                 f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
@@ -4356,7 +4363,8 @@ def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> t
 
 
 def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, and their barriers."""
+    """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, their
+    barriers, and (p_smem) the consumers' weights."""
     v_tiles = gluon_softmax_v_parts(dtype) * launch.block_n * launch.block_d3
     weights = GLUON_SOFTMAX_ROWS * launch.block_n * dtype.itemsize if launch.p_smem else 0
     return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8) + weights
@@ -4377,9 +4385,10 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
     types' times differ by up to 1.12x there. On an H100, against the register operand: the
     16-bit grid at 354d63f (shape_grid_softmax_matmul_16bit_354d63f.csv, where every 16-bit
     launch at d3 <= 256 went through shared memory) against the one at 057f8d7: bfloat16 at d3
-    96 and 128 1.05-1.12x faster from d2 4096 (1.00x at 1000 and 3000), at d3 64 0.95-0.98x;
-    float16 0.87-0.97x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt: bfloat16 d3 256
-    1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192. Either way ptxas places each step's wait for
+    96 and 128 1.05-1.12x faster from d2 4096 (0.98-1.01x at 1000 and 3000), at d3 64
+    0.95-1.00x; float16 0.87-1.01x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt:
+    bfloat16 d3 256 1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192 (its d3 64 row, 1.15x, is
+    against a register time 1.19x the grid's for that shape). Either way ptxas places each step's wait for
     its products before most of the step's softmax (the SASS of both), so a consumer's softmax
     runs under the other consumer's products, not under its own; through shared memory the
     weights free 32 registers a thread (the 128 x 256 launch no longer spills).

@@ -185,12 +185,14 @@ def test_a_kept_float32_launch_follows_the_setting(matmul_precision):
                                     GluonSoftmaxLaunch(128, 256, 2, p_smem=True),
                                     GluonSoftmaxLaunch(64, 128, 3, pingpong=True, p_smem=True)], ids=str)
 @pytest.mark.parametrize("scale", [8.0, 100.0])
-def test_other_launches(launch, scale):
-    """The launches the check script times beside the default: the consumers taking turns, 32- and
-    128-wide steps of d2 (32 or 8 of them through 6 or 2 slots), 128-wide d3 tiles (three over
-    264, 8 live columns in the last), a rescale at every step, and the weights through shared
-    memory; logits of size 8 and 100 (the lazy rescale's skipped and taken steps)."""
-    x, V = softmax_matmul_inputs(2, 130, 1000, 264, torch.bfloat16, scale=scale)
+@pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
+def test_other_launches(launch, scale, dtype_name):
+    """Launches beside the default: the consumers taking turns, 32- and 128-wide steps of d2 (32
+    or 8 of them through 6 or 2 slots), 128-wide d3 tiles (three over 264, 8 live columns in the
+    last), a rescale at every step, and the weights through shared memory (the default for
+    bfloat16 at some d3 only); logits of size 8 and 100 (the lazy rescale's skipped and taken
+    steps)."""
+    x, V = softmax_matmul_inputs(2, 130, 1000, 264, DTYPES[dtype_name], scale=scale)
     check_gluon(x, V, launch)
 
 
@@ -275,6 +277,9 @@ def test_launch_refuses_a_ring_past_shared_memory():
     """3 slots of 128 x 128 x tiles and 128 x 256 V tiles are 288 KiB: refused by name before any launch."""
     GluonSoftmaxLaunch(128, 256, 2).check()
     GluonSoftmaxLaunch(128, 256, 2, p_smem=True).check()  # 192 KiB and the weights' 32
+    GluonSoftmaxLaunch(256, 16, 3).check()  # 3 x (64 + 8) KiB
+    with pytest.raises(KernelCapacityError, match="the weights' 128 x 256 need 280 KiB"):
+        GluonSoftmaxLaunch(256, 16, 3, p_smem=True).check()  # and 64 KiB of weights
     with pytest.raises(KernelCapacityError, match="shared memory"):
         GluonSoftmaxLaunch(128, 256, 3).check()
     with pytest.raises(ValueError, match="p_smem is for 16-bit inputs"):
@@ -338,15 +343,16 @@ def test_launch_refuses_bad_fields(field, value):
 # fused_softmax's "gluon" path
 # ----------------------------------------------------------------------------------------------
 def test_the_rule_is_a_function_of_the_shape():
-    """d3 up to 512, d2 from 512 (d3 <= 128), 1024 (d3 <= 256) or 3000 (two d3 tiles), and
-    programs (128 rows and a d3 tile of up to 256 each) for 7 in 10 SMs."""
+    """d3 up to 256 with d2 from 512 (d3 <= 128) or 1024 and programs (128 rows each) for 7 in 10
+    SMs; or two d3 tiles (d3 384 to 512) with d2 from 3000 and programs for 96 in 100 SMs."""
     assert gluon_fused_wins(16, 2048, 8192, 64, 132) and gluon_fused_wins(16, 2048, 1024, 256, 132)
     assert gluon_fused_wins(16, 2048, 512, 128, 132) and not gluon_fused_wins(16, 2048, 512, 256, 132)
     assert not gluon_fused_wins(16, 2048, 256, 64, 132)  # short rows: the Triton kernel's
     assert gluon_fused_wins(16, 2048, 8192, 512, 132) and gluon_fused_wins(8, 2048, 3000, 384, 132)  # two d3 tiles
     assert not gluon_fused_wins(16, 2048, 2048, 512, 132)  # two d3 tiles, shorter rows: materialised
+    assert not gluon_fused_wins(16, 2048, 8192, 320, 132)  # the second tile part-empty: not measured
     assert not gluon_fused_wins(16, 2048, 8192, 1024, 132)  # four: materialised
-    assert gluon_fused_wins(4, 1536, 8192, 512, 132) and not gluon_fused_wins(4, 1000, 8192, 512, 132)  # 96, 64
+    assert gluon_fused_wins(4, 2048, 8192, 512, 132) and not gluon_fused_wins(4, 1536, 8192, 512, 132)  # 128, 96
     assert gluon_fused_wins(8, 1536, 4096, 64, 132)  # 96 programs for 132 SMs
     assert not gluon_fused_wins(8, 1000, 8192, 64, 132)  # 64
     assert gluon_fused_wins(8, 1000, 8192, 64, 64) and not gluon_fused_wins(16, 2048, 8192, 64, None)
@@ -390,13 +396,13 @@ def test_a_gluon_launch_asks_for_the_gluon_kernel():
 
 def _ruled_shape(d3: int) -> tuple:
     """A (batch, d1, d2, d3) the rule sends to the Gluon kernel on this GPU: a program of 128 rows
-    for every SM, d2 1024."""
-    return (1, 128 * fsm._sm_count(torch.device("cuda")), 1024, d3)
+    (and a d3 tile) for every SM, d2 1024, or 3072 past d3 256 (two d3 tiles)."""
+    return (1, 128 * fsm._sm_count(torch.device("cuda")), 1024 if d3 <= 256 else 3072, d3)
 
 
 @needs_hopper_gluon
 @pytest.mark.parametrize("dtype_name, precision", [("bfloat16", "highest"), ("float32", "high"), ("float32", "highest")])
-@pytest.mark.parametrize("d3", [64, 256])
+@pytest.mark.parametrize("d3", [64, 256, 512])
 def test_fused_softmax_runs_the_gluon_kernel_where_the_rule_says(d3, dtype_name, precision, matmul_precision):
     """A plain call at a ruled shape takes the Gluon path, and gives what fused_softmax_gluon gives."""
     matmul_precision(precision)

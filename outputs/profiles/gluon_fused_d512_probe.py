@@ -1,7 +1,8 @@
 """softmax(x) @ V in 16 bits at d3 384 and 512 (two d3 tiles of the Gluon kernel, each repeating
 its rows' softmax) against the path ``fused_softmax`` took there before (row_softmax, then
 torch.bmm) and PyTorch: GPU ms a call from CUDA graphs (probe_timing.graph_ms). One-off
-diagnostic, for the rule's d3 cap (``gluon_fused_wins``). From the repository root on an H100:
+diagnostic, for the rule's d3 cap (``gluon_fused_wins``); its .txt ran at 6eb4090. From the
+repository root on an H100:
 
     PYTHONPATH=.:outputs/profiles python3 outputs/profiles/gluon_fused_d512_probe.py
 """

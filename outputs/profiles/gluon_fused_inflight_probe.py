@@ -1,8 +1,8 @@
 """softmax(x) @ V by the Gluon kernel with each step's products waited for in the step, against
 92ed370's kernel, whose products stayed in flight across the loop's back edge (ptxas serialised
 every warpgroup MMA there: its C7512), and PyTorch: do_bench medians (L2 flushed), error against
-float64 on batch element 0. One-off diagnostic. From the repository root on an H100, with
-92ed370's module beside it:
+float64 on batch element 0. One-off diagnostic; its .txt ran at 6eb4090. From the repository
+root on an H100, with 92ed370's module beside it:
 
     mkdir -p outputs/profiles/head_tree
     git show 92ed370:fused_softmax_matmul.py > outputs/profiles/head_tree/fsm_92ed370.py

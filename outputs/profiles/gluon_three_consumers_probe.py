@@ -1,5 +1,5 @@
 """The Gluon attention forward at d = 64 with three consumer warpgroups a program (192 queries)
-against two (128 queries), the Triton kernel and cuDNN: GPU ms from CUDA graphs, bf16, beside
+against two (128 queries) and cuDNN: GPU ms from CUDA graphs, bf16, beside
 each variant's largest error against float64 on the first batch element. One-off diagnostic.
 The `consumers` option it drives was in the code at a1e0a2f only (it was slower everywhere, and
 removed after). From the repository root on an H100, at a1e0a2f:
