@@ -4380,16 +4380,17 @@ def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) 
     differ (0.69-0.74 ms either way).
 
     bfloat16 weights reach the products through shared memory where one d3 tile of more than 64
-    columns covers d3 (64 < d3 <= 256). As the register operand, bfloat16 weights take a byte
-    permute a pair on their way from the logits' layout (float16 ones do not), and the two 16-bit
-    types' times differ by up to 1.12x there. On an H100, against the register operand: the
+    columns covers d3 (64 < d3 <= 256). As the register operand, bfloat16 weights take more byte
+    permutes on their way from the logits' layout than float16 ones (524 PRMT against 332 in a
+    128 x 128 launch's SASS, outputs/profiles/gluon_sass_waits.txt), and the two 16-bit types'
+    times differ by up to 1.12x there. On an H100, against the register operand: the
     16-bit grid at 354d63f (shape_grid_softmax_matmul_16bit_354d63f.csv, where every 16-bit
     launch at d3 <= 256 went through shared memory) against the one at 057f8d7: bfloat16 at d3
     96 and 128 1.05-1.12x faster from d2 4096 (0.98-1.01x at 1000 and 3000), at d3 64
     0.95-1.00x; float16 0.87-1.01x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt:
     bfloat16 d3 256 1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192 (its d3 64 row, 1.15x, is
-    against a register time 1.19x the grid's for that shape). Either way ptxas places each step's wait for
-    its products before most of the step's softmax (the SASS of both), so a consumer's softmax
+    against a register time 1.19x the grid's for that shape). Either way ptxas places each step's
+    wait for its products before most of the step's softmax (gluon_sass_waits.txt), so a consumer's softmax
     runs under the other consumer's products, not under its own; through shared memory the
     weights free 32 registers a thread (the 128 x 256 launch no longer spills).
 
@@ -4563,7 +4564,7 @@ if _GLUON is not None:
         l = l + gl.sum(w, axis=1)
         if not FIRST:
             # Step i - 1's products must be done before acc is rescaled and its V slot refilled;
-            # their A operands p (and q) live in registers and must not be overwritten until then.
+            # their A operands (p and q in registers, or p_buf) must not be overwritten until then.
             acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
             mbarrier.arrive(v_free.index((i + STAGES - 1) % STAGES))
             if rescale:  # (before any product, acc is 0)
