@@ -20,6 +20,7 @@ from triton.experimental.gluon._runtime import GluonASTSource
 from triton.runtime.jit import mangle_type
 
 import fused_softmax_matmul as fsm
+from gluon_sm90_compile import compile_softmax
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 PATTERN = re.compile(r"\b(HGMMA|WARPGROUP\.ARRIVE|WARPGROUP\.DEPBAR\.LE gsb0, 0x\d|MUFU\.EX2|F2FP|PRMT)\b")
@@ -60,21 +61,6 @@ def bodies(ops: list[str]) -> list[str]:
     return out
 
 
-def softmax_kernel(launch: fsm.GluonSoftmaxLaunch, dtype: torch.dtype, gl_dtype):
-    x = torch.empty((2, 256, 1024), dtype=dtype)
-    out = torch.empty((2, 256, 512), dtype=dtype)
-    V = torch.empty((2, 1024, 512), dtype=dtype)
-    descs = fsm._gluon_descriptors(gl_dtype, (x, [1, fsm.GLUON_SOFTMAX_ROWS, launch.block_n]),
-                                   (V, [1, launch.block_n, launch.block_d3]))
-    constants = dict(STAGES=launch.stages, CONSUMERS=fsm.GLUON_SOFTMAX_CONSUMERS, LAZY=launch.lazy_rescale,
-                     LOADER_REGISTERS=fsm.GLUON_SOFTMAX_LOADER_REGISTERS,
-                     CONSUMER_REGISTERS=fsm.GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong,
-                     STORE_LSE=False, PARTS=1, P_SMEM=launch.p_smem, num_warps=4)
-    values = dict(x_desc=descs[0], v_desc=descs[1], o_ptr=out, stride_ob=1, stride_o1=1, stride_o3=1, lse_ptr=out,
-                  stride_lb=1, stride_l1=1, d1=3, d2=3, d3=3, n_tiles_d3=3)
-    return compiled(fsm.fused_softmax_gluon_kernel, values, constants)
-
-
 def attention_kernel(is_causal: bool):
     T = torch.empty((2, 1024, 64), dtype=torch.bfloat16)
     L = torch.empty((2, 1024), dtype=torch.float32)
@@ -93,13 +79,13 @@ if __name__ == "__main__":
           "every loop: unmasked and masked steps, the epilogue)")
     L = fsm.GluonSoftmaxLaunch
     for name, c in [("attention forward, d 64, causal", attention_kernel(True)),
-                    ("softmax(x) @ V bf16, 128 x 256, weights in registers", softmax_kernel(L(128, 256, 2), torch.bfloat16, fsm.gl.bfloat16)),
-                    ("softmax(x) @ V bf16, 128 x 256, weights in shared memory", softmax_kernel(L(128, 256, 2, p_smem=True), torch.bfloat16, fsm.gl.bfloat16)),
-                    ("softmax(x) @ V bf16, 64 x 256, weights in registers", softmax_kernel(L(64, 256, 2), torch.bfloat16, fsm.gl.bfloat16))]:
+                    ("softmax(x) @ V bf16, 128 x 256, weights in registers", compile_softmax(L(128, 256, 2), torch.bfloat16, 1)),
+                    ("softmax(x) @ V bf16, 128 x 256, weights in shared memory", compile_softmax(L(128, 256, 2, p_smem=True), torch.bfloat16, 1)),
+                    ("softmax(x) @ V bf16, 64 x 256, weights in registers", compile_softmax(L(64, 256, 2), torch.bfloat16, 1))]:
         print(f"## {name}", flush=True)
         for body in bodies(sass(c)):
             print("  " + body)
-    for dtype, gl_dtype in ((torch.bfloat16, fsm.gl.bfloat16), (torch.float16, fsm.gl.float16)):
-        ops = sass(softmax_kernel(L(128, 128, 2), dtype, gl_dtype))
+    for dtype in (torch.bfloat16, torch.float16):
+        ops = sass(compile_softmax(L(128, 128, 2), dtype, 1))
         print(f"## softmax(x) @ V {str(dtype)[6:]}, 128 x 128, weights in registers: {ops.count('PRMT')} PRMT, "
               f"{ops.count('F2FP')} F2FP, {ops.count('HGMMA')} HGMMA", flush=True)

@@ -32,7 +32,8 @@ def compile_softmax(launch: fsm.GluonSoftmaxLaunch, dtype: torch.dtype, parts: i
                                        (operand, [1, 1, launch.block_d3, launch.block_n]))
     else:
         V = torch.empty((2, 1024, 512), dtype=dtype)
-        descs = fsm._gluon_descriptors(fsm.gl.bfloat16, (x, [1, fsm.GLUON_SOFTMAX_ROWS, launch.block_n]),
+        gl_dtype = fsm.gl.bfloat16 if dtype == torch.bfloat16 else fsm.gl.float16
+        descs = fsm._gluon_descriptors(gl_dtype, (x, [1, fsm.GLUON_SOFTMAX_ROWS, launch.block_n]),
                                        (V, [1, launch.block_n, launch.block_d3]))
     constants = dict(STAGES=launch.stages, CONSUMERS=fsm.GLUON_SOFTMAX_CONSUMERS, LAZY=launch.lazy_rescale,
                      LOADER_REGISTERS=fsm.GLUON_SOFTMAX_LOADER_REGISTERS,
