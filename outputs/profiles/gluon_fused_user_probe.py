@@ -3,7 +3,10 @@ without grad; the forward and a training step (forward + torch.autograd.grad of 
 do_bench means with the L2 flushed; host time per call (enqueued while the GPU spins); and the
 compiled call (torch.compile fullgraph, the Triton path). Beside torch and fused_softmax's Triton
 paths forced (materialize=False / True). From the repository root on an H100:
-PYTHONPATH=.:tests:outputs/profiles python3 outputs/profiles/gluon_fused_user_probe.py"""
+PYTHONPATH=.:tests:outputs/profiles python3 outputs/profiles/gluon_fused_user_probe.py [b,d1,d2,d3 ...]
+(shapes given replace the default four)."""
+import sys
+
 import torch
 import triton
 
@@ -21,7 +24,9 @@ def step(fn, x, V, dout):
     return lambda: torch.autograd.grad(fn(x, V), (x, V), dout)
 
 
-for shape in [(8, 2048, 4096, 64), (8, 2048, 8192, 128), (16, 2048, 1024, 256), (8, 1000, 2048, 64)]:
+SHAPES = [tuple(int(n) for n in arg.split(",")) for arg in sys.argv[1:]] or [
+    (8, 2048, 4096, 64), (8, 2048, 8192, 128), (16, 2048, 1024, 256), (8, 1000, 2048, 64)]
+for shape in SHAPES:
     x, V = softmax_matmul_inputs(*shape, torch.bfloat16)
     with torch.no_grad():
         path = fsm.fused_softmax_path(x, V)
@@ -38,7 +43,7 @@ for shape in [(8, 2048, 4096, 64), (8, 2048, 8192, 128), (16, 2048, 1024, 256), 
     print("  host us      " + "  ".join(f"{k} {v:.1f}" for k, v in host.items()), flush=True)
     print("  train ms     " + "  ".join(f"{k} {v:.4f}" for k, v in train.items())
           + f"  | auto {train['torch'] / train['auto']:.2f}x torch, {train['triton'] / train['auto']:.2f}x triton", flush=True)
-    if shape == (8, 2048, 4096, 64):
+    if shape == SHAPES[0]:
         compiled = torch.compile(fsm.fused_softmax, fullgraph=True)
         with torch.no_grad():
             compiled(x, V)
