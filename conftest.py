@@ -112,6 +112,11 @@ class BenchGroup:
     # best_baseline_ms (the fastest of these implementations on the row's case) and speedup
     # (best_baseline_ms / ms) on every row that is not one of them.
     best_of: tuple[str, ...] = ()
+    # Columns under the group's own names: ``aliases`` maps a column to a harness column it copies
+    # ({"step_ms": "forward_ms_mean"}); ``per_second`` maps a column to a row key counted per call,
+    # divided by the mean time ({"tokens_per_s": "tokens"}).
+    aliases: dict = dataclasses.field(default_factory=dict)
+    per_second: dict = dataclasses.field(default_factory=dict)
 
     def csv_columns(self) -> list[str]:
         return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
@@ -1299,6 +1304,11 @@ def group_table(group: BenchGroup, rows: list[dict]):
         df["_impl_order"] = df[impl_col].map({name: i for i, name in enumerate(group.impls)})
     for column, baseline in group.speedups.items():
         df[column] = speedup(df, group.case, baseline)
+    for column, source in group.aliases.items():
+        df[column] = df[source]
+    for column, count in group.per_second.items():
+        df[column] = [None if _isnan(n) or _isnan(ms) or ms <= 0 else n / (ms * 1e-3)
+                      for n, ms in zip(df[count] if count in df else [None] * len(df), df["forward_ms_mean"])]
     if group.best_of:
         df["ms"] = df["forward_ms_mean"]
         df["best_baseline_ms"] = best_time(df, group.case, group.best_of)

@@ -23,6 +23,7 @@ module code, so a difference between the two is the ops' alone.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 
@@ -292,7 +293,8 @@ def train_step(model, optimizer: torch.optim.Optimizer, inputs: torch.Tensor, ta
     """One training step: forward (under autocast to ``autocast`` unless None), backward, the
     optimizer's step, gradients set to None. ``model`` may be torch.compile's wrapper. Returns
     the loss, detached (reading it back is the caller's choice: no host sync here)."""
-    with torch.autocast(inputs.device.type, dtype=autocast or torch.float32, enabled=autocast is not None):
+    context = torch.autocast(inputs.device.type, dtype=autocast) if autocast is not None else contextlib.nullcontext()
+    with context:
         loss = model(inputs, targets)
     loss.backward()
     optimizer.step()

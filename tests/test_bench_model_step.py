@@ -1,0 +1,268 @@
+"""Benchmark group model_step: one training step of a decoder-only transformer (tests/models.py)
+with PyTorch's attention and loss or the project's, eager and under ``torch.compile(model)``.
+
+A timed call is one step: forward under bfloat16 autocast, backward, fused AdamW's step, gradients
+set to None. Every case starts from the same initialisation and trains on the same batch; before
+its timing it trains ``TRACE_STEPS`` steps and compares its losses with PyTorch's eager ones at the
+same steps (max_loss_diff). loss_noise is bfloat16's own share of that: PyTorch's eager bfloat16
+losses against its float32 ones. On the GPU a case fails when its losses are further from the
+float32 ones than twice PyTorch's bfloat16 losses are (the project's accuracy rule).
+
+    pytest --benchmark-only -p no:xdist tests/test_bench_model_step.py
+
+``test_profile_compiled_step`` (a GPU and SOFTMAX_KERNELS_PROFILE=1) profiles the compiled steps
+of both implementations and writes model_step_profile.txt / .json beside the group's CSV:
+
+    SOFTMAX_KERNELS_PROFILE=1 pytest -p no:xdist tests/test_bench_model_step.py -k profile
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+
+import pytest
+import torch
+
+from conftest import BenchGroup, outputs_dir
+from models import CONFIGS, IMPLS, Transformer, make_optimizer, token_batch, train_step
+from support import DEVICE, ON_GPU, UNIT_ROUNDOFF, needs_gpu
+
+GROUP = BenchGroup(
+    name="model_step",
+    csv="model_step_benchmark.csv",
+    columns=("config", "impl", "compiled", "step_ms", "speedup_vs_torch", "tokens_per_s", "peak_MiB",
+             "loss_first", "loss_last", "max_loss_diff", "loss_noise"),
+    case=("config", "compiled"),
+    impls=IMPLS,
+    speedups={"speedup_vs_torch": "torch"},
+    aliases={"step_ms": "forward_ms_mean", "peak_MiB": "forward_peak_MiB"},
+    per_second={"tokens_per_s": "tokens"},
+    plot=("bar", "speedup_vs_torch"),
+    # A step is 20-200 ms and the case has trained TRACE_STEPS steps already: a few warm-up
+    # steps and 20 rounds keep the group (compiles included) within minutes.
+    warmup=3,
+    rounds=20,
+)
+
+if ON_GPU:
+    CONFIG_NAMES = ("gpt2", "llama")
+    MODES = ("eager", "compile")
+    AUTOCAST = torch.bfloat16
+    TRACE_STEPS = 10
+else:
+    # A smoke test: the interpreter runs every kernel program one after another, and Inductor
+    # on the CPU compiles C++ for tens of seconds; bfloat16 products are wrong in the interpreter.
+    CONFIG_NAMES = ("tiny-llama",)
+    MODES = ("eager",)
+    AUTOCAST = None
+    TRACE_STEPS = 2
+
+# PyTorch's eager losses per (config, autocast dtype), from the case that made them.
+_TRACES: dict = {}
+
+
+def build_model(name: str, impl: str, mode: str):
+    """(model, optimizer, the callable a step calls): the shared initialisation on the device."""
+    with torch.device(DEVICE):
+        model = Transformer(CONFIGS[name], impl=impl, seed=0)
+    optimizer = make_optimizer(model)
+    # Not conftest's ``compiled``: its cache would keep every model (tens of GB) alive.
+    return model, optimizer, torch.compile(model, dynamic=False) if mode == "compile" else model
+
+
+def loss_trace(state: dict, name: str, steps: int, autocast) -> list[float]:
+    """Train state's model ``steps`` steps on the shared batch; the losses, read back once."""
+    inputs, targets = token_batch(CONFIGS[name], DEVICE, seed=0)
+    losses = [train_step(state["call"], state["optimizer"], inputs, targets, autocast) for _ in range(steps)]
+    return torch.stack(losses).tolist()
+
+
+def torch_trace(name: str, autocast) -> list[float]:
+    """PyTorch's eager losses over TRACE_STEPS steps at this precision, made once per config."""
+    key = (name, autocast)
+    if key not in _TRACES:
+        state = dict(zip(("model", "optimizer", "call"), build_model(name, "torch", "eager")))
+        try:
+            _TRACES[key] = loss_trace(state, name, TRACE_STEPS, autocast)
+        finally:
+            release(state)
+    return _TRACES[key]
+
+
+def release(state: dict) -> None:
+    state.clear()
+    gc.collect()
+    if ON_GPU:
+        torch.cuda.empty_cache()
+
+
+def sync() -> None:
+    if ON_GPU:
+        torch.cuda.synchronize()
+
+
+def max_abs_diff(a: list[float], b: list[float]) -> float:
+    return max(abs(x - y) for x, y in zip(a, b))
+
+
+CASES = [(name, mode, impl) for name in CONFIG_NAMES for mode in MODES for impl in IMPLS]
+
+
+@pytest.mark.parametrize("config,compiled,impl", CASES)
+def test_model_step(bench, config, compiled, impl):
+    state: dict = {}  # the model lives here only, so release() frees it whatever holds the step
+    found: dict = {}
+
+    def build():
+        # The references first, each freed before this case's model is built.
+        reference = None if (impl, compiled) == ("torch", "eager") else torch_trace(config, AUTOCAST)
+        float32 = torch_trace(config, None) if AUTOCAST is not None else None
+        state.update(zip(("model", "optimizer", "call"), build_model(config, impl, compiled)))
+        losses = loss_trace(state, config, TRACE_STEPS, AUTOCAST)
+        if reference is None:
+            _TRACES[(config, AUTOCAST)] = reference = losses
+        found.update(losses=losses, float32=float32, reference=reference)
+        inputs, targets = token_batch(CONFIGS[config], DEVICE, seed=0)
+
+        def step():
+            return train_step(state["call"], state["optimizer"], inputs, targets, AUTOCAST)
+
+        return step, None
+
+    def trace_columns(_out, _inputs) -> dict:
+        losses, float32 = found["losses"], found["float32"]
+        return {"loss_first": losses[0], "loss_last": losses[-1],
+                "max_loss_diff": max_abs_diff(losses, found["reference"]),
+                "loss_noise": max_abs_diff(_TRACES[(config, AUTOCAST)], float32) if float32 else None}
+
+    cfg = CONFIGS[config]
+    try:
+        bench(GROUP, dict(config=config, impl=impl, compiled=compiled, tokens=cfg.tokens), build, error=trace_columns)
+    finally:
+        release(state)
+        if compiled == "compile":
+            torch._dynamo.reset()  # its graphs and guards of this model go with it
+    losses, float32 = found["losses"], found["float32"]
+    if float32 is not None:
+        # Twice PyTorch's own bfloat16 error, with a floor of a few float32 roundings of the loss
+        # for steps where PyTorch's error happens to vanish.
+        torch_error = max_abs_diff(_TRACES[(config, AUTOCAST)], float32)
+        error = max_abs_diff(losses, float32)
+        floor = 4 * UNIT_ROUNDOFF[torch.float32] * max(map(abs, float32))
+        assert error <= 2 * torch_error + floor, (
+            f"{config} {impl} {compiled}: losses {losses} are {error:.3e} from float32's {float32}, more than "
+            f"twice PyTorch's bfloat16 error {torch_error:.3e}")
+
+
+def test_model_step_table_columns():
+    """The group's named columns come from the harness's: step_ms, peak_MiB, tokens_per_s."""
+    import pandas as pd
+
+    from conftest import group_table
+
+    rows = [dict(config="c", impl="torch", compiled="eager", tokens=1000, forward_ms_mean=4.0, forward_peak_MiB=10.0),
+            dict(config="c", impl="project", compiled="eager", tokens=1000, forward_ms_mean=2.0, forward_peak_MiB=5.0),
+            dict(config="c", impl="project", compiled="compile", tokens=1000, forward_ms_mean=None)]
+    df = group_table(GROUP, rows).set_index(["impl", "compiled"])
+    assert df.loc[("project", "eager"), "step_ms"] == 2.0 and df.loc[("project", "eager"), "peak_MiB"] == 5.0
+    assert df.loc[("project", "eager"), "tokens_per_s"] == 500_000.0
+    assert df.loc[("torch", "eager"), "tokens_per_s"] == 250_000.0
+    assert df.loc[("project", "eager"), "speedup_vs_torch"] == 2.0
+    assert pd.isna(df.loc[("project", "compile"), "tokens_per_s"])
+
+
+# ----------------------------------------------------------------------------------------------
+# Where the compiled step's time goes: torch.profiler over a few compiled steps of each impl
+# ----------------------------------------------------------------------------------------------
+PROFILE_STEPS = 5
+PROFILE_WARMUP = 3  # the first compiles, the next two settle the allocator and any recompile
+TOP = 15
+
+
+def _table(rows: list[tuple], header: tuple[str, ...]) -> str:
+    widths = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+
+    def line(r):
+        return "  ".join(str(v).ljust(w) if i == 0 else str(v).rjust(w) for i, (v, w) in enumerate(zip(r, widths)))
+    return "\n".join([line(header), *map(line, rows)])
+
+
+def profile_compiled_step(name: str, impl: str) -> dict:
+    """Compile, warm up, then profile PROFILE_STEPS steps: kernels and host ops by time, Dynamo's counts."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    state = dict(zip(("model", "optimizer", "call"), build_model(name, impl, "compile")))
+    inputs, targets = token_batch(CONFIGS[name], DEVICE, seed=0)
+    step = lambda: train_step(state["call"], state["optimizer"], inputs, targets, AUTOCAST)
+    try:
+        t0 = time.perf_counter()
+        step()
+        sync()
+        compile_s = time.perf_counter() - t0
+        for _ in range(PROFILE_WARMUP - 1):
+            step()
+        sync()
+        dynamo = {"graph_breaks": sum(counters["graph_break"].values()),
+                  "graph_break_reasons": dict(counters["graph_break"]),
+                  "frames_compiled": counters["frames"]["ok"], "unique_graphs": counters["stats"]["unique_graphs"]}
+        activities = [torch.profiler.ProfilerActivity.CPU] + ([torch.profiler.ProfilerActivity.CUDA] if ON_GPU else [])
+        with torch.profiler.profile(activities=activities) as prof:
+            t0 = time.perf_counter()
+            for _ in range(PROFILE_STEPS):
+                with torch.profiler.record_function("model_step"):
+                    step()
+            host_s = time.perf_counter() - t0  # enqueueing only: no sync inside the loop
+            sync()
+            wall_s = time.perf_counter() - t0
+        # A step after the profiled ones must not have compiled anything new.
+        dynamo["frames_compiled_after_profile"] = counters["frames"]["ok"]
+    finally:
+        release(state)
+        torch._dynamo.reset()
+    events = prof.key_averages()
+    device = torch.autograd.DeviceType.CUDA
+    kernels = sorted((e for e in events if e.device_type == device and e.self_device_time_total > 0),
+                     key=lambda e: e.self_device_time_total, reverse=True)
+    host_ops = sorted((e for e in events if e.device_type != device and e.key != "model_step"),
+                      key=lambda e: e.self_cpu_time_total, reverse=True)
+    gpu_us = sum(e.self_device_time_total for e in kernels)
+    steps = PROFILE_STEPS
+    return {
+        "config": name, "impl": impl, "compile_s": compile_s, **dynamo,
+        "host_ms_per_step": 1e3 * host_s / steps, "wall_ms_per_step": 1e3 * wall_s / steps,
+        "gpu_ms_per_step": gpu_us / 1e3 / steps,
+        "kernels_per_step": sum(e.count for e in kernels) / steps,
+        "top_kernels": [(e.key[:110], round(e.self_device_time_total / 1e3 / steps, 3), e.count // steps)
+                        for e in kernels[:TOP]],
+        "top_host_ops": [(e.key[:110], round(e.self_cpu_time_total / 1e3 / steps, 3), e.count // steps)
+                         for e in host_ops[:TOP]],
+    }
+
+
+@needs_gpu
+@pytest.mark.skipif(os.environ.get("SOFTMAX_KERNELS_PROFILE") != "1",
+                    reason="a diagnostic, not a check: set SOFTMAX_KERNELS_PROFILE=1 to run it")
+def test_profile_compiled_step(request):
+    name = os.environ.get("SOFTMAX_KERNELS_PROFILE_CONFIG", "gpt2")
+    results = [profile_compiled_step(name, impl) for impl in IMPLS]
+    parts = []
+    for r in results:
+        summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
+                   if k not in ("top_kernels", "top_host_ops")}
+        parts += [f"== {r['config']} {r['impl']} compiled: {json.dumps(summary)}",
+                  f"-- top {TOP} kernels by GPU time (per step)",
+                  _table(r["top_kernels"], ("kernel", "gpu_ms", "calls")),
+                  f"-- top {TOP} host ops by self CPU time (per step)",
+                  _table(r["top_host_ops"], ("op", "cpu_ms", "calls")), ""]
+    out = outputs_dir(request.config)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "model_step_profile.txt").write_text("\n".join(parts), encoding="utf-8")
+    (out / "model_step_profile.json").write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
+    print("\n".join(parts))
+    for r in results:
+        assert r["frames_compiled_after_profile"] == r["frames_compiled"], f"{r['impl']}: recompiled while profiled"
