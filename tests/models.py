@@ -268,8 +268,9 @@ class Transformer(nn.Module):
         h = self.hidden(inputs).flatten(0, 1)
         targets = targets.flatten()
         if self.impl == "torch":
-            # The float32 logits, as autocast would give F.cross_entropy anyway.
-            return F.cross_entropy(self.lm_head(h).float(), targets)
+            # Logits in float32 at least, as autocast would give F.cross_entropy anyway.
+            logits = self.lm_head(h)
+            return F.cross_entropy(logits.to(torch.promote_types(logits.dtype, torch.float32)), targets)
         return linear_cross_entropy(h, self.lm_head.weight, targets)
 
 
