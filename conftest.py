@@ -217,6 +217,7 @@ def pytest_configure(config):
     config.bench_run = None
     config.bench_deselected = False
     config.bench_xdist = None
+    config.bench_started = time.time()  # the run's wall time counts from here (collection included)
     if wants_xdist_timing(config):
         # pytest-benchmark turns itself off under xdist and then refuses --benchmark-only; the
         # harness times under xdist itself, so the option is hidden from pytest-benchmark's
@@ -706,10 +707,19 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG0
     output_json["ceilings"] = CEILINGS.as_dict()
     output_json["failed_cases"] = list(run.failed) if run else []
     output_json["bench_groups"] = dict(run.groups) if run else {}
-    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config)}
+    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config)}
     merger = config.pluginmanager.get_plugin("softmax-kernels-worker-rows")
     if merger is not None:
         output_json["bench_run"]["workers"] = dict(sorted(merger.workers.items()))
+
+
+def wall_time(config) -> dict:
+    """The run's start (UTC) and its wall time in seconds up to now: its JSON is written at its end."""
+    import datetime
+
+    started = config.bench_started
+    return {"started": datetime.datetime.fromtimestamp(started, datetime.timezone.utc).isoformat(timespec="seconds"),
+            "wall_s": round(time.time() - started, 1)}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1557,9 +1567,62 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     return merged
 
 
+def run_wall_s(data: dict) -> float | None:
+    """A run's wall time from its JSON: its own, or the sum of its parts' for a merged run (they ran
+    one after another); None where a run (or a part) recorded none."""
+    parts = data.get("merged_from")
+    walls = [(p.get("bench_run") or {}).get("wall_s") for p in parts] if parts else [data.get("bench_run", {}).get("wall_s")]
+    return None if None in walls else round(sum(walls), 1)
+
+
+def compare_with_one_gpu(several: dict, one: dict, tolerance: float = 0.03) -> dict:
+    """A several-GPU run's medians against a one-GPU run's, case by case (a case is a test's full
+    name): the record of the comparison, with the cases whose medians differ by more than
+    ``tolerance`` (relative to the one-GPU median) named in ``differing``, and the cases measured
+    in one run but failed in the other in ``failed_in_one``. Both runs must be of one GPU kind and
+    one timing setup (``MERGE_SETTINGS``); their commits may differ and are recorded. Raises
+    ValueError when the settings differ or the runs share no measured case."""
+    settings = [{k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS} for d in (several, one)]
+    if settings[0] != settings[1]:
+        raise ValueError(f"the runs differ in their GPU or timing settings: {settings[0]} against {settings[1]}")
+    medians = [{b["fullname"]: b["stats"]["median"] for b in d.get("benchmarks", [])} for d in (several, one)]
+    failed = [{f["test"] for f in d.get("failed_cases", [])} for d in (several, one)]
+    shared = sorted(medians[0].keys() & medians[1].keys())
+    if not shared:
+        raise ValueError("the runs share no measured case")
+    differing = []
+    for test in shared:
+        ratio = medians[0][test] / medians[1][test]
+        if abs(ratio - 1) > tolerance:
+            differing.append({"test": test, "median_ms_several": medians[0][test] * 1e3,
+                              "median_ms_one": medians[1][test] * 1e3, "ratio": ratio})
+    failed_in_one = sorted(medians[0].keys() & failed[1] | medians[1].keys() & failed[0])
+    return {"tolerance": tolerance, "shared": len(shared), "differing": differing, "failed_in_one": failed_in_one,
+            "several_gpus": {"workers": len(several.get("bench_run", {}).get("workers") or {}) or None,
+                             "wall_s": run_wall_s(several), "commit": (several.get("commit_info") or {}).get("id")},
+            "one_gpu": {"wall_s": run_wall_s(one), "commit": (one.get("commit_info") or {}).get("id")}}
+
+
+def comparison_report(record: dict, one_name: str) -> str:
+    """What ``merge --against`` prints: both wall times, then the cases out of tolerance."""
+    several, one = record["several_gpus"], record["one_gpu"]
+    wall = lambda s: "not recorded" if s is None else f"{s:.1f} s"  # noqa: E731
+    lines = [f"several GPUs ({several['workers'] or '?'} workers): wall {wall(several['wall_s'])}; "
+             f"one GPU ({one_name}): wall {wall(one['wall_s'])}",
+             f"{record['shared']} shared cases, {len(record['differing'])} with medians more than "
+             f"{record['tolerance']:.0%} apart"]
+    if several["commit"] != one["commit"]:
+        lines.append(f"note: the runs are of different commits ({several['commit']} against {one['commit']})")
+    for d in record["differing"]:
+        lines.append(f"DIFFERS {d['test']}: {d['median_ms_several']:.4g} ms on several GPUs, "
+                     f"{d['median_ms_one']:.4g} ms on one ({d['ratio'] - 1:+.1%})")
+    lines += [f"FAILED IN ONE RUN ONLY {test}" for test in record["failed_in_one"]]
+    return "\n".join(lines)
+
+
 # ----------------------------------------------------------------------------------------------
 # Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC]
-#               python conftest.py merge JSON JSON... --output JSON
+#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON]
 # ----------------------------------------------------------------------------------------------
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
@@ -1573,20 +1636,41 @@ def main(argv=None) -> int:
                               "said: a plot kind added after the run")
     merge = sub.add_parser("merge", help="one run's JSON from runs that measured parts of the same cases "
                                          "(same commit and GPU); then rebuild its tables")
-    merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files)")
+    merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files); one alone with --against")
     merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
+    merge.add_argument("--against", type=Path, default=None, metavar="ONE_GPU_JSON",
+                       help="a one-GPU run's JSON: compare the merged run's medians with its medians on the cases "
+                            "both measured, name those more than --tolerance apart (exit status 1 if any), and "
+                            "record both runs' wall times under compared_with_one_gpu in the output")
+    merge.add_argument("--tolerance", type=float, default=3.0, metavar="PERCENT",
+                       help="largest difference of two medians, in percent of the one-GPU median (default 3)")
     args = parser.parse_args(argv)
     if args.command == "merge":
         for path in args.parts:
             if not path.is_file():
                 parser.error(f"parts: {path} is not a file")
         parts = [(path.name, read_run(path)) for path in args.parts]
+        if args.against is not None and not args.against.is_file():
+            parser.error(f"--against: {args.against} is not a file")
         try:
-            merged = merge_runs(parts)
+            merged = dict(parts[0][1]) if args.against is not None and len(parts) == 1 else merge_runs(parts)
         except ValueError as error:
             parser.error(f"parts: {error}")
+        report = None
+        if args.against is not None:
+            try:
+                merged["compared_with_one_gpu"] = compare_with_one_gpu(merged, read_run(args.against),
+                                                                       args.tolerance / 100)
+            except ValueError as error:
+                parser.error(f"--against {args.against}: {error}")
+            merged["compared_with_one_gpu"]["one_gpu"]["file"] = args.against.name
+            report = comparison_report(merged["compared_with_one_gpu"], args.against.name)
         args.output.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
         print(args.output)
+        if report is not None:
+            print(report)
+            record = merged["compared_with_one_gpu"]
+            return 1 if record["differing"] or record["failed_in_one"] else 0
         return 0
     if not args.json.is_file():
         parser.error(f"json: {args.json} is not a file")

@@ -74,6 +74,8 @@ def test_one_merged_json_in_the_serial_order(runs):
     assert [b["fullname"] for b in data["benchmarks"]] == [b["fullname"] for b in reference["benchmarks"]]
     assert [f["test"] for f in data["failed_cases"]] == [f["test"] for f in reference["failed_cases"]]
     assert data["bench_groups"] == reference["bench_groups"] and data["bench_run"]["complete"] is True
+    for run in (data, reference):  # each run's start and wall time, for the record beside another run's
+        assert run["bench_run"]["wall_s"] > 0 and run["bench_run"]["started"].endswith("+00:00"), run["bench_run"]
     for b, r in zip(data["benchmarks"], reference["benchmarks"]):
         assert b["options"] == r["options"] and b["stats"]["rounds"] == r["stats"]["rounds"] == 2, b["fullname"]
         assert set(b["extra_info"]) == set(r["extra_info"]), b["fullname"]
@@ -150,3 +152,65 @@ def test_two_workers_share_one_gpu_compiled(tmp_path):
     # No comparison of times: two workers on one GPU disturb each other (one GPU per worker is the
     # timed setup, checked by hand on a several-GPU machine).
     assert all(float(r["forward_ms_mean"]) > 0 for r in rows), rows
+
+
+# ----------------------------------------------------------------------------------------------
+# A several-GPU run against a one-GPU run of the same cases: merge --against
+# ----------------------------------------------------------------------------------------------
+def synthetic_run(medians_ms: dict, wall_s: float | None, failed=(), workers=None, commit="abc") -> dict:
+    """The parts of a run's JSON the comparison reads."""
+    bench_run = {"timer": "events", "l2_flush": True, "execution": "compiled", "gpu": "NVIDIA_H100_80GB_HBM3",
+                 "complete": True, "wall_s": wall_s}
+    if workers:
+        bench_run["workers"] = {f"gw{i}": {"device": str(i)} for i in range(workers)}
+    return {"bench_run": bench_run, "commit_info": {"id": commit}, "machine_info": {"gpu": {"name": "H100"}},
+            "benchmarks": [{"fullname": test, "stats": {"median": ms / 1e3}} for test, ms in medians_ms.items()],
+            "failed_cases": [{"test": test, "group": "g", "reason": "OutOfMemoryError"} for test in failed]}
+
+
+def test_merge_against_a_one_gpu_run_names_the_cases_apart(tmp_path, capsys):
+    """``merge SEVERAL --against ONE``: the shared cases' medians compared (3 % by default), the ones
+    further apart named with both medians, a case failed in one run only named too, both wall times
+    in the output's record; exit status 1 while any are named, 0 when none."""
+    from conftest import compare_with_one_gpu, main
+
+    several = synthetic_run({"t[a]": 1.00, "t[b]": 2.07, "t[c]": 0.50, "t[d]": 4.0, "t[only-several]": 1.0},
+                            wall_s=95.0, workers=2)
+    one = synthetic_run({"t[a]": 1.02, "t[b]": 2.00, "t[c]": 0.55, "t[e]": 4.0}, wall_s=180.5, failed=["t[d]"],
+                        commit="def")
+    (tmp_path / "several.json").write_text(json.dumps(several))
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    out = tmp_path / "checked.json"
+    assert main(["merge", str(tmp_path / "several.json"), "--against", str(tmp_path / "one.json"),
+                 "--output", str(out)]) == 1
+    printed = capsys.readouterr().out
+    record = json.loads(out.read_text())["compared_with_one_gpu"]
+    assert record["shared"] == 3 and record["tolerance"] == 0.03
+    # a: 2 % apart, within; b: 3.5 % over; c: 9.1 % under.
+    assert [(d["test"], round(d["ratio"], 3)) for d in record["differing"]] == [("t[b]", 1.035), ("t[c]", 0.909)]
+    assert record["failed_in_one"] == ["t[d]"]
+    assert record["several_gpus"] == {"workers": 2, "wall_s": 95.0, "commit": "abc"}
+    assert record["one_gpu"] == {"wall_s": 180.5, "commit": "def", "file": "one.json"}
+    assert "wall 95.0 s" in printed and "wall 180.5 s" in printed and "different commits" in printed
+    assert "DIFFERS t[b]: 2.07 ms on several GPUs, 2 ms on one (+3.5%)" in printed
+    assert "DIFFERS t[c]" in printed and "DIFFERS t[a]" not in printed and "FAILED IN ONE RUN ONLY t[d]" in printed
+    # A wider tolerance and no failed case: nothing named, exit status 0.
+    one["failed_cases"] = []
+    (tmp_path / "one.json").write_text(json.dumps(one))
+    assert main(["merge", str(tmp_path / "several.json"), "--against", str(tmp_path / "one.json"),
+                 "--output", str(out), "--tolerance", "10"]) == 0
+    # Parts merged first: the several-GPU wall time is their sum; a run that recorded none says so.
+    part = synthetic_run({"t[x]": 1.0}, wall_s=5.0)
+    merged = {**several, "merged_from": [{"bench_run": several["bench_run"]}, {"bench_run": part["bench_run"]}]}
+    assert compare_with_one_gpu(merged, one)["several_gpus"]["wall_s"] == 100.0
+    one["bench_run"].pop("wall_s")
+    assert compare_with_one_gpu(several, one)["one_gpu"]["wall_s"] is None
+    # Runs of another GPU or timer, or with no case in common, are refused.
+    for change in (lambda r: r["bench_run"].update(gpu="NVIDIA_H200"), lambda r: r["bench_run"].update(timer="do_bench"),
+                   lambda r: r.update(benchmarks=[])):
+        other = json.loads(json.dumps(one))
+        change(other)
+        with pytest.raises(ValueError):
+            compare_with_one_gpu(several, other)
+    with pytest.raises(SystemExit):  # one JSON alone is no merge without --against
+        main(["merge", str(tmp_path / "several.json"), "--output", str(out)])
