@@ -76,6 +76,11 @@ def test_one_merged_json_in_the_serial_order(runs):
     assert data["bench_groups"] == reference["bench_groups"] and data["bench_run"]["complete"] is True
     for run in (data, reference):  # each run's start and wall time, for the record beside another run's
         assert run["bench_run"]["wall_s"] > 0 and run["bench_run"]["started"].endswith("+00:00"), run["bench_run"]
+    from conftest import compare_with_one_gpu
+
+    # merge --against pairs every case of the two runs (interpreter times are not compared here).
+    compared = compare_with_one_gpu(data, reference)
+    assert compared["shared"] == len(reference["benchmarks"]) and compared["several_gpus"]["workers"] == 2
     for b, r in zip(data["benchmarks"], reference["benchmarks"]):
         assert b["options"] == r["options"] and b["stats"]["rounds"] == r["stats"]["rounds"] == 2, b["fullname"]
         assert set(b["extra_info"]) == set(r["extra_info"]), b["fullname"]
