@@ -60,15 +60,18 @@ else:
     TIMEOUT_S = 180  # about 20 s on two loaded cores
 
 
-def gpus() -> list[str]:
-    """The GPUs the launched processes may use: every GPU the run has (an xdist worker sees one of them)."""
-    given = [g for g in os.environ.get(WORKER_GPUS_ENV, "").split(",") if g]
-    return given or [str(i) for i in range(torch.cuda.device_count())]
+def run_gpus() -> str | None:
+    """Under pytest-xdist, the run's GPUs (CUDA_VISIBLE_DEVICES' entries) of which this worker sees one."""
+    return os.environ.get(WORKER_GPUS_ENV) or None
+
+
+def gpu_count() -> int:
+    return len(run_gpus().split(",")) if run_gpus() else torch.cuda.device_count()
 
 
 def skip_reason() -> str | None:
-    if ON_GPU and len(gpus()) < WORLD:
-        return f"needs {WORLD} GPUs, this machine has {len(gpus())}"
+    if ON_GPU and gpu_count() < WORLD:
+        return f"needs {WORLD} GPUs, this run has {gpu_count()}"
     if not dist.is_available() or not (dist.is_nccl_available() if ON_GPU else dist.is_gloo_available()):
         return f"this torch has no {BACKEND} backend"
     return None
@@ -77,9 +80,9 @@ def skip_reason() -> str | None:
 def launch(runs: list[str], out: Path) -> list[dict]:
     """The worker under torch's launcher, WORLD processes; each rank's record."""
     env = dict(os.environ)  # NCCL's, NVSHMEM's and torch's settings of this machine pass through
-    if ON_GPU:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus())
-    else:
+    if ON_GPU and run_gpus():
+        env["CUDA_VISIBLE_DEVICES"] = run_gpus()  # the launched processes take the run's GPUs, not the worker's one
+    elif not ON_GPU:
         env["TRITON_INTERPRET"] = "1"  # read when the kernel modules import, in each process
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={WORLD}",
                str(WORKER), "--config", CONFIG, "--steps", str(STEPS), "--runs", ",".join(runs), "--out", str(out)]
