@@ -70,6 +70,8 @@ REFERENCE_GPU = "NVIDIA_H100_80GB_HBM3"
 COMMIT_ENV = "SOFTMAX_KERNELS_COMMIT"
 RUN_JSON = "benchmark.json"
 TIMERS = ("events", "do_bench", "cudagraph")
+# --candidate: a user's own kernels checked and timed beside the project's (tests/candidates.py).
+pytest_plugins = ("candidates",)
 
 
 # ----------------------------------------------------------------------------------------------
