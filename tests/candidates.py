@@ -92,6 +92,22 @@ def _shapes(cpu: list, gpu: list) -> list:
     return gpu if _support().ON_GPU else cpu
 
 
+# A candidate's products in bfloat16 cannot be judged in the interpreter.
+BF16_DOT = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
+
+
+def product_cases(inputs, *args, **kw) -> list:
+    """The dtype and gradient cases of an op with products, on inputs(*args, dtype, **kw)."""
+    f32, f16 = torch.float32, torch.float16
+    label = ", ".join(f"{k}={v}" for k, v in kw.items())
+    return [
+        Case("dtype", f"float16 {label}".strip(), inputs(*args, f16, **kw)),
+        Case("dtype", f"bfloat16 {label}".strip(), inputs(*args, torch.bfloat16, **kw), gpu_only=BF16_DOT),
+        Case("gradient", f"float32 {label}".strip(), inputs(*args, f32, **kw), grad=True),
+        Case("gradient", f"float16 {label}".strip(), inputs(*args, f16, **kw), grad=True),
+    ]
+
+
 def softmax_cases() -> list:
     s = _support()
     f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
@@ -129,15 +145,14 @@ def softmax_cases() -> list:
 
 def softmax_matmul_cases() -> list:
     s = _support()
-    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    f32 = torch.float32
 
     def inputs(b, d1, d2, d3, dtype=f32, scale=1.0):
         return lambda: (s.softmax_matmul_inputs(b, d1, d2, d3, dtype, seed=d1 + d2, scale=scale), {})
 
     def transposed_v(b, d1, d2, d3):
         def build():
-            x, V = s.softmax_matmul_inputs(b, d1, d2, d3 * 1, f32, seed=5)
-            return (x, s.randn((b, d3, d2), f32, 6).transpose(1, 2)), {}
+            return (s.randn((b, d1, d2), f32, 5), s.randn((b, d3, d2), f32, 6).transpose(1, 2)), {}
         return build
 
     def masked(b, d1, d2, d3):
@@ -145,51 +160,43 @@ def softmax_matmul_cases() -> list:
 
     big = _shapes([(2, 17, 37, 19), (1, 33, 130, 20)], [(4, 257, 1031, 67), (2, 1000, 4099, 128)])
     mid = big[0]
-    bf16_note = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
     return [
         Case("shape", "one element", inputs(1, 1, 1, 1)),
         Case("shape", "a few odd sizes", inputs(2, 3, 5, 7)),
         *(Case("shape", f"prime and ragged sizes {shape}", inputs(*shape)) for shape in big),
         Case("shape", "empty batch", inputs(0, 3, 5, 7)),
-        Case("dtype", "float16", inputs(*mid, f16)),
-        Case("dtype", "bfloat16", inputs(*mid, bf16), gpu_only=bf16_note),
+        *product_cases(inputs, *mid),
         Case("strides", "V transposed (row stride 1)", transposed_v(*mid)),
         Case("strides", "x every other column", lambda: ((s.randn((mid[0], mid[1], 2 * mid[2]), f32, 4)[..., ::2],
                                                           s.randn((mid[0], mid[2], mid[3]), f32, 5)), {})),
         Case("edge values", "-inf tiles and an all -inf row of x (NaN, as torch)", masked(1, 5, mid[2], mid[3])),
         Case("edge values", "logits of size 30 (a running max that moves)", inputs(*mid, scale=30.0)),
-        Case("gradient", "float32", inputs(*mid), grad=True),
-        Case("gradient", "float16", inputs(*mid, f16), grad=True),
     ]
 
 
 def matmul_softmax_cases() -> list:
     s = _support()
-    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    f32 = torch.float32
 
     def inputs(B, K, C, dtype=f32, scale=1.0, layout="contiguous"):
         return lambda: (s.matmul_softmax_inputs(B, K, C, dtype, seed=B + C, scale=scale, layout=layout), {})
 
     big = _shapes([(5, 7, 11), (33, 17, 130)], [(257, 1031, 4099), (1000, 4096, 32771)])
     mid = big[-1]
-    bf16_note = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
     return [
         Case("shape", "one element", inputs(1, 1, 1)),
         *(Case("shape", f"prime and ragged sizes {shape}", inputs(*shape)) for shape in big),
         Case("shape", "no rows", inputs(0, 7, 11)),
-        Case("dtype", "float16", inputs(*mid, f16)),
-        Case("dtype", "bfloat16", inputs(*mid, bf16), gpu_only=bf16_note),
+        *product_cases(inputs, *mid),
         *(Case("strides", f"layout {layout}", inputs(*mid, layout=layout))
           for layout in ("x_strided", "W_transposed", "x_transposed")),
         Case("edge values", "logits of size 30 (one class dominates)", inputs(*mid, scale=30.0)),
-        Case("gradient", "float32", inputs(*mid), grad=True),
-        Case("gradient", "float16", inputs(*mid, f16), grad=True),
     ]
 
 
 def linear_cross_entropy_cases() -> list:
     s = _support()
-    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    f32, f16 = torch.float32, torch.float16
 
     def inputs(BT, H, V, dtype=f32, ignored=0.0, scale=3.0, transposed=False):
         def build():
@@ -202,25 +209,22 @@ def linear_cross_entropy_cases() -> list:
 
     big = _shapes([(5, 7, 11), (21, 32, 101)], [(257, 1031, 4099), (1024, 2048, 32771)])
     mid = big[-1]
-    bf16_note = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
     return [
         Case("shape", "one row, one class", inputs(1, 1, 1)),
         *(Case("shape", f"prime and ragged sizes {shape}", inputs(*shape)) for shape in big),
-        Case("dtype", "float16", inputs(*mid, f16)),
-        Case("dtype", "bfloat16", inputs(*mid, bf16), gpu_only=bf16_note),
+        *product_cases(inputs, *mid),
         Case("strides", "W transposed (a view of a (H, V) tensor)", inputs(*mid, transposed=True)),
         Case("edge values", "a tenth of the targets ignore_index -100", inputs(*mid, ignored=0.1)),
         Case("edge values", "logits of size 100", inputs(*mid, scale=100.0)),
-        Case("gradient", "float32", inputs(*mid), grad=True),
         Case("gradient", "float16, ignored targets", inputs(*mid, f16, ignored=0.1), grad=True),
     ]
 
 
 def attention_cases() -> list:
     s = _support()
-    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    f32 = torch.float32
 
-    def inputs(b, nq, nk, d, causal, dtype=f32, scale=1.0):
+    def inputs(b, nq, nk, d, dtype=f32, scale=1.0, causal=False):
         return lambda: ((*s.attention_inputs(b, nq, nk, d, dtype, seed=nq + d, scale=scale), causal), {})
 
     def transposed(b, n, d, causal):
@@ -232,26 +236,22 @@ def attention_cases() -> list:
 
     big = _shapes([(1, 19, 35, 16), (2, 37, 37, 32)], [(2, 1031, 1031, 64), (1, 257, 4099, 128)])
     mid = big[-1]
-    bf16_note = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
     return [
-        Case("shape", "one query, one key", inputs(1, 1, 1, 16, False)),
-        *(Case("shape", f"ragged lengths {shape}, {c}", inputs(*shape, c == "causal"))
+        Case("shape", "one query, one key", inputs(1, 1, 1, 16)),
+        *(Case("shape", f"ragged lengths {shape}, {c}", inputs(*shape, causal=c == "causal"))
           for shape in big for c in ("full", "causal")),
-        Case("shape", "more queries than keys, causal", inputs(1, mid[2], mid[1] // 2 + 1, mid[3], True)),
-        Case("shape", "empty batch", inputs(0, 16, 16, 16, False)),
-        Case("dtype", "float16, causal", inputs(*mid, True, f16)),
-        Case("dtype", "bfloat16, causal", inputs(*mid, True, bf16), gpu_only=bf16_note),
+        Case("shape", "more queries than keys, causal", inputs(1, mid[2], mid[1] // 2 + 1, mid[3], causal=True)),
+        Case("shape", "empty batch", inputs(0, 16, 16, 16)),
+        *product_cases(inputs, *mid, causal=True),
         Case("strides", "Q and V transposed views", transposed(mid[0], mid[1], mid[3], True)),
-        Case("edge values", "Q times 30: a sharp softmax whose maximum moves", inputs(*mid, True, scale=30.0)),
-        Case("gradient", "float32, full", inputs(*mid, False), grad=True),
-        Case("gradient", "float32, causal", inputs(*mid, True), grad=True),
-        Case("gradient", "float16, causal", inputs(*mid, True, f16), grad=True),
+        Case("edge values", "Q times 30: a sharp softmax whose maximum moves", inputs(*mid, scale=30.0, causal=True)),
+        Case("gradient", "float32 causal=False", inputs(*mid, causal=False), grad=True),
     ]
 
 
 def sdpa_cases() -> list:
     s = _support()
-    f32, f16, bf16 = torch.float32, torch.float16, torch.bfloat16
+    f32, f16 = torch.float32, torch.float16
 
     def inputs(B, H, Hkv, nq, nk, d, dtype=f32, layout="bhnd", **kw):
         def build():
@@ -265,7 +265,6 @@ def sdpa_cases() -> list:
         return build
 
     n = _shapes([19, 37], [1031, 4099])
-    bf16_note = "tl.dot on bfloat16 is wrong in Triton's interpreter (triton issue 11584)"
     d = 32 if not _support().ON_GPU else 64
     return [
         Case("shape", "one query, one key", inputs(1, 1, 1, 1, 1, 16)),
@@ -273,11 +272,9 @@ def sdpa_cases() -> list:
           for m in n for c in ("full", "causal")),
         Case("shape", "grouped query heads (6 query heads, 2 key/value)", inputs(1, 6, 2, n[0], n[0], d, is_causal=True)),
         Case("shape", "empty batch", inputs(0, 2, 2, 16, 16, 16)),
-        Case("dtype", "float16, causal", inputs(1, 2, 2, n[-1], n[-1], d, f16, is_causal=True)),
-        Case("dtype", "bfloat16, causal", inputs(1, 2, 2, n[-1], n[-1], d, bf16, is_causal=True), gpu_only=bf16_note),
+        *product_cases(inputs, 1, 2, 2, n[-1], n[-1], d, is_causal=True),
         Case("strides", "(batch, length, heads, d) views", inputs(2, 3, 3, n[0], n[0], d, layout="bnhd", is_causal=True)),
         Case("edge values", "scale 1.0 (logits 8x sharper than 1/sqrt(d))", inputs(1, 2, 2, n[0], n[0], d, scale=1.0)),
-        Case("gradient", "float32, causal", inputs(1, 2, 2, n[0], n[0], d, is_causal=True), grad=True),
         Case("gradient", "float16, grouped heads", inputs(1, 4, 2, n[0], n[0], d, f16, enable_gqa=True), grad=True),
     ]
 
