@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 import candidates
 
@@ -69,3 +70,41 @@ def test_example_report(tmp_path):
     assert "FAILED edge values, gradient" in text and "x torch" in text
     table = (tmp_path / "softmax_benchmark.csv").read_text()
     assert "candidate:example.online_softmax" in table and "candidate:example.row_softmax" in table
+
+
+class _NewStyle(torch.autograd.Function):
+    """forward without ctx (setup_context beside it), as torch.func wants Functions written."""
+
+    @staticmethod
+    def forward(x, BLOCK=64):
+        return torch.softmax(x, -1)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        pass
+
+
+def _needs_blocks(x, V, BLOCK_1, BLOCK_2):
+    return torch.softmax(x, -1) @ V
+
+
+def _no_causal(Q, K, V):
+    return torch.softmax(Q @ K.transpose(1, 2) * Q.shape[-1] ** -0.5, -1) @ V
+
+
+def test_signatures_adapted_or_refused_with_a_reason():
+    """How adapt calls each kind of signature, and what it refuses rather than guess."""
+    new_style = candidates.adapt("OnlineSoftmax", _NewStyle)
+    assert new_style.how.startswith("_NewStyle.apply(x); ") and "BLOCK=64 left at their defaults" in new_style.how
+    x = torch.randn(2, 3, 5)
+    torch.testing.assert_close(new_style.call(x[0]), torch.softmax(x[0], -1))  # a 2-D x given as (1, d1, d2)
+
+    assert "BLOCK_1, BLOCK_2" in candidates.adapt("fused_softmax", _needs_blocks).refused
+    assert "not a torch.autograd.Function" in candidates.adapt("FlashAttentionTriton", type("Flash", (), {})).refused
+
+    no_causal = candidates.adapt("FlashAttentionPytorch", _no_causal)
+    assert no_causal.refused is None and "no is_causal" in no_causal.how
+    Q = torch.randn(1, 4, 8)
+    no_causal.call(Q, Q, Q, False)
+    with pytest.raises(candidates.Refused, match="is_causal=True"):
+        no_causal.call(Q, Q, Q, True)
