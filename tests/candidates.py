@@ -429,6 +429,11 @@ def adapt(name: str, obj) -> Adapted:
     if missing_kw:
         return Adapted(name, op.name, f"{spelled}({_plain(sig)})", refused=f"keyword-only arguments without defaults: {missing_kw}")
     n_taken = len(op.args) if var_positional else min(len(positional), len(op.args))
+    # An optional argument is passed only to a parameter of its name ("causal" for is_causal): the
+    # fourth parameter of f(Q, K, V, BLOCK=64) is a block size, not the mask flag.
+    while n_taken > need and not var_positional and \
+            op.args[n_taken - 1].removeprefix("is_") not in positional[n_taken - 1].name.lower():
+        n_taken -= 1
     if n_taken < need:
         return Adapted(name, op.name, f"{spelled}({_plain(sig)})", refused=(
             f"takes {n_taken} positional arguments where the op needs {need} ({', '.join(op.args[:need])})"))

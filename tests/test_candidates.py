@@ -108,3 +108,5 @@ def test_signatures_adapted_or_refused_with_a_reason():
     no_causal.call(Q, Q, Q, False)
     with pytest.raises(candidates.Refused, match="is_causal=True"):
         no_causal.call(Q, Q, Q, True)
+    blocked = candidates.adapt("FlashAttentionPytorch", lambda Q, K, V, BLOCK=64: _no_causal(Q, K, V))
+    assert "no is_causal" in blocked.how and "BLOCK=64 left at their defaults" in blocked.how  # not passed is_causal
