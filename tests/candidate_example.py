@@ -23,9 +23,10 @@ import triton.language as tl
 @triton.jit
 def example_online_softmax_kernel(x_ptr, y_ptr, d1, d2, stride_b, stride_r, stride_c, RESCALE: tl.constexpr,
                                   GUARD: tl.constexpr, BLOCK_1: tl.constexpr, BLOCK_2: tl.constexpr):
-    batch, row_tile = tl.program_id(0), tl.program_id(1)
+    batch, row_tile = tl.program_id(0).to(tl.int64), tl.program_id(1)
     rows = row_tile * BLOCK_1 + tl.arange(0, BLOCK_1)
     row_ok = rows < d1
+    rows = rows.to(tl.int64)  # offsets past 2^31 elements (16384 rows of 131072)
     x_rows = x_ptr + batch * stride_b + rows[:, None] * stride_r
     m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
     s = tl.zeros((BLOCK_1,), tl.float32)
@@ -36,7 +37,10 @@ def example_online_softmax_kernel(x_ptr, y_ptr, d1, d2, stride_b, stride_r, stri
         m_new = tl.maximum(m, tl.max(x, axis=1))
         # A row with no finite logit yet keeps max -inf: subtract 0 instead, so that -inf - -inf
         # never makes a NaN and the tile's terms stay exp(-inf) = 0.
-        shift = tl.where(m_new == float("-inf"), 0.0, m_new) if GUARD else m_new
+        if GUARD:
+            shift = tl.where(m_new == float("-inf"), 0.0, m_new)
+        else:
+            shift = m_new
         if RESCALE:
             s = s * tl.exp(m - shift)
         s += tl.sum(tl.exp(x - shift[:, None]), axis=1)
