@@ -843,7 +843,7 @@ def report_text(report: dict) -> list[str]:
                 if b["ms"] is None:
                     lines.append(f"    {b['group']} {b['case']}: no time: {b['failure']}")
                 else:
-                    ups = ", ".join(f"{v:.2f}x {k}" for k, v in b["speedup"].items())
+                    ups = ", ".join(f"{v:.3g}x {k}" for k, v in b["speedup"].items())
                     lines.append(f"    {b['group']} {b['case']}: {b['ms']:.4g} ms" + (f" ({ups})" if ups else ""))
     if any(r["benchmarks"] for c in report["candidates"] for r in c["names"].values()):
         lines.append("speed-up: the baseline's best time on the case over the candidate's (above 1: the candidate is faster)")
