@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import importlib.util
 import json
 import math
 import os
@@ -70,6 +71,11 @@ REFERENCE_GPU = "NVIDIA_H100_80GB_HBM3"
 COMMIT_ENV = "SOFTMAX_KERNELS_COMMIT"
 RUN_JSON = "benchmark.json"
 TIMERS = ("events", "do_bench", "cudagraph")
+# --candidate: a user's own kernels checked and timed beside the project's (tests/candidates.py,
+# importable where the ini's pythonpath has tests/; a run of this harness from elsewhere goes without).
+_CANDIDATES = importlib.util.find_spec("candidates")
+pytest_plugins = (("candidates",) if _CANDIDATES and _CANDIDATES.origin
+                  and Path(_CANDIDATES.origin).resolve() == ROOT / "tests" / "candidates.py" else ())
 
 
 # ----------------------------------------------------------------------------------------------

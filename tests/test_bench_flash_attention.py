@@ -1,5 +1,6 @@
 """Benchmark group flash_attention: causal attention forward (and forward + backward) in PyTorch,
-SDPA (eager and compiled), FlashAttentionPytorch and FlashAttentionTriton.
+SDPA (eager and compiled), FlashAttentionPytorch and FlashAttentionTriton; and group leaderboard,
+the course leaderboard's one case.
 
 Every implementation is timed on inputs from the same builder as the correctness tests in
 test_flash_attention.py, which check flash_pytorch and flash_triton at these dtypes (and, on a GPU,
@@ -14,6 +15,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes,
@@ -26,7 +28,8 @@ GROUP = BenchGroup(
     columns=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode", "impl",
              "forward_ms_mean", "forward_ms_std", "forward_peak_MiB", "tflops"),
     case=("batch", "n_queries", "n_keys", "d", "dtype", "is_causal", "mode"),
-    impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton", "triton_compiled", "triton_graph"),
+    impls=("reference", "sdpa", "sdpa_compile", "flash_pytorch", "flash_triton", "triton_compiled", "triton_graph",
+           *candidate_impls("attention")),
     plot=("line", "n_queries"),
 )
 
@@ -54,6 +57,8 @@ IMPLS = {
     "flash_triton": lambda: FlashAttentionTriton.apply,
     "triton_compiled": triton_compiled,
     "triton_graph": lambda: FlashAttentionTriton.apply,  # replayed from a CUDA graph
+    # --candidate's FlashAttentionPytorch / FlashAttentionTriton (tests/candidates.py), f(Q, K, V, is_causal)
+    **{impl: lambda impl=impl: candidate_call(impl) for impl in candidate_impls("attention")},
 }
 
 if ON_GPU:
@@ -102,3 +107,73 @@ def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, m
                       mode=mode, impl=impl),
           build, bytes_moved=flash_attention_bytes(batch, n_queries, n_keys, d, DTYPES[dtype].itemsize, mode),
           flops=attention_flops(batch, n_queries, n_keys, d, is_causal, mode), error=flash_attention_error)
+
+
+# ----------------------------------------------------------------------------------------------
+# The course leaderboard: one case, timed as the course times a FlashAttentionTriton
+# ----------------------------------------------------------------------------------------------
+# bfloat16 (16, 8192, 64), causal; the Function under torch.compile (graph breaks allowed), one
+# call = forward, o.sum(), backward. The course times it with triton.testing.do_bench(rep=10000,
+# warmup=1000), i.e. 10 s of calls after 1 s of warm-up; here the harness's timer (--timer
+# do_bench for triton's) takes the group's rounds, which at 1-5 ms a call are 1-5 s of calls:
+# enough for a mean within a percent. SDPA, compiled the same way, is the course's yardstick.
+LEADERBOARD = BenchGroup(
+    name="leaderboard",
+    csv="leaderboard_benchmark.csv",
+    columns=("batch", "n", "d", "dtype", "is_causal", "impl", "forward_ms_mean", "forward_ms_std", "forward_ms_median",
+             "tflops", "speedup_vs_sdpa_compile"),
+    case=("batch", "n", "d", "dtype", "is_causal"),
+    impls=("sdpa_compile", "flash_triton", *candidate_impls("attention", leaderboard=True)),
+    speedups={"speedup_vs_sdpa_compile": "sdpa_compile"},
+    plot=("bar", "forward_ms_mean"),
+    warmup=100,
+    rounds=1000,
+)
+# Interpreter stand-in: one 64 x 64 tile in float32 (bfloat16 tl.dot is wrong in the interpreter),
+# eager (Dynamo cannot trace an interpreted kernel), without the compiled SDPA (Inductor compiling
+# C++ on the CPU, tens of seconds, would time nothing of the GPU's).
+LEADERBOARD_CASE = (16, 8192, 64, "bfloat16", True) if ON_GPU else (1, 64, 16, "float32", True)
+LEADERBOARD_RUN = LEADERBOARD.impls if ON_GPU else tuple(i for i in LEADERBOARD.impls if i != "sdpa_compile")
+
+
+def leaderboard_form(fn):
+    """fn as the leaderboard runs it: torch.compile(fn) with graph breaks allowed, on a GPU."""
+    return compiled(fn) if ON_GPU else fn
+
+
+LEADERBOARD_IMPLS = {
+    "sdpa_compile": lambda: sdpa,
+    "flash_triton": lambda: FlashAttentionTriton.apply,
+    **{impl: lambda impl=impl: candidate_call(impl) for impl in candidate_impls("attention", leaderboard=True)},
+}
+
+
+@pytest.mark.parametrize("impl", LEADERBOARD_RUN)
+def test_leaderboard(bench, impl):
+    batch, n, d, dtype, is_causal = LEADERBOARD_CASE
+
+    def build():
+        Q, K, V = (t.requires_grad_() for t in attention_inputs(batch, n, n, d, DTYPES[dtype]))
+        fn = leaderboard_form(LEADERBOARD_IMPLS[impl]())
+
+        def step():
+            # The course's step: forward, o.sum().backward(); the gradients are set to None
+            # first, so rounds do not accumulate into them (a few microseconds of host time).
+            for t in (Q, K, V):
+                t.grad = None
+            o = fn(Q, K, V, is_causal)
+            o.sum().backward()
+            return o.detach(), Q.grad, K.grad, V.grad
+        return step, (Q, K, V, is_causal, torch.ones_like(Q))
+
+    bench(LEADERBOARD, dict(batch=batch, n=n, d=d, dtype=dtype, is_causal=is_causal, impl=impl), build,
+          flops=attention_flops(batch, n, n, d, is_causal, "fwd_bwd"), error=leaderboard_error)
+
+
+def leaderboard_error(out, inputs) -> float:
+    """The worst of O, dQ, dK, dV against float64 on the first batch entry's first 64 queries (O) or
+    whole (gradients of o.sum())."""
+    o, *grads = out
+    Q, K, V, is_causal, ones = inputs
+    errors = [flash_attention_error(o, (Q, K, V, is_causal, None))]
+    return max(errors + [flash_attention_error(tuple(grads), (Q, K, V, is_causal, ones))])

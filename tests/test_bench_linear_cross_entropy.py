@@ -25,6 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
@@ -38,7 +39,8 @@ GROUP = BenchGroup(
     columns=("BT", "H", "V", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
              "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "loss_rel_error", "grad_rel_error"),
     case=("BT", "H", "V", "dtype", "mode"),
-    impls=("torch", "compile", "liger", "cce", "triton", "triton_compiled", "triton_graph"),
+    impls=("torch", "compile", "liger", "cce", "triton", "triton_compiled", "triton_graph",
+           *candidate_impls("linear_cross_entropy")),
     speedups={"speedup_vs_torch": "torch"},
     plot=("bar", "speedup_vs_torch"),
     pivot=("mode", {"fwd_ms": ("fwd", "forward_ms_mean"), "fwd_bwd_ms": ("fwd_bwd", "forward_ms_mean"),
@@ -105,6 +107,8 @@ IMPLS = {
     # replayed from a CUDA graph (its eager target check, a host sync, is skipped while capturing).
     "triton_compiled": lambda launch: compiled_op(linear_cross_entropy),
     "triton_graph": lambda launch: linear_cross_entropy,
+    # --candidate's linear_cross_entropy (tests/candidates.py), called f(x, W, target)
+    **{impl: lambda launch, impl=impl: candidate_call(impl) for impl in candidate_impls("linear_cross_entropy")},
 }
 
 _REFERENCE: dict = {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
@@ -24,7 +25,7 @@ GROUP = BenchGroup(
              "bytes_model", "gbps", "tflops", "speedup_vs_torch", "speedup_vs_unfused"),
     case=("B", "K", "C", "dtype"),
     impls=("torch", "compile", "triton_unfused", "triton_fused_simple", "triton_fused_tiled",
-           "triton_compiled", "triton_graph"),
+           "triton_compiled", "triton_graph", *candidate_impls("matmul_softmax")),
     speedups={"speedup_vs_torch": "torch", "speedup_vs_unfused": "triton_unfused"},
     plot=("bar", "speedup_vs_torch"),
 )
@@ -41,6 +42,8 @@ IMPLS = {
     "triton_fused_tiled": lambda: matmul_softmax_fused_tiled,
     "triton_compiled": lambda: compiled_op(matmul_softmax_fused_tiled),
     "triton_graph": lambda: matmul_softmax_fused_tiled,
+    # --candidate's matmul_softmax_* names (tests/candidates.py), called f(x, W)
+    **{impl: lambda impl=impl: candidate_call(impl) for impl in candidate_impls("matmul_softmax")},
 }
 
 if ON_GPU:
@@ -72,6 +75,8 @@ def matmul_softmax_error(out: torch.Tensor, inputs) -> float:
 @pytest.mark.parametrize("B,K,C,dtype", CASES)
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
     kernel = CALLER_OF if impl in ("triton_compiled", "triton_graph") else impl  # the kernel that runs
+    if kernel.startswith("candidate:"):
+        kernel = "triton_fused_simple"  # a candidate is charged the least traffic: one pass, logits on chip
     bytes_model = matmul_softmax_impl_bytes(kernel, B, K, C, DTYPES[dtype], DEVICE)
 
     def build():

@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from online_softmax import naive_softmax, naive_softmax_bytes, online_softmax, online_softmax_tiles, row_softmax, softmax_bytes
 from support import DTYPES, ON_GPU, relative_error, row_softmax_inputs
@@ -23,7 +24,8 @@ GROUP = BenchGroup(
     csv="softmax_benchmark.csv",
     columns=("M", "N", "dtype", "impl", "BLOCK_SIZE", "forward_ms_mean", "forward_ms_std", "gbps", "pct_of_copy"),
     case=("M", "N", "dtype"),
-    impls=("naive", "torch", "compile", "triton_row", "triton_online", "triton_compiled", "triton_graph"),
+    impls=("naive", "torch", "compile", "triton_row", "triton_online", "triton_compiled", "triton_graph",
+           *candidate_impls("softmax")),
     sort=("dtype", "M", "N", "_impl_order", "BLOCK_SIZE"),
     plot=("bar", "pct_of_copy"),
 )
@@ -49,6 +51,8 @@ IMPLS = {
     "triton_online": online_at,
     "triton_compiled": lambda block: compiled_op(row_softmax),
     "triton_graph": lambda block: row_softmax,
+    # --candidate's softmax names (tests/candidates.py), called f(x) on the rows
+    **{impl: lambda block, impl=impl: candidate_call(impl) for impl in candidate_impls("softmax")},
 }
 
 if ON_GPU:

@@ -14,6 +14,7 @@ import functools
 import pytest
 import torch
 
+from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import fused_blocks, fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
 from support import ON_GPU, relative_error, softmax_matmul_inputs
@@ -23,8 +24,8 @@ GROUP = BenchGroup(
     csv="softmax_matmul_benchmark.csv",
     columns=("batch_size", "d1", "d2", "d3", "triton", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"),
     case=("batch_size", "d1", "d2", "d3"),
-    impls=("torch", "compile", "triton", "triton_compiled", "triton_graph"),
-    csv_impls=("torch", "triton"),  # the specified table has PyTorch and Triton rows only
+    impls=("torch", "compile", "triton", "triton_compiled", "triton_graph", *candidate_impls("softmax_matmul")),
+    csv_impls=("torch", "triton"),  # the specified table has PyTorch and Triton rows only (candidates: JSON and plot)
     sort=("d2", "_impl_order", "BLOCK"),
     plot=("line", "d2"),
     spec=True,
@@ -49,6 +50,8 @@ IMPLS = {
     "triton": fused_at,
     "triton_compiled": lambda block: compiled_op(fused_at(block)),
     "triton_graph": fused_at,
+    # --candidate's fused_softmax (tests/candidates.py), called f(x, V)
+    **{impl: lambda block, impl=impl: candidate_call(impl) for impl in candidate_impls("softmax_matmul")},
 }
 CALLER_FORMS = ("triton_compiled", "triton_graph")
 
@@ -66,7 +69,7 @@ else:  # interpreter: ~3 ms per program per step, so a handful of programs and s
     COMPILE = ()
 CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
     (d2, "triton", b) for d2 in SPEC_D2 for b in SPEC_BLOCKS
-] + [(d2, impl, None) for d2 in SPEC_D2 for impl in CALLER_FORMS]
+] + [(d2, impl, None) for d2 in SPEC_D2 for impl in (*CALLER_FORMS, *candidate_impls("softmax_matmul"))]
 
 
 def wrapper_block(impl: str, block: int | None, d2: int, d3: int, dtype: torch.dtype) -> int | None:
@@ -90,7 +93,7 @@ def softmax_matmul_error(out: torch.Tensor, inputs) -> float:
 
 
 def softmax_matmul_bytes(impl: str, batch: int, d1: int, d2: int, d3: int, itemsize: int) -> int:
-    model = fused_softmax_bytes if impl.startswith("triton") else softmax_mult_bytes
+    model = softmax_mult_bytes if impl in ("torch", "compile") else fused_softmax_bytes  # a candidate: the least
     return model(batch, d1, d2, d3, itemsize)
 
 
