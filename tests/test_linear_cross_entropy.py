@@ -224,13 +224,14 @@ def test_second_backward_and_double_backward_raise():
 def _bad(name):
     x, W, target = linear_cross_entropy_inputs(8, 16, 20, torch.float32)
     cases = {
-        "x_rank": (dict(x=x[None]), ValueError, "x must have 2 dimensions"),
+        "x_rank": (dict(x=x[0, 0]), ValueError, "x must have at least 1 dimensions"),
         "x_int": (dict(x=x.long()), TypeError, "x must be float32"),
         "dtype_mix": (dict(W=W.double().to(torch.float16)), TypeError, "W has dtype"),
         "W_shape": (dict(W=W.t().contiguous()), ValueError, r"W must be \(V, H\)"),
         "W_empty": (dict(W=W[:0]), ValueError, "at least one row"),
         "target_dtype": (dict(target=target.int()), TypeError, "target must hold int64"),
-        "target_shape": (dict(target=target[:-1]), ValueError, r"target must have shape \(BT,\)"),
+        "target_shape": (dict(target=target[:-1]), ValueError, r"target must have shape x.shape\[:-1\] = \(8,\)"),
+        "target_leading": (dict(x=x.reshape(2, 4, 16)), ValueError, r"target must have shape x.shape\[:-1\] = \(2, 4\)"),
         "target_list": (dict(target=target.tolist()), TypeError, "target must be a torch.Tensor"),
         "reduction": (dict(reduction="avg"), ValueError, "reduction must be one of"),
         "ignore_index": (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
@@ -238,6 +239,15 @@ def _bad(name):
         "launch_rows": (dict(launch=LinearCrossEntropyLaunch(0, 32, 4)), ValueError, "chunk_rows"),
         "launch_block": (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
         "launch_programs": (dict(launch=LinearCrossEntropyLaunch(8, 32, 4, programs=-1)), ValueError, "programs"),
+        "bias_shape": (dict(bias=W[:, 0][:-1]), ValueError, r"bias must have shape \(V,\) = \(20,\)"),
+        "bias_dtype": (dict(bias=W[:, 0].half()), TypeError, "bias has dtype torch.float16"),
+        "weight_shape": (dict(weight=W[:-1, 0]), ValueError, r"weight must have shape \(20,\)"),
+        "weight_int": (dict(weight=target), TypeError, "weight must be a floating-point"),
+        "smoothing_range": (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
+        "smoothing_type": (dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a float"),
+        "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
+        "softcap_nan": (dict(softcap=float("nan")), ValueError, "softcap must be in"),
+        "z_loss_negative": (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
     }
     kwargs, error, match = cases[name]
     args = dict(x=x, W=W, target=target)
@@ -247,7 +257,9 @@ def _bad(name):
 
 @pytest.mark.parametrize("name", ["x_rank", "x_int", "dtype_mix", "W_shape", "W_empty", "target_dtype",
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
-                                  "launch_rows", "launch_block", "launch_programs"])
+                                  "launch_rows", "launch_block", "launch_programs", "target_leading", "bias_shape",
+                                  "bias_dtype", "weight_shape", "weight_int", "smoothing_range", "smoothing_type",
+                                  "softcap_zero", "softcap_nan", "z_loss_negative"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
     with pytest.raises(error, match=match):
@@ -330,8 +342,8 @@ def test_memory_is_the_gradients_and_one_buffer(reduction):
     del loss, dx, dW
     assert whole.peak <= grads + small, f"forward + backward: {whole.peak} bytes, gradients {grads}"
     with PeakBytes() as forward:
-        _lce_forward(x, W, target, IGNORE, reduction, launch.chunk_rows, launch.block_v, launch.num_warps,
-                     launch.programs, True, True)
+        _lce_forward(x, W, target, None, None, IGNORE, reduction, 0.0, 0.0, 0.0, launch.chunk_rows, launch.block_v,
+                     launch.num_warps, launch.programs, True, True, False)
     wanted = (grads if reduction != "none" else 0) + buffer + small
     assert forward.peak <= wanted, f"chunk loop: {forward.peak} bytes, the design's {wanted}"
 
