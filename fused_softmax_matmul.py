@@ -3807,15 +3807,18 @@ LCE_ROW_MULTIPLE = 128
 def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
                              reduction: str = "mean", *, bias: torch.Tensor | None = None,
                              label_smoothing: float = 0.0, softcap: float | None = None, z_loss: float = 0.0,
-                             weight: torch.Tensor | None = None) -> torch.Tensor:
+                             weight: torch.Tensor | None = None, logits_dtype: torch.dtype | None = None
+                             ) -> torch.Tensor:
     """What ``linear_cross_entropy`` must equal, in plain PyTorch: ``F.cross_entropy`` (with its
     ``weight`` and ``label_smoothing``) of the logits upcast to float32 (the logits of x's dtype,
-    as language-model code upcasts them; float64 inputs stay float64), soft-capped first as Gemma 2
-    does, plus ``z_loss * logsumexp(logits) ** 2`` on each row not ignored. "mean" divides the sum
-    of every row's loss, z-loss included, by F.cross_entropy's own denominator: the rows not
-    ignored, or with ``weight`` the sum of their targets' weights."""
+    as language-model code upcasts them; float64 inputs stay float64; ``logits_dtype`` picks
+    another), soft-capped first as Gemma 2 does, plus ``z_loss * logsumexp(logits) ** 2`` on each
+    row not ignored. "mean" divides the sum of every row's loss, z-loss included, by
+    F.cross_entropy's own denominator: the rows not ignored, or with ``weight`` the sum of their
+    targets' weights."""
     logits = F.linear(x, W, bias)
-    logits = logits.to(torch.promote_types(logits.dtype, torch.float32)).reshape(-1, W.shape[0])
+    wide = torch.promote_types(logits.dtype, torch.float32) if logits_dtype is None else logits_dtype
+    logits = logits.to(wide).reshape(-1, W.shape[0])
     if softcap is not None:
         logits = softcap * torch.tanh(logits / softcap)
     flat = target.reshape(-1)
@@ -4048,7 +4051,7 @@ def _lce_row(
             if SMOOTH:
                 if WEIGHT:
                     w = tl.load(weight_ptr + class_offset + start + cols, mask=inside, other=0.0).to(tl.float32)
-                    smooth_sum += tl.sum(tl.where(inside, w * z, 0.0), 0)
+                    smooth_sum += tl.sum(w * tl.where(inside, z, 0.0), 0)  # masked: w = 0, z = -inf
                 else:
                     smooth_sum += tl.sum(tl.where(inside, z, 0.0), 0)
         lse = row_max + tl.log(row_sum)

@@ -92,6 +92,154 @@ def test_matches_float64_within_torch_error(BT, H, V, rows, block_v, dtype, redu
             raise AssertionError(f"{name}: {e}") from None
 
 
+# ----------------------------------------------------------------------------------------------
+# The options: bias, class weights, label smoothing, soft-capping, z-loss (and all at once)
+# ----------------------------------------------------------------------------------------------
+# Logits are of size 3 (linear_cross_entropy_inputs' scale): a softcap of 2 bends them well into
+# tanh's curve; class weights in [0.5, 1.5); a z-loss coefficient large enough to move the gradient.
+OPTIONS = {
+    "bias": dict(bias=True),
+    "weight": dict(weight=True),
+    "label_smoothing": dict(label_smoothing=0.1),
+    "weight_smoothing": dict(weight=True, label_smoothing=0.2),
+    "softcap": dict(softcap=2.0),
+    "z_loss": dict(z_loss=1e-2),
+    "all": dict(bias=True, weight=True, label_smoothing=0.1, softcap=2.0, z_loss=1e-2),
+}
+
+
+def option_tensors(options: dict, V: int, dtype, seed=11) -> dict:
+    """The options with bias (of x's dtype) and weight (float32) drawn for V classes."""
+    out = dict(options)
+    if out.get("bias"):
+        out["bias"] = randn((V,), dtype, seed)
+    if out.get("weight"):
+        out["weight"] = 0.5 + torch.rand((V,), generator=generator(seed + 1), device=DEVICE)
+    return out
+
+
+def loss_and_grads_with(fn, x, W, target, reduction, upstream, options, **kwargs):
+    """(loss, dx, dW[, dbias]) of fn(x, W, target, reduction=, **options) for ``upstream``."""
+    options = dict(options)
+    leaves = [x.detach().clone().requires_grad_(), W.detach().clone().requires_grad_()]
+    if options.get("bias") is not None:
+        options["bias"] = options["bias"].detach().clone().requires_grad_()
+        leaves.append(options["bias"])
+    loss = fn(leaves[0], leaves[1], target, reduction=reduction, **options, **kwargs)
+    dloss = torch.full_like(loss, upstream) if loss.dim() == 0 else upstream.to(loss.dtype)
+    return (loss.detach(), *torch.autograd.grad(loss, leaves, dloss))
+
+
+def widened(options: dict) -> dict:
+    return {k: v.double() if isinstance(v, torch.Tensor) else v for k, v in options.items()}
+
+
+# "sum" is "mean" without its denominator: test_all_options_in_float16 runs it.
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("option", list(OPTIONS))
+def test_options_match_float64_within_torch_error(option, dtype, reduction):
+    """Each option against linear_cross_entropy_ref in float64 (F.cross_entropy's weight and
+    label_smoothing, explicit softcap and z-loss), within 2x PyTorch's error at the same
+    precision (the same reference with the logits kept in x's dtype) for every gradient, bias's
+    included. The loss is float32 from logits of x's dtype: its yardstick is PyTorch on those
+    logits upcast to float32 (a low-precision loss can land on the float64 value by luck: one
+    number). Three chunks, two vocabulary tiles, 10 % of rows ignored."""
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, DTYPES[dtype])
+    options = option_tensors(OPTIONS[option], 101, DTYPES[dtype])
+    upstream = upstream_for(reduction, 21)
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, reduction, upstream, options,
+                               launch=SMALL_LAUNCH)
+    ref64 = loss_and_grads_with(linear_cross_entropy_ref, x.double(), W.double(), target, reduction,
+                                upstream if reduction != "none" else upstream.double(), widened(options))
+    theirs = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, reduction, upstream, options,
+                                 logits_dtype=DTYPES[dtype])
+    theirs = (linear_cross_entropy_ref(x, W, target, reduction=reduction, **options), *theirs[1:])
+    for name, out, ref, torch_out in zip(("loss", "dx", "dW", "dbias"), ours, ref64, theirs):
+        try:
+            assert_close(out, ref, torch_out, factor=2.0)
+        except AssertionError as e:
+            raise AssertionError(f"{option} {name}: {e}") from None
+
+
+@pytest.mark.parametrize("reduction", ["sum", "none"])
+def test_all_options_in_float16(reduction):
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float16)
+    options = option_tensors(OPTIONS["all"], 101, torch.float16)
+    upstream = upstream_for(reduction, 21)
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, reduction, upstream, options, launch=SMALL_LAUNCH)
+    ref64 = loss_and_grads_with(linear_cross_entropy_ref, x.double(), W.double(), target, reduction,
+                                upstream if reduction != "none" else upstream.double(), widened(options))
+    theirs = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, reduction, upstream, options,
+                                 logits_dtype=torch.float16)
+    theirs = (linear_cross_entropy_ref(x, W, target, reduction=reduction, **options), *theirs[1:])  # as above
+    for name, out, ref, torch_out in zip(("loss", "dx", "dW", "dbias"), ours, ref64, theirs):
+        assert out.dtype == (torch.float32 if name == "loss" else torch.float16), name
+        try:
+            assert_close(out, ref, torch_out, factor=2.0)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+def test_options_off_are_the_default_call():
+    """The options at their off values take the default path: bit for bit the plain call."""
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.bfloat16)
+    plain = loss_and_grads(linear_cross_entropy, x, W, target, "mean", 0.75, launch=SMALL_LAUNCH)
+    off = loss_and_grads(linear_cross_entropy, x, W, target, "mean", 0.75, launch=SMALL_LAUNCH, bias=None,
+                         weight=None, label_smoothing=0.0, softcap=None, z_loss=0.0)
+    for a, b in zip(plain, off):
+        assert torch.equal(a, b)
+
+
+def test_leading_dimensions_and_return_lse():
+    """x (B, T, H) and target (B, T): the flattened call's results, the loss of "none" and the lse
+    in target's shape; lse is the float32 log-sum-exp of each row's (capped) logits, detached."""
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
+    x3, t3 = x.reshape(3, 7, 32), target.reshape(3, 7)
+    for reduction in ("mean", "none"):
+        upstream = upstream_for(reduction, 21)
+        flat = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream, launch=SMALL_LAUNCH,
+                              softcap=2.0)
+        up3 = upstream if reduction != "none" else upstream.reshape(3, 7)
+        batched = loss_and_grads(linear_cross_entropy, x3, W, t3, reduction, up3, launch=SMALL_LAUNCH, softcap=2.0)
+        assert batched[0].shape == (() if reduction == "mean" else (3, 7)) and batched[1].shape == (3, 7, 32)
+        for a, b in zip(flat, batched):
+            assert torch.equal(a.reshape(b.shape), b)
+    xl = x3.clone().requires_grad_()
+    loss, lse = linear_cross_entropy(xl, W, t3, launch=SMALL_LAUNCH, softcap=2.0, return_lse=True)
+    assert lse.shape == (3, 7) and lse.dtype == torch.float32 and not lse.requires_grad
+    logits = 2.0 * torch.tanh(F.linear(x3.double(), W.double()) / 2.0)
+    torch.testing.assert_close(lse.double(), logits.logsumexp(-1), rtol=1e-6, atol=1e-6)
+    # A single row (x of shape (H,), a 0-d target), as F.cross_entropy takes an unbatched input.
+    one = linear_cross_entropy(x[3], W, target[3], reduction="none")
+    assert one.shape == () and torch.equal(one, linear_cross_entropy(x[3:4], W, target[3:4], reduction="none")[0])
+
+
+def test_weighted_mean_with_every_row_ignored_is_nan():
+    """F.cross_entropy with weights: 0 / 0 = NaN for the mean, gradients 0."""
+    x, W, target = linear_cross_entropy_inputs(20, 16, 33, torch.float32, ignored=1.0)
+    options = option_tensors(dict(weight=True, label_smoothing=0.1), 33, torch.float32)
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, "mean", 1.0, options,
+                               launch=LinearCrossEntropyLaunch(8, 16, 4))
+    ref = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, "mean", 1.0, options)
+    assert ours[0].isnan() and ref[0].isnan()
+    assert torch.count_nonzero(ours[1]) == 0 and torch.count_nonzero(ours[2]) == 0
+
+
+def test_autocast_casts_the_bias():
+    """Under autocast a float32 bias beside bfloat16 x is cast as F.linear casts it; its gradient is float32."""
+    x, W, target = linear_cross_entropy_inputs(10, 24, 40, torch.float32, seed=31)
+    bias = randn((40,), torch.float32, seed=3).requires_grad_()
+    x = x.bfloat16()
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        loss = linear_cross_entropy(x, W, target, bias=bias)
+    loss.backward()
+    bb = bias.detach().bfloat16().requires_grad_()
+    want = linear_cross_entropy(x, W.bfloat16(), target, bias=bb)
+    want.backward()
+    assert torch.equal(loss, want) and bias.grad.dtype == torch.float32 and torch.equal(bias.grad, bb.grad.float())
+
+
 def test_float32_matches_torch_reference():
     """float32: the loss the benchmark's torch row computes (float32 logits) and its gradients, closely."""
     x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
