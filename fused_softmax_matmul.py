@@ -4435,6 +4435,164 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     return (loss, lse.reshape(shape)) if return_lse else loss
 
 
+# Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
+# hold it. No rank holds more than its (chunk_rows, V / world) logits: each row's log-sum-exp is
+# merged across ranks from the shards' own (an all-reduce of the maximum, then of the rescaled
+# sums), and its target logit (and label smoothing's weighted sum) from the shard holding it (an
+# all-reduce of the sums). The gradient needs the whole vocabulary's log-sum-exp, known only after
+# the forward's collectives, so the backward recomputes each shard's logits (four products, as
+# reduction "none" takes unsharded) and all-reduces dx; dW and the bias's gradient stay local.
+def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple[int, int]:
+    """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
+    all-gather of an integer, read back)."""
+    import torch.distributed as dist
+
+    if (vocab_start is None) != (n_classes is None):
+        raise ValueError("vocab_start and n_classes go together: pass both (this shard's first class and the "
+                         "vocabulary's size) or neither (shards in rank order, their sizes gathered)")
+    if vocab_start is None:
+        sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+        mine = torch.full((1,), V_local, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(sizes, mine, group=group)
+        sizes = sizes.tolist()
+        rank = dist.get_rank(group)
+        return sum(sizes[:rank]), sum(sizes)
+    for name, value in (("vocab_start", vocab_start), ("n_classes", n_classes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if vocab_start < 0 or vocab_start + V_local > n_classes:
+        raise ValueError(f"this shard's classes [vocab_start, vocab_start + W_shard.shape[0]) = [{vocab_start}, "
+                         f"{vocab_start + V_local}) must lie in [0, n_classes = {n_classes})")
+    return vocab_start, n_classes
+
+
+def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
+    """log(sum over ranks of exp(lse_local)) per row: the maximum first, so no sum overflows."""
+    import torch.distributed as dist
+
+    top = lse_local.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    top = torch.where(torch.isfinite(top), top, 0.0)  # a row of -inf or NaN keeps it through the sum
+    total = torch.exp(lse_local - top)
+    dist.all_reduce(total, group=group)
+    return top + torch.log(total)
+
+
+def _sharded_row_loss(lse: torch.Tensor, linear: torch.Tensor, target: torch.Tensor,
+                      rows: LinearCrossEntropyRows) -> torch.Tensor:
+    """Each row's loss from the vocabulary's log-sum-exp and its summed linear terms: the row
+    kernel's formula (p_coef lse - linear + z_loss lse^2), NaN for a bad class, 0 where ignored."""
+    in_range = (target >= 0) & (target < rows.n_classes)
+    p_coef = rows.weight[torch.where(in_range, target, 0)] if rows.weight is not None else torch.ones_like(lse)
+    if rows.label_smoothing:
+        total = rows.weight_sum if rows.weight is not None else rows.n_classes
+        p_coef = p_coef * (1.0 - rows.label_smoothing) + rows.label_smoothing / rows.n_classes * total
+    loss = p_coef * lse - linear
+    if rows.z_loss:
+        loss = loss + rows.z_loss * lse * lse
+    loss = torch.where(in_range, loss, float("nan"))
+    return torch.where(target == rows.ignore_index, 0.0, loss)
+
+
+class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
+    """Forward: the shard's log-sum-exp and linear terms, reduced over the group, then the loss.
+    Backward: the shard's logits again, their gradient from the group's log-sum-exp; dx summed
+    over the group."""
+
+    @staticmethod
+    def forward(ctx, x, W, bias, target, group, rows: LinearCrossEntropyRows, reduction: str,
+                launch: LinearCrossEntropyLaunch):
+        import torch.distributed as dist
+
+        BT = x.shape[0]
+        lse_local = torch.empty((BT,), dtype=torch.float32, device=x.device)
+        linear = torch.empty((BT,), dtype=torch.float32, device=x.device)
+        _lce_chunks(x, W, bias, target, rows, launch.chunk_rows, launch.block_v, launch.num_warps, launch.programs,
+                    lse_local, linear, None, None, None, None, lse_given=False)
+        lse = _group_logsumexp(lse_local, group)
+        dist.all_reduce(linear, group=group)
+        loss_rows = _sharded_row_loss(lse, linear, target, rows)
+        denominator = _mean_denominator(target, rows) if reduction == "mean" else None
+        if reduction == "none":
+            loss = loss_rows
+        elif reduction == "sum":
+            loss = loss_rows.sum()
+        else:
+            loss = loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        ctx.group, ctx.rows, ctx.reduction, ctx.launch = group, rows, reduction, launch
+        ctx.save_for_backward(x, W, bias, target, lse, denominator)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, dlse):
+        import torch.distributed as dist
+
+        if dloss is None:
+            return (None,) * 8
+        x, W, bias, target, lse, denominator = ctx.saved_tensors
+        grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
+        factor = dloss.float()
+        if ctx.reduction == "mean":
+            factor = factor / denominator
+        launch = ctx.launch
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else None
+        dW = torch.empty_like(W, memory_format=torch.contiguous_format) if grad_W else None
+        db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
+        _lce_chunks(x, W, bias, target, ctx.rows, launch.chunk_rows, launch.block_v, launch.num_warps,
+                    launch.programs, lse, None, factor, dx, dW, db32, lse_given=True)
+        if grad_x:
+            dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
+        return dx, dW, db32.to(W.dtype) if grad_bias else None, None, None, None, None, None
+
+
+@on_input_device
+def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, target: torch.Tensor, group=None,
+                                        ignore_index: int = -100, reduction: str = "mean", *,
+                                        vocab_start: int | None = None, n_classes: int | None = None,
+                                        bias: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                                        softcap: float | None = None, z_loss: float = 0.0,
+                                        weight: torch.Tensor | None = None, return_lse: bool = False,
+                                        launch: LinearCrossEntropyLaunch | None = None):
+    """``linear_cross_entropy`` with W sharded by rows (classes) over the process group ``group``
+    (None: the default group): every rank passes the same x (..., H) and target, and its own
+    W_shard (V_r, H) (and bias shard (V_r,)), the classes vocab_start ... vocab_start + V_r - 1
+    of n_classes. Without vocab_start and n_classes the shards are taken in rank order, sizes
+    possibly uneven (gathered: one small collective and a host sync per call). Every option of
+    ``linear_cross_entropy`` applies (weight: all n_classes of it on every rank); the loss and
+    lse are the group's, the same on every rank, and equal the unsharded call's up to the order
+    of the sums. Gradients: dx the group's (all-reduced, in x's dtype), dW_shard and the bias
+    shard's this rank's. Memory per rank: the (chunk_rows, V_r) buffer, dx and dW_shard; no rank
+    holds more than its shard's logits.
+
+    Cost: four products instead of three (the backward recomputes the shard's logits: the
+    gradient needs the group's log-sum-exp, which the forward's collectives give only after
+    every chunk), each 1 / world of the unsharded one's, and per call three all-reduces of BT
+    floats in the forward and one of dx in the backward. Eager only: the collectives are
+    torch.distributed's, which torch.compile(fullgraph=True) does not trace (``torch.compile``
+    without fullgraph breaks the graph around the call).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialised torch.distributed process "
+                           "group (torch.distributed.init_process_group)")
+    shape = target.shape if isinstance(target, torch.Tensor) else None
+    if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
+        vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
+    x, W_shard, bias, target, launch = _lce_prepare(x, W_shard, target, bias, weight, ignore_index, reduction,
+                                                    label_smoothing, softcap, z_loss, launch, n_classes)
+    if _may_sync(target):
+        check_targets(target.reshape(shape), n_classes, ignore_index)
+    rows = _lce_rows_options(W_shard.shape[0], ignore_index, label_smoothing, 0.0 if softcap is None else softcap,
+                             z_loss, weight, vocab_start, n_classes, sharded=True)
+    loss, lse = _VocabParallelLinearCrossEntropy.apply(x, W_shard, bias, target, group, rows, reduction, launch)
+    if reduction == "none":
+        loss = loss.reshape(shape)
+    return (loss, lse.reshape(shape)) if return_lse else loss
+
+
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V on Hopper in Gluon
 # ----------------------------------------------------------------------------------------------
