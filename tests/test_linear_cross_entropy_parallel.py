@@ -50,3 +50,15 @@ def test_nccl_matches_the_unsharded_call(tmp_path, world):
     if torch.cuda.device_count() < world:
         pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
     spawn(tmp_path, world, "nccl", (1000, 256, 5003), "bfloat16")
+
+
+@needs_distributed
+def test_without_a_process_group_is_a_clear_error():
+    from fused_softmax_matmul import vocab_parallel_linear_cross_entropy
+
+    if torch.distributed.is_initialized():
+        pytest.skip("a process group is already initialised in this process")
+    x = torch.zeros(4, 8, device="cuda" if ON_GPU else "cpu")
+    with pytest.raises(RuntimeError, match="needs an initialised torch.distributed process group"):
+        vocab_parallel_linear_cross_entropy(x, torch.zeros(5, 8, device=x.device), torch.zeros(4, dtype=torch.long,
+                                                                                               device=x.device))
