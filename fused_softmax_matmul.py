@@ -4012,7 +4012,9 @@ def _lce_row(
     ignored = target == ignore_index
     in_range = (target >= 0) & (target < n_classes)
     # The target's column in this row of logits: outside [0, V) on another shard's rows.
-    local = target - class_offset if SHARDED else target
+    local = target
+    if SHARDED:
+        local = target - class_offset
     here = (local >= 0) & (local < V)
     cols = tl.arange(0, BLOCK_V)
     # Per row, loss = p_coef * lse - t_coef * z[target] - uniform * sum_c w_c z_c (+ z_loss lse^2),
@@ -4202,6 +4204,14 @@ def _mean_denominator(target: torch.Tensor, rows: LinearCrossEntropyRows) -> tor
     return torch.where(in_range, rows.weight[torch.where(in_range, target, 0)], 0.0).sum()
 
 
+def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Tensor | None) -> torch.Tensor:
+    if reduction == "none":
+        return loss_rows
+    if reduction == "sum":
+        return loss_rows.sum()
+    return loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
+
+
 def _lce_forward_fake(x, W, target, bias, weight, ignore_index: int, reduction: str, label_smoothing: float,
                       softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
                       grad_x: bool, grad_W: bool, grad_bias: bool):
@@ -4242,13 +4252,7 @@ def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: t
     _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
                 dx if want_x else None, dW if want_W else None, db32, lse_given=False)
     db = db32.to(W.dtype) if want_b else W.new_empty((0,))
-    if reduction == "none":
-        loss = loss_rows
-    elif reduction == "sum":
-        loss = loss_rows.sum()
-    else:
-        loss = loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
-    return loss, lse, dx, dW, db
+    return _reduce_rows(loss_rows, reduction, denominator), lse, dx, dW, db
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
@@ -4513,12 +4517,7 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         dist.all_reduce(linear, group=group)
         loss_rows = _sharded_row_loss(lse, linear, target, rows)
         denominator = _mean_denominator(target, rows) if reduction == "mean" else None
-        if reduction == "none":
-            loss = loss_rows
-        elif reduction == "sum":
-            loss = loss_rows.sum()
-        else:
-            loss = loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
+        loss = _reduce_rows(loss_rows, reduction, denominator)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
         ctx.group, ctx.rows, ctx.reduction, ctx.launch = group, rows, reduction, launch
