@@ -48,7 +48,8 @@ def test_nccl_matches_the_unsharded_call(tmp_path, world):
     if not torch.distributed.is_nccl_available():
         pytest.skip("torch.distributed has no NCCL here")
     if torch.cuda.device_count() < world:
-        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible")
+        pytest.skip(f"needs {world} GPUs, {torch.cuda.device_count()} visible (under pytest-xdist each worker sees "
+                    "one: run this file with -n 0)")
     spawn(tmp_path, world, "nccl", (1000, 256, 5003), "bfloat16")
 
 
