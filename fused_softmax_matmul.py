@@ -3997,7 +3997,8 @@ def _tanh(u):
     far = (1.0 - e) / (1.0 + e)
     small = tl.where(a < 0.3, u, 0.0)  # the series only where it is used: no inf * 0 elsewhere
     s = small * small
-    near = small * (1.0 + s * (-1.0 / 3 + s * (2.0 / 15 + s * (-17.0 / 315 + s * (62.0 / 2835 + s * (-1382.0 / 155925))))))
+    near = small * (1.0 + s * (-1.0 / 3 + s * (2.0 / 15 + s * (-17.0 / 315
+                                                          + s * (62.0 / 2835 + s * (-1382.0 / 155925))))))
     return tl.where(a < 0.3, near, tl.where(u < 0, -far, far))
 
 

@@ -126,7 +126,8 @@ def _compare(label: str, got: torch.Tensor, ref: torch.Tensor, dtype: torch.dtyp
     of float32 roundoff, relative to the result's size. In a 16-bit dtype cuBLAS may round a
     shard's logits otherwise than the whole's (another kernel for another shape) and dx is
     rounded on each rank before the group's sum: within 2 units of that dtype's roundoff."""
-    assert got.shape == ref.shape and got.dtype == ref.dtype, f"{label}: {got.shape} {got.dtype}, want {ref.shape} {ref.dtype}"
+    assert got.shape == ref.shape and got.dtype == ref.dtype, \
+        f"{label}: {tuple(got.shape)} {got.dtype}, want {tuple(ref.shape)} {ref.dtype}"
     assert torch.equal(got.isnan(), ref.isnan()), f"{label}: NaN pattern differs"
     ok = ~ref.isnan()
     diff = (got[ok].double() - ref[ok].double()).norm().item()
