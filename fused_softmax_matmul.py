@@ -3781,15 +3781,18 @@ _FLASH_BACKWARDS = Replays()
 
 
 # ==============================================================================================
-# Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T, target), fused
+# Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T + bias, target), fused
 # ==============================================================================================
-# x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear stores it, target: (BT,) int64.
-# PyTorch writes the (BT, V) logits; here rows go through in chunks whose logits live in one
-# reused (rows, V) buffer: cuBLAS logits, a Triton row kernel (log-sum-exp, loss, and in place
-# G = (softmax - onehot(target)) * factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and
-# "sum" the factor is known in the forward, so the gradients are made there and the backward
-# scales them (three products); for "none" the backward recomputes the logits (four). Memory
-# and chunk sizes: outputs/README.md, "Design notes".
+# x: (BT, H) hidden states (leading dimensions flattened into BT), W: (V, H) the LM head as
+# nn.Linear stores it, target: (BT,) int64. PyTorch writes the (BT, V) logits; here rows go
+# through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits (with the
+# bias, addmm), a Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times
+# the row's factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and "sum" the factor is
+# known in the forward, so the gradients are made there and the backward scales them (three
+# products); for "none" the backward recomputes the logits (four). Memory and chunk sizes:
+# outputs/README.md, "Design notes". The options (soft-capping, label smoothing, class weights,
+# z-loss, a vocabulary shard) are constexpr switches of the row kernel: off, it compiles to the
+# kernel without them, so the default call runs the same launches at the same speed.
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 
@@ -3801,11 +3804,37 @@ LCE_MAX_ROWS = 1024
 LCE_ROW_MULTIPLE = 128
 
 
-def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
-                             ignore_index: int = -100, reduction: str = "mean") -> torch.Tensor:
-    """What ``linear_cross_entropy`` must equal: PyTorch on float32 logits (the logits of x's
-    dtype, upcast, as language-model code does before its loss)."""
-    return F.cross_entropy(F.linear(x, W).float(), target, ignore_index=ignore_index, reduction=reduction)
+def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
+                             reduction: str = "mean", *, bias: torch.Tensor | None = None,
+                             label_smoothing: float = 0.0, softcap: float | None = None, z_loss: float = 0.0,
+                             weight: torch.Tensor | None = None, logits_dtype: torch.dtype | None = None
+                             ) -> torch.Tensor:
+    """What ``linear_cross_entropy`` must equal, in plain PyTorch: ``F.cross_entropy`` (with its
+    ``weight`` and ``label_smoothing``) of the logits upcast to float32 (the logits of x's dtype,
+    as language-model code upcasts them; float64 inputs stay float64; ``logits_dtype`` picks
+    another), soft-capped first as Gemma 2 does, plus ``z_loss * logsumexp(logits) ** 2`` on each
+    row not ignored. "mean" divides the sum of every row's loss, z-loss included, by
+    F.cross_entropy's own denominator: the rows not ignored, or with ``weight`` the sum of their
+    targets' weights."""
+    logits = F.linear(x, W, bias)
+    wide = torch.promote_types(logits.dtype, torch.float32) if logits_dtype is None else logits_dtype
+    logits = logits.to(wide).reshape(-1, W.shape[0])
+    if softcap is not None:
+        logits = softcap * torch.tanh(logits / softcap)
+    flat = target.reshape(-1)
+    w = weight.to(logits.dtype) if weight is not None else None
+    options = dict(weight=w, ignore_index=ignore_index, label_smoothing=label_smoothing)
+    if not z_loss:
+        loss = F.cross_entropy(logits, flat, reduction=reduction, **options)
+        return loss.reshape(target.shape) if reduction == "none" else loss
+    kept = flat != ignore_index
+    loss = F.cross_entropy(logits, flat, reduction="none", **options)
+    loss = loss + torch.where(kept, z_loss * logits.logsumexp(-1) ** 2, 0.0)
+    if reduction == "none":
+        return loss.reshape(target.shape)
+    if reduction == "sum":
+        return loss.sum()
+    return loss.sum() / (w[flat[kept]].sum() if w is not None else kept.sum())
 
 
 def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -> int:
@@ -3848,12 +3877,23 @@ def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> 
     return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
 
 
-def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction) -> None:
-    check_tensor("x", x, 2)
+def _check_number(name: str, value, low: float, high: float = float("inf"), low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
+    if not (low < value if low_open else low <= value) or not value <= high or value != value:
+        bounds = f"{'(' if low_open else '['}{low}, {high}{']' if high < float('inf') else ')'}"
+        raise ValueError(f"{name} must be in {bounds}, got {value}")
+
+
+def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias=None, weight=None,
+                                      label_smoothing=0.0, softcap=None, z_loss=0.0, n_classes=None) -> None:
+    """x (..., H), W (V, H), target x.shape[:-1] int64, the options; n_classes: the classes of the
+    whole vocabulary when W is a shard of it (weight has that many entries), else V."""
+    check_tensor("x", x, range(1, 64))
     check_tensor("W", W, 2)
     check_same("x", x, "W", W)
-    if W.shape[1] != x.shape[1]:
-        raise ValueError(f"W must be (V, H) as nn.Linear stores it, with H = x.shape[1] = {x.shape[1]}; "
+    if W.shape[1] != x.shape[-1]:
+        raise ValueError(f"W must be (V, H) as nn.Linear stores it, with H = x.shape[-1] = {x.shape[-1]}; "
                          f"got W of shape {tuple(W.shape)}")
     if W.shape[0] < 1:
         raise ValueError("W must have at least one row (class)")
@@ -3861,8 +3901,8 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction) -> 
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
     if target.dtype != torch.int64:
         raise TypeError(f"target must hold int64 class indices, got {target.dtype}")
-    if target.shape != (x.shape[0],):
-        raise ValueError(f"target must have shape (BT,) = ({x.shape[0]},), one class per row of x; "
+    if target.shape != x.shape[:-1]:
+        raise ValueError(f"target must have shape x.shape[:-1] = {tuple(x.shape[:-1])}, one class per row of x; "
                          f"got {tuple(target.shape)}")
     if target.device != x.device:
         raise ValueError(f"target is on {target.device} but x is on {x.device}: they must be on one device")
@@ -3870,6 +3910,25 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction) -> 
         raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
     if reduction not in LCE_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
+    V = W.shape[0]
+    if bias is not None:
+        check_tensor("bias", bias, 1)
+        check_same("x", x, "bias", bias)
+        if bias.shape != (V,):
+            raise ValueError(f"bias must have shape (V,) = ({V},), one entry per row of W; got {tuple(bias.shape)}")
+    if weight is not None:
+        classes = V if n_classes is None else n_classes
+        if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
+            raise TypeError(f"weight must be a floating-point torch.Tensor of class weights, got "
+                            f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        if weight.shape != (classes,):
+            raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
+        if weight.device != x.device:
+            raise ValueError(f"weight is on {weight.device} but x is on {x.device}: they must be on one device")
+    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
+    if softcap is not None:
+        _check_number("softcap", softcap, 0.0, low_open=True)
+    _check_number("z_loss", z_loss, 0.0)
 
 
 def _may_sync(t: torch.Tensor) -> bool:
@@ -3885,9 +3944,9 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
     """ValueError naming the first class index outside [0, V) that is not ignore_index (one host sync)."""
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     if bool(bad.any()):
-        first = int(bad.nonzero()[0, 0])
-        raise ValueError(f"target[{first}] = {int(target[first])} is not a class index in [0, {V}) "
-                         f"(V = W.shape[0]) nor ignore_index = {ignore_index}")
+        first = tuple(int(i) for i in bad.nonzero()[0])
+        raise ValueError(f"target[{', '.join(map(str, first))}] = {int(target[first])} is not a class index in "
+                         f"[0, {V}) (V = W.shape[0]) nor ignore_index = {ignore_index}")
 
 
 def round_bf16_by_hand(dtype: torch.dtype) -> bool:
@@ -3895,6 +3954,23 @@ def round_bf16_by_hand(dtype: torch.dtype) -> bool:
     even): there the kernel rounds its bfloat16 stores itself, so the interpreter's errors are
     the GPU's. Truncation doubled the gradient's rounding error there (seen in the tests)."""
     return INTERPRET and dtype == torch.bfloat16
+
+
+@dataclass(frozen=True)
+class LinearCrossEntropyRows:
+    """What the row kernel needs beyond the logits: the options (softcap 0.0 for none; weight a
+    float32 (n_classes,) tensor or None, weight_sum its sum as a 0-d tensor) and, for a shard of
+    the vocabulary, the global class index of its first column and the vocabulary's size."""
+
+    ignore_index: int = -100
+    label_smoothing: float = 0.0
+    softcap: float = 0.0
+    z_loss: float = 0.0
+    weight: torch.Tensor | None = None
+    weight_sum: torch.Tensor | None = None
+    class_offset: int = 0
+    n_classes: int | None = None
+    sharded: bool = False
 
 
 @triton.jit
@@ -3911,36 +3987,103 @@ def _bf16_nearest_even(t):
 
 
 @triton.jit
+def _tanh(u):
+    """tanh of float32 u (libdevice's tanh does not run in the interpreter). Where |u| < 0.3, the
+    odd Taylor series to u^11 (the next term is 2e-9 of tanh there), since 1 - e^(-2|u|) below
+    would cancel; elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within 3 ulp of float32 over
+    [-20, 20] in the interpreter (torch's: 0.5), far below the bfloat16 logits' own rounding."""
+    a = tl.abs(u)
+    e = tl.math.exp2(a * (-2.0 * LOG2_E))
+    far = (1.0 - e) / (1.0 + e)
+    small = tl.where(a < 0.3, u, 0.0)  # the series only where it is used: no inf * 0 elsewhere
+    s = small * small
+    near = small * (1.0 + s * (-1.0 / 3 + s * (2.0 / 15 + s * (-17.0 / 315
+                                                          + s * (62.0 / 2835 + s * (-1382.0 / 155925))))))
+    return tl.where(a < 0.3, near, tl.where(u < 0, -far, far))
+
+
+@triton.jit
 def _lce_row(
-    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index, stride_lr, stride_t, stride_f,
+    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+    V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
+    SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
 ):
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
     ignored = target == ignore_index
-    in_range = (target >= 0) & (target < V)
+    in_range = (target >= 0) & (target < n_classes)
+    # The target's column in this row of logits: outside [0, V) on another shard's rows.
+    local = target
+    if SHARDED:
+        local = target - class_offset
+    here = (local >= 0) & (local < V)
     cols = tl.arange(0, BLOCK_V)
+    # Per row, loss = p_coef * lse - t_coef * z[target] - uniform * sum_c w_c z_c (+ z_loss lse^2),
+    # and its gradient p_coef * softmax - t_coef * onehot - uniform * w (+ 2 z_loss lse softmax):
+    # F.cross_entropy's (1 - eps) w_t nll_t + eps / n sum_c w_c nll_c, with w = 1 unweighted.
+    w_target = 1.0
+    if WEIGHT:
+        w_target = tl.load(weight_ptr + tl.where(in_range, target, 0)).to(tl.float32)
+    t_coef = w_target
+    p_coef = w_target
+    uniform = 0.0
+    if SMOOTH:
+        uniform = smoothing / n_classes
+        t_coef = w_target * (1.0 - smoothing)
+        if WEIGHT:
+            p_coef = t_coef + uniform * tl.load(weight_sum_ptr)
+        else:
+            p_coef = t_coef + smoothing
     if LSE_GIVEN:
         lse = tl.load(lse_ptr + row)
     else:
         row_max = tl.full([], float("-inf"), tl.float32)
         row_sum = tl.zeros([], tl.float32)
+        smooth_sum = tl.zeros([], tl.float32)
         for start in range(0, V, BLOCK_V):
-            z = tl.load(row_ptr + start + cols, mask=start + cols < V, other=float("-inf")).to(tl.float32)
+            inside = start + cols < V
+            z = tl.load(row_ptr + start + cols, mask=inside, other=float("-inf")).to(tl.float32)
+            if SOFTCAP:
+                z = tl.where(inside, softcap * _tanh(z / softcap), float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, 0))
             # The first tile always holds a finite logit, so new_max is finite and the old -inf
             # maximum rescales an empty sum by exp2(-inf) = 0.
             row_sum = row_sum * tl.math.exp2((row_max - new_max) * LOG2_E) \
                 + tl.sum(tl.math.exp2((z - new_max) * LOG2_E), 0)
             row_max = new_max
+            if SMOOTH:
+                if WEIGHT:
+                    w = tl.load(weight_ptr + class_offset + start + cols, mask=inside, other=0.0).to(tl.float32)
+                    smooth_sum += tl.sum(w * tl.where(inside, z, 0.0), 0)  # masked: w = 0, z = -inf
+                else:
+                    smooth_sum += tl.sum(tl.where(inside, z, 0.0), 0)
         lse = row_max + tl.log(row_sum)
         tl.store(lse_ptr + row, lse)
-        target_logit = tl.load(row_ptr + tl.where(in_range, target, 0)).to(tl.float32)
-        loss = tl.where(in_range, lse - target_logit, float("nan"))
-        tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
+        target_logit = tl.load(row_ptr + tl.where(here, local, 0)).to(tl.float32)
+        if SOFTCAP:
+            target_logit = softcap * _tanh(target_logit / softcap)
+        if SHARDED:
+            # This shard's part of the row's linear terms; the caller sums them over the shards
+            # and adds p_coef * lse once the log-sum-exp is the whole vocabulary's.
+            linear = tl.where(here, t_coef * target_logit, 0.0)
+            if SMOOTH:
+                linear += uniform * smooth_sum
+            tl.store(loss_ptr + row, tl.where(ignored, 0.0, linear))
+        else:
+            if WEIGHT or SMOOTH:
+                loss = p_coef * lse - t_coef * target_logit - uniform * smooth_sum
+            else:
+                loss = lse - target_logit
+            if Z_LOSS:
+                loss += z_loss * lse * lse
+            loss = tl.where(in_range, loss, float("nan"))
+            tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if GRAD:
         factor = tl.load(factor_ptr + row * stride_f).to(tl.float32)
         factor = tl.where(ignored, 0.0, tl.where(in_range, factor, float("nan")))
+        if Z_LOSS:
+            p_coef += 2.0 * z_loss * lse
         # Back to front: the row's last tiles were read most recently, so they are the likeliest
         # still in L2 when many rows stream at once.
         n_tiles = tl.cdiv(V, BLOCK_V)
@@ -3948,8 +4091,22 @@ def _lce_row(
             offs = (n_tiles - 1 - i) * BLOCK_V + cols
             inside = offs < V
             z = tl.load(row_ptr + offs, mask=inside, other=0.0).to(tl.float32)
+            if SOFTCAP:
+                capped = _tanh(z / softcap)
+                z = softcap * capped
             p = tl.math.exp2((z - lse) * LOG2_E)
-            g = (p - tl.where(offs == target, 1.0, 0.0)) * factor
+            if WEIGHT or SMOOTH or Z_LOSS:
+                g = p * p_coef - tl.where(offs == local, t_coef, 0.0)
+            else:
+                g = p - tl.where(offs == local, 1.0, 0.0)
+            if SMOOTH:
+                if WEIGHT:
+                    g -= uniform * tl.load(weight_ptr + class_offset + offs, mask=inside, other=0.0).to(tl.float32)
+                else:
+                    g -= uniform
+            g = g * factor
+            if SOFTCAP:
+                g = g * (1.0 - capped * capped)  # d softcap tanh(z / softcap) / dz
             if ROUND_BF16:
                 g = _bf16_nearest_even(g)
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
@@ -3957,31 +4114,45 @@ def _lce_row(
 
 @triton.jit
 def linear_cross_entropy_rows_kernel(
-    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr,
-    n_rows, V, ignore_index, stride_lr, stride_t, stride_f,
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+    n_rows, V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
+    SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
 ):
     """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
 
     Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with
-    (softmax - onehot(target)) * factor[row], the loss's gradient. A row whose target is
-    ignore_index has loss and gradient 0; one whose target is outside [0, V) gets NaN in both,
-    so a bad class index can never give a plausible number (the wrapper raises on it first
-    wherever it may read the targets back).
+    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
+    gradient times factor[row]. A row whose target is ignore_index has loss and gradient 0; one
+    whose target is outside [0, n_classes) gets NaN in both, so a bad class index can never give
+    a plausible number (the wrapper raises on it first wherever it may read the targets back).
+    SOFTCAP, WEIGHT, SMOOTH and Z_LOSS switch the options on (linear_cross_entropy's); SHARDED:
+    the logits are the columns class_offset ... class_offset + V - 1 of n_classes, and the loss
+    slot gets this shard's linear terms alone (the caller reduces over the shards).
     """
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, V, ignore_index,
-                 stride_lr, stride_t, stride_f, BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16)
+        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+                 V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
+                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED)
 
 
-def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
-                dx, dW, lse_given: bool):
-    """The chunk loop shared by the forward and the reduction="none" backward.
+def _lce_rows_options(V: int, ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
+                      weight: torch.Tensor | None, class_offset: int = 0, n_classes: int | None = None,
+                      sharded: bool = False) -> LinearCrossEntropyRows:
+    weight32 = weight.float() if weight is not None else None
+    return LinearCrossEntropyRows(ignore_index, float(label_smoothing), float(softcap), float(z_loss), weight32,
+                                  weight32.sum() if weight32 is not None and label_smoothing else None,
+                                  class_offset, V if n_classes is None else n_classes, sharded)
+
+
+def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, block_v, num_warps, programs, lse,
+                loss_rows, factor, dx, dW, db, lse_given: bool):
+    """The chunk loop shared by the forward and the recomputing backward.
 
     factor: a float32 tensor of the gradient's per-row factor (0-d: one for all rows), or None
     for the loss alone. loss_rows: where each row's loss goes, None when lse_given (the
-    backward). dx / dW: where the gradients go, or None where not wanted.
+    backward). dx / dW: where the gradients go, or None where not wanted; db: a float32 (V,)
+    buffer the bias's gradient is added to, or None.
     """
     BT = x.shape[0]
     V = W.shape[0]
@@ -3992,7 +4163,10 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, prog
         end = min(start + chunk_rows, BT)
         x_c = x[start:end]
         logits = buffer[: end - start]
-        torch.mm(x_c, W.t(), out=logits)
+        if bias is None:
+            torch.mm(x_c, W.t(), out=logits)
+        else:
+            torch.addmm(bias, x_c, W.t(), out=logits)
         target_c = target[start:end]
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice (torch.compile tracks each written tensor).
@@ -4001,9 +4175,13 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, prog
         grid = (min(programs, end - start) if programs else end - start,)
         torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
             logits, target_c, chunk_factor, chunk_loss, lse[start:end],
-            end - start, V, ignore_index, logits.stride(0), target.stride(0), factor_stride,
+            target_c if rows.weight is None else rows.weight,
+            target_c if rows.weight_sum is None else rows.weight_sum,
+            end - start, V, rows.ignore_index, rows.class_offset, rows.n_classes, rows.softcap,
+            rows.label_smoothing, rows.z_loss, logits.stride(0), target.stride(0), factor_stride,
             BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
-            num_warps=num_warps,
+            SOFTCAP=rows.softcap > 0, WEIGHT=rows.weight is not None, SMOOTH=rows.label_smoothing > 0,
+            Z_LOSS=rows.z_loss > 0, SHARDED=rows.sharded, num_warps=num_warps,
         )
         if dx is not None:
             torch.mm(logits, W, out=dx[start:end])
@@ -4012,107 +4190,139 @@ def _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, prog
                 torch.mm(logits.t(), x_c, out=dW)
             else:
                 dW.addmm_(logits.t(), x_c)
+        if db is not None:
+            db.add_(logits.sum(0, dtype=torch.float32))
     if dW is not None and BT == 0:
         dW.zero_()
 
 
-def _lce_forward_fake(x, W, target, ignore_index: int, reduction: str, chunk_rows: int, block_v: int,
-                      num_warps: int, programs: int, grad_x: bool, grad_W: bool):
+def _mean_denominator(target: torch.Tensor, rows: LinearCrossEntropyRows) -> torch.Tensor:
+    """F.cross_entropy's "mean" denominator, float32 0-d: the rows not ignored, or with class
+    weights the sum of their targets' weights (a bad target counts 0: its row's loss is NaN)."""
+    kept = target != rows.ignore_index
+    if rows.weight is None:
+        return kept.sum().to(torch.float32)
+    in_range = kept & (target >= 0) & (target < rows.n_classes)
+    return torch.where(in_range, rows.weight[torch.where(in_range, target, 0)], 0.0).sum()
+
+
+def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Tensor | None) -> torch.Tensor:
+    if reduction == "none":
+        return loss_rows
+    if reduction == "sum":
+        return loss_rows.sum()
+    return loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
+
+
+def _lce_forward_fake(x, W, target, bias, weight, ignore_index: int, reduction: str, label_smoothing: float,
+                      softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
+                      grad_x: bool, grad_W: bool, grad_bias: bool):
     BT = x.shape[0]
     scalar = reduction != "none"
     loss = x.new_empty(() if scalar else (BT,), dtype=torch.float32)
     lse = x.new_empty((BT,), dtype=torch.float32)
     dx = x.new_empty((BT, x.shape[1]) if scalar and grad_x else (0,))
     dW = W.new_empty(tuple(W.shape) if scalar and grad_W else (0,))
-    return loss, lse, dx, dW
+    db = W.new_empty((W.shape[0],) if scalar and grad_bias else (0,))
+    return loss, lse, dx, dW, db
 
 
-def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int,
-                                 reduction: str, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                                 grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse, dx, dW): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
+def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+                 weight: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
+                 softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
+                 grad_x: bool, grad_W: bool, grad_bias: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, dx, dW, db): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
     row's log-sum-exp, and for a scalar loss its gradients for an upstream gradient of 1 (empty
-    where not asked for, and always for "none")."""
+    where not asked for, and always for "none"). softcap 0.0: none."""
     BT, H = x.shape
+    V = W.shape[0]
     scalar = reduction != "none"
+    rows = _lce_rows_options(V, ignore_index, label_smoothing, softcap, z_loss, weight)
     loss_rows = torch.empty((BT,), dtype=torch.float32, device=x.device)
     lse = torch.empty((BT,), dtype=torch.float32, device=x.device)
-    valid = None
-    if reduction == "mean":
-        valid = (target != ignore_index).sum().to(torch.float32)
-    dx = torch.empty((BT, H) if scalar and grad_x else (0,), dtype=x.dtype, device=x.device)
-    dW = torch.empty(tuple(W.shape) if scalar and grad_W else (0,), dtype=W.dtype, device=W.device)
+    denominator = _mean_denominator(target, rows) if reduction == "mean" else None
+    want_x, want_W, want_b = scalar and grad_x, scalar and grad_W, scalar and grad_bias and bias is not None
+    dx = torch.empty((BT, H) if want_x else (0,), dtype=x.dtype, device=x.device)
+    dW = torch.empty(tuple(W.shape) if want_W else (0,), dtype=W.dtype, device=W.device)
+    db32 = torch.zeros((V,), dtype=torch.float32, device=x.device) if want_b else None
     factor = None
-    if scalar and (grad_x or grad_W):
-        # 1 / rows not ignored; with none left it is inf, but every row's factor is then masked to 0
-        factor = valid.reciprocal() if valid is not None else torch.ones((), dtype=torch.float32, device=x.device)
-    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
-                dx if scalar and grad_x else None, dW if scalar and grad_W else None, lse_given=False)
-    if reduction == "none":
-        loss = loss_rows
-    elif reduction == "sum":
-        loss = loss_rows.sum()
-    else:
-        loss = loss_rows.sum() / valid  # 0 / 0 = NaN when every target is ignored, as in PyTorch
-    return loss, lse, dx, dW
+    if want_x or want_W or want_b:
+        # 1 / the mean's denominator; with every row ignored it is inf, but every row's factor is then masked to 0
+        factor = denominator.reciprocal() if denominator is not None \
+            else torch.ones((), dtype=torch.float32, device=x.device)
+    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
+                dx if want_x else None, dW if want_W else None, db32, lse_given=False)
+    db = db32.to(W.dtype) if want_b else W.new_empty((0,))
+    return _reduce_rows(loss_rows, reduction, denominator), lse, dx, dW, db
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
 linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake)(_lce_forward)
 
 
-def _lce_backward_fake(x, W, target, lse, dloss, ignore_index: int, chunk_rows: int, block_v: int,
-                       num_warps: int, programs: int, grad_x: bool, grad_W: bool):
-    return x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,))
+def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, ignore_index: int, label_smoothing: float,
+                       softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
+                       grad_x: bool, grad_W: bool, grad_bias: bool):
+    return (x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,)),
+            W.new_empty((W.shape[0],) if grad_bias else (0,)))
 
 
 @kernel_op("linear_cross_entropy_backward", _lce_backward_fake)
-def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, lse: torch.Tensor,
-                                  dloss: torch.Tensor, ignore_index: int, chunk_rows: int, block_v: int,
-                                  num_warps: int, programs: int, grad_x: bool, grad_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dW) of reduction "none" for the upstream gradient dloss (BT,), any stride: the chunks'
-    logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
+def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
+                                  weight: torch.Tensor | None, lse: torch.Tensor, dloss: torch.Tensor,
+                                  ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
+                                  chunk_rows: int, block_v: int, num_warps: int, programs: int, grad_x: bool,
+                                  grad_W: bool, grad_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dW, db) of reduction "none" for the upstream gradient dloss (BT,), any stride: the
+    chunks' logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
+    rows = _lce_rows_options(W.shape[0], ignore_index, label_smoothing, softcap, z_loss, weight)
     dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
     dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
-    _lce_chunks(x, W, target, ignore_index, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
-                dx if grad_x else None, dW if grad_W else None, lse_given=True)
-    return dx, dW
+    db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
+    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
+                dx if grad_x else None, dW if grad_W else None, db32, lse_given=True)
+    return dx, dW, db32.to(W.dtype) if grad_bias else W.new_empty((0,))
+
+
+_LCE_FORWARD_ARGS = 17  # linear_cross_entropy_forward's arguments, one gradient slot each
 
 
 def _lce_setup_context(ctx, inputs, output):
-    x, W, target, ignore_index, reduction, chunk_rows, block_v, num_warps, programs, grad_x, grad_W = inputs
-    loss, lse, dx, dW = output
-    ctx.mark_non_differentiable(lse, dx, dW)
+    (x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, chunk_rows, block_v,
+     num_warps, programs, grad_x, grad_W, grad_bias) = inputs
+    loss, lse, dx, dW, db = output
+    ctx.mark_non_differentiable(lse, dx, dW, db)
     # Autograd would otherwise hand the backward a zero-filled gradient for each output above:
     # a dW-sized and a dx-sized tensor more at the peak (1 GB at V = 128256, H = 4096 in bfloat16).
     ctx.set_materialize_grads(False)
     ctx.reduction = reduction
-    ctx.grad_x, ctx.grad_W = grad_x, grad_W
-    ctx.args = (ignore_index, chunk_rows, block_v, num_warps, programs)
+    ctx.grads = (grad_x, grad_W, grad_bias and bias is not None)
+    ctx.args = (ignore_index, label_smoothing, softcap, z_loss, chunk_rows, block_v, num_warps, programs)
     if reduction == "none":
-        ctx.save_for_backward(x, W, target, lse)
+        ctx.save_for_backward(x, W, target, bias, weight, lse)
     else:
-        ctx.save_for_backward(dx, dW)
+        ctx.save_for_backward(dx, dW, db)
 
 
-def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
+def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
     if torch.is_grad_enabled():
         raise RuntimeError("linear_cross_entropy has no double backward (create_graph=True): its gradients "
                            "are computed by fused kernels that autograd cannot differentiate")
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
-        return (None,) * 11
+        return (None,) * _LCE_FORWARD_ARGS
     if ctx.reduction == "none":
         if transformed(dloss):
             raise NotImplementedError("linear_cross_entropy (reduction 'none') differentiates by backward only: "
                                       "its gradient of the losses must not be a dual tensor (forward-mode AD) nor "
                                       "a torch.func transform's tensor")
-        x, W, target, lse = ctx.saved_tensors
-        dx, dW = torch.ops.softmax_kernels.linear_cross_entropy_backward(
-            x, W, target, lse, dloss, *ctx.args, ctx.grad_x, ctx.grad_W)
+        x, W, target, bias, weight, lse = ctx.saved_tensors
+        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(
+            x, W, target, bias, weight, lse, dloss, *ctx.args, *ctx.grads)
     else:
         if torch.compiler.is_compiling():
-            dx, dW = ctx.saved_tensors
-            dx, dW = dx * dloss, dW * dloss
+            dx, dW, db = ctx.saved_tensors
+            dx, dW, db = dx * dloss, dW * dloss, db * dloss
         else:
             # In place: dW is as large as W, and a copy would double the peak memory. A second
             # backward through the same graph (retain_graph=True) would scale them twice.
@@ -4121,23 +4331,68 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW):
                                    "forward and hands them out once: a second backward through the same graph "
                                    "(retain_graph=True) is not supported; call it again instead")
             ctx.gradients_returned = True
-            dx, dW = ctx.saved_tensors
-            dx, dW = dx.mul_(dloss), dW.mul_(dloss)
-    return (dx if ctx.grad_x else None, dW if ctx.grad_W else None, *([None] * 9))
+            dx, dW, db = ctx.saved_tensors
+            dx, dW, db = dx.mul_(dloss), dW.mul_(dloss), db.mul_(dloss)
+    grad_x, grad_W, grad_bias = ctx.grads
+    return (dx if grad_x else None, dW if grad_W else None, None, db if grad_bias else None,
+            *([None] * (_LCE_FORWARD_ARGS - 4)))
 
 
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
 
 
+def _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, launch,
+                 n_classes=None):
+    """The public entry points' common part: autocast, checks, the refusal of transforms, the
+    launch, and x and target flattened to (BT, H) and (BT,) (views where the strides allow)."""
+    x, W = autocast_operands(x, W)
+    if bias is not None:
+        _, bias = autocast_operands(x, bias)
+    check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias, weight, label_smoothing,
+                                      softcap, z_loss, n_classes)
+    if transformed(x, W, bias):
+        # Its custom op has no forward-mode formula and no torch.func rules: it would drop a
+        # tangent or fail inside torch.
+        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
+                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
+                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
+    x2 = x.reshape(-1, x.shape[-1])
+    target1 = target.reshape(-1)
+    BT, V = x2.shape[0], W.shape[0]
+    if launch is None:
+        launch = linear_cross_entropy_launch(BT, V, x2.shape[1], x2.dtype)
+    elif not isinstance(launch, LinearCrossEntropyLaunch):
+        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
+    else:
+        launch.check()
+    return x2, W, bias, target1, launch
+
+
 @on_input_device
 def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, ignore_index: int = -100,
-                         reduction: str = "mean", *, launch: LinearCrossEntropyLaunch | None = None) -> torch.Tensor:
-    """``F.cross_entropy(x @ W.T, target, ignore_index=, reduction=)`` without the (BT, V) logits.
+                         reduction: str = "mean", *, bias: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                         softcap: float | None = None, z_loss: float = 0.0, weight: torch.Tensor | None = None,
+                         return_lse: bool = False, launch: LinearCrossEntropyLaunch | None = None):
+    """``F.cross_entropy(F.linear(x, W, bias), target, ...)`` without the (BT, V) logits.
 
-    x: (BT, H), W: (V, H) (nn.Linear's weight), float32 / float16 / bfloat16, one dtype (under
-    autocast both are cast to its dtype, as F.linear casts them: ``autocast_operands``); target:
-    (BT,) int64. Returns the loss in float32 (0-d, or (BT,) for reduction "none"), as PyTorch
-    gives it on float32 logits; differentiable in x and W.
+    x: (..., H), any leading dimensions (flattened, in place where their strides allow), W: (V, H)
+    (nn.Linear's weight), bias: (V,) or None, float32 / float16 / bfloat16, one dtype (under
+    autocast all are cast to its dtype, as F.linear casts them: ``autocast_operands``); target:
+    x.shape[:-1], int64. For a causal LM the caller shifts: ``linear_cross_entropy(h[:, :-1],
+    W, tokens[:, 1:])``. Returns the loss in float32 (0-d, or target's shape for reduction
+    "none"), as PyTorch gives it on float32 logits; differentiable in x, W and bias.
+
+    Options, each off by default (and then free: the row kernel compiles without it):
+    ``weight`` (V,) class weights and ``label_smoothing`` as ``F.cross_entropy`` defines them
+    (with both, the smoothing term is weighted too; "mean" divides by the sum of the targets'
+    weights over the rows not ignored). ``softcap``: the logits (after the bias) become
+    ``softcap * tanh(logits / softcap)`` before the softmax, as Gemma 2 caps them. ``z_loss``:
+    ``z_loss * lse ** 2`` is added to each row not ignored (lse the log-sum-exp of its capped
+    logits), so "none" returns it in each row's loss, "sum" adds it up, and "mean" divides it by
+    the same denominator as the cross-entropy (the rows not ignored, or their targets' weights).
+    ``return_lse``: returns ``(loss, lse)``, lse the float32 log-sum-exp per row (target's
+    shape; 0 gradient flows through it: it is returned detached). ignore_index and reduction
+    stay positional as well, for callers of the two-option form.
 
     What runs where. The three products (logits, dx, dW; 2 BT V H flops each, nearly all the
     work) are ``torch.mm`` / ``addmm``, i.e. cuBLAS: at these shapes it runs near the tensor
@@ -4145,6 +4400,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     (beta = 1) are shapes this project's Triton matmul does not cover. The softmax, loss and
     gradient (the part PyTorch spends several passes over the logits on) are the Triton kernel
     ``linear_cross_entropy_rows_kernel``, one pass to read and one to read and write a chunk.
+    The bias's gradient is the column sum of each chunk's gradient, accumulated in float32.
 
     Precision. Logits and their gradient are held in x's dtype, as PyTorch holds them; the
     kernel computes in float32. dW accumulates over chunks in W's dtype: each chunk's product
@@ -4164,31 +4420,178 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     ``launch`` replaces ``linear_cross_entropy_launch``'s choice (rows per chunk, the row
     kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
     chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
+    ``vocab_parallel_linear_cross_entropy`` takes W sharded by rows over a process group.
     """
-    x, W = autocast_operands(x, W)
-    check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction)
-    if transformed(x, W):
-        # Its custom op has no forward-mode formula and no torch.func rules: it would drop a
-        # tangent or fail inside torch.
-        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
-                                  "torch.autograd.grad): x and W must not be dual tensors (forward-mode AD) "
-                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
-    BT, V = x.shape[0], W.shape[0]
-    if launch is None:
-        launch = linear_cross_entropy_launch(BT, V, x.shape[1], x.dtype)
-    elif not isinstance(launch, LinearCrossEntropyLaunch):
-        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
-    else:
-        launch.check()
+    shape = target.shape if isinstance(target, torch.Tensor) else None
+    x, W, bias, target, launch = _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing,
+                                              softcap, z_loss, launch)
     if _may_sync(target):
-        check_targets(target, V, ignore_index)
+        check_targets(target.reshape(shape), W.shape[0], ignore_index)
     recording = torch.is_grad_enabled()
-    grad_x, grad_W = recording and x.requires_grad, recording and W.requires_grad
-    args = (x, W, target, ignore_index, reduction, launch.chunk_rows, launch.block_v, launch.num_warps,
-            launch.programs, grad_x, grad_W)
-    if needs_op(x, W):
-        return torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[0]
-    return _lce_forward(*args)[0]
+    grads = tuple(recording and t is not None and t.requires_grad for t in (x, W, bias))
+    args = (x, W, target, bias, weight, ignore_index, reduction, float(label_smoothing),
+            0.0 if softcap is None else float(softcap), float(z_loss), launch.chunk_rows, launch.block_v,
+            launch.num_warps, launch.programs, *grads)
+    if needs_op(x, W, bias):
+        loss, lse = torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[:2]
+    else:
+        loss, lse = _lce_forward(*args)[:2]
+    if reduction == "none":
+        loss = loss.reshape(shape)
+    return (loss, lse.reshape(shape)) if return_lse else loss
+
+
+# Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
+# hold it. No rank holds more than its (chunk_rows, V / world) logits: each row's log-sum-exp is
+# merged across ranks from the shards' own (an all-reduce of the maximum, then of the rescaled
+# sums), and its target logit (and label smoothing's weighted sum) from the shard holding it (an
+# all-reduce of the sums). The gradient needs the whole vocabulary's log-sum-exp, known only after
+# the forward's collectives, so the backward recomputes each shard's logits (four products, as
+# reduction "none" takes unsharded) and all-reduces dx; dW and the bias's gradient stay local.
+def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple[int, int]:
+    """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
+    all-gather of an integer, read back)."""
+    import torch.distributed as dist
+
+    if (vocab_start is None) != (n_classes is None):
+        raise ValueError("vocab_start and n_classes go together: pass both (this shard's first class and the "
+                         "vocabulary's size) or neither (shards in rank order, their sizes gathered)")
+    if vocab_start is None:
+        sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+        mine = torch.full((1,), V_local, dtype=torch.int64, device=device)
+        dist.all_gather_into_tensor(sizes, mine, group=group)
+        sizes = sizes.tolist()
+        rank = dist.get_rank(group)
+        return sum(sizes[:rank]), sum(sizes)
+    for name, value in (("vocab_start", vocab_start), ("n_classes", n_classes)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
+    if vocab_start < 0 or vocab_start + V_local > n_classes:
+        raise ValueError(f"this shard's classes [vocab_start, vocab_start + W_shard.shape[0]) = [{vocab_start}, "
+                         f"{vocab_start + V_local}) must lie in [0, n_classes = {n_classes})")
+    return vocab_start, n_classes
+
+
+def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
+    """log(sum over ranks of exp(lse_local)) per row: the maximum first, so no sum overflows."""
+    import torch.distributed as dist
+
+    top = lse_local.clone()
+    dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
+    top = torch.where(torch.isfinite(top), top, 0.0)  # a row of -inf or NaN keeps it through the sum
+    total = torch.exp(lse_local - top)
+    dist.all_reduce(total, group=group)
+    return top + torch.log(total)
+
+
+def _sharded_row_loss(lse: torch.Tensor, linear: torch.Tensor, target: torch.Tensor,
+                      rows: LinearCrossEntropyRows) -> torch.Tensor:
+    """Each row's loss from the vocabulary's log-sum-exp and its summed linear terms: the row
+    kernel's formula (p_coef lse - linear + z_loss lse^2), NaN for a bad class, 0 where ignored."""
+    in_range = (target >= 0) & (target < rows.n_classes)
+    p_coef = rows.weight[torch.where(in_range, target, 0)] if rows.weight is not None else torch.ones_like(lse)
+    if rows.label_smoothing:
+        total = rows.weight_sum if rows.weight is not None else rows.n_classes
+        p_coef = p_coef * (1.0 - rows.label_smoothing) + rows.label_smoothing / rows.n_classes * total
+    loss = p_coef * lse - linear
+    if rows.z_loss:
+        loss = loss + rows.z_loss * lse * lse
+    loss = torch.where(in_range, loss, float("nan"))
+    return torch.where(target == rows.ignore_index, 0.0, loss)
+
+
+class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
+    """Forward: the shard's log-sum-exp and linear terms, reduced over the group, then the loss.
+    Backward: the shard's logits again, their gradient from the group's log-sum-exp; dx summed
+    over the group."""
+
+    @staticmethod
+    def forward(ctx, x, W, bias, target, group, rows: LinearCrossEntropyRows, reduction: str,
+                launch: LinearCrossEntropyLaunch):
+        import torch.distributed as dist
+
+        BT = x.shape[0]
+        lse_local = torch.empty((BT,), dtype=torch.float32, device=x.device)
+        linear = torch.empty((BT,), dtype=torch.float32, device=x.device)
+        _lce_chunks(x, W, bias, target, rows, launch.chunk_rows, launch.block_v, launch.num_warps, launch.programs,
+                    lse_local, linear, None, None, None, None, lse_given=False)
+        lse = _group_logsumexp(lse_local, group)
+        dist.all_reduce(linear, group=group)
+        loss_rows = _sharded_row_loss(lse, linear, target, rows)
+        denominator = _mean_denominator(target, rows) if reduction == "mean" else None
+        loss = _reduce_rows(loss_rows, reduction, denominator)
+        ctx.mark_non_differentiable(lse)
+        ctx.set_materialize_grads(False)
+        ctx.group, ctx.rows, ctx.reduction, ctx.launch = group, rows, reduction, launch
+        ctx.save_for_backward(x, W, bias, target, lse, denominator)
+        return loss, lse
+
+    @staticmethod
+    def backward(ctx, dloss, dlse):
+        import torch.distributed as dist
+
+        if dloss is None:
+            return (None,) * 8
+        x, W, bias, target, lse, denominator = ctx.saved_tensors
+        grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
+        factor = dloss.float()
+        if ctx.reduction == "mean":
+            factor = factor / denominator
+        launch = ctx.launch
+        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else None
+        dW = torch.empty_like(W, memory_format=torch.contiguous_format) if grad_W else None
+        db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
+        _lce_chunks(x, W, bias, target, ctx.rows, launch.chunk_rows, launch.block_v, launch.num_warps,
+                    launch.programs, lse, None, factor, dx, dW, db32, lse_given=True)
+        if grad_x:
+            dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
+        return dx, dW, db32.to(W.dtype) if grad_bias else None, None, None, None, None, None
+
+
+@on_input_device
+def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, target: torch.Tensor, group=None,
+                                        ignore_index: int = -100, reduction: str = "mean", *,
+                                        vocab_start: int | None = None, n_classes: int | None = None,
+                                        bias: torch.Tensor | None = None, label_smoothing: float = 0.0,
+                                        softcap: float | None = None, z_loss: float = 0.0,
+                                        weight: torch.Tensor | None = None, return_lse: bool = False,
+                                        launch: LinearCrossEntropyLaunch | None = None):
+    """``linear_cross_entropy`` with W sharded by rows (classes) over the process group ``group``
+    (None: the default group): every rank passes the same x (..., H) and target, and its own
+    W_shard (V_r, H) (and bias shard (V_r,)), the classes vocab_start ... vocab_start + V_r - 1
+    of n_classes. Without vocab_start and n_classes the shards are taken in rank order, sizes
+    possibly uneven (gathered: one small collective and a host sync per call). Every option of
+    ``linear_cross_entropy`` applies (weight: all n_classes of it on every rank); the loss and
+    lse are the group's, the same on every rank, and equal the unsharded call's up to the order
+    of the sums. Gradients: dx the group's (all-reduced, in x's dtype), dW_shard and the bias
+    shard's this rank's. Memory per rank: the (chunk_rows, V_r) buffer, dx and dW_shard; no rank
+    holds more than its shard's logits.
+
+    Cost: four products instead of three (the backward recomputes the shard's logits: the
+    gradient needs the group's log-sum-exp, which the forward's collectives give only after
+    every chunk), each 1 / world of the unsharded one's, and per call three all-reduces of BT
+    floats in the forward and one of dx in the backward. Eager only: the collectives are
+    torch.distributed's, which torch.compile(fullgraph=True) does not trace (``torch.compile``
+    without fullgraph breaks the graph around the call).
+    """
+    import torch.distributed as dist
+
+    if not dist.is_available() or not dist.is_initialized():
+        raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialised torch.distributed process "
+                           "group (torch.distributed.init_process_group)")
+    shape = target.shape if isinstance(target, torch.Tensor) else None
+    if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
+        vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
+    x, W_shard, bias, target, launch = _lce_prepare(x, W_shard, target, bias, weight, ignore_index, reduction,
+                                                    label_smoothing, softcap, z_loss, launch, n_classes)
+    if _may_sync(target):
+        check_targets(target.reshape(shape), n_classes, ignore_index)
+    rows = _lce_rows_options(W_shard.shape[0], ignore_index, label_smoothing, 0.0 if softcap is None else softcap,
+                             z_loss, weight, vocab_start, n_classes, sharded=True)
+    loss, lse = _VocabParallelLinearCrossEntropy.apply(x, W_shard, bias, target, group, rows, reduction, launch)
+    if reduction == "none":
+        loss = loss.reshape(shape)
+    return (loss, lse.reshape(shape)) if return_lse else loss
 
 
 # ----------------------------------------------------------------------------------------------

@@ -1,18 +1,20 @@
-"""Benchmark group linear_cross_entropy: the LM-head loss cross_entropy(x @ W^T, target).
+"""Benchmark group linear_cross_entropy: the LM-head loss cross_entropy(x @ W^T, target), forward and backward.
 
-Implementations: torch (F.cross_entropy of F.linear, the logits upcast to float32), compile (the
-same under torch.compile), liger (Liger-Kernel's fused linear cross entropy), cce (Apple's
-cut-cross-entropy), triton (``linear_cross_entropy``). The two peers are timed where their
-packages import; otherwise their rows are empty with the reason.
+Implementations: torch (F.cross_entropy of F.linear, the logits upcast to float32, soft-capped in
+float32 where the case has a softcap), compile (the same under torch.compile), liger (Liger-Kernel's
+fused linear cross entropy), cce (Apple's cut-cross-entropy), triton (``linear_cross_entropy``),
+and the latter as a caller may run it (compiled, CUDA graph). The two peers are timed where their
+packages import; otherwise their rows are empty with the reason. Every one takes the case's
+softcap. Targets have about 10 % of rows ignore_index.
 
-Each case runs twice: mode "fwd" (the loss alone, nothing requires a gradient) and "fwd_bwd"
-(the loss and its gradients dx, dW by ``torch.autograd.grad``); the JSON keeps both, and the CSV
-has one row per case and implementation (the group's ``pivot``): fwd_ms from mode fwd, the rest
-from mode fwd_bwd. peak_MiB is the peak allocated during one forward+backward above what the
-inputs held (dx and dW included). loss_rel_error and grad_rel_error (the worse of dx and dW) are
-relative errors against a float32 computation of the same inputs on a GPU (float64 in the
-interpreter), of the forward+backward call's results. Inputs come from the builder of
-test_linear_cross_entropy.py, so every timed shape is tested.
+Each case times a forward and backward (mode "fwd_bwd": the loss, then dx and dW by
+``torch.autograd.grad``), one CSV row per case and implementation. peak_MiB is the peak
+allocated during one forward+backward above what the inputs held (dx and dW included);
+pct_of_gemm_floor the share of the three products' time at cuBLAS's measured rate.
+loss_rel_error and grad_rel_error (the worse of dx and dW) are relative errors against a
+float32 computation of the same inputs on a GPU (float64 in the interpreter), of the timed
+call's own results. Inputs come from the builder of test_linear_cross_entropy.py, so every
+timed shape is tested.
 """
 
 from __future__ import annotations
@@ -23,7 +25,6 @@ import importlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
@@ -36,52 +37,72 @@ from test_linear_cross_entropy import linear_cross_entropy_inputs
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
-             "fwd_ms", "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "loss_rel_error", "grad_rel_error"),
-    case=("BT", "H", "V", "dtype", "mode"),
+    columns=("BT", "H", "V", "softcap", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+             "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "pct_of_gemm_floor", "loss_rel_error",
+             "grad_rel_error"),
+    case=("BT", "H", "V", "softcap", "dtype", "mode"),
     impls=("torch", "compile", "liger", "cce", "triton", "triton_compiled", "triton_graph",
            *candidate_impls("linear_cross_entropy")),
     speedups={"speedup_vs_torch": "torch"},
     plot=("bar", "speedup_vs_torch"),
-    pivot=("mode", {"fwd_ms": ("fwd", "forward_ms_mean"), "fwd_bwd_ms": ("fwd_bwd", "forward_ms_mean"),
-                    "fwd_bwd_ms_std": ("fwd_bwd", "forward_ms_std"), "peak_MiB": ("fwd_bwd", "forward_extra_MiB"),
-                    "tflops": ("fwd_bwd", "tflops"), "loss_rel_error": ("fwd_bwd", "loss_rel_error"),
-                    "grad_rel_error": ("fwd_bwd", "grad_rel_error"), "host_us": ("fwd_bwd", "host_us")}),
+    # pct_of_gemm_floor: the three products' flops at the run's measured cuBLAS bfloat16 rate
+    # (conftest's matmul_peak_tflops), over the measured time: the harness's pct_of_matmul_peak.
+    pivot=("mode", {"fwd_bwd_ms": ("fwd_bwd", "forward_ms_mean"), "fwd_bwd_ms_std": ("fwd_bwd", "forward_ms_std"),
+                    "peak_MiB": ("fwd_bwd", "forward_extra_MiB"), "tflops": ("fwd_bwd", "tflops"),
+                    "pct_of_gemm_floor": ("fwd_bwd", "pct_of_matmul_peak"),
+                    "loss_rel_error": ("fwd_bwd", "loss_rel_error"), "grad_rel_error": ("fwd_bwd", "grad_rel_error"),
+                    "host_us": ("fwd_bwd", "host_us")}),
+    # Few rounds: a call takes 2 to 100 ms, so 10 rounds are 0.02-1 s a row against the event
+    # timer's resolution of microseconds; torch at the Qwen and Gemma sizes holds ~30 GB a call.
+    # fwd_bwd_ms_std says where 10 were too few.
+    warmup=2,
+    rounds=10,
 )
 
 if ON_GPU:
-    # Llama 3 (8192 tokens, H 4096, V 128256), a 32k vocabulary, Qwen 2's 151936 at H 2048.
-    CASES = [(8192, 4096, 128256, "bfloat16"), (4096, 4096, 32768, "bfloat16"), (16384, 2048, 151936, "bfloat16")]
-    # Beside the launch's own choice, the Triton rows at 256 and 4096 rows per chunk (what the
-    # buffer's size, i.e. memory, buys in time), and with one row-kernel program per SM taking
-    # 16 KiB tiles (fewer rows in flight, so the gradient pass finds more of its row in L2).
-    VARIANTS = [*((impl, {}) for impl in GROUP.impls), ("triton", {"chunk_rows": 256}),
-                ("triton", {"chunk_rows": 4096}), ("triton", {"programs": "sms", "block_v": "16KiB", "num_warps": 16})]
+    # (BT, H, V, softcap): GPT-2 (50257, and 50304 padded to a multiple of 64) at H 768; a 32k
+    # vocabulary; Llama 3 (128256); Qwen 2 (151936) at H 2048; Gemma 2 (256000) with its
+    # soft-capping of the final logits at 30.
+    CASES = [(2048, 768, 50257, None, "bfloat16"), (8192, 768, 50304, None, "bfloat16"),
+             (4096, 4096, 32768, None, "bfloat16"), (8192, 4096, 128256, None, "bfloat16"),
+             (16384, 2048, 151936, None, "bfloat16"), (8192, 2304, 256000, 30.0, "bfloat16")]
+    IMPL_NAMES = GROUP.impls
 else:
-    # Interpreter smoke run: a ragged vocabulary, one chunk. torch.compile is left out, as in the
-    # matmul_softmax group: inductor compiling C++ on 2 shared cores outlasts the rest of the run.
-    CASES = [(64, 32, 300, "float32")]
-    VARIANTS = [(impl, {}) for impl in GROUP.impls if impl != "compile"]
-MODES = ("fwd", "fwd_bwd")
-# The caller forms run at the smallest case only: the larger ones take seconds a call, where a
-# caller's host time and the graph's saving are noise.
+    # Interpreter smoke run: a ragged vocabulary, one chunk, with and without softcap. torch.compile
+    # is left out, as in the matmul_softmax group: inductor compiling C++ on 2 shared cores
+    # outlasts the rest of the run.
+    CASES = [(64, 32, 300, None, "float32"), (64, 32, 300, 30.0, "float32")]
+    IMPL_NAMES = tuple(impl for impl in GROUP.impls if impl != "compile")
+# Forward and backward, as a training step runs the loss (the forward alone is in the tests).
+MODES = ("fwd_bwd",)
+# The caller forms run at the smallest case only: the larger ones take tens of milliseconds a
+# call, where a caller's host time and the graph's saving are noise.
 CALLER_FORMS = ("triton_compiled", "triton_graph")
 CALLER_CASE = min(CASES, key=lambda case: case[0] * case[1] * case[2])
 
 
-def liger(x, W, target):
+def liger(x, W, target, softcap=None):
     from liger_kernel.ops.fused_linear_cross_entropy import LigerFusedLinearCrossEntropyFunction as fn
 
     # apply takes positional arguments: bias, ce_weight, ignore_index, lse_square_scale,
-    # label_smoothing, reduction; it returns a tuple, the loss first.
-    out = fn.apply(x, W, target, None, None, -100, 0.0, 0.0, "mean")
+    # label_smoothing, reduction, softcap; it returns a tuple, the loss first.
+    out = fn.apply(x, W, target, None, None, -100, 0.0, 0.0, "mean", softcap)
     return out[0] if isinstance(out, tuple) else out
 
 
-def cce(x, W, target):
+def cce(x, W, target, softcap=None):
     from cut_cross_entropy import linear_cross_entropy as fn
 
-    return fn(x, W, target, ignore_index=-100, reduction="mean")
+    return fn(x, W, target, ignore_index=-100, softcap=softcap, reduction="mean")
+
+
+def torch_loss(x, W, target, softcap=None):
+    return linear_cross_entropy_ref(x, W, target, softcap=softcap)
+
+
+def without_options(fn):
+    """fn(x, W, target) called as the group calls every implementation."""
+    return lambda x, W, target, softcap=None: fn(x, W, target)
 
 
 def peer(module: str, fn):
@@ -96,10 +117,11 @@ def peer(module: str, fn):
 
 
 # Each factory takes the row's launch (a LinearCrossEntropyLaunch for triton, None for the
-# others) and returns loss(x, W, target).
+# others) and returns loss(x, W, target, softcap=None). Every peer here takes softcap; one that
+# did not would raise Unavailable for a case with it, leaving its row empty with the reason.
 IMPLS = {
-    "torch": lambda launch: linear_cross_entropy_ref,
-    "compile": lambda launch: compiled(linear_cross_entropy_ref),
+    "torch": lambda launch: torch_loss,
+    "compile": lambda launch: compiled(torch_loss),
     "liger": peer("liger_kernel.ops.fused_linear_cross_entropy", liger),
     "cce": peer("cut_cross_entropy", cce),
     "triton": lambda launch: functools.partial(linear_cross_entropy, launch=launch),
@@ -107,74 +129,65 @@ IMPLS = {
     # replayed from a CUDA graph (its eager target check, a host sync, is skipped while capturing).
     "triton_compiled": lambda launch: compiled_op(linear_cross_entropy),
     "triton_graph": lambda launch: linear_cross_entropy,
-    # --candidate's linear_cross_entropy (tests/candidates.py), called f(x, W, target)
-    **{impl: lambda launch, impl=impl: candidate_call(impl) for impl in candidate_impls("linear_cross_entropy")},
+    # --candidate's linear_cross_entropy (tests/candidates.py), called f(x, W, target): a case
+    # with softcap leaves its row empty (build() says why)
+    **{impl: lambda launch, impl=impl: without_options(candidate_call(impl))
+       for impl in candidate_impls("linear_cross_entropy")},
 }
 
 _REFERENCE: dict = {}
 
 
-def reference(x, W, target):
-    """(loss, dx, dW) from float32 (GPU) or float64 (interpreter) copies of the inputs. The builder
-    is seeded, so one case's inputs are the same for every implementation and mode: the last
-    case's answer is kept (on the LM-head sizes it costs a second of float32 matmuls)."""
-    key = (tuple(x.shape), tuple(W.shape), x.dtype)
+def reference(x, W, target, softcap=None):
+    """(loss, dx, dW) from float32 (GPU) or float64 (interpreter) copies of the inputs, the logits
+    soft-capped in that precision. The builder is seeded, so one case's inputs are the same for
+    every implementation: the last case's answer is kept (at the LM-head sizes it costs a second
+    of float32 matmuls and, at the Gemma size, ~35 GB for the moment)."""
+    key = (tuple(x.shape), tuple(W.shape), x.dtype, softcap)
     if key not in _REFERENCE:
         _REFERENCE.clear()
         wide = torch.float32 if ON_GPU else torch.float64
         x, W = x.detach().to(wide).requires_grad_(), W.detach().to(wide).requires_grad_()
-        loss = F.cross_entropy(F.linear(x, W), target)
+        loss = linear_cross_entropy_ref(x, W, target, softcap=softcap)
         _REFERENCE[key] = (loss.detach(), *torch.autograd.grad(loss, (x, W)))
     return _REFERENCE[key]
 
 
 def linear_cross_entropy_error(out, inputs) -> dict:
-    """loss_rel_error, and for mode fwd_bwd grad_rel_error (the worse of dx and dW)."""
+    """loss_rel_error and grad_rel_error (the worse of dx and dW) of a forward+backward's results."""
     ref_loss, ref_dx, ref_dW = reference(*inputs)
-    if not isinstance(out, tuple):  # mode fwd: the loss alone
-        return {"loss_rel_error": relative_error(out.detach(), ref_loss)}
     return {"loss_rel_error": relative_error(out[0].detach(), ref_loss),
             "grad_rel_error": max(relative_error(out[1], ref_dx), relative_error(out[2], ref_dW))}
 
 
-def _variant_id(impl: str, overrides: dict) -> str:
-    return "-".join([impl, *(f"{k}={v}" for k, v in overrides.items())])
-
-
-def resolve(overrides: dict, dtype: torch.dtype) -> dict:
-    """Launch fields from a variant: "sms" is the GPU's SM count, "16KiB" a tile of that many bytes."""
-    sizes = {"sms": torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else 2,
-             "16KiB": 16384 // dtype.itemsize}
-    return {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
-
-
-@pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
+@pytest.mark.parametrize("impl", IMPL_NAMES)
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("BT,H,V,dtype", CASES)
-def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
-    if impl in CALLER_FORMS and (BT, H, V, dtype) != CALLER_CASE:
+@pytest.mark.parametrize("BT,H,V,softcap,dtype", CASES)
+def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
+    if impl in CALLER_FORMS and (BT, H, V, softcap, dtype) != CALLER_CASE:
         pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":
-        launch = dataclasses.replace(linear_cross_entropy_launch(BT, V, H, DTYPES[dtype]),
-                                     **resolve(overrides, DTYPES[dtype]))
+        launch = linear_cross_entropy_launch(BT, V, H, DTYPES[dtype])
         launch_columns = dataclasses.asdict(launch)
-    row = dict(BT=BT, H=H, V=V, dtype=dtype, mode=mode, impl=impl, **launch_columns)
+    # A string, "none" without: a case column must compare equal to itself (pandas makes None NaN)
+    # and sort against its other values (no mix of str and float).
+    row = dict(BT=BT, H=H, V=V, softcap=str(softcap).lower(), dtype=dtype, mode=mode, impl=impl, **launch_columns)
 
     def build():
+        if softcap is not None and impl.startswith("candidate:"):
+            raise Unavailable("a candidate's linear_cross_entropy is called f(x, W, target), without softcap")
         fn = IMPLS[impl](launch)  # a peer that does not import: the harness keeps its row, empty with the reason
         x, W, target = linear_cross_entropy_inputs(BT, H, V, DTYPES[dtype])
-        if mode == "fwd":
-            return caller_form(impl, lambda: fn(x, W, target)), (x, W, target)
         x.requires_grad_()
         W.requires_grad_()
 
         def forward_backward():
             # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
-            loss = fn(x, W, target)
+            loss = fn(x, W, target, softcap=softcap)
             return (loss, *torch.autograd.grad(loss, (x, W)))
-        return caller_form(impl, forward_backward), (x, W, target)
+        return caller_form(impl, forward_backward), (x, W, target, softcap)
 
     bench(GROUP, row, build, flops=linear_cross_entropy_flops(BT, H, V, mode), dtype=DTYPES[dtype],
           error=linear_cross_entropy_error)
