@@ -4258,7 +4258,11 @@ def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: t
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
-linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake)(_lce_forward)
+# Opaque to torch.compile: traced, the chunk loop's writes into views of its reused buffer became
+# copies (dW once a chunk), and a model step crashed with an illegal memory access (outputs/README.md,
+# "Design notes"). Opaque, the compiled graph calls the eager body: the same launches as eager.
+linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake,
+                                         opaque=True)(_lce_forward)
 
 
 def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, ignore_index: int, label_smoothing: float,
@@ -4268,7 +4272,7 @@ def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, ignore_index: int
             W.new_empty((W.shape[0],) if grad_bias else (0,)))
 
 
-@kernel_op("linear_cross_entropy_backward", _lce_backward_fake)
+@kernel_op("linear_cross_entropy_backward", _lce_backward_fake, opaque=True)
 def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
                                   weight: torch.Tensor | None, lse: torch.Tensor, dloss: torch.Tensor,
                                   ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,

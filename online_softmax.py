@@ -144,7 +144,7 @@ def check_flag(name: str, value) -> None:
 OP_NAMESPACE = "softmax_kernels"
 
 
-def kernel_op(name: str, fake, mutates_args=()):
+def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
     """Decorator: the launch function becomes the torch custom op ``softmax_kernels::name``.
 
     Compiled, it is a ``torch.library.triton_op``: torch.compile traces through it to the Triton
@@ -153,9 +153,10 @@ def kernel_op(name: str, fake, mutates_args=()):
     fake tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
     empty outputs of the right shapes, dtypes and devices) is its meta implementation either way.
     Autograd is registered on the returned op (``op.register_autograd``) by the caller.
+    ``opaque`` keeps it a custom op when compiled too: torch.compile calls its body as it is.
     """
     def register(fn):
-        make = torch.library.custom_op if INTERPRET else torch.library.triton_op
+        make = torch.library.custom_op if INTERPRET or opaque else torch.library.triton_op
         # On its inputs' device wherever the body runs as it is: called through the dispatcher
         # (a tensor subclass, a recorded backward), or opaque in a compiled graph. A triton_op that
         # torch.compile traces puts its launches in the graph instead (outputs/README.md).
