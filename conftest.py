@@ -56,10 +56,13 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import pytest  # noqa: E402
 import triton  # noqa: E402
+
+from online_softmax import INTERPRET, KernelCapacityError  # noqa: E402 - TRITON_INTERPRET is settled above
+
+ON_GPU = not INTERPRET  # TRITON_INTERPRET as Triton reads it (1, true, yes, on, y)
 
 ROOT = Path(__file__).resolve().parent
 MiB = 2**20
@@ -139,10 +142,10 @@ HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "mean_over_
                                      "gpu", "failure"}
 
 # Failures that say "this configuration does not fit this machine": the row stays empty with its
-# reason in the failure column, the test is skipped. Anything else is a bug: the test fails.
+# reason in the failure column, the test is skipped. Only these named types: a message is no
+# declaration (a tl.static_assert or a Triton size error raised by a wrapper that used to take the
+# shape is a bug to see, not a skip). Anything else fails the test.
 RESOURCE_ERRORS = (torch.OutOfMemoryError, triton.runtime.errors.OutOfResources)
-RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can't allocate memory",
-                  "exceeds triton maximum tensor numel")  # the last: Triton's tile-size limit
 
 
 class Unavailable(RuntimeError):
@@ -152,34 +155,13 @@ class Unavailable(RuntimeError):
     reason, as for a configuration that does not fit."""
 
 
+class WrongAnswer(AssertionError):
+    """A benchmarked case whose error against float64 is over its bound: the test fails, its row
+    is a failure with the two numbers, and it is never timed."""
+
+
 def is_resource_limit(exc: BaseException) -> bool:
-    from online_softmax import KernelCapacityError  # after TRITON_INTERPRET is settled above
-
-    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable)):
-        return True
-    text = f"{type(exc).__name__}: {exc}".lower()
-    # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
-    # or an InterpreterError in interpreter mode. Kernels assert their resource limits this way.
-    return any(t.lower() in text for t in RESOURCE_TEXTS) or _interpreter_static_assert(exc)
-
-
-def _interpreter_static_assert(exc: BaseException) -> bool:
-    """True when the interpreter's tl.static_assert raised somewhere in exc's chain.
-
-    The interpreter reports a failing static_assert as InterpreterError("AssertionError('msg')"),
-    the same text as a failing tl.device_assert (a bug, not a limit): only the frame that raised
-    tells them apart.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_name == "_new_static_assert":  # triton/runtime/interpreter.py
-                return True
-            tb = tb.tb_next
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -237,13 +219,14 @@ def pytest_configure(config):
                                 "not the one it was given: CUDA started before conftest.py set CUDA_VISIBLE_DEVICES "
                                 "(a plugin that touches CUDA at import?)")
     if not hasattr(config, "workerinput"):
-        _check_json_writable(config)
-        _install_sigterm()
+        check_destinations(config)
+        _install_signal_handlers(config)
         if xdist_active(config) and ON_GPU:
             share_gpus(config)
         if config.bench_xdist:
-            out = outputs_dir(config)
-            _check_writable_dir(out, f"--outputs-dir {out}")
+            # The controller writes rows as they arrive, after cases ran: it holds both places a
+            # run may write (the selection is known to the workers only) before any case runs.
+            hold_dirs(config, *run_dirs(outputs_dir(config)))
             config.pluginmanager.register(WorkerRowsMerger(config), "softmax-kernels-worker-rows")
 
 
@@ -301,13 +284,23 @@ def _check_baseline_kind(storage: str) -> None:
             raise pytest.UsageError(f"--benchmark-storage {storage} holds the {kind} baseline; this machine is {gpu_slug()}")
 
 
-def _check_json_writable(config) -> None:
+def check_destinations(config) -> None:
+    """--benchmark-json and a storage the run saves into, checked before any case runs (each is
+    written at the end, when a refusal would lose the numbers)."""
     path = getattr(config.option, "benchmark_json", None)
-    # pytest-benchmark's option opens the file as it parses it: the check reads the open file's name.
+    # pytest-benchmark before 5.3 opens the file as it parses the option: the check reads its name.
     if hasattr(path, "write"):
         path = path.name
     if path is not None:
-        _check_writable_dir(Path(path).resolve().parent, f"--benchmark-json {path}")
+        path = Path(path)
+        if path.is_dir():
+            raise pytest.UsageError(f"--benchmark-json {path}: is a directory; give the path of the JSON file to write")
+        _check_writable_dir(path.resolve().parent, f"--benchmark-json {path}")
+    o = config.option
+    storage = str(getattr(o, "benchmark_storage", None) or "")
+    saving = getattr(o, "benchmark_save", None) or getattr(o, "benchmark_autosave", False)
+    if saving and "://" not in storage.replace("file://", "", 1):
+        _check_writable_dir(Path(storage.removeprefix("file://")).resolve(), f"--benchmark-storage {storage}")
 
 
 def _check_writable_dir(path: Path, what: str) -> None:
@@ -321,15 +314,119 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise pytest.UsageError(f"{what}: cannot write into {path}: {exc.strerror or exc}") from None
 
 
-def _install_sigterm():
-    """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept."""
-    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt("SIGTERM")
+# The signals of the run's process that arrived (SIGTERM, SIGINT), in order. Set by the handler
+# itself, before anything else runs: a second signal that lands inside pytest's handling of the
+# first (before a hook could note it) still marks the run interrupted.
+_SIGNALS: list = []
+_WRITING_RECORD = [False]  # while the session's end writes the run's JSON and tables
 
+
+def _install_signal_handlers(config) -> None:
+    """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept.
+
+    While the record is being written a signal is noted, not raised: the JSON and the tables are
+    finished (atomically, a few seconds), never left half done."""
+    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        _SIGNALS.append(signal.Signals(signum).name)
+        if not _WRITING_RECORD[0]:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    config.bench_old_handlers = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            config.bench_old_handlers[sig] = signal.signal(sig, interrupt)
+        except ValueError:  # not the main thread (pytest run inside another program): leave it be
+            return
+
+
+def pytest_unconfigure(config):
+    for sig, handler in getattr(config, "bench_old_handlers", {}).items():
+        signal.signal(sig, handler)
+    release_locks(config)
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per outputs directory
+# ----------------------------------------------------------------------------------------------
+LOCK_NAME = "benchmark.lock"
+
+
+class DirectoryBusy(Exception):
+    """Another live process holds the outputs directory's lock."""
+
+
+def take_lock(out: Path) -> tuple[int, str | None]:
+    """Hold ``out/benchmark.lock`` (an flock, which the kernel drops when its holder dies, and a
+    line naming the holder's pid and command): (its descriptor, a note where a dead holder's line
+    was taken over). Raises DirectoryBusy naming the live holder."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise DirectoryBusy(f"{out} is being written by {holder}; wait for it to end, or write elsewhere "
+                                "(--outputs-dir)") from None
+        try:  # a holder that released it unlinked the file: hold the one at the path, not an orphan
+            held = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            held = False
+        if held:
+            break
+        os.close(fd)
+    stale = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    os.write(fd, f"pid {os.getpid()} on {os.uname().nodename} ({command})\n".encode())
+    os.fsync(fd)
+    note = f"{path}: took over the lock of {stale}, which is no longer running" if stale else None
+    return fd, note
+
+
+def release_lock(out: Path, fd: int) -> None:
+    """Unlink while still holding it, so a waiter that opened the old file sees it orphaned."""
     try:
-        signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (pytest run inside another program): leave it be
-        pass
+        (out / LOCK_NAME).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def hold_dirs(config, *dirs: Path) -> None:
+    """The run's locks on dirs (each taken once), or a usage error before any case runs."""
+    held = config.__dict__.setdefault("bench_locks", {})
+    for out in dirs:
+        if out in held:
+            continue
+        _check_writable_dir(out, f"--outputs-dir {out}")
+        try:
+            held[out], note = take_lock(out)
+        except DirectoryBusy as busy:
+            raise pytest.UsageError(f"--outputs-dir: {busy}") from None
+        if note:
+            bench_note(config, note)
+
+
+def release_locks(config) -> None:
+    for out, fd in getattr(config, "bench_locks", {}).items():
+        release_lock(out, fd)
+    config.bench_locks = {}
+
+
+def run_dirs(out: Path) -> tuple[Path, ...]:
+    """The directories a run into ``out`` may write: an interrupted run into a committed
+    directory writes its partial tables into its partial/ (pytest_sessionfinish)."""
+    return (out, out / "partial") if out == committed_dir() else (out,)
+
+
+def bench_note(config, text: str) -> None:
+    """A line for the run's summary (pytest_terminal_summary)."""
+    config.__dict__.setdefault("bench_notes", []).append(text)
 
 
 def _option_or(config, name: str, default):
@@ -380,7 +477,7 @@ def pytest_collection_finish(session):
     if bs is None or bs.disabled or bs.skip:
         return
     out = outputs_dir(config)
-    _check_writable_dir(out, f"--outputs-dir {out}")
+    hold_dirs(config, *run_dirs(out))
     config.bench_run = RunRecord(out, config)
 
 
@@ -401,7 +498,12 @@ class RunRecord:
         self.failed: list[dict] = []
         self.groups: dict[str, dict] = {}
         self.path = out / f"{RUN_JSON}.part"
-        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
+        hold_dirs(config, out)  # the controller of a distributed run holds it already
+        if self.path.exists():  # an earlier run's rows (it was killed): kept, under a name of their own
+            kept = keep_leftover(self.path)
+            bench_note(config, f"{self.path} was left by a run that did not end (its rows are kept): moved to {kept}; "
+                               f"its tables: python conftest.py rebuild {kept} --outputs-dir DIR")
+        self.file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - open for the whole session
         self.commit_info = run_commit_info(config)  # once a run: the run's JSON takes it too
         self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info(),
                      "commit_info": self.commit_info})
@@ -427,6 +529,17 @@ class RunRecord:
         self.file.close()
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+def keep_leftover(part: Path) -> Path:
+    """A new name for a leftover ``.part`` beside it, from the time it was last written (UTC)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(part.stat().st_mtime))
+    for n in range(1000):
+        kept = part.with_name(f"benchmark.{stamp}{f'-{n}' if n else ''}.json.part")
+        if not kept.exists():
+            os.rename(part, kept)
+            return kept
+    raise FileExistsError(f"{part}: no free name to keep it under")
 
 
 WORKER_ROW = "softmax_kernels_row"  # the user_properties name of a row a worker sends
@@ -1174,11 +1287,16 @@ def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Session end: the run's JSON, then the tables built from it
 # ----------------------------------------------------------------------------------------------
-_INTERRUPTED: list = []
-
-
 def pytest_keyboard_interrupt(excinfo):  # noqa: ARG001 - hook signature
-    _INTERRUPTED.append(True)  # Ctrl-C, or SIGTERM (see _install_sigterm)
+    _SIGNALS.append("KeyboardInterrupt")  # also pytest.exit(); the signals themselves are noted first
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """The one mark of a run that ended on its own: the test loop returned (it did not raise)."""
+    result = yield
+    session.config.bench_loop_ended = True
+    return result
 
 
 def pytest_sessionstart(session):
@@ -1196,9 +1314,11 @@ def pytest_sessionstart(session):
 
 
 def run_complete(config) -> bool:
-    """False for a run that did not reach its end: interrupted, or stopped early (-x, --maxfail)."""
+    """True only for a run that reached its end on its own: its test loop returned, no signal came
+    (however many, whenever), and it was not stopped early (-x, --maxfail)."""
     session = getattr(config, "bench_session", None)
-    return not _INTERRUPTED and not (session is not None and (session.shouldstop or session.shouldfail))
+    return (getattr(config, "bench_loop_ended", False) and not _SIGNALS
+            and not (session is not None and (session.shouldstop or session.shouldfail)))
 
 
 def pytest_sessionfinish(session):
@@ -1210,16 +1330,27 @@ def pytest_sessionfinish(session):
     bs = config._benchmarksession
     if not bs.benchmarks and not run.failed:
         run.close(remove=True)
+        release_locks(config)
         return
-    data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
-                                                      machine_info=bs.get_machine_info(), commit_info=run.commit_info)
-    config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
-    out = run.out
-    if not run_complete(config) and out == committed_dir():  # never replace whole committed tables
-        out = out / "partial"
-    config.bench_written = write_run(data, out)
-    run.close(remove=True)
-    config.bench_run = None
+    complete = run_complete(config)  # decided once, before the writing: a later signal changes nothing
+    _WRITING_RECORD[0] = True
+    arrived = len(_SIGNALS)
+    try:
+        data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
+                                                          machine_info=bs.get_machine_info(), commit_info=run.commit_info)
+        config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
+        data["bench_run"]["complete"] = complete
+        out = run.out
+        if not complete and out == committed_dir():  # never replace whole committed tables
+            out = out / "partial"
+        config.bench_written = write_run(data, out)
+        run.close(remove=True)
+        config.bench_run = None
+    finally:
+        _WRITING_RECORD[0] = False
+        release_locks(config)
+    if len(_SIGNALS) > arrived:
+        bench_note(config, f"{', '.join(_SIGNALS[arrived:])} arrived while the record was written: it was finished first")
 
 
 def write_run(data: dict, out: Path) -> list[Path]:
@@ -1462,6 +1593,8 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    for note in getattr(config, "bench_notes", ()):
+        terminalreporter.write_line(f"NOTE {note}", yellow=True)
     written = getattr(config, "bench_written", None)
     if not written:
         return

@@ -51,8 +51,18 @@ import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
+
+def interpreter_requested() -> bool:
+    """TRITON_INTERPRET as Triton reads it: its knob takes 1, true, yes, on and y in any case.
+    A Triton without knobs (before 3.4) read "1" only."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = interpreter_requested()
 # Compiled for an NVIDIA GPU, the row kernels take exp of each value as one ex2.approx.ftz
 # instruction. tl.exp compiles to six on sm_90 (the scaling by log2(e), then ex2 without .ftz
 # and its fix-up of results below 2^-126), which made 16-bit long rows compute-bound. .ftz
@@ -97,7 +107,9 @@ def check_tensor(name: str, t, ndim: int | tuple[int, ...] | range) -> None:
         if t.device.type != "cpu":
             raise ValueError(f"{name} is on {t.device}, but Triton runs in interpreter mode (TRITON_INTERPRET=1): pass CPU tensors")
     elif t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, but compiled Triton kernels need a CUDA tensor")
+        raise ValueError(f"{name} is on {t.device}, but compiled Triton kernels need a CUDA tensor: move it to the GPU, "
+                         "or set TRITON_INTERPRET=1 before importing this module to run the kernels on the CPU in "
+                         "Triton's interpreter")
 
 
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
