@@ -1150,7 +1150,7 @@ def caller_form(impl: str, call):
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def bench(benchmark, request):
-    """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None, error=None)``.
+    """Time one checked case: ``bench(group, row, build, error=..., bound=..., bytes_moved=None, flops=None, dtype=None)``.
 
     ``build()`` allocates the inputs and returns ``(fn, inputs)``: the zero-argument callable to
     time and what it was built from, so an allocation failure is recorded like any other.
@@ -1159,18 +1159,24 @@ def bench(benchmark, request):
     matmul peak to compare with). ``error(out, inputs)``, given the untimed first call's result
     and build's inputs, returns its error against a float64 reference, recorded as ``rel_error``
     beside the times: speed and accuracy of one run. It may return a dict of named errors instead
-    ({"grad_rel_error": ...}), recorded as row keys.
+    ({"grad_rel_error": ...}), recorded as row keys. ``bound`` is what each error may be at most
+    (a number, or a dict of them for named errors, or a function of build's inputs returning
+    either): derived as the correctness tests derive theirs. A case over it (or NaN) is a
+    WrongAnswer: the test fails and its row is a failure with both numbers, never a time.
     """
     config = request.config
 
-    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None):
+    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None, bound=None):
+        if error is None or bound is None:
+            raise ValueError(f"group {group.name}: a timed case is a checked case: pass error= (its error against "
+                             "float64) and bound= (what the error may be at most)")
         if row.get("impl", group.impls[0]) not in group.impls:
             raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
         if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
             raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
         try:
-            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error)
+            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error, bound)
             if isinstance(extra.get("rel_error"), dict):
                 row = named_errors(group, row, extra.pop("rel_error"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
@@ -1223,7 +1229,19 @@ def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timi
         config.bench_run.add(group, benchmark=benchmark.stats)
 
 
-def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
+def check_error(group: BenchGroup, rel_error, bound) -> None:
+    """Raise WrongAnswer where an error is over its bound (or not a number)."""
+    errors = rel_error if isinstance(rel_error, dict) else {"rel_error": rel_error}
+    bounds = bound if isinstance(bound, dict) else {"rel_error": bound}
+    if set(errors) != set(bounds):
+        raise ValueError(f"group {group.name}: errors {sorted(errors)} and bounds {sorted(bounds)} name different things")
+    over = [f"{name} {errors[name]!r} > bound {bounds[name]:.3g}" for name in errors
+            if not (isinstance(errors[name], (int, float)) and errors[name] <= bounds[name])]
+    if over:
+        raise WrongAnswer(f"wrong answer: {'; '.join(over)} (error against float64)")
+
+
+def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error, bound) -> tuple[Timing, dict]:
     """Build, check, measure: (the rounds, the measured values that are not times)."""
     built = build()
     if not (isinstance(built, tuple) and len(built) == 2 and callable(built[0])):
@@ -1231,7 +1249,8 @@ def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) ->
                         f"got {type(built).__name__}")
     fn, inputs = built
     first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
-    rel_error = error(first, inputs) if error is not None else None
+    rel_error = error(first, inputs)
+    check_error(group, rel_error, bound(inputs) if callable(bound) else bound)
     first = inputs = None
     bs = config._benchmarksession
     if not timing_on(config):
