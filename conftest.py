@@ -673,6 +673,59 @@ def read_run(path: Path) -> dict:
     return read_part(path) if path.name.endswith(".part") else json.loads(path.read_text(encoding="utf-8"))
 
 
+class BadRun(ValueError):
+    """A file that is not a run's JSON from this harness: its message names the file and what is wrong."""
+
+
+def load_run(path: Path) -> dict:
+    """read_run, with each way a file can be wrong said in one line (BadRun) instead of a traceback."""
+    if path.is_dir():
+        raise BadRun(f"{path}: is a directory, not a run's JSON")
+    try:
+        if path.stat().st_size == 0:
+            raise BadRun(f"{path}: is empty")
+        data = read_run(path)
+    except OSError as exc:
+        raise BadRun(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadRun(f"{path}: is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadRun(f"{path}: is not whole JSON (truncated?): {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    problem = run_problem(data)
+    if problem:
+        raise BadRun(f"{path}: {problem}")
+    return data
+
+
+def run_problem(data) -> str | None:
+    """What keeps data from being a run's JSON of this harness (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not a run's JSON object"
+    groups = data.get("bench_groups")
+    if not groups or not isinstance(groups, dict):
+        return "has no bench_groups (a run's JSON from this harness was expected)"
+    for name, layout in groups.items():
+        try:
+            BenchGroup.from_layout(layout)
+        except (TypeError, AttributeError) as exc:
+            return f"group {name!r} has a malformed layout: {exc}"
+    for key, need in (("benchmarks", ("group", "stats", "extra_info")), ("failed_cases", ("group", "row", "reason"))):
+        records = data.get(key, [])
+        if not isinstance(records, list):
+            return f"its {key} is a JSON {type(records).__name__}, not a list"
+        for i, record in enumerate(records):
+            if not isinstance(record, dict) or not all(k in record for k in need):
+                return f"{key}[{i}] lacks one of {', '.join(need)}"
+            if key == "benchmarks" and not (isinstance(record["stats"], dict) and isinstance(record["extra_info"], dict)
+                                            and all(isinstance(record["stats"].get(k), (int, float))
+                                                    for k in ("mean", "stddev", "median", "min"))):
+                return f"benchmarks[{i}] has no stats (mean, stddev, median, min) or extra_info"
+    for key in ("ceilings", "bench_run", "machine_info", "commit_info"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"its {key} is a JSON {type(data[key]).__name__}, not an object"
+    return None
+
+
 def read_part(path: Path) -> dict:
     """A run JSON (marked incomplete) from the lines of a ``.part`` file; a torn last line is dropped."""
     data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {}}
@@ -1700,9 +1753,14 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC]
-#               python conftest.py merge JSON JSON... --output JSON
+# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
+#               python conftest.py merge JSON JSON... --output JSON [--committed]
 # ----------------------------------------------------------------------------------------------
+def committed_destination(path: Path) -> bool:
+    """Whether path lies in the committed outputs/ (its GPU kinds' tables, its baselines)."""
+    return path.resolve().is_relative_to(ROOT / "outputs")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1717,36 +1775,63 @@ def main(argv=None) -> int:
                                          "(same commit and GPU); then rebuild its tables")
     merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files)")
     merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
+    for command in (rebuild, merge):
+        command.add_argument("--committed", action="store_true",
+                             help="allow writing into the committed outputs/ (replacing its tables)")
     args = parser.parse_args(argv)
+
+    def refuse(message: str) -> int:
+        print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
+        return 2
+
     if args.command == "merge":
-        for path in args.parts:
-            if not path.is_file():
-                parser.error(f"parts: {path} is not a file")
-        parts = [(path.name, read_run(path)) for path in args.parts]
+        dest, what = args.output.parent, f"--output {args.output}"
+    else:
+        dest = args.outputs_dir or args.json.parent
+        what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
+    if committed_destination(dest) and not args.committed:
+        return refuse(f"{what} is in the committed outputs/: name another directory, or pass --committed to replace "
+                      "what is committed there")
+    try:
+        runs = [(str(path), load_run(path)) for path in (args.parts if args.command == "merge" else [args.json])]
+    except BadRun as bad:
+        return refuse(str(bad))
+    if args.command == "merge":
         try:
-            merged = merge_runs(parts)
+            merged = merge_runs(runs)
         except ValueError as error:
-            parser.error(f"parts: {error}")
-        args.output.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
-        print(args.output)
-        return 0
-    if not args.json.is_file():
-        parser.error(f"json: {args.json} is not a file")
-    data = read_run(args.json)
-    if not data.get("bench_groups"):
-        parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
-    for spec in args.plot:
-        name, _, drawn = spec.partition("=")
-        kind, _, metric = drawn.partition(":")
-        layout = data["bench_groups"].get(name, {})
-        known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
-        if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
-            parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
-                         f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
-                         f"columns or metrics")
-        layout["plot"] = [kind, metric]
-    for path in write_tables(data, args.outputs_dir or args.json.parent):
-        print(path)
+            return refuse(str(error))
+    else:
+        data = runs[0][1]
+        for spec in args.plot:
+            name, _, drawn = spec.partition("=")
+            kind, _, metric = drawn.partition(":")
+            layout = data["bench_groups"].get(name, {})
+            known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
+            if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
+                parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
+                             f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
+                             f"columns or metrics")
+            layout["plot"] = [kind, metric]
+    try:
+        fd, note = take_lock(dest)
+    except DirectoryBusy as busy:
+        return refuse(str(busy))
+    except OSError as exc:
+        return refuse(f"{what}: cannot write there: {exc.strerror or exc}")
+    if note:
+        print(f"NOTE {note}", file=sys.stderr)
+    try:
+        if args.command == "merge":
+            tmp = args.output.with_name(args.output.name + ".tmp")
+            tmp.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+            os.replace(tmp, args.output)
+            print(args.output)
+        else:
+            for path in write_tables(data, dest):
+                print(path)
+    finally:
+        release_lock(dest, fd)
     return 0
 
 
