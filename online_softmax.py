@@ -346,7 +346,10 @@ def _jit(kernel, traced: bool):
     launch goes through the kernel's ``DirectLauncher``.
     """
     if INTERPRET:
-        return kernel
+        quiet = _QUIET.get(kernel)
+        if quiet is None:
+            quiet = _QUIET[kernel] = QuietInterpreted(kernel)
+        return quiet
     if traced:
         return torch.library.wrap_triton(kernel)
     launcher = _LAUNCHERS.get(kernel)
@@ -597,6 +600,30 @@ class ReplayChain:
 
 
 _LAUNCHERS: dict = {}
+_QUIET: dict = {}
+
+
+class QuietInterpreted:
+    """An interpreted kernel, launched with numpy's floating-point warnings off. The interpreter
+    computes every lane with numpy, masked ones too: a tile of only -inf gives -inf - -inf and
+    0 / 0 there, values the kernels discard by design. A user's ``-W error::RuntimeWarning``
+    would otherwise turn an ordinary call into an error."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            import numpy as np
+
+            with np.errstate(all="ignore"):
+                return launch(*args, **kwargs)
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def replay_key(tensors: tuple, options: tuple):

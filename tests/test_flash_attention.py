@@ -129,6 +129,7 @@ else:
     ]
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("batch,n_queries,n_keys,d,scale", SHAPES)
@@ -176,6 +177,7 @@ def test_triton_unequal_tiles(launches, n_queries, n_keys):
 # float16: tl.dot in half precision (the interpreter multiplies exactly as a GPU would).
 # bfloat16: in the interpreter the kernels take upcast_dot_operands' path (bf16 tl.dot is wrong
 # there), so the GPU run is the real test of the bf16 tensor-core path.
+@pytest.mark.memcheck
 @pytest.mark.parametrize("impl", list(IMPLS))
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])

@@ -85,6 +85,7 @@ CASES = {
 TOO_BIG_FOR_SHARED_MEMORY = {("float32", (256, 256))} if ON_GPU else set()
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,blocks,launch,scale", list(CASES.values()), ids=list(CASES))
 def test_matches_float64(shape, blocks, launch, scale, dtype):
@@ -161,6 +162,7 @@ def fused_on(make_x, dtype: str, seed: int, launch) -> torch.Tensor:
     return out
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("launch", list(LAUNCHES.values()), ids=list(LAUNCHES))
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_masked_logits(dtype, launch):

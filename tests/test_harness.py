@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -344,37 +343,6 @@ def start_probe(tmp_path: Path, cases: list[tuple]) -> subprocess.Popen:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
         time.sleep(0.2)
     return proc
-
-
-def test_sigterm_keeps_the_measured_rows(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "probe.csv").write_text("a whole table from an earlier run\n")
-    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "fits", 32), (3, "sleepy", 16), (4, "fits", 16)])
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 2, output[-4000:]  # pytest's "interrupted"
-    assert (out / "probe.csv").read_text() == "a whole table from an earlier run\n", "a partial run replaced a whole table"
-    columns, rows = read_csv(out / "probe.partial.csv")
-    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1", "2"], rows
-    for r in rows:
-        assert_measured(r)
-    data = json.loads((out / "benchmark.partial.json").read_text())
-    assert data["bench_run"]["complete"] is False and len(data["benchmarks"]) == 2
-    assert not (out / "benchmark.json.part").exists() and not (out / "benchmark.json").exists()
-    assert "interrupted: partial tables" in output
-
-
-def test_a_killed_run_leaves_its_rows_on_disk(tmp_path):
-    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "sleepy", 16)])
-    proc.kill()  # SIGKILL: no handler runs, only what already reached the disk remains
-    proc.communicate(timeout=60)
-    part = tmp_path / "out" / "benchmark.json.part"
-    result = rebuild(part, tmp_path / "rebuilt")
-    assert result.returncode == 0, result.stdout + result.stderr
-    columns, rows = read_csv(tmp_path / "rebuilt" / "probe.partial.csv")
-    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1"]
-    assert_measured(rows[0])
 
 
 @pytest.mark.parametrize("option", ["--outputs-dir", "--benchmark-json"])
