@@ -151,12 +151,15 @@ def resolve(overrides: dict, dtype: torch.dtype) -> dict:
     return {k: sizes.get(v, v) if isinstance(v, str) else v for k, v in overrides.items()}
 
 
-@pytest.mark.parametrize("impl,overrides", VARIANTS, ids=[_variant_id(*v) for v in VARIANTS])
+# Each case with every variant, but the caller forms at CALLER_CASE only.
+CASE_VARIANTS = [(*case, *variant) for case in CASES for variant in VARIANTS
+                 if variant[0] not in CALLER_FORMS or case == CALLER_CASE]
+
+
+@pytest.mark.parametrize("BT,H,V,dtype,impl,overrides", CASE_VARIANTS,
+                         ids=["-".join([*map(str, cv[:4]), _variant_id(*cv[4:])]) for cv in CASE_VARIANTS])
 @pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("BT,H,V,dtype", CASES)
 def test_linear_cross_entropy(bench, BT, H, V, dtype, mode, impl, overrides):
-    if impl in CALLER_FORMS and (BT, H, V, dtype) != CALLER_CASE:
-        pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
     if impl == "triton":

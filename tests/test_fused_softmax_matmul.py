@@ -447,14 +447,13 @@ def test_gradients_under_tf32_setting(inputs, float32_matmul_precision):
 
 
 @needs_gpu
-@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high"], indirect=True)
 @pytest.mark.parametrize("block", [16, 64])
-@pytest.mark.parametrize("dtype", DTYPES)
+# The setting changes float32 products only: 'high' for float32 alone.
+@pytest.mark.parametrize("dtype,float32_matmul_precision", [(dtype, "highest") for dtype in DTYPES] + [("float32", "high")],
+                         indirect=["float32_matmul_precision"])
 def test_gpu_gradients(dtype, block, float32_matmul_precision):
     """The compiled backward kernels on tensor cores (bf16 here only: the interpreter upcasts it);
     float32 under 'high' against torch's TF32 gradients (its operands rounded to TF32 as cuBLAS does)."""
-    if float32_matmul_precision == "high" and dtype != "float32":
-        pytest.skip("the setting changes float32 products only")
     x, V = softmax_matmul_inputs(4, 512, 1024, 96, DTYPES[dtype], seed=32, scale=4.0)
     check_gradients(x.requires_grad_(), V.requires_grad_(), None, (block, block), seed=33)
 
