@@ -177,6 +177,18 @@ def kernel_op(name: str, fake, mutates_args=()):
     return register
 
 
+def refuse_second_derivative(op, public: str) -> None:
+    """A backward op's own backward, which says so: differentiating ``public``'s gradient (a
+    backward with create_graph=True, then another) is not what its Triton backward does. Without
+    it torch would tell the user to register a formula, which only this library can."""
+    def second(ctx, *grads):  # noqa: ARG001 - autograd's signature
+        raise RuntimeError(f"{public}: double backward (a second backward through a gradient taken with "
+                           "create_graph=True) is not supported by its Triton backward; for second derivatives "
+                           "use torch.func, e.g. torch.func.hessian(f)(x) or torch.func.jacrev(torch.func.jacrev(f))")
+
+    op.register_autograd(second)
+
+
 def other_device(t) -> int | None:
     """The index of t's CUDA device where that is not the current device, else None (a CPU tensor,
     a tensor subclass, a trace). Triton, the direct launches and the kept ones launch on the
