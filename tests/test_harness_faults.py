@@ -10,8 +10,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 import warnings
@@ -22,8 +20,7 @@ import torch
 
 import conftest
 from test_harness import (
-    PROBE_COLUMNS, PYTEST, ROOT, assert_measured, child_env, read_csv, rebuild, run_json, run_pytest, start_probe,
-    write_probe,
+    PROBE_COLUMNS, ROOT, assert_measured, read_csv, run_json, run_pytest, start_probe, write_probe,
 )
 from test_harness import interpreter_runs  # noqa: F401 - the module's fixture: skip where the interpreter fails
 
@@ -59,8 +56,7 @@ def test_signals_in_quick_succession_leave_a_partial_record(tmp_path):
             assert_measured(r)
         assert "interrupted: partial tables" in output
     else:  # stopped before its record was written: the rows are in its .part, rebuilt as partial
-        result = rebuild(out / "benchmark.json.part", tmp_path / "rebuilt")
-        assert result.returncode == 0, result.stderr
+        assert conftest.main(["rebuild", str(out / "benchmark.json.part"), "--outputs-dir", str(tmp_path / "rebuilt")]) == 0
         assert [r["n"] for r in read_csv(tmp_path / "rebuilt" / "probe.partial.csv")[1]] == ["1", "2"]
 
 
@@ -87,8 +83,7 @@ def test_a_second_run_is_refused_and_a_killed_runs_rows_are_kept(tmp_path):
     kept = list((tmp_path / "out").glob("benchmark.*.json.part"))
     assert len(kept) == 1 and kept[0].read_bytes() == rows_before, "the killed run's rows were not kept as they were"
     assert f"moved to {kept[0]}" in proc.output and f"took over the lock of pid {first.pid}" in proc.output, proc.output[-4000:]
-    result = rebuild(kept[0], tmp_path / "rebuilt")
-    assert result.returncode == 0, result.stderr
+    assert conftest.main(["rebuild", str(kept[0]), "--outputs-dir", str(tmp_path / "rebuilt")]) == 0
     assert [r["n"] for r in read_csv(tmp_path / "rebuilt" / "probe.partial.csv")[1]] == ["1"]
     assert [r["n"] for r in read_csv(tmp_path / "out" / "probe.csv")[1]] == ["7"]
     assert not (tmp_path / "out" / conftest.LOCK_NAME).exists() and not part.exists()
@@ -262,7 +257,8 @@ def test_a_cpu_tensor_without_the_interpreter_names_it(monkeypatch):
 
 
 def test_ordinary_calls_raise_no_numpy_warnings():
-    """Whatever the test run's warning filters (tox.ini's ignore the interpreter's on purpose)."""
+    """As under ``python -W error::RuntimeWarning``, whatever the test run's own filters (tox.ini's
+    ignore the interpreter's): inside the block every RuntimeWarning is an error."""
     from fused_softmax_matmul import fused_softmax
     from online_softmax import row_softmax
 
@@ -271,12 +267,3 @@ def test_ordinary_calls_raise_no_numpy_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         fused_softmax(x, V)
         row_softmax(x[0])
-
-
-def test_ordinary_calls_raise_no_numpy_warnings_under_w_error():
-    """The same in a process run with -W error::RuntimeWarning, pytest's filters as a user's."""
-    code = ("import warnings, torch; warnings.simplefilter('error', RuntimeWarning); "
-            "from fused_softmax_matmul import fused_softmax; fused_softmax(torch.randn(2, 5, 37), torch.randn(2, 37, 8))")
-    proc = subprocess.run([sys.executable, "-W", "error::RuntimeWarning", "-c", code], cwd=ROOT, env=child_env(),
-                          capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 0, proc.stderr[-3000:]
