@@ -1,5 +1,7 @@
 """The record survives its users: signals in quick succession, two runs into one directory, a
-killed run's leftovers, rebuilds without a destination, bad files, a wrong kernel benchmarked.
+killed run's leftovers, bad destinations, rebuilds without a destination, bad files; and the ops'
+own faults (the interpreter switch, a CPU tensor, numpy warnings). A wrong kernel benchmarked:
+test_harness_xdist.py (serial and under xdist).
 
 Runs of pytest in a subprocess (the probe module of test_harness.py, in interpreter mode), and
 the rebuild/merge command line called in this process. Everything is written under tmp_path;
@@ -10,7 +12,6 @@ from __future__ import annotations
 
 import json
 import signal
-import textwrap
 import time
 import warnings
 from pathlib import Path
@@ -203,37 +204,7 @@ def test_merge_names_parts_by_path(tmp_path, capsys):
     assert f"{c}: test_grid[0] was measured (or failed) in {a} already" in capsys.readouterr().err
 
 
-# ----------------------------------------------------------------------------------------------
-# A benchmark group's own bound catches a wrong kernel
-# ----------------------------------------------------------------------------------------------
-WRONG_ROW_SOFTMAX = '''
-import torch
-
-
-def pytest_collection_modifyitems(items):
-    """The softmax group's triton_row timed with a kernel that forgets to normalise one row in two."""
-    import test_bench_softmax
-
-    def wrong(block):
-        def softmax(x):
-            out = torch.softmax(x.float(), dim=-1).to(x.dtype)
-            out[::2] *= 1.5
-            return out
-        return softmax
-    test_bench_softmax.IMPLS["triton_row"] = wrong
-'''
-
-
-def test_a_wrong_kernel_in_a_benchmark_group_fails_and_is_recorded(tmp_path):
-    (tmp_path / "wrong_kernel.py").write_text(textwrap.dedent(WRONG_ROW_SOFTMAX))
-    proc = run_pytest(["-p", "wrong_kernel", str(ROOT / "tests" / "test_bench_softmax.py"), "-k", "6-100-float32 and (torch or triton_row) and None",
-                       "--outputs-dir", "out"], cwd=tmp_path, pythonpath=tmp_path)
-    assert proc.returncode == 1 and "1 failed, 1 passed" in proc.output, proc.output[-4000:]
-    data = json.loads((tmp_path / "out" / "benchmark.json").read_text())
-    assert [b["extra_info"]["impl"] for b in data["benchmarks"]] == ["torch"], "the wrong kernel was timed"
-    (failed,) = data["failed_cases"]
-    assert failed["row"]["impl"] == "triton_row" and failed["reason"].startswith("WrongAnswer: wrong answer: rel_error")
-    assert failed["resource_limit"] is False
+# A benchmark group's own bound catching a wrong kernel, serial and under xdist: test_harness_xdist.py.
 
 
 # ----------------------------------------------------------------------------------------------
