@@ -57,10 +57,13 @@ import torch  # noqa: E402
 
 if not torch.cuda.is_available():
     os.environ["TRITON_INTERPRET"] = "1"
-ON_GPU = os.environ.get("TRITON_INTERPRET", "0") != "1"
 
 import pytest  # noqa: E402
 import triton  # noqa: E402
+
+from online_softmax import INTERPRET, KernelCapacityError  # noqa: E402 - TRITON_INTERPRET is settled above
+
+ON_GPU = not INTERPRET  # TRITON_INTERPRET as Triton reads it (1, true, yes, on, y)
 
 ROOT = Path(__file__).resolve().parent
 MiB = 2**20
@@ -150,10 +153,10 @@ HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "mean_over_
                                      "gpu", "failure"}
 
 # Failures that say "this configuration does not fit this machine": the row stays empty with its
-# reason in the failure column, the test is skipped. Anything else is a bug: the test fails.
+# reason in the failure column, the test is skipped. Only these named types: a message is no
+# declaration (a tl.static_assert or a Triton size error raised by a wrapper that used to take the
+# shape is a bug to see, not a skip). Anything else fails the test.
 RESOURCE_ERRORS = (torch.OutOfMemoryError, triton.runtime.errors.OutOfResources)
-RESOURCE_TEXTS = ("static_assert", "CompileTimeAssertion", "out of memory", "can't allocate memory",
-                  "exceeds triton maximum tensor numel")  # the last: Triton's tile-size limit
 
 
 class Unavailable(RuntimeError):
@@ -163,34 +166,13 @@ class Unavailable(RuntimeError):
     reason, as for a configuration that does not fit."""
 
 
+class WrongAnswer(AssertionError):
+    """A benchmarked case whose error against float64 is over its bound: the test fails, its row
+    is a failure with the two numbers, and it is never timed."""
+
+
 def is_resource_limit(exc: BaseException) -> bool:
-    from online_softmax import KernelCapacityError  # after TRITON_INTERPRET is settled above
-
-    if isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable)):
-        return True
-    text = f"{type(exc).__name__}: {exc}".lower()
-    # A failing tl.static_assert: CompileTimeAssertionFailure, or wrapped in a CompilationError,
-    # or an InterpreterError in interpreter mode. Kernels assert their resource limits this way.
-    return any(t.lower() in text for t in RESOURCE_TEXTS) or _interpreter_static_assert(exc)
-
-
-def _interpreter_static_assert(exc: BaseException) -> bool:
-    """True when the interpreter's tl.static_assert raised somewhere in exc's chain.
-
-    The interpreter reports a failing static_assert as InterpreterError("AssertionError('msg')"),
-    the same text as a failing tl.device_assert (a bug, not a limit): only the frame that raised
-    tells them apart.
-    """
-    seen = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        tb = exc.__traceback__
-        while tb is not None:
-            if tb.tb_frame.f_code.co_name == "_new_static_assert":  # triton/runtime/interpreter.py
-                return True
-            tb = tb.tb_next
-        exc = exc.__cause__ or exc.__context__
-    return False
+    return isinstance(exc, (*RESOURCE_ERRORS, KernelCapacityError, Unavailable))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -249,13 +231,14 @@ def pytest_configure(config):
                                 "not the one it was given: CUDA started before conftest.py set CUDA_VISIBLE_DEVICES "
                                 "(a plugin that touches CUDA at import?)")
     if not hasattr(config, "workerinput"):
-        _check_json_writable(config)
-        _install_sigterm()
+        check_destinations(config)
+        _install_signal_handlers(config)
         if xdist_active(config) and ON_GPU:
             share_gpus(config)
         if config.bench_xdist:
-            out = outputs_dir(config)
-            _check_writable_dir(out, f"--outputs-dir {out}")
+            # The controller writes rows as they arrive, after cases ran: it holds both places a
+            # run may write (the selection is known to the workers only) before any case runs.
+            hold_dirs(config, *run_dirs(outputs_dir(config)))
             config.pluginmanager.register(WorkerRowsMerger(config), "softmax-kernels-worker-rows")
 
 
@@ -313,13 +296,23 @@ def _check_baseline_kind(storage: str) -> None:
             raise pytest.UsageError(f"--benchmark-storage {storage} holds the {kind} baseline; this machine is {gpu_slug()}")
 
 
-def _check_json_writable(config) -> None:
+def check_destinations(config) -> None:
+    """--benchmark-json and a storage the run saves into, checked before any case runs (each is
+    written at the end, when a refusal would lose the numbers)."""
     path = getattr(config.option, "benchmark_json", None)
-    # pytest-benchmark's option opens the file as it parses it: the check reads the open file's name.
+    # pytest-benchmark before 5.3 opens the file as it parses the option: the check reads its name.
     if hasattr(path, "write"):
         path = path.name
     if path is not None:
-        _check_writable_dir(Path(path).resolve().parent, f"--benchmark-json {path}")
+        path = Path(path)
+        if path.is_dir():
+            raise pytest.UsageError(f"--benchmark-json {path}: is a directory; give the path of the JSON file to write")
+        _check_writable_dir(path.resolve().parent, f"--benchmark-json {path}")
+    o = config.option
+    storage = str(getattr(o, "benchmark_storage", None) or "")
+    saving = getattr(o, "benchmark_save", None) or getattr(o, "benchmark_autosave", False)
+    if saving and "://" not in storage.replace("file://", "", 1):
+        _check_writable_dir(Path(storage.removeprefix("file://")).resolve(), f"--benchmark-storage {storage}")
 
 
 def _check_writable_dir(path: Path, what: str) -> None:
@@ -333,15 +326,119 @@ def _check_writable_dir(path: Path, what: str) -> None:
         raise pytest.UsageError(f"{what}: cannot write into {path}: {exc.strerror or exc}") from None
 
 
-def _install_sigterm():
-    """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept."""
-    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise KeyboardInterrupt("SIGTERM")
+# The signals of the run's process that arrived (SIGTERM, SIGINT), in order. Set by the handler
+# itself, before anything else runs: a second signal that lands inside pytest's handling of the
+# first (before a hook could note it) still marks the run interrupted.
+_SIGNALS: list = []
+_WRITING_RECORD = [False]  # while the session's end writes the run's JSON and tables
 
+
+def _install_signal_handlers(config) -> None:
+    """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept.
+
+    While the record is being written a signal is noted, not raised: the JSON and the tables are
+    finished (atomically, a few seconds), never left half done."""
+    def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        _SIGNALS.append(signal.Signals(signum).name)
+        if not _WRITING_RECORD[0]:
+            raise KeyboardInterrupt(signal.Signals(signum).name)
+
+    config.bench_old_handlers = {}
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        try:
+            config.bench_old_handlers[sig] = signal.signal(sig, interrupt)
+        except ValueError:  # not the main thread (pytest run inside another program): leave it be
+            return
+
+
+def pytest_unconfigure(config):
+    for sig, handler in getattr(config, "bench_old_handlers", {}).items():
+        signal.signal(sig, handler)
+    release_locks(config)
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per outputs directory
+# ----------------------------------------------------------------------------------------------
+LOCK_NAME = "benchmark.lock"
+
+
+class DirectoryBusy(Exception):
+    """Another live process holds the outputs directory's lock."""
+
+
+def take_lock(out: Path) -> tuple[int, str | None]:
+    """Hold ``out/benchmark.lock`` (an flock, which the kernel drops when its holder dies, and a
+    line naming the holder's pid and command): (its descriptor, a note where a dead holder's line
+    was taken over). Raises DirectoryBusy naming the live holder."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise DirectoryBusy(f"{out} is being written by {holder}; wait for it to end, or write elsewhere "
+                                "(--outputs-dir)") from None
+        try:  # a holder that released it unlinked the file: hold the one at the path, not an orphan
+            held = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            held = False
+        if held:
+            break
+        os.close(fd)
+    stale = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    os.write(fd, f"pid {os.getpid()} on {os.uname().nodename} ({command})\n".encode())
+    os.fsync(fd)
+    note = f"{path}: took over the lock of {stale}, which is no longer running" if stale else None
+    return fd, note
+
+
+def release_lock(out: Path, fd: int) -> None:
+    """Unlink while still holding it, so a waiter that opened the old file sees it orphaned."""
     try:
-        signal.signal(signal.SIGTERM, interrupt)
-    except ValueError:  # not the main thread (pytest run inside another program): leave it be
-        pass
+        (out / LOCK_NAME).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+def hold_dirs(config, *dirs: Path) -> None:
+    """The run's locks on dirs (each taken once), or a usage error before any case runs."""
+    held = config.__dict__.setdefault("bench_locks", {})
+    for out in dirs:
+        if out in held:
+            continue
+        _check_writable_dir(out, f"--outputs-dir {out}")
+        try:
+            held[out], note = take_lock(out)
+        except DirectoryBusy as busy:
+            raise pytest.UsageError(f"--outputs-dir: {busy}") from None
+        if note:
+            bench_note(config, note)
+
+
+def release_locks(config) -> None:
+    for out, fd in getattr(config, "bench_locks", {}).items():
+        release_lock(out, fd)
+    config.bench_locks = {}
+
+
+def run_dirs(out: Path) -> tuple[Path, ...]:
+    """The directories a run into ``out`` may write: an interrupted run into a committed
+    directory writes its partial tables into its partial/ (pytest_sessionfinish)."""
+    return (out, out / "partial") if out == committed_dir() else (out,)
+
+
+def bench_note(config, text: str) -> None:
+    """A line for the run's summary (pytest_terminal_summary)."""
+    config.__dict__.setdefault("bench_notes", []).append(text)
 
 
 def _option_or(config, name: str, default):
@@ -392,7 +489,7 @@ def pytest_collection_finish(session):
     if bs is None or bs.disabled or bs.skip:
         return
     out = outputs_dir(config)
-    _check_writable_dir(out, f"--outputs-dir {out}")
+    hold_dirs(config, *run_dirs(out))
     config.bench_run = RunRecord(out, config)
 
 
@@ -413,7 +510,12 @@ class RunRecord:
         self.failed: list[dict] = []
         self.groups: dict[str, dict] = {}
         self.path = out / f"{RUN_JSON}.part"
-        self.file = open(self.path, "w", encoding="utf-8")  # noqa: SIM115 - open for the whole session
+        hold_dirs(config, out)  # the controller of a distributed run holds it already
+        if self.path.exists():  # an earlier run's rows (it was killed): kept, under a name of their own
+            kept = keep_leftover(self.path)
+            bench_note(config, f"{self.path} was left by a run that did not end (its rows are kept): moved to {kept}; "
+                               f"its tables: python conftest.py rebuild {kept} --outputs-dir DIR")
+        self.file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - open for the whole session
         self.commit_info = run_commit_info(config)  # once a run: the run's JSON takes it too
         self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info(),
                      "commit_info": self.commit_info})
@@ -439,6 +541,17 @@ class RunRecord:
         self.file.close()
         if remove:
             self.path.unlink(missing_ok=True)
+
+
+def keep_leftover(part: Path) -> Path:
+    """A new name for a leftover ``.part`` beside it, from the time it was last written (UTC)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(part.stat().st_mtime))
+    for n in range(1000):
+        kept = part.with_name(f"benchmark.{stamp}{f'-{n}' if n else ''}.json.part")
+        if not kept.exists():
+            os.rename(part, kept)
+            return kept
+    raise FileExistsError(f"{part}: no free name to keep it under")
 
 
 WORKER_ROW = "softmax_kernels_row"  # the user_properties name of a row a worker sends
@@ -570,6 +683,59 @@ def run_info(config) -> dict:
 def read_run(path: Path) -> dict:
     """A run's JSON from its file: a whole JSON, or the lines of a ``.part`` (``read_part``)."""
     return read_part(path) if path.name.endswith(".part") else json.loads(path.read_text(encoding="utf-8"))
+
+
+class BadRun(ValueError):
+    """A file that is not a run's JSON from this harness: its message names the file and what is wrong."""
+
+
+def load_run(path: Path) -> dict:
+    """read_run, with each way a file can be wrong said in one line (BadRun) instead of a traceback."""
+    if path.is_dir():
+        raise BadRun(f"{path}: is a directory, not a run's JSON")
+    try:
+        if path.stat().st_size == 0:
+            raise BadRun(f"{path}: is empty")
+        data = read_run(path)
+    except OSError as exc:
+        raise BadRun(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadRun(f"{path}: is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadRun(f"{path}: is not whole JSON (truncated?): {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    problem = run_problem(data)
+    if problem:
+        raise BadRun(f"{path}: {problem}")
+    return data
+
+
+def run_problem(data) -> str | None:
+    """What keeps data from being a run's JSON of this harness (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not a run's JSON object"
+    groups = data.get("bench_groups")
+    if not groups or not isinstance(groups, dict):
+        return "has no bench_groups (a run's JSON from this harness was expected)"
+    for name, layout in groups.items():
+        try:
+            BenchGroup.from_layout(layout)
+        except (TypeError, AttributeError) as exc:
+            return f"group {name!r} has a malformed layout: {exc}"
+    for key, need in (("benchmarks", ("group", "stats", "extra_info")), ("failed_cases", ("group", "row", "reason"))):
+        records = data.get(key, [])
+        if not isinstance(records, list):
+            return f"its {key} is a JSON {type(records).__name__}, not a list"
+        for i, record in enumerate(records):
+            if not isinstance(record, dict) or not all(k in record for k in need):
+                return f"{key}[{i}] lacks one of {', '.join(need)}"
+            if key == "benchmarks" and not (isinstance(record["stats"], dict) and isinstance(record["extra_info"], dict)
+                                            and all(isinstance(record["stats"].get(k), (int, float))
+                                                    for k in ("mean", "stddev", "median", "min"))):
+                return f"benchmarks[{i}] has no stats (mean, stddev, median, min) or extra_info"
+    for key in ("ceilings", "bench_run", "machine_info", "commit_info"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"its {key} is a JSON {type(data[key]).__name__}, not an object"
+    return None
 
 
 def read_part(path: Path) -> dict:
@@ -1058,7 +1224,7 @@ def caller_form(impl: str, call):
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def bench(benchmark, request):
-    """Time one case: ``bench(group, row, build, bytes_moved=None, flops=None, dtype=None, error=None)``.
+    """Time one checked case: ``bench(group, row, build, error=..., bound=..., bytes_moved=None, flops=None, dtype=None)``.
 
     ``build()`` allocates the inputs and returns ``(fn, inputs)``: the zero-argument callable to
     time and what it was built from, so an allocation failure is recorded like any other.
@@ -1067,18 +1233,24 @@ def bench(benchmark, request):
     matmul peak to compare with). ``error(out, inputs)``, given the untimed first call's result
     and build's inputs, returns its error against a float64 reference, recorded as ``rel_error``
     beside the times: speed and accuracy of one run. It may return a dict of named errors instead
-    ({"grad_rel_error": ...}), recorded as row keys.
+    ({"grad_rel_error": ...}), recorded as row keys. ``bound`` is what each error may be at most
+    (a number, or a dict of them for named errors, or a function of build's inputs returning
+    either): derived as the correctness tests derive theirs. A case over it (or NaN) is a
+    WrongAnswer: the test fails and its row is a failure with both numbers, never a time.
     """
     config = request.config
 
-    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None):
+    def run(group: BenchGroup, row: dict, build, bytes_moved=None, flops=None, dtype=None, error=None, bound=None):
+        if error is None or bound is None:
+            raise ValueError(f"group {group.name}: a timed case is a checked case: pass error= (its error against "
+                             "float64) and bound= (what the error may be at most)")
         if row.get("impl", group.impls[0]) not in group.impls:
             raise ValueError(f"impl {row.get('impl')!r} is not one of group {group.name}'s {group.impls}")
         if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
             raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
         try:
-            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error)
+            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error, bound)
             if isinstance(extra.get("rel_error"), dict):
                 row = named_errors(group, row, extra.pop("rel_error"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
@@ -1131,7 +1303,19 @@ def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timi
         config.bench_run.add(group, benchmark=benchmark.stats)
 
 
-def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) -> tuple[Timing, dict]:
+def check_error(group: BenchGroup, rel_error, bound) -> None:
+    """Raise WrongAnswer where an error is over its bound (or not a number)."""
+    errors = rel_error if isinstance(rel_error, dict) else {"rel_error": rel_error}
+    bounds = bound if isinstance(bound, dict) else {"rel_error": bound}
+    if set(errors) != set(bounds):
+        raise ValueError(f"group {group.name}: errors {sorted(errors)} and bounds {sorted(bounds)} name different things")
+    over = [f"{name} {errors[name]!r} > bound {bounds[name]:.3g}" for name in errors
+            if not (isinstance(errors[name], (int, float)) and errors[name] <= bounds[name])]
+    if over:
+        raise WrongAnswer(f"wrong answer: {'; '.join(over)} (error against float64)")
+
+
+def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error, bound) -> tuple[Timing, dict]:
     """Build, check, measure: (the rounds, the measured values that are not times)."""
     built = build()
     if not (isinstance(built, tuple) and len(built) == 2 and callable(built[0])):
@@ -1139,7 +1323,8 @@ def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error) ->
                         f"got {type(built).__name__}")
     fn, inputs = built
     first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
-    rel_error = error(first, inputs) if error is not None else None
+    rel_error = error(first, inputs)
+    check_error(group, rel_error, bound(inputs) if callable(bound) else bound)
     first = inputs = None
     bs = config._benchmarksession
     if not timing_on(config):
@@ -1195,11 +1380,16 @@ def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
 # ----------------------------------------------------------------------------------------------
 # Session end: the run's JSON, then the tables built from it
 # ----------------------------------------------------------------------------------------------
-_INTERRUPTED: list = []
-
-
 def pytest_keyboard_interrupt(excinfo):  # noqa: ARG001 - hook signature
-    _INTERRUPTED.append(True)  # Ctrl-C, or SIGTERM (see _install_sigterm)
+    _SIGNALS.append("KeyboardInterrupt")  # also pytest.exit(); the signals themselves are noted first
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtestloop(session):
+    """The one mark of a run that ended on its own: the test loop returned (it did not raise)."""
+    result = yield
+    session.config.bench_loop_ended = True
+    return result
 
 
 def pytest_sessionstart(session):
@@ -1217,9 +1407,11 @@ def pytest_sessionstart(session):
 
 
 def run_complete(config) -> bool:
-    """False for a run that did not reach its end: interrupted, or stopped early (-x, --maxfail)."""
+    """True only for a run that reached its end on its own: its test loop returned, no signal came
+    (however many, whenever), and it was not stopped early (-x, --maxfail)."""
     session = getattr(config, "bench_session", None)
-    return not _INTERRUPTED and not (session is not None and (session.shouldstop or session.shouldfail))
+    return (getattr(config, "bench_loop_ended", False) and not _SIGNALS
+            and not (session is not None and (session.shouldstop or session.shouldfail)))
 
 
 def pytest_sessionfinish(session):
@@ -1231,16 +1423,27 @@ def pytest_sessionfinish(session):
     bs = config._benchmarksession
     if not bs.benchmarks and not run.failed:
         run.close(remove=True)
+        release_locks(config)
         return
-    data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
-                                                      machine_info=bs.get_machine_info(), commit_info=run.commit_info)
-    config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
-    out = run.out
-    if not run_complete(config) and out == committed_dir():  # never replace whole committed tables
-        out = out / "partial"
-    config.bench_written = write_run(data, out)
-    run.close(remove=True)
-    config.bench_run = None
+    complete = run_complete(config)  # decided once, before the writing: a later signal changes nothing
+    _WRITING_RECORD[0] = True
+    arrived = len(_SIGNALS)
+    try:
+        data = config.hook.pytest_benchmark_generate_json(config=config, benchmarks=bs.benchmarks, include_data=False,
+                                                          machine_info=bs.get_machine_info(), commit_info=run.commit_info)
+        config.hook.pytest_benchmark_update_json(config=config, benchmarks=bs.benchmarks, output_json=data)
+        data["bench_run"]["complete"] = complete
+        out = run.out
+        if not complete and out == committed_dir():  # never replace whole committed tables
+            out = out / "partial"
+        config.bench_written = write_run(data, out)
+        run.close(remove=True)
+        config.bench_run = None
+    finally:
+        _WRITING_RECORD[0] = False
+        release_locks(config)
+    if len(_SIGNALS) > arrived:
+        bench_note(config, f"{', '.join(_SIGNALS[arrived:])} arrived while the record was written: it was finished first")
 
 
 def write_run(data: dict, out: Path) -> list[Path]:
@@ -1488,6 +1691,8 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
 
 
 def pytest_terminal_summary(terminalreporter, config):
+    for note in getattr(config, "bench_notes", ()):
+        terminalreporter.write_line(f"NOTE {note}", yellow=True)
     written = getattr(config, "bench_written", None)
     if not written:
         return
@@ -1627,9 +1832,14 @@ def comparison_report(record: dict, one_name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
-# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC]
-#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON]
+# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
+#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON] [--committed]
 # ----------------------------------------------------------------------------------------------
+def committed_destination(path: Path) -> bool:
+    """Whether path lies in the committed outputs/ (its GPU kinds' tables, its baselines)."""
+    return path.resolve().is_relative_to(ROOT / "outputs")
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1650,52 +1860,78 @@ def main(argv=None) -> int:
                             "record both runs' wall times under compared_with_one_gpu in the output")
     merge.add_argument("--tolerance", type=float, default=3.0, metavar="PERCENT",
                        help="largest difference of two medians, in percent of the one-GPU median (default 3)")
+    for command in (rebuild, merge):
+        command.add_argument("--committed", action="store_true",
+                             help="allow writing into the committed outputs/ (replacing its tables)")
     args = parser.parse_args(argv)
+
+    def refuse(message: str) -> int:
+        print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
+        return 2
+
     if args.command == "merge":
-        for path in args.parts:
-            if not path.is_file():
-                parser.error(f"parts: {path} is not a file")
-        parts = [(path.name, read_run(path)) for path in args.parts]
-        if args.against is not None and not args.against.is_file():
-            parser.error(f"--against: {args.against} is not a file")
+        dest, what = args.output.parent, f"--output {args.output}"
+    else:
+        dest = args.outputs_dir or args.json.parent
+        what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
+    if committed_destination(dest) and not args.committed:
+        return refuse(f"{what} is in the committed outputs/: name another directory, or pass --committed to replace "
+                      "what is committed there")
+    try:
+        runs = [(str(path), load_run(path)) for path in (args.parts if args.command == "merge" else [args.json])]
+    except BadRun as bad:
+        return refuse(str(bad))
+    report = None
+    if args.command == "merge":
         try:
-            merged = dict(parts[0][1]) if args.against is not None and len(parts) == 1 else merge_runs(parts)
+            merged = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
         except ValueError as error:
-            parser.error(f"parts: {error}")
-        report = None
+            return refuse(str(error))
         if args.against is not None:
             try:
-                merged["compared_with_one_gpu"] = compare_with_one_gpu(merged, read_run(args.against),
-                                                                       args.tolerance / 100)
+                record = compare_with_one_gpu(merged, load_run(args.against), args.tolerance / 100)
+            except BadRun as bad:
+                return refuse(f"--against: {bad}")
             except ValueError as error:
-                parser.error(f"--against {args.against}: {error}")
-            merged["compared_with_one_gpu"]["one_gpu"]["file"] = args.against.name
-            report = comparison_report(merged["compared_with_one_gpu"], args.against.name)
-        args.output.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
-        print(args.output)
-        if report is not None:
-            print(report)
-            record = merged["compared_with_one_gpu"]
-            return 1 if record["differing"] or record["failed_in_one"] else 0
-        return 0
-    if not args.json.is_file():
-        parser.error(f"json: {args.json} is not a file")
-    data = read_run(args.json)
-    if not data.get("bench_groups"):
-        parser.error(f"json: {args.json} has no bench_groups (a run's JSON from this harness was expected)")
-    for spec in args.plot:
-        name, _, drawn = spec.partition("=")
-        kind, _, metric = drawn.partition(":")
-        layout = data["bench_groups"].get(name, {})
-        known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
-        if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
-            parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
-                         f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
-                         f"columns or metrics")
-        layout["plot"] = [kind, metric]
-    for path in write_tables(data, args.outputs_dir or args.json.parent):
-        print(path)
-    return 0
+                return refuse(f"--against {args.against}: {error}")
+            record["one_gpu"]["file"] = str(args.against)
+            merged["compared_with_one_gpu"] = record
+            report = comparison_report(record, str(args.against))
+    else:
+        data = runs[0][1]
+        for spec in args.plot:
+            name, _, drawn = spec.partition("=")
+            kind, _, metric = drawn.partition(":")
+            layout = data["bench_groups"].get(name, {})
+            known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
+            if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
+                parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
+                             f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
+                             f"columns or metrics")
+            layout["plot"] = [kind, metric]
+    try:
+        fd, note = take_lock(dest)
+    except DirectoryBusy as busy:
+        return refuse(str(busy))
+    except OSError as exc:
+        return refuse(f"{what}: cannot write there: {exc.strerror or exc}")
+    if note:
+        print(f"NOTE {note}", file=sys.stderr)
+    try:
+        if args.command == "merge":
+            tmp = args.output.with_name(args.output.name + ".tmp")
+            tmp.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+            os.replace(tmp, args.output)
+            print(args.output)
+            if report is not None:
+                print(report)
+        else:
+            for path in write_tables(data, dest):
+                print(path)
+    finally:
+        release_lock(dest, fd)
+    compared = merged.get("compared_with_one_gpu") if args.command == "merge" else None
+    return 1 if compared and (compared["differing"] or compared["failed_in_one"]) else 0
 
 
 if __name__ == "__main__":

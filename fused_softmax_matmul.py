@@ -53,7 +53,7 @@ from online_softmax import (
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
     apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device, _empty_like_contiguous,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device, refuse_second_derivative, _empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -664,8 +664,10 @@ def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: i
 @kernel_op("fused_softmax_backward", _backward_fake)
 def _fused_softmax_backward_op(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor,
                                BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # No autograd is registered on this op, so a second derivative raises instead of being zero.
     return _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1, BLOCK_2, need_x, need_V, wrap=True)
+
+
+refuse_second_derivative(_fused_softmax_backward_op, "fused_softmax")  # raises, instead of a silent zero
 
 
 def _fused_softmax_setup(ctx, inputs, output):
@@ -2357,7 +2359,6 @@ def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x:
 @kernel_op("matmul_backward", _backward_fake)
 def _matmul_backward_op(x: torch.Tensor, W: torch.Tensor, dout: torch.Tensor, need_x: bool,
                         need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    # No autograd is registered on the backward ops, so a second derivative raises instead of being zero.
     return _matmul_backward(x, W, dout, need_x, need_W, wrap=True)
 
 
@@ -2365,6 +2366,11 @@ def _matmul_backward_op(x: torch.Tensor, W: torch.Tensor, dout: torch.Tensor, ne
 def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
                                 need_x: bool, need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
     return _matmul_backward(x, W, _softmax_grad(out, dout, wrap=True), need_x, need_W, wrap=True)
+
+
+# The backward ops raise a second derivative (with where to get one), instead of giving a silent zero.
+refuse_second_derivative(_matmul_backward_op, "matmul")
+refuse_second_derivative(_matmul_softmax_backward_op, "softmax(x @ W)")
 
 
 def _matmul_setup(ctx, inputs, output):

@@ -51,8 +51,18 @@ import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
 
+
+def interpreter_requested() -> bool:
+    """TRITON_INTERPRET as Triton reads it: its knob takes 1, true, yes, on and y in any case.
+    A Triton without knobs (before 3.4) read "1" only."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None and hasattr(knobs, "runtime"):
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
-INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+INTERPRET = interpreter_requested()
 # Compiled for an NVIDIA GPU, the row kernels take exp of each value as one ex2.approx.ftz
 # instruction. tl.exp compiles to six on sm_90 (the scaling by log2(e), then ex2 without .ftz
 # and its fix-up of results below 2^-126), which made 16-bit long rows compute-bound. .ftz
@@ -97,7 +107,9 @@ def check_tensor(name: str, t, ndim: int | tuple[int, ...] | range) -> None:
         if t.device.type != "cpu":
             raise ValueError(f"{name} is on {t.device}, but Triton runs in interpreter mode (TRITON_INTERPRET=1): pass CPU tensors")
     elif t.device.type != "cuda":
-        raise ValueError(f"{name} is on {t.device}, but compiled Triton kernels need a CUDA tensor")
+        raise ValueError(f"{name} is on {t.device}, but compiled Triton kernels need a CUDA tensor: move it to the GPU, "
+                         "or set TRITON_INTERPRET=1 before importing this module to run the kernels on the CPU in "
+                         "Triton's interpreter")
 
 
 def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> None:
@@ -164,6 +176,18 @@ def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
         op.register_fake(fake)
         return op
     return register
+
+
+def refuse_second_derivative(op, public: str) -> None:
+    """A backward op's own backward, which says so: differentiating ``public``'s gradient (a
+    backward with create_graph=True, then another) is not what its Triton backward does. Without
+    it torch would tell the user to register a formula, which only this library can."""
+    def second(ctx, *grads):  # noqa: ARG001 - autograd's signature
+        raise RuntimeError(f"{public}: double backward (a second backward through a gradient taken with "
+                           "create_graph=True) is not supported by its Triton backward; for second derivatives "
+                           "use torch.func, e.g. torch.func.hessian(f)(x) or torch.func.jacrev(torch.func.jacrev(f))")
+
+    op.register_autograd(second)
 
 
 def other_device(t) -> int | None:
@@ -335,7 +359,10 @@ def _jit(kernel, traced: bool):
     launch goes through the kernel's ``DirectLauncher``.
     """
     if INTERPRET:
-        return kernel
+        quiet = _QUIET.get(kernel)
+        if quiet is None:
+            quiet = _QUIET[kernel] = QuietInterpreted(kernel)
+        return quiet
     if traced:
         return torch.library.wrap_triton(kernel)
     launcher = _LAUNCHERS.get(kernel)
@@ -586,6 +613,30 @@ class ReplayChain:
 
 
 _LAUNCHERS: dict = {}
+_QUIET: dict = {}
+
+
+class QuietInterpreted:
+    """An interpreted kernel, launched with numpy's floating-point warnings off. The interpreter
+    computes every lane with numpy, masked ones too: a tile of only -inf gives -inf - -inf and
+    0 / 0 there, values the kernels discard by design. A user's ``-W error::RuntimeWarning``
+    would otherwise turn an ordinary call into an error."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            import numpy as np
+
+            with np.errstate(all="ignore"):
+                return launch(*args, **kwargs)
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
 
 
 def replay_key(tensors: tuple, options: tuple):

@@ -137,6 +137,27 @@ def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
     return (diff.norm() / ref[ok].norm().clamp_min(1e-300)).item()
 
 
+def error_bound(torch_error: float, dtype: torch.dtype, factor: float = 2.0) -> float:
+    """What an error against float64 may be at most: ``factor`` times PyTorch's own error at the
+    same precision, plus four units of roundoff of dtype (PyTorch's error can be exactly zero)."""
+    return factor * torch_error + 4 * UNIT_ROUNDOFF[dtype]
+
+
+def matmul_roundoff(dtype: torch.dtype) -> float:
+    """Unit roundoff of a product's operands in dtype under torch's float32 matmul precision (the
+    kernels follow it): TF32 keeps 10 fraction bits ("high"), bfloat16 7 ("medium")."""
+    if dtype == torch.float32:
+        return {"high": 2.0**-11, "medium": 2.0**-8}.get(torch.get_float32_matmul_precision(), 2.0**-24)
+    return UNIT_ROUNDOFF[dtype]
+
+
+# A benchmark row whose reference costs too much to repeat in PyTorch at the case's dtype (an
+# LM head's loss) is bounded by this many units of roundoff: a few roundings of the operands and
+# of the result, each a unit at most, with room for a long sum's growth; a kernel that drops a
+# rescale or a tile is off by tens of percent, hundreds of units.
+ROUNDOFF_FACTOR = 16
+
+
 def describe_mismatch(out: torch.Tensor, ref: torch.Tensor, tol: float) -> str:
     """How many elements are far from ref, and the worst one: where to look when a test fails."""
     err = (out.double() - ref).abs().nan_to_num(nan=float("inf"))
@@ -164,7 +185,7 @@ def assert_close(out: torch.Tensor, ref64: torch.Tensor, torch_out: torch.Tensor
     assert torch.isfinite(out[torch.isfinite(ref64)]).all(), "non-finite values where the reference is finite"
     floor = 4 * UNIT_ROUNDOFF[out.dtype]
     torch_err = relative_error(torch_out, ref64) if torch_out is not None else 0.0
-    bound = factor * torch_err + floor + algorithm_error
+    bound = error_bound(torch_err, out.dtype, factor) + algorithm_error
     err = relative_error(out, ref64)
     assert err <= bound, (f"relative error {err:.3e} > {bound:.3e} (= {factor} x torch's {torch_err:.3e} "
                           f"+ {floor:.1e} + {algorithm_error:.1e}); " + describe_mismatch(out, ref64, bound))

@@ -20,7 +20,8 @@ from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes,
 )
-from support import DTYPES, ON_GPU, attention_inputs, randn, relative_error
+from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, attention_inputs, matmul_roundoff, randn, relative_error
+from test_flash_attention import accumulation_error
 
 GROUP = BenchGroup(
     name="flash_attention",
@@ -87,6 +88,13 @@ def flash_attention_error(out, inputs) -> float:
     return max(relative_error(got[:1], want) for got, want in zip(out, grads))
 
 
+def attention_bound(dtype: torch.dtype, n_queries: int, n_keys: int) -> float:
+    """ROUNDOFF_FACTOR units of the products' roundoff in dtype, plus what the flash algorithm's
+    float32 sums over the longer length add by design (test_flash_attention.accumulation_error):
+    PyTorch's own error at dtype would need the materialised attention of a long sequence again."""
+    return ROUNDOFF_FACTOR * matmul_roundoff(dtype) + accumulation_error(max(n_queries, n_keys))
+
+
 @pytest.mark.parametrize("impl", GROUP.impls)
 @pytest.mark.parametrize("batch,n_queries,n_keys,d,dtype,is_causal,mode", CASES)
 def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, mode, impl):
@@ -106,7 +114,8 @@ def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, m
     bench(GROUP, dict(batch=batch, n_queries=n_queries, n_keys=n_keys, d=d, dtype=dtype, is_causal=is_causal,
                       mode=mode, impl=impl),
           build, bytes_moved=flash_attention_bytes(batch, n_queries, n_keys, d, DTYPES[dtype].itemsize, mode),
-          flops=attention_flops(batch, n_queries, n_keys, d, is_causal, mode), error=flash_attention_error)
+          flops=attention_flops(batch, n_queries, n_keys, d, is_causal, mode), error=flash_attention_error,
+          bound=attention_bound(DTYPES[dtype], n_queries, n_keys))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -167,7 +176,8 @@ def test_leaderboard(bench, impl):
         return step, (Q, K, V, is_causal, torch.ones_like(Q))
 
     bench(LEADERBOARD, dict(batch=batch, n=n, d=d, dtype=dtype, is_causal=is_causal, impl=impl), build,
-          flops=attention_flops(batch, n, n, d, is_causal, "fwd_bwd"), error=leaderboard_error)
+          flops=attention_flops(batch, n, n, d, is_causal, "fwd_bwd"), error=leaderboard_error,
+          bound=attention_bound(DTYPES[dtype], n, n))
 
 
 def leaderboard_error(out, inputs) -> float:

@@ -16,7 +16,7 @@ from fused_softmax_matmul import (
     matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
     matmul_softmax_unfused,
 )
-from support import DEVICE, DTYPES, ON_GPU, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
+from support import DEVICE, DTYPES, ON_GPU, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
 
 GROUP = BenchGroup(
     name="matmul_softmax",
@@ -71,6 +71,13 @@ def matmul_softmax_error(out: torch.Tensor, inputs) -> float:
     return relative_error(out[:16], torch.softmax(logits, dim=-1))
 
 
+def matmul_softmax_bound(inputs) -> float:
+    """As the correctness tests: twice PyTorch's own error at x's dtype (and float32 matmul
+    precision) on the same rows, plus the roundoff floor."""
+    x, W = inputs
+    return error_bound(matmul_softmax_error(matmul_softmax_ref(x[:16], W), inputs), x.dtype)
+
+
 @pytest.mark.parametrize("impl", IMPL_NAMES)
 @pytest.mark.parametrize("B,K,C,dtype", CASES)
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
@@ -86,4 +93,4 @@ def test_matmul_softmax(bench, B, K, C, dtype, impl):
 
     bench(GROUP, dict(B=B, K=K, C=C, dtype=dtype, impl=impl, bytes_model=bytes_model),
           build, bytes_moved=bytes_model, flops=matmul_softmax_flops(B, K, C),
-          error=matmul_softmax_error)
+          error=matmul_softmax_error, bound=matmul_softmax_bound)

@@ -41,11 +41,12 @@ from fused_softmax_matmul import (
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
-    DEVICE, DTYPES, ON_GPU, attention_inputs, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn, relative_error,
-    row_softmax_inputs, softmax_matmul_inputs,
+    DEVICE, DTYPES, ON_GPU, attention_inputs, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
+    relative_error, row_softmax_inputs, softmax_matmul_inputs,
 )
-from test_bench_matmul_softmax import matmul_softmax_error
-from test_bench_softmax import softmax_error
+from test_bench_flash_attention import attention_bound
+from test_bench_matmul_softmax import matmul_softmax_bound, matmul_softmax_error
+from test_bench_softmax import softmax_bound, softmax_error
 
 GiB = 2**30
 
@@ -224,23 +225,30 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
         fn = attention_impl(impl, n, is_causal, heads)
         if mode == "fwd":
             call = lambda: fn(Q, K, V)  # noqa: E731
-        else:
-            leaves = [t.requires_grad_() for t in (Q, K, V)]
-            dO = randn((bh, n, d), torch_dtype, seed=7)
+            return _first_call(impl, call), (Q, K, V, None)
+        leaves = [t.requires_grad_() for t in (Q, K, V)]
+        dO = randn((bh, n, d), torch_dtype, seed=7)
 
-            def call():
-                # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
-                return torch.autograd.grad(fn(*leaves), leaves, dO)
-        return _first_call(impl, call), (Q, K, V)
+        def call():
+            # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
+            return torch.autograd.grad(fn(*leaves), leaves, dO)
+        return _first_call(impl, call), (Q, K, V, dO)
 
-    def error(out: torch.Tensor, inputs) -> float:  # the first 64 queries of the first head, against float64
-        Q, K, V = (t.detach()[:1].double() for t in inputs)
-        return relative_error(out[:1, :64], attention_reference(Q[:, :64], K, V, is_causal))
+    def error(out, inputs) -> float:
+        """The first 64 queries of the first head against float64: their outputs (fwd), or their
+        dQ (fwd_bwd: a query's gradient depends on its own row alone, so 64 of them cost 64 rows)."""
+        Q, K, V = (t.detach()[:1].double() for t in inputs[:3])
+        if mode == "fwd":
+            return relative_error(out[:1, :64], attention_reference(Q[:, :64], K, V, is_causal))
+        q = Q[:, :64].requires_grad_()
+        (dq,) = torch.autograd.grad(attention_reference(q, K, V, is_causal), q, inputs[3][:1, :64].double())
+        return relative_error(out[0][:1, :64], dq)
 
     case = f"BH={bh} heads={heads} L={n} d={d} {'causal' if is_causal else 'full'} {dtype}"
     row = dict(workload=f"attention_{mode}", case=case, dtype=dtype, impl=impl, role=role_of(impl))
     bench(GROUP, row, build, bytes_moved=flash_attention_bytes(bh, n, n, d, torch_dtype.itemsize, mode),
-          flops=attention_flops(bh, n, n, d, is_causal, mode), dtype=torch_dtype, error=error if mode == "fwd" else None)
+          flops=attention_flops(bh, n, n, d, is_causal, mode), dtype=torch_dtype, error=error,
+          bound=attention_bound(torch_dtype, n, n))
 
 
 # ----------------------------------------------------------------------------------------------
@@ -290,7 +298,8 @@ def test_shape_grid_row_softmax(bench, N, size, dtype, impl):
         return _first_call(impl, lambda: fn(x)), (x,)
 
     row = dict(workload="row_softmax", case=f"M={M} N={N} {dtype}", dtype=dtype, impl=impl, role=role_of(impl))
-    bench(GROUP, row, build, bytes_moved=softmax_bytes(M, N, torch_dtype.itemsize), error=softmax_error)
+    bench(GROUP, row, build, bytes_moved=softmax_bytes(M, N, torch_dtype.itemsize), error=softmax_error,
+          bound=softmax_bound)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,6 +347,10 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
         x, V = inputs[0][:1, :128].double(), inputs[1][:1].double()
         return relative_error(out[:1, :128], torch.softmax(x, dim=-1) @ V)
 
+    def bound(inputs) -> float:  # as the correctness tests: twice PyTorch's own error on the same rows, plus the floor
+        x, V = inputs
+        return error_bound(error(softmax_mult(x[:1, :128], V[:1]), inputs), x.dtype)
+
     case = f"batch={SMV_BATCH} d1={d1} d2={d2} d3={d3} {dtype}" + (f" {precision}" if dtype == "float32" else "")
     row = dict(workload="softmax_matmul", case=case, dtype=dtype, impl=impl, role=role_of(impl))
     before = torch.get_float32_matmul_precision()
@@ -350,7 +363,7 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
         # Both fused kernels (Triton's and Gluon's) keep the softmax on chip.
         model = fused_softmax_bytes if path in ("fused", "gluon") else softmax_mult_bytes
         bench(GROUP, row, build, bytes_moved=model(SMV_BATCH, d1, d2, d3, torch_dtype.itemsize),
-              flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=error)
+              flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=error, bound=bound)
     finally:
         torch.set_float32_matmul_precision(before)
 
@@ -388,7 +401,8 @@ def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl):
     kernel = "triton_fused_tiled" if impl == TRITON else "torch"
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype}", dtype=dtype, impl=impl, role=role_of(impl))
     bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE),
-          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
+          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error,
+          bound=matmul_softmax_bound)
 
 
 # softmax(x @ W) with W as nn.Linear holds it: its weight is (C, K), and the logits are
@@ -414,7 +428,8 @@ def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl):
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype} W=weight.t()", dtype=dtype, impl=impl,
                role=role_of(impl))
     bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE, w_kmajor=True),
-          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error)
+          flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error,
+          bound=matmul_softmax_bound)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ import torch
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from online_softmax import naive_softmax, naive_softmax_bytes, online_softmax, online_softmax_tiles, row_softmax, softmax_bytes
-from support import DTYPES, ON_GPU, relative_error, row_softmax_inputs
+from support import DTYPES, ON_GPU, error_bound, relative_error, row_softmax_inputs
 
 GROUP = BenchGroup(
     name="softmax",
@@ -76,6 +76,12 @@ def softmax_error(out: torch.Tensor, inputs) -> float:
     return relative_error(out[:64], torch.softmax(x[:64].double(), dim=-1))
 
 
+def softmax_bound(inputs) -> float:
+    """As the correctness tests: twice PyTorch's own error at x's dtype on the same rows, plus the roundoff floor."""
+    (x,) = inputs
+    return error_bound(softmax_error(torch.softmax(x[:64], dim=-1), inputs), x.dtype)
+
+
 @pytest.mark.parametrize("M,N,dtype,impl,BLOCK_SIZE", CASES)
 def test_softmax(bench, M, N, dtype, impl, BLOCK_SIZE):
     torch_dtype = DTYPES[dtype]
@@ -89,4 +95,4 @@ def test_softmax(bench, M, N, dtype, impl, BLOCK_SIZE):
     size = torch_dtype.itemsize
     moved = naive_softmax_bytes(M, N, size) if impl == "naive" else softmax_bytes(M, N, size)
     bench(GROUP, dict(M=M, N=N, dtype=dtype, impl=impl, BLOCK_SIZE=BLOCK_SIZE), build, bytes_moved=moved,
-          error=softmax_error)
+          error=softmax_error, bound=softmax_bound)

@@ -17,7 +17,7 @@ import torch
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import fused_blocks, fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
-from support import ON_GPU, relative_error, softmax_matmul_inputs
+from support import ON_GPU, error_bound, relative_error, softmax_matmul_inputs
 
 GROUP = BenchGroup(
     name="softmax_matmul",
@@ -92,6 +92,13 @@ def softmax_matmul_error(out: torch.Tensor, inputs) -> float:
     return relative_error(out[:1], torch.softmax(x, dim=-1) @ V)
 
 
+def softmax_matmul_bound(inputs) -> float:
+    """As the correctness tests: twice PyTorch's own error at x's dtype (and float32 matmul
+    precision) on the same batch entry, plus the roundoff floor."""
+    x, V = inputs
+    return error_bound(softmax_matmul_error(softmax_mult(x[:1], V[:1]), inputs), x.dtype)
+
+
 def softmax_matmul_bytes(impl: str, batch: int, d1: int, d2: int, d3: int, itemsize: int) -> int:
     model = softmax_mult_bytes if impl in ("torch", "compile") else fused_softmax_bytes  # a candidate: the least
     return model(batch, d1, d2, d3, itemsize)
@@ -104,4 +111,4 @@ def test_softmax_matmul(bench, d2, impl, B):
                BLOCK=wrapper_block(impl, B, d2, d3, torch.float32), impl=impl, dtype="float32")
     bench(GROUP, row, lambda: build_softmax_matmul(impl, B, batch, d1, d2, d3, torch.float32),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, 4), flops=softmax_matmul_flops(batch, d1, d2, d3),
-          dtype=torch.float32, error=softmax_matmul_error)
+          dtype=torch.float32, error=softmax_matmul_error, bound=softmax_matmul_bound)

@@ -15,7 +15,7 @@ import support
 from support import DTYPES, ON_GPU
 # The softmax_matmul group's implementations, shape and builders, at every precision.
 from test_bench_softmax_matmul import (
-    CALLER_FORMS, COMPILE, IMPLS, SPEC, SPEC_BLOCKS, build_softmax_matmul, softmax_matmul_bytes, softmax_matmul_error,
+    CALLER_FORMS, COMPILE, IMPLS, SPEC, SPEC_BLOCKS, build_softmax_matmul, softmax_matmul_bound, softmax_matmul_bytes, softmax_matmul_error,
     wrapper_block,
 )
 
@@ -56,4 +56,5 @@ def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2,
                BLOCK=wrapper_block(impl, block, d2, d3, torch_dtype))
     bench(GROUP, row, lambda: build_softmax_matmul(impl, block, batch, d1, d2, d3, torch_dtype),
           bytes_moved=softmax_matmul_bytes(impl, batch, d1, d2, d3, torch_dtype.itemsize),
-          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error)
+          flops=softmax_matmul_flops(batch, d1, d2, d3), dtype=torch_dtype, error=softmax_matmul_error,
+          bound=softmax_matmul_bound)

@@ -63,9 +63,13 @@ def test_example_report(tmp_path):
     assert no_guard["failed_classes"] == ["edge values", "gradient"], no_guard["classes"]
     assert "-inf tiles" in no_guard["classes"]["edge values"]["first_failure"]["case"]
 
-    for name in names.values():  # every name timed, with a speed-up against torch where torch ran
+    # The right names timed, with a speed-up against torch where torch ran; the wrong one's row is a
+    # failure with the reason (a benchmark row is a checked row: a wrong answer is never timed).
+    for name in (names["online_softmax"], names["row_softmax"]):
         assert name["benchmarks"] and all(b["ms"] for b in name["benchmarks"]), name["benchmarks"]
         assert all("torch" in b["speedup"] and "triton_row" in b["speedup"] for b in name["benchmarks"])
+    assert no_rescale["benchmarks"] and all(b["ms"] is None and "wrong answer" in b["failure"]
+                                            for b in no_rescale["benchmarks"]), no_rescale["benchmarks"]
     text = (tmp_path / "candidate_report.txt").read_text()
     assert "FAILED edge values, gradient" in text and "x torch" in text
     table = (tmp_path / "softmax_benchmark.csv").read_text()

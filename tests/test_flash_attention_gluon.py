@@ -46,6 +46,7 @@ SHAPES = {
 }
 
 
+@pytest.mark.memcheck
 @needs_hopper_gluon
 @pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
@@ -75,6 +76,7 @@ def test_against_float64(shape, dtype, is_causal, pingpong):
     assert_close(L, attention_logsumexp(Q64, K64, is_causal), attention_logsumexp(Q.float(), K.float(), is_causal))
 
 
+@pytest.mark.memcheck
 @needs_hopper_gluon
 @pytest.mark.parametrize("pingpong", [True, False], ids=["pingpong", "free"])
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])

@@ -75,6 +75,7 @@ CASES = {
 }
 
 
+@pytest.mark.memcheck
 @needs_hopper_gluon
 @pytest.mark.parametrize("dtype_name", ["bfloat16", "float16"])
 @pytest.mark.parametrize("case", CASES)

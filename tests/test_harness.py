@@ -10,7 +10,6 @@ from __future__ import annotations
 import csv
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
@@ -171,16 +170,18 @@ PROBE_MODULE = '''
 import os, time
 import pytest, torch, triton, triton.language as tl
 from conftest import BenchGroup, Unavailable
+from online_softmax import KernelCapacityError
 
 PROBE = BenchGroup(name="probe", csv="probe.csv", case=("n",),
-                   impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named", "bare"),
+                   impls=("fits", "too_big", "broken", "clash", "sleepy", "absent", "named", "bare", "capacity",
+                          "wrong"),
                    columns=("n", "impl", "BLOCK", "forward_ms_mean", "forward_ms_std", "forward_peak_MiB"))
 
 
 @triton.jit
-def fill_kernel(x_ptr, BLOCK: tl.constexpr):
+def fill_kernel(x_ptr, value, BLOCK: tl.constexpr):
     tl.static_assert(BLOCK <= 32, "BLOCK past the probe limit")
-    tl.store(x_ptr + tl.arange(0, BLOCK), tl.full((BLOCK,), 1.0, tl.float32))
+    tl.store(x_ptr + tl.arange(0, BLOCK), tl.full((BLOCK,), value, tl.float32))
 
 
 @pytest.mark.parametrize("n,impl,BLOCK", CASES)
@@ -190,6 +191,8 @@ def test_probe(bench, n, impl, BLOCK):
             raise ValueError("a bug in the probe")
         if impl == "absent":  # a peer whose package does not import
             raise Unavailable("the probe's peer is not installed")
+        if impl == "capacity":  # a wrapper's declared limit
+            raise KernelCapacityError("n past what the probe holds")
         if impl == "sleepy":  # tells the test it is running, then waits to be stopped
             open("sleeping", "w").close()
             time.sleep(120)
@@ -198,15 +201,20 @@ def test_probe(bench, n, impl, BLOCK):
 
         def fill():
             time.sleep(delay)
-            return fill_kernel[(1,)](x, BLOCK=BLOCK)
+            return fill_kernel[(1,)](x, 0.5 if impl == "wrong" else 1.0, BLOCK=BLOCK)
         return fill if impl == "bare" else (fill, (x,))
 
     row = dict(n=n, impl=impl, BLOCK=BLOCK)
     if impl == "clash":
         row["execution"] = "a row key the harness writes itself"
-    # The named errors are computed from build's inputs: the share of x that the kernel filled.
-    named = lambda out, inputs: {"probe_error": float(inputs[0].sum()) / inputs[0].numel(), "other_error": None}  # noqa: E731
-    bench(PROBE, row, build, error=named if impl == "named" else None)
+    # The error: how far the filled entries are from 1 (the wrong kernel fills 0.5). The named
+    # errors are computed from build's inputs: the share of x that the kernel filled.
+    error = lambda out, inputs: float((inputs[0][:BLOCK] - 1).abs().max())  # noqa: E731
+    named = lambda out, inputs: {"probe_error": float(inputs[0].sum()) / inputs[0].numel(), "other_error": 0.0}  # noqa: E731
+    if impl == "named":
+        bench(PROBE, row, build, error=named, bound={"probe_error": 0.5, "other_error": 0.0})
+    else:
+        bench(PROBE, row, build, error=error, bound=1e-6)
 '''
 
 
@@ -238,23 +246,30 @@ def assert_empty(row: dict, reason: str):
     assert reason in row["failure"], row
 
 
-def test_static_assert_is_a_recorded_limit(tmp_path):
-    proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "too_big", 64), (2, "fits", 32)])
-    assert proc.returncode == 0, f"a configuration past a kernel's limit must not fail the run:\n{proc.output[-4000:]}"
-    assert [(r["n"], r["impl"], r["BLOCK"]) for r in rows] == [("1", "fits", "16"), ("1", "too_big", "64"), ("2", "fits", "32")]
+def test_a_declared_limit_is_a_recorded_skip_a_wrong_answer_and_a_static_assert_fail(tmp_path):
+    """Only a named capacity type (KernelCapacityError) makes an empty row that skips; a kernel's
+    tl.static_assert is a failure like any other, and a kernel whose answer is over its bound
+    fails its test, its row a failure with both numbers, never a time."""
+    cases = [(1, "fits", 16), (1, "too_big", 64), (1, "capacity", 16), (1, "wrong", 16), (2, "fits", 32)]
+    proc, rows = run_probe(tmp_path, cases)
+    assert proc.returncode == 1, proc.output[-4000:]
+    assert [(r["n"], r["impl"], r["BLOCK"]) for r in rows] == [(str(n), i, str(b)) for n, i, b in cases]
     assert_measured(rows[0])
     assert_empty(rows[1], "BLOCK past the probe limit")
-    assert_measured(rows[2])  # the case after the failure was still measured
+    assert_empty(rows[2], "KernelCapacityError: n past what the probe holds")
+    assert_empty(rows[3], "WrongAnswer: wrong answer: rel_error 0.5 > bound 1e-06")
+    assert_measured(rows[4])  # the case after the failures was still measured
     failed = [line for line in proc.output.splitlines() if line.startswith("FAILED CONFIG")]
-    assert len(failed) == 1 and "n=1, impl=too_big" in failed[0] and "BLOCK past the probe limit" in failed[0], failed
-    assert "2 passed, 1 skipped" in proc.output
+    assert len(failed) == 3 and "n=1, impl=wrong" in failed[2], failed
+    assert "2 failed, 2 passed, 1 skipped" in proc.output, proc.output[-4000:]
 
     # --benchmark-save with the default storage lands in the per-GPU-kind folder, with the reason.
     saved = list((tmp_path / ".benchmarks" / "interpreter").glob("*/0001_probe.json"))
     assert len(saved) == 1, list((tmp_path / ".benchmarks").rglob("*"))
     data = json.loads(saved[0].read_text())
     assert [b["extra_info"]["impl"] for b in data["benchmarks"]] == ["fits", "fits"]
-    assert [(c["row"]["impl"], "BLOCK past the probe limit" in c["reason"]) for c in data["failed_cases"]] == [("too_big", True)]
+    assert [(c["row"]["impl"], c["resource_limit"]) for c in data["failed_cases"]] == [
+        ("too_big", False), ("capacity", True), ("wrong", False)]
 
 
 def test_other_errors_fail_the_run_and_keep_the_row(tmp_path):
@@ -277,8 +292,8 @@ def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_p
     assert_measured(rows[2])
     data = json.loads(next((tmp_path / ".benchmarks" / "interpreter").glob("*/0001_probe.json")).read_text())
     extra = {b["extra_info"]["impl"]: b["extra_info"] for b in data["benchmarks"]}
-    assert extra["named"]["probe_error"] == 0.25 and extra["named"]["other_error"] is None, extra["named"]
-    assert "rel_error" not in extra["named"] and extra["fits"]["rel_error"] is None
+    assert extra["named"]["probe_error"] == 0.25 and extra["named"]["other_error"] == 0.0, extra["named"]
+    assert "rel_error" not in extra["named"] and extra["fits"]["rel_error"] == 0.0
 
 
 def test_a_row_key_the_harness_owns_is_refused(tmp_path):
@@ -328,37 +343,6 @@ def start_probe(tmp_path: Path, cases: list[tuple]) -> subprocess.Popen:
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-4000:]
         time.sleep(0.2)
     return proc
-
-
-def test_sigterm_keeps_the_measured_rows(tmp_path):
-    out = tmp_path / "out"
-    out.mkdir()
-    (out / "probe.csv").write_text("a whole table from an earlier run\n")
-    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "fits", 32), (3, "sleepy", 16), (4, "fits", 16)])
-    proc.send_signal(signal.SIGTERM)
-    output = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 2, output[-4000:]  # pytest's "interrupted"
-    assert (out / "probe.csv").read_text() == "a whole table from an earlier run\n", "a partial run replaced a whole table"
-    columns, rows = read_csv(out / "probe.partial.csv")
-    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1", "2"], rows
-    for r in rows:
-        assert_measured(r)
-    data = json.loads((out / "benchmark.partial.json").read_text())
-    assert data["bench_run"]["complete"] is False and len(data["benchmarks"]) == 2
-    assert not (out / "benchmark.json.part").exists() and not (out / "benchmark.json").exists()
-    assert "interrupted: partial tables" in output
-
-
-def test_a_killed_run_leaves_its_rows_on_disk(tmp_path):
-    proc = start_probe(tmp_path, [(1, "fits", 16), (2, "sleepy", 16)])
-    proc.kill()  # SIGKILL: no handler runs, only what already reached the disk remains
-    proc.communicate(timeout=60)
-    part = tmp_path / "out" / "benchmark.json.part"
-    result = rebuild(part, tmp_path / "rebuilt")
-    assert result.returncode == 0, result.stdout + result.stderr
-    columns, rows = read_csv(tmp_path / "rebuilt" / "probe.partial.csv")
-    assert columns == PROBE_COLUMNS and [r["n"] for r in rows] == ["1"]
-    assert_measured(rows[0])
 
 
 @pytest.mark.parametrize("option", ["--outputs-dir", "--benchmark-json"])
@@ -500,8 +484,7 @@ def test_runs_of_parts_of_a_grid_merge_into_one_set_of_tables(tmp_path):
     other = json.loads(json.dumps(parts[1][1]))
     other["bench_run"]["workers"] = {"gw0": {"ceilings": {"copy_GBps": 2900.0}}}
     assert merge_runs([parts[0], ("part1.json", other)])["merged_from"][1]["bench_run"]["workers"]
-    with pytest.raises(SystemExit):
-        main(["merge", str(tmp_path / "part0.json"), "--output", str(tmp_path / "alone.json")])
+    assert main(["merge", str(tmp_path / "part0.json"), "--output", str(tmp_path / "alone.json")]) == 2
 
 
 def test_a_part_file_records_its_commit_for_merges(tmp_path):

@@ -5,7 +5,8 @@ Two workers run two groups' interpreter grids, timed (``--benchmark-only -n 2``)
 tables' rows (keys, columns, which cells are measured and which failed), the merged JSON the
 serial JSON's cases in the serial order, and ``python conftest.py rebuild`` must turn the merged
 JSON into the merged run's bytes. On one machine both workers share its one device, as workers
-share GPUs when there are fewer GPUs than workers.
+share GPUs when there are fewer GPUs than workers. Both runs time the softmax group's triton_row
+with a deliberately wrong kernel (WRONG_KERNEL): its rows must be failures, never times.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import json
 import os
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -26,18 +28,35 @@ SELECTION = [str(ROOT / "tests" / "test_bench_softmax.py"), str(ROOT / "tests" /
              # triton_graph stays: its Unavailable rows are the failed cases that must cross too.
              "-k", "not triton_compiled"]
 TABLES = ("softmax_benchmark.csv", "softmax_matmul_benchmark.csv")
+# A plugin (loaded with -p wrong_kernel, in every worker too) that swaps the softmax group's
+# triton_row for a kernel that forgets to normalise one row in two.
+WRONG_KERNEL = '''
+import torch
+
+
+def pytest_collection_modifyitems(items):
+    import test_bench_softmax
+
+    def wrong(block):
+        def softmax(x):
+            out = torch.softmax(x.float(), dim=-1).to(x.dtype)
+            out[::2] *= 1.5
+            return out
+        return softmax
+    test_bench_softmax.IMPLS["triton_row"] = wrong
+'''
 # Columns computed from the measured times: they differ between any two runs, so only whether
 # each cell is filled is compared.
 TIMED = {"forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms_min", "gbps", "tflops", "pct_of_copy",
          "pct_of_matmul_peak", "host_us", "ms", "best_baseline_ms", "speedup"}
 
 
-def run(tmp: Path, *args: str, selection=SELECTION, env=None) -> subprocess.CompletedProcess:
+def run(tmp: Path, *args: str, selection=SELECTION, env=None, returncode=0) -> subprocess.CompletedProcess:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "--benchmark-only", "-rs", *selection,
                            "--outputs-dir", str(tmp / "out"), "--benchmark-json", str(tmp / "run.json"), *args],
                           cwd=tmp, env=env or child_env(), capture_output=True, text=True, timeout=300)
     proc.output = proc.stdout + proc.stderr
-    assert proc.returncode == 0, proc.output[-4000:]
+    assert proc.returncode == returncode, proc.output[-4000:]
     return proc
 
 
@@ -46,7 +65,11 @@ def runs(tmp_path_factory):
     skip_unless_interpreter_runs()
     serial = tmp_path_factory.mktemp("serial")
     merged = tmp_path_factory.mktemp("xdist")
-    return serial, run(serial, "-p", "no:xdist"), merged, run(merged, "-n", "2")
+    plugins = tmp_path_factory.mktemp("plugins")
+    (plugins / "wrong_kernel.py").write_text(textwrap.dedent(WRONG_KERNEL))
+    env = child_env(plugins)
+    return (serial, run(serial, "-p", "no:xdist", "-p", "wrong_kernel", env=env, returncode=1), merged,
+            run(merged, "-n", "2", "-p", "wrong_kernel", env=env, returncode=1))
 
 
 def untimed(row: dict) -> dict:
@@ -63,7 +86,21 @@ def test_merged_tables_hold_the_serial_rows(runs):
         assert [untimed(r) for r in rows] == [untimed(r) for r in serial_rows], name
         assert any(r.get("forward_ms_mean") for r in rows), f"{name}: no measured row"
     failures = [r for r in read_csv(merged / "out" / "softmax_benchmark.csv")[1] if r["failure"]]
-    assert failures and all(r["impl"] == "triton_graph" and "Unavailable" in r["failure"] for r in failures), failures
+    assert {r["impl"] for r in failures} == {"triton_graph", "triton_row"}, failures
+    for r in failures:
+        assert "Unavailable" in r["failure"] if r["impl"] == "triton_graph" else "WrongAnswer" in r["failure"], r
+
+
+def test_a_wrong_kernel_fails_its_test_and_is_never_timed(runs):
+    """Each wrong triton_row case fails its test (serial and under xdist), its row a failure with
+    its error and bound; none of them is timed."""
+    for tmp, proc in (runs[:2], runs[2:]):
+        data = json.loads((tmp / "out" / "benchmark.json").read_text())
+        wrong = [f for f in data["failed_cases"] if f["row"]["impl"] == "triton_row"]
+        assert len(wrong) == 3 and all(f["reason"].startswith("WrongAnswer: wrong answer: rel_error") and
+                                       not f["resource_limit"] for f in wrong), wrong
+        assert not [b for b in data["benchmarks"] if b["extra_info"]["impl"] == "triton_row"]
+        assert "3 failed" in proc.output, proc.output[-3000:]
 
 
 def test_one_merged_json_in_the_serial_order(runs):

@@ -72,6 +72,7 @@ SHAPES = [
 ]
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
 @pytest.mark.parametrize("BT,H,V,rows,block_v", SHAPES)

@@ -79,6 +79,7 @@ ONLINE_CASES = {
 }
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,blocks,scale", list(ONLINE_CASES.values()), ids=list(ONLINE_CASES))
 def test_online_softmax_matches_float64(shape, blocks, scale, dtype):
@@ -272,6 +273,7 @@ ROW_CASES = {
 }
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("shape,block", list(ROW_CASES.values()), ids=list(ROW_CASES))
 def test_row_softmax_matches_float64(shape, block, dtype):
@@ -320,6 +322,7 @@ def test_row_softmax_on_gpu(M, N, dtype):
     check_softmax(row_softmax(x), x)
 
 
+@pytest.mark.memcheck
 @needs_gpu
 def test_split_row_masked_chunks_on_gpu():
     """Whole 8192-column chunks of -inf contribute nothing to the split-row (max, sum) swap."""
