@@ -200,14 +200,20 @@ def test_two_workers_share_one_gpu_compiled(tmp_path):
 # A several-GPU run against a one-GPU run of the same cases: merge --against
 # ----------------------------------------------------------------------------------------------
 def synthetic_run(medians_ms: dict, wall_s: float | None, failed=(), workers=None, commit="abc") -> dict:
-    """The parts of a run's JSON the comparison reads."""
+    """A run's JSON with what the comparison reads, valid for ``load_run``: one group g."""
+    from conftest import BenchGroup
+
     bench_run = {"timer": "events", "l2_flush": True, "execution": "compiled", "gpu": "NVIDIA_H100_80GB_HBM3",
                  "complete": True, "wall_s": wall_s}
     if workers:
         bench_run["workers"] = {f"gw{i}": {"device": str(i)} for i in range(workers)}
+    group = BenchGroup(name="g", csv="g.csv", columns=("case", "impl"), case=("case",), impls=("impl",))
+    stats = lambda ms: {"mean": ms / 1e3, "stddev": 0.0, "median": ms / 1e3, "min": ms / 1e3}  # noqa: E731
     return {"bench_run": bench_run, "commit_info": {"id": commit}, "machine_info": {"gpu": {"name": "H100"}},
-            "benchmarks": [{"fullname": test, "stats": {"median": ms / 1e3}} for test, ms in medians_ms.items()],
-            "failed_cases": [{"test": test, "group": "g", "reason": "OutOfMemoryError"} for test in failed]}
+            "bench_groups": {"g": group.layout()},
+            "benchmarks": [{"fullname": test, "group": "g", "stats": stats(ms), "extra_info": {}}
+                           for test, ms in medians_ms.items()],
+            "failed_cases": [{"test": test, "group": "g", "row": {}, "reason": "OutOfMemoryError"} for test in failed]}
 
 
 def test_merge_against_a_one_gpu_run_names_the_cases_apart(tmp_path, capsys):
@@ -232,7 +238,7 @@ def test_merge_against_a_one_gpu_run_names_the_cases_apart(tmp_path, capsys):
     assert [(d["test"], round(d["ratio"], 3)) for d in record["differing"]] == [("t[b]", 1.035), ("t[c]", 0.909)]
     assert record["failed_in_one"] == ["t[d]"]
     assert record["several_gpus"] == {"workers": 2, "wall_s": 95.0, "commit": "abc"}
-    assert record["one_gpu"] == {"wall_s": 180.5, "commit": "def", "file": "one.json"}
+    assert record["one_gpu"] == {"wall_s": 180.5, "commit": "def", "file": str(tmp_path / "one.json")}
     assert "wall 95.0 s" in printed and "wall 180.5 s" in printed and "different commits" in printed
     assert "DIFFERS t[b]: 2.07 ms on several GPUs, 2 ms on one (+3.5%)" in printed
     assert "DIFFERS t[c]" in printed and "DIFFERS t[a]" not in printed and "FAILED IN ONE RUN ONLY t[d]" in printed
