@@ -1883,6 +1883,8 @@ def main(argv=None) -> int:
         return refuse(str(bad))
     report = None
     if args.command == "merge":
+        if len(runs) == 1 and args.against is None:
+            return refuse("one run alone is no merge: give two runs or more, or one with --against")
         try:
             merged = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
         except ValueError as error:

@@ -260,5 +260,5 @@ def test_merge_against_a_one_gpu_run_names_the_cases_apart(tmp_path, capsys):
         change(other)
         with pytest.raises(ValueError):
             compare_with_one_gpu(several, other)
-    with pytest.raises(SystemExit):  # one JSON alone is no merge without --against
-        main(["merge", str(tmp_path / "several.json"), "--output", str(out)])
+    # One JSON alone is no merge without --against: refused in one line, exit status 2.
+    assert main(["merge", str(tmp_path / "several.json"), "--output", str(out)]) == 2
