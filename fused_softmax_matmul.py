@@ -3974,7 +3974,7 @@ def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch
     accumulators of 32 x 256. float32 operands take twice the bytes again: 32-row tiles, one stage.
     """
     if head_dim <= 128:
-        return _flash_launches(max(head_dim, 16), dtype)
+        return _flash_launches.__wrapped__(head_dim, dtype)  # uncached: torch.compile traces it
     if dtype == torch.float32:
         return {"forward": FlashLaunch(32, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1)}
     return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
@@ -4432,6 +4432,8 @@ def _attention_grad(ctx, dout, dlse):
     if dout is None and dlse is None:
         return (None,) * 10
     dout = torch.zeros_like(out) if dout is None else dout.to(q.dtype)
+    if dlse is not None:  # the kernels index lse's gradient as lse: contiguous (lse.sum()'s is stride 0)
+        dlse = dlse.float().contiguous()
     dq, dk, dv = torch.ops.softmax_kernels.attention_backward(
         q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:])
     return (dq, dk, dv, *([None] * 7))
