@@ -3836,19 +3836,23 @@ def attention_visible(n_queries: int, n_keys: int, lo: int | None, hi: int | Non
 
 def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                               scale: float | None = None, causal_align: str = "top_left", window: tuple | None = None,
-                              softcap: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                              softcap: float | None = None,
+                              bounds: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of materialised attention with every option of ``flash_attention``, in q's dtype
     (the tests' judge in float64). Key/value heads are repeated over their query heads
     (repeat_interleave, as SDPA's enable_gqa); a query that sees no key gets 0 and lse -inf, with
-    zero gradients (its logits are replaced by zeros before the softmax, then its row by zeros)."""
+    zero gradients (its logits are replaced by zeros before the softmax, then its row by zeros).
+    ``bounds``: the mask's (lo, hi) instead of the options' (for the first queries of a longer
+    problem, whose alignment the options would take from these queries alone)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
     s = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
     if softcap is not None:
         s = softcap * torch.tanh(s / softcap)
-    visible = attention_visible(n_queries, n_keys, *attention_mask_bounds(n_queries, n_keys, is_causal, causal_align,
-                                                                          window), device=q.device)
+    if bounds is None:
+        bounds = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
+    visible = attention_visible(n_queries, n_keys, *bounds, device=q.device)
     dead = ~visible.any(dim=-1)[:, None]  # queries that see no key
     s = s.masked_fill(~visible, float("-inf")).masked_fill(dead, 0.0)
     lse = torch.logsumexp(s, dim=-1).masked_fill(dead[:, 0], float("-inf"))

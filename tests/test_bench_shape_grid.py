@@ -26,6 +26,7 @@ the other groups: Inductor compiles C++ for each shape on the CPU).
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pandas as pd
@@ -35,7 +36,8 @@ import torch.nn.functional as F
 
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
-    FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
+    FlashAttentionTriton, attention_flops, attention_mask_bounds, attention_visible, flash_attention,
+    flash_attention_flops, flash_attention_io_bytes, flash_attention_reference, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     fused_softmax_path, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -118,11 +120,11 @@ def implementation(functions: dict, impl: str):
     return compiled(fn) if impl == "compile" else fn
 
 
-def _first_call(impl: str, call):
-    """call, once untimed. An SDPA backend or a peer library that refuses the case by its own rule
-    (SDPA: no kernel for it; Liger: rows wider than it takes) becomes an empty row with the reason;
-    PyTorch's own baselines and this project's ops get no such leave: their errors fail the test."""
-    if impl not in (*SDPA_BACKENDS, *PEERS):
+def _first_call(impl: str, call, peers: tuple = (*SDPA_BACKENDS, *PEERS)):
+    """call, once untimed. An SDPA backend or a peer library (``peers``) that refuses the case by
+    its own rule (SDPA: no kernel for it; Liger: rows wider than it takes) becomes an empty row with
+    the reason; PyTorch's own baselines and this project's ops get no such leave: their errors fail the test."""
+    if impl not in peers:
         return call
     try:
         call()
@@ -241,6 +243,176 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
     row = dict(workload=f"attention_{mode}", case=case, dtype=dtype, impl=impl, role=role_of(impl))
     bench(GROUP, row, build, bytes_moved=flash_attention_bytes(bh, n, n, d, torch_dtype.itemsize, mode),
           flops=attention_flops(bh, n, n, d, is_causal, mode), dtype=torch_dtype, error=error if mode == "fwd" else None)
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention as models call it: flash_attention against SDPA and FlexAttention
+# ----------------------------------------------------------------------------------------------
+# Model shapes in SDPA's (B, H, N, D) layout, with the options those models use. A group of its
+# own: its speed-up is over the faster of SDPA (its default backend: the best it picks) and
+# FlexAttention (torch.compile'd, the mask as a block_mask, softcap as a score_mod), the issue's
+# bar. SDPA takes bottom-right causal masks as causal_lower_right and windows as a boolean
+# attn_mask (which leaves it its slower backends); it has no softcap: an empty row says so.
+MODELS_GROUP = BenchGroup(
+    name="attention_models",
+    csv="attention_models_benchmark.csv",
+    columns=("workload", "case", "dtype", "impl", "role", "ms", "best_baseline_ms", "speedup", "forward_ms_std",
+             "tflops", "pct_of_matmul_peak", "gbps", "pct_of_copy", "rel_error", "forward_peak_MiB"),
+    case=("workload", "case"),
+    impls=("sdpa", "flex_compile", TRITON),
+    best_of=("sdpa", "flex_compile"),
+    warmup=5,
+    rounds=30,  # a few dozen rows of 0.1 ms and more: 30 rounds keep the whole group near 4 minutes
+    sort=("workload", "case", "_impl_order"),
+    plot=("ratio", "speedup"),
+)
+MODEL_PEERS = ("sdpa", "flex_compile")
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelAttention:
+    """One model's attention call: shapes (batch, query heads, key/value heads, queries, keys, d)
+    and flash_attention's options."""
+
+    model: str
+    batch: int
+    heads: int
+    kv_heads: int
+    n_queries: int
+    n_keys: int
+    d: int
+    is_causal: bool = True
+    causal_align: str = "top_left"
+    window: tuple | None = None
+    softcap: float | None = None
+
+    def options(self) -> dict:
+        return dict(is_causal=self.is_causal, causal_align=self.causal_align, window=self.window, softcap=self.softcap,
+                    enable_gqa=self.heads != self.kv_heads)
+
+    def bounds(self) -> tuple:
+        return attention_mask_bounds(self.n_queries, self.n_keys, self.is_causal, self.causal_align, self.window)
+
+    def label(self) -> str:
+        mask = ("causal" + ("-br" if self.causal_align == "bottom_right" else "")) if self.is_causal else "full"
+        extra = (f" window={self.window}" if self.window else "") + (f" softcap={self.softcap:g}" if self.softcap else "")
+        return (f"{self.model} B={self.batch} H={self.heads}/{self.kv_heads} Nq={self.n_queries} Nk={self.n_keys} "
+                f"d={self.d} {mask}{extra}")
+
+
+LLAMA3_8B = dict(heads=32, kv_heads=8, d=128)  # 32 query heads share 8 key/value heads
+GEMMA2_9B = dict(heads=16, kv_heads=8, d=256, window=(4095, 0), softcap=50.0)  # local layers: 4096 keys back
+if ON_GPU:
+    MODEL_CASES = [
+        ("fwd", ModelAttention("llama3-8b", 1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd_bwd", ModelAttention("llama3-8b", 1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd", ModelAttention("llama3-8b", 1, n_queries=8192, n_keys=8192, **LLAMA3_8B), "bfloat16"),
+        ("fwd", ModelAttention("gpt2", 8, 12, 12, 1024, 1024, 64, is_causal=False), "float16"),
+        ("fwd_bwd", ModelAttention("gpt2", 8, 12, 12, 1024, 1024, 64), "bfloat16"),
+        ("fwd", ModelAttention("gemma2-9b", 1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", ModelAttention("gemma2-9b", 1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", ModelAttention("phi2", 2, 32, 32, 2048, 2048, 80), "float16"),
+        ("fwd", ModelAttention("d96", 2, 16, 16, 2048, 2048, 96, is_causal=False), "bfloat16"),
+        ("fwd", ModelAttention("llama3-8b-decode", 8, n_queries=1, n_keys=32768, causal_align="bottom_right",
+                               **LLAMA3_8B), "bfloat16"),
+        ("fwd", ModelAttention("llama3-8b-chunk", 4, n_queries=128, n_keys=4096, causal_align="bottom_right",
+                               **LLAMA3_8B), "float16"),
+    ]
+    MODEL_IMPLS = ("sdpa", "flex_compile", TRITON)
+else:
+    # Interpreter: tiny stand-ins with the same options (FlexAttention left out, as elsewhere:
+    # Inductor would compile C++ per shape on the CPU).
+    MODEL_CASES = [
+        ("fwd", ModelAttention("gqa-window-softcap", 1, 4, 2, 16, 40, 24, causal_align="bottom_right", window=(20, 0),
+                               softcap=5.0), "float16"),
+        ("fwd_bwd", ModelAttention("gqa", 1, 4, 2, 32, 32, 16), "float32"),
+    ]
+    MODEL_IMPLS = ("sdpa", TRITON)
+
+
+def sdpa_model_attention(case: ModelAttention):
+    """SDPA as a model calls it for this case: f(q, k, v), or Unavailable where it has no option for it."""
+    if case.softcap is not None:
+        raise Unavailable("sdpa does not run this case: F.scaled_dot_product_attention has no logit soft-capping")
+    gqa = case.heads != case.kv_heads
+    if case.window is not None:
+        mask = attention_visible(case.n_queries, case.n_keys, *case.bounds(), device=DEVICE)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    if case.is_causal and case.causal_align == "bottom_right":
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(case.n_queries, case.n_keys)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.is_causal, enable_gqa=gqa)
+
+
+def flex_model_attention(case: ModelAttention):
+    """FlexAttention compiled, the mask as a block_mask built once per case, softcap as a score_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    lo, hi = case.bounds()
+
+    def shown(b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
+        gap = kv_idx - q_idx
+        return ((gap >= lo) if lo is not None else gap == gap) & ((gap <= hi) if hi is not None else gap == gap)
+
+    cap = case.softcap
+
+    def capped(score, b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's score_mod signature
+        return cap * torch.tanh(score / cap)
+
+    mask = None if (lo, hi) == (None, None) else create_block_mask(shown, None, None, case.n_queries, case.n_keys,
+                                                                    device=DEVICE)
+    fn = compiled(flex_attention)
+    score_mod = capped if cap is not None else None
+    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=case.heads != case.kv_heads)
+
+
+def model_attention_error(case: ModelAttention, mode: str):
+    """Against float64 on the first 64 queries of the first head (their key/value head's keys all
+    there): out for "fwd", dq for "fwd_bwd" (a query's dq depends on its own row alone)."""
+    def error(out, inputs) -> float:
+        q, k, v, dout = inputs
+        q, k, v = q.detach()[:1, :1, :64].double(), k.detach()[:1, :1].double(), v.detach()[:1, :1].double()
+        options = dict(scale=None, softcap=case.softcap, bounds=case.bounds())
+        if mode == "fwd":
+            return relative_error(out[:1, :1, :64], flash_attention_reference(q, k, v, **options)[0])
+        q.requires_grad_()
+        (dq,) = torch.autograd.grad(flash_attention_reference(q, k, v, **options)[0], q, dout[:1, :1, :64].double())
+        return relative_error(out[0][:1, :1, :64], dq)
+    return error
+
+
+@pytest.mark.parametrize("mode,case,dtype,impl", [
+    pytest.param(mode, case, dtype, impl, id=f"{mode}-{case.label().replace(' ', '-')}-{dtype}-{impl}",
+                 marks=pytest.mark.slow)
+    for mode, case, dtype in MODEL_CASES for impl in MODEL_IMPLS])
+def test_attention_models(bench, mode, case, dtype, impl):
+    torch_dtype = DTYPES[dtype]
+
+    def build():
+        q = randn((case.batch, case.heads, case.n_queries, case.d), torch_dtype, 0)
+        k, v = (randn((case.batch, case.kv_heads, case.n_keys, case.d), torch_dtype, seed) for seed in (1, 2))
+        fn = {"sdpa": sdpa_model_attention, "flex_compile": flex_model_attention,
+              TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options())}[impl](case)
+        dout = randn(q.shape, torch_dtype, 3)
+        if mode == "fwd":
+            call = lambda: fn(q, k, v)  # noqa: E731
+        else:
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+
+            def call():
+                # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
+                return torch.autograd.grad(fn(*leaves), leaves, dout)
+        return _first_call(impl, call, MODEL_PEERS), (q, k, v, dout)
+
+    row = dict(workload=f"attention_models_{mode}", case=case.label(), dtype=dtype, impl=impl,
+               role="baseline" if impl in MODEL_PEERS else "triton")
+    shape = (case.batch, case.heads, case.kv_heads, case.n_queries, case.n_keys, case.d, case.d)
+    bench(MODELS_GROUP, row, build, bytes_moved=flash_attention_io_bytes(*shape, torch_dtype.itemsize, mode),
+          flops=flash_attention_flops(case.batch, case.heads, case.n_queries, case.n_keys, case.d, case.d,
+                                      *case.bounds(), mode),
+          dtype=torch_dtype, error=model_attention_error(case, mode))
 
 
 # ----------------------------------------------------------------------------------------------
