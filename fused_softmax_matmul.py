@@ -4058,14 +4058,28 @@ def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl
 
 
 @triton.jit
-def _attention_shown(rows, cols, n_rows, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """(rows x cols) True where row and column exist and lo <= col - row <= hi."""
-    shown = (rows < n_rows)[:, None] & (cols < n_cols)[None, :]
+def _attention_shown(rows, cols, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """(rows x cols) True where the column exists and lo <= col - row <= hi. Rows past their end
+    are never stored (queries in the forward and dQ, keys in dK/dV): shown as if they existed."""
+    shown = (cols < n_cols)[None, :] & (rows >= 0)[:, None]
     if HAS_LO:
         shown = shown & (cols[None, :] - rows[:, None] >= lo)
     if HAS_HI:
         shown = shown & (cols[None, :] - rows[:, None] <= hi)
     return shown
+
+
+@triton.jit
+def _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd, n_keys, qk_scale,
+                        cap2, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                        BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    """The key tile at key_start: its key indices, K and V rows (zeros past n_keys where MASKED),
+    and the base-2 logits of the query tile q against them."""
+    keys = key_start + tl.arange(0, BLOCK_N)
+    k = _attention_load(k_base, keys, n_keys, stride_kn, tl.arange(0, HEAD_DIM), stride_kd, D, HEAD_DIM, MASKED)
+    v = _attention_load(v_base, keys, n_keys, stride_vn, tl.arange(0, HEAD_DIM_V), stride_vd, DV, HEAD_DIM_V, MASKED)
+    return keys, k, v, _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
 
 
 @triton.jit
@@ -4077,14 +4091,12 @@ def _attention_forward_tiles(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """The online softmax over the key tiles from start to end for one query tile (base 2)."""
-    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
     for key_start in range(start, end, BLOCK_N):
-        keys = key_start + tl.arange(0, BLOCK_N)
-        k = _attention_load(k_base, keys, n_keys, stride_kn, dims, stride_kd, D, HEAD_DIM, MASKED)
-        v = _attention_load(v_base, keys, n_keys, stride_vn, dims_v, stride_vd, DV, HEAD_DIM_V, MASKED)
-        s = _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
-        if MASKED:  # rows past n_queries are never stored: shown as if they existed
-            s = tl.where(_attention_shown(rows, keys, rows + 1, n_keys, lo, hi, HAS_LO, HAS_HI), s, float("-inf"))
+        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
+                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
+                                            SOFTCAP, PRECISION, UPCAST)
+        if MASKED:
+            s = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
         # A row that has seen only -inf so far subtracts 0: exp2(-inf - 0) = 0, not NaN.
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
@@ -4167,15 +4179,13 @@ def _attention_dq_tiles(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dS K of one query tile over the key tiles from start to end (dS in softcap's input units)."""
-    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
     for key_start in range(start, end, BLOCK_N):
-        keys = key_start + tl.arange(0, BLOCK_N)
-        k = _attention_load(k_base, keys, n_keys, stride_kn, dims, stride_kd, D, HEAD_DIM, MASKED)
-        v = _attention_load(v_base, keys, n_keys, stride_vn, dims_v, stride_vd, DV, HEAD_DIM_V, MASKED)
-        s = _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
+        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
+                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
+                                            SOFTCAP, PRECISION, UPCAST)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
-            p = tl.where(_attention_shown(rows, keys, rows + 1, n_keys, lo, hi, HAS_LO, HAS_HI), p, 0.0)
+            p = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), p, 0.0)
         dp = _dot_acc(do, tl.trans(v), tl.zeros((do.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:  # d(cap tanh(x / cap)) / dx = 1 - tanh^2, tanh = s / cap2
@@ -4266,8 +4276,8 @@ def _attention_dkdv_tiles(
             delta = tl.load(delta_base + rows)
         sT = _attention_logits(k, q, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
         pT = tl.math.exp2(sT - lse[None, :])
-        if MASKED:  # keys past n_keys are never stored: shown as if they existed
-            keep = _attention_shown(keys, rows, keys + 1, n_queries, -hi, -lo, HAS_HI, HAS_LO)
+        if MASKED:  # key j is seen by query i when -hi <= i - j <= -lo
+            keep = _attention_shown(keys, rows, n_queries, -hi, -lo, HAS_HI, HAS_LO)
             pT = tl.where(keep, pT, 0.0)
         dv = _dot_acc(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
         dpT = _dot_acc(v, tl.trans(do), tl.zeros((v.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
