@@ -26,7 +26,6 @@ the other groups: Inductor compiles C++ for each shape on the CPU).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pandas as pd
@@ -47,6 +46,7 @@ from support import (
     row_softmax_inputs, softmax_matmul_inputs,
 )
 from test_bench_matmul_softmax import matmul_softmax_error
+from test_attention_api import Case
 from test_bench_softmax import softmax_error
 
 GiB = 2**30
@@ -269,94 +269,85 @@ MODELS_GROUP = BenchGroup(
 MODEL_PEERS = ("sdpa", "flex_compile")
 
 
-@dataclasses.dataclass(frozen=True)
-class ModelAttention:
-    """One model's attention call: shapes (batch, query heads, key/value heads, queries, keys, d)
-    and flash_attention's options."""
+def model_case(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, d: int, is_causal: bool = True,
+               **options) -> Case:
+    """A model's attention call as a test case (test_attention_api.Case): d = dv, GQA where the heads differ."""
+    return Case(batch, heads, kv_heads, n_queries, n_keys, d, d,
+                dict(is_causal=is_causal, enable_gqa=heads != kv_heads, **options))
 
-    model: str
-    batch: int
-    heads: int
-    kv_heads: int
-    n_queries: int
-    n_keys: int
-    d: int
-    is_causal: bool = True
-    causal_align: str = "top_left"
-    window: tuple | None = None
-    softcap: float | None = None
 
-    def options(self) -> dict:
-        return dict(is_causal=self.is_causal, causal_align=self.causal_align, window=self.window, softcap=self.softcap,
-                    enable_gqa=self.heads != self.kv_heads)
+def mask_bounds(case: Case) -> tuple:
+    o = case.options
+    return attention_mask_bounds(case.n_queries, case.n_keys, o["is_causal"], o.get("causal_align", "top_left"),
+                                 o.get("window"))
 
-    def bounds(self) -> tuple:
-        return attention_mask_bounds(self.n_queries, self.n_keys, self.is_causal, self.causal_align, self.window)
 
-    def label(self) -> str:
-        mask = ("causal" + ("-br" if self.causal_align == "bottom_right" else "")) if self.is_causal else "full"
-        extra = (f" window={self.window}" if self.window else "") + (f" softcap={self.softcap:g}" if self.softcap else "")
-        return (f"{self.model} B={self.batch} H={self.heads}/{self.kv_heads} Nq={self.n_queries} Nk={self.n_keys} "
-                f"d={self.d} {mask}{extra}")
+def model_label(model: str, case: Case) -> str:
+    o = case.options
+    mask = ("causal" + ("-br" if o.get("causal_align") == "bottom_right" else "")) if o["is_causal"] else "full"
+    extra = "".join(f" {key}={o[key]}" for key in ("window", "softcap") if o.get(key) is not None)
+    return (f"{model} B={case.batch} H={case.heads}/{case.kv_heads} Nq={case.n_queries} Nk={case.n_keys} "
+            f"d={case.d} {mask}{extra}")
 
 
 LLAMA3_8B = dict(heads=32, kv_heads=8, d=128)  # 32 query heads share 8 key/value heads
 GEMMA2_9B = dict(heads=16, kv_heads=8, d=256, window=(4095, 0), softcap=50.0)  # local layers: 4096 keys back
 if ON_GPU:
     MODEL_CASES = [
-        ("fwd", ModelAttention("llama3-8b", 1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
-        ("fwd_bwd", ModelAttention("llama3-8b", 1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
-        ("fwd", ModelAttention("llama3-8b", 1, n_queries=8192, n_keys=8192, **LLAMA3_8B), "bfloat16"),
-        ("fwd", ModelAttention("gpt2", 8, 12, 12, 1024, 1024, 64, is_causal=False), "float16"),
-        ("fwd_bwd", ModelAttention("gpt2", 8, 12, 12, 1024, 1024, 64), "bfloat16"),
-        ("fwd", ModelAttention("gemma2-9b", 1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
-        ("fwd_bwd", ModelAttention("gemma2-9b", 1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
-        ("fwd_bwd", ModelAttention("phi2", 2, 32, 32, 2048, 2048, 80), "float16"),
-        ("fwd", ModelAttention("d96", 2, 16, 16, 2048, 2048, 96, is_causal=False), "bfloat16"),
-        ("fwd", ModelAttention("llama3-8b-decode", 8, n_queries=1, n_keys=32768, causal_align="bottom_right",
-                               **LLAMA3_8B), "bfloat16"),
-        ("fwd", ModelAttention("llama3-8b-chunk", 4, n_queries=128, n_keys=4096, causal_align="bottom_right",
-                               **LLAMA3_8B), "float16"),
+        ("fwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd_bwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd", "llama3-8b", model_case(1, n_queries=8192, n_keys=8192, **LLAMA3_8B), "bfloat16"),
+        ("fwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64, is_causal=False), "float16"),
+        ("fwd_bwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64), "bfloat16"),
+        ("fwd", "gemma2-9b", model_case(1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", "gemma2-9b", model_case(1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", "phi2", model_case(2, 32, 32, 2048, 2048, 80), "float16"),
+        ("fwd", "d96", model_case(2, 16, 16, 2048, 2048, 96, is_causal=False), "bfloat16"),
+        ("fwd", "llama3-8b-decode", model_case(8, n_queries=1, n_keys=32768, causal_align="bottom_right",
+                                               **LLAMA3_8B), "bfloat16"),
+        ("fwd", "llama3-8b-chunk", model_case(4, n_queries=128, n_keys=4096, causal_align="bottom_right",
+                                              **LLAMA3_8B), "float16"),
     ]
     MODEL_IMPLS = ("sdpa", "flex_compile", TRITON)
 else:
     # Interpreter: tiny stand-ins with the same options (FlexAttention left out, as elsewhere:
     # Inductor would compile C++ per shape on the CPU).
     MODEL_CASES = [
-        ("fwd", ModelAttention("gqa-window-softcap", 1, 4, 2, 16, 40, 24, causal_align="bottom_right", window=(20, 0),
-                               softcap=5.0), "float16"),
-        ("fwd_bwd", ModelAttention("gqa", 1, 4, 2, 32, 32, 16), "float32"),
+        ("fwd", "gqa-window-softcap", model_case(1, 4, 2, 16, 40, 24, causal_align="bottom_right", window=(20, 0),
+                                                 softcap=5.0), "float16"),
+        ("fwd_bwd", "gqa", model_case(1, 4, 2, 32, 32, 16), "float32"),
     ]
     MODEL_IMPLS = ("sdpa", TRITON)
 
 
-def sdpa_model_attention(case: ModelAttention):
+def sdpa_model_attention(case: Case):
     """SDPA as a model calls it for this case: f(q, k, v), or Unavailable where it has no option for it."""
-    if case.softcap is not None:
+    o = case.options
+    if o.get("softcap") is not None:
         raise Unavailable("sdpa does not run this case: F.scaled_dot_product_attention has no logit soft-capping")
-    gqa = case.heads != case.kv_heads
-    if case.window is not None:
-        mask = attention_visible(case.n_queries, case.n_keys, *case.bounds(), device=DEVICE)
+    gqa = o["enable_gqa"]
+    if o.get("window") is not None:
+        mask = attention_visible(case.n_queries, case.n_keys, *mask_bounds(case), device=DEVICE)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    if case.is_causal and case.causal_align == "bottom_right":
+    if o["is_causal"] and o.get("causal_align") == "bottom_right":
         from torch.nn.attention.bias import causal_lower_right
 
         mask = causal_lower_right(case.n_queries, case.n_keys)
         return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
-    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=case.is_causal, enable_gqa=gqa)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=o["is_causal"], enable_gqa=gqa)
 
 
-def flex_model_attention(case: ModelAttention):
+def flex_model_attention(case: Case):
     """FlexAttention compiled, the mask as a block_mask built once per case, softcap as a score_mod."""
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-    lo, hi = case.bounds()
+    lo, hi = mask_bounds(case)
 
     def shown(b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
         gap = kv_idx - q_idx
         return ((gap >= lo) if lo is not None else gap == gap) & ((gap <= hi) if hi is not None else gap == gap)
 
-    cap = case.softcap
+    cap = case.options.get("softcap")
 
     def capped(score, b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's score_mod signature
         return cap * torch.tanh(score / cap)
@@ -365,16 +356,16 @@ def flex_model_attention(case: ModelAttention):
                                                                     device=DEVICE)
     fn = compiled(flex_attention)
     score_mod = capped if cap is not None else None
-    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=case.heads != case.kv_heads)
+    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=case.options["enable_gqa"])
 
 
-def model_attention_error(case: ModelAttention, mode: str):
+def model_attention_error(case: Case, mode: str):
     """Against float64 on the first 64 queries of the first head (their key/value head's keys all
     there): out for "fwd", dq for "fwd_bwd" (a query's dq depends on its own row alone)."""
     def error(out, inputs) -> float:
         q, k, v, dout = inputs
         q, k, v = q.detach()[:1, :1, :64].double(), k.detach()[:1, :1].double(), v.detach()[:1, :1].double()
-        options = dict(scale=None, softcap=case.softcap, bounds=case.bounds())
+        options = dict(softcap=case.options.get("softcap"), bounds=mask_bounds(case))
         if mode == "fwd":
             return relative_error(out[:1, :1, :64], flash_attention_reference(q, k, v, **options)[0])
         q.requires_grad_()
@@ -383,18 +374,18 @@ def model_attention_error(case: ModelAttention, mode: str):
     return error
 
 
-@pytest.mark.parametrize("mode,case,dtype,impl", [
-    pytest.param(mode, case, dtype, impl, id=f"{mode}-{case.label().replace(' ', '-')}-{dtype}-{impl}",
-                 marks=pytest.mark.slow)
-    for mode, case, dtype in MODEL_CASES for impl in MODEL_IMPLS])
-def test_attention_models(bench, mode, case, dtype, impl):
+@pytest.mark.parametrize("mode,model,case,dtype,impl", [
+    pytest.param(mode, model, case, dtype, impl, marks=pytest.mark.slow,
+                 id=f"{mode}-{model_label(model, case).replace(' ', '-')}-{dtype}-{impl}")
+    for mode, model, case, dtype in MODEL_CASES for impl in MODEL_IMPLS])
+def test_attention_models(bench, mode, model, case, dtype, impl):
     torch_dtype = DTYPES[dtype]
 
     def build():
         q = randn((case.batch, case.heads, case.n_queries, case.d), torch_dtype, 0)
         k, v = (randn((case.batch, case.kv_heads, case.n_keys, case.d), torch_dtype, seed) for seed in (1, 2))
         fn = {"sdpa": sdpa_model_attention, "flex_compile": flex_model_attention,
-              TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options())}[impl](case)
+              TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options)}[impl](case)
         dout = randn(q.shape, torch_dtype, 3)
         if mode == "fwd":
             call = lambda: fn(q, k, v)  # noqa: E731
@@ -406,12 +397,12 @@ def test_attention_models(bench, mode, case, dtype, impl):
                 return torch.autograd.grad(fn(*leaves), leaves, dout)
         return _first_call(impl, call, MODEL_PEERS), (q, k, v, dout)
 
-    row = dict(workload=f"attention_models_{mode}", case=case.label(), dtype=dtype, impl=impl,
+    row = dict(workload=f"attention_models_{mode}", case=model_label(model, case), dtype=dtype, impl=impl,
                role="baseline" if impl in MODEL_PEERS else "triton")
     shape = (case.batch, case.heads, case.kv_heads, case.n_queries, case.n_keys, case.d, case.d)
     bench(MODELS_GROUP, row, build, bytes_moved=flash_attention_io_bytes(*shape, torch_dtype.itemsize, mode),
           flops=flash_attention_flops(case.batch, case.heads, case.n_queries, case.n_keys, case.d, case.d,
-                                      *case.bounds(), mode),
+                                      *mask_bounds(case), mode),
           dtype=torch_dtype, error=model_attention_error(case, mode))
 
 
