@@ -4461,6 +4461,30 @@ def _launch_list(plan: AttentionPlan) -> list[int]:
             for field in ("block_m", "block_n", "num_warps", "num_stages")]
 
 
+def _flat_heads(t: torch.Tensor) -> bool:
+    """Whether (batch, heads, n, d) views as (batch x heads, n, d) without a copy."""
+    batch, heads = t.shape[:2]
+    return batch == 1 or heads == 1 or t.stride(0) == heads * t.stride(1)
+
+
+def flash_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict, return_lse: bool) -> str:
+    """Which kernels a ``flash_attention`` call with these (checked) options runs: "course" (those of
+    ``FlashAttentionTriton``, tuned for its plain problems) or "general" (the kernels above)."""
+    d, n_queries, n_keys = q.shape[-1], q.shape[2], k.shape[2]
+    plain = (not return_lse and options["window"] is None and options["softcap"] is None
+             and options["scale"] == d ** -0.5 and q.shape[1] == k.shape[1] and v.shape[-1] == d
+             and d in FLASH_HEAD_DIMS and n_keys > 0
+             and (not options["is_causal"] or options["causal_align"] == "top_left" or n_queries == n_keys))
+    return "course" if plain and all(_flat_heads(t) for t in (q, k, v)) else "general"
+
+
+def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """flash_attention by FlashAttentionTriton: heads folded into its batch (views), and back."""
+    batch, heads, n_queries, d = q.shape
+    out = FlashAttentionTriton.apply(*(t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)), is_causal)
+    return out.view(batch, heads, n_queries, d)
+
+
 @on_input_device
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                     scale: float | None = None, enable_gqa: bool = False, causal_align: str = "top_left",
@@ -4486,7 +4510,14 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2).
     * A query that sees no key (bottom-right with n_queries > n_keys, or a window past the keys)
       gets output 0, lse -inf and zero gradients, as SDPA gives for a fully masked row.
-    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s choice (tuning, tests).
+    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s choice (tuning, tests); with
+      it the general kernels run.
+
+    A plain call, one that the course's ``FlashAttentionTriton`` can take as it is (the same number
+    of heads, d = dv in ``FLASH_HEAD_DIMS``, SDPA's scale, causal or not with no window, softcap or
+    lse, heads that flatten into its batch without a copy), runs that tuned path (its Gluon kernels
+    on Hopper): ``flash_attention_path`` says which runs. A backward with create_graph=True works
+    there (it has a recorded second derivative) and is refused by the general kernels.
 
     Differentiable in q, k and v (through out, and lse too), once: no double backward. A torch
     custom op (``softmax_kernels::attention_forward`` / ``attention_backward``): torch.compile
@@ -4496,6 +4527,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     if not isinstance(return_lse, bool):
         raise TypeError(f"return_lse must be a bool, got {_type_name(return_lse)}")
     n_queries, n_keys = q.shape[2], k.shape[2]
+    plan_given = plan
     if plan is None:
         plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, n_queries, n_keys, is_causal=options["is_causal"],
                               causal_align=causal_align, window=options["window"])
@@ -4503,6 +4535,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:
         plan.check()
+    if plan_given is None and flash_attention_path(q, k, v, options, return_lse) == "course":
+        return _course_attention(q, k, v, options["is_causal"])
     lo, hi = plan.lo, plan.hi
     args = (q, k, v, options["scale"], 0 if lo is None else lo, 0 if hi is None else hi, lo is not None,
             hi is not None, options["softcap"] or 0.0, _launch_list(plan))

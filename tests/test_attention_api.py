@@ -20,7 +20,8 @@ import torch.nn.functional as F
 
 from fused_softmax_matmul import (
     ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_mask_bounds, attention_plan, attention_visible_pairs,
-    flash_attention, flash_attention_flops, flash_attention_reference,
+    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_path,
+    flash_attention_reference,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
 from test_flash_attention import accumulation_error, recompute_error
@@ -213,6 +214,30 @@ def test_fused_qkv_view_is_read_in_place():
         torch.testing.assert_close(dqkv[:, :, i], g.transpose(1, 2), atol=0, rtol=0)
 
 
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_plain_calls_take_the_course_kernels(is_causal):
+    """A call FlashAttentionTriton takes as it is runs there (its tuned kernels), with the answers
+    of the general kernels (forced by a plan); an option it lacks, or heads that do not fold into
+    its batch without a copy, keep the general ones."""
+    q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
+        randn((2, 3, 45, 32), torch.float32, 2)
+    options = check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)
+    assert flash_attention_path(q, k, v, options, return_lse=False) == "course"
+    assert flash_attention_path(q, k, v, options, return_lse=True) == "general"
+    assert flash_attention_path(q, k, v, {**options, "scale": 0.5}, return_lse=False) == "general"
+    assert flash_attention_path(q[:, :, :, :24], k[:, :, :, :24], v[:, :, :, :24],
+                                {**options, "scale": 24 ** -0.5}, return_lse=False) == "general"  # d 24: not its
+    strided = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view
+    assert flash_attention_path(strided, k, v, options, return_lse=False) == "general"
+    dout = randn(q.shape, torch.float32, 4)
+    course = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal},
+                      fn=lambda *a, return_lse, plan, **o: (flash_attention(*a, **o), torch.zeros(q.shape[:3])))
+    plan = attention_plan(32, 32, torch.float32, 37, 45, is_causal=is_causal)
+    general = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal}, plan=plan)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (course[0], *course[2:]), (general[0], *general[2:])):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6, msg=lambda m: f"{name}: {m}")
+
+
 def test_gqa_gradients_sum_over_the_group():
     """dk and dv of a key/value head are the sums of what its query heads give it: the same as
     repeating k and v per query head (plain attention) and summing their gradients by group."""
@@ -239,7 +264,7 @@ def test_lse_alone_and_no_double_backward():
     torch.testing.assert_close(dq.double(), want[0], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dk.double(), want[1], atol=1e-5, rtol=1e-5)
     assert torch.equal(dv, torch.zeros_like(dv))  # lse does not depend on v
-    out = flash_attention(q, k, v)
+    out = flash_attention(q, k, v, scale=0.5)  # the general kernels (not the course's, which have one)
     with pytest.raises(RuntimeError, match="double backward"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
 

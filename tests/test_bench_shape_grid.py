@@ -35,8 +35,8 @@ import torch.nn.functional as F
 
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
-    FlashAttentionTriton, attention_flops, attention_mask_bounds, attention_visible, flash_attention,
-    flash_attention_flops, flash_attention_io_bytes, flash_attention_reference, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
+    FlashAttentionTriton, attention_flops, attention_mask_bounds, attention_visible, check_flash_attention_inputs,
+    flash_attention, flash_attention_flops, flash_attention_io_bytes, flash_attention_path, flash_attention_reference, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     fused_softmax_path, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -256,8 +256,8 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
 MODELS_GROUP = BenchGroup(
     name="attention_models",
     csv="attention_models_benchmark.csv",
-    columns=("workload", "case", "dtype", "impl", "role", "ms", "best_baseline_ms", "speedup", "forward_ms_std",
-             "tflops", "pct_of_matmul_peak", "gbps", "pct_of_copy", "rel_error", "forward_peak_MiB"),
+    columns=("workload", "case", "dtype", "impl", "role", "path", "ms", "best_baseline_ms", "speedup",
+             "forward_ms_std", "tflops", "pct_of_matmul_peak", "gbps", "pct_of_copy", "rel_error", "forward_peak_MiB"),
     case=("workload", "case"),
     impls=("sdpa", "flex_compile", TRITON),
     best_of=("sdpa", "flex_compile"),
@@ -387,6 +387,11 @@ def test_attention_models(bench, mode, model, case, dtype, impl):
         fn = {"sdpa": sdpa_model_attention, "flex_compile": flex_model_attention,
               TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options)}[impl](case)
         dout = randn(q.shape, torch_dtype, 3)
+        if impl == TRITON:  # the course's tuned kernels or the general ones (flash_attention_path)
+            o = case.options
+            checked = check_flash_attention_inputs(q, k, v, o["is_causal"], None, o["enable_gqa"],
+                                                   o.get("causal_align", "top_left"), o.get("window"), o.get("softcap"))
+            row["path"] = flash_attention_path(q, k, v, checked, return_lse=False)
         if mode == "fwd":
             call = lambda: fn(q, k, v)  # noqa: E731
         else:
