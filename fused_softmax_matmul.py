@@ -19,6 +19,8 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * softmax(x) @ V: ``softmax_mult``, ``fused_softmax`` (the course's names).
 * softmax(x @ W): ``matmul_softmax_ref`` and three Triton versions.
 * Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
+* Attention as models call it: ``flash_attention`` (SDPA's layout and options, grouped-query
+  attention, head dims to 256, window, softcap, log-sum-exp) and ``flash_attention_reference``.
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
 * softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only; 16-bit, and
   float32 as TF32 or tf32x3 products), which ``fused_softmax`` runs where it is the faster path.
