@@ -3799,7 +3799,8 @@ _FLASH_BACKWARDS = Replays()
 # for bottom-right alignment (the last query sees the last key: a decode step, or a chunk of new
 # queries appended to a cache). A query that sees no key (bottom-right with more queries than
 # keys, or a window past the keys) gets output 0, log-sum-exp -inf and zero gradients: what SDPA
-# gives for a row its boolean attn_mask hides entirely (its math backend included, torch >= 2.5).
+# gives for a row its boolean attn_mask hides entirely (its default CPU backend and its math
+# backend checked on torch 2.13; test_queries_that_see_no_key_match_sdpa checks the default).
 # Key tiles that the mask hides from a whole query tile are never visited (the loop bounds,
 # ``_attention_span``), and tiles it shows whole run without mask arithmetic, as the course's
 # kernels do for causal masking.
@@ -3895,7 +3896,7 @@ def _real_number(name: str, value, positive: bool) -> float:
         raise TypeError(f"{name} must be None or a float, got {_type_name(value)}")
     value = float(value)
     if value != value or value in (float("inf"), float("-inf")) or (positive and value <= 0):
-        raise ValueError(f"{name} must be {'a positive' if positive else 'a finite'} float, got {value}")
+        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float, got {value}")
     return value
 
 
