@@ -19,6 +19,8 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * softmax(x) @ V: ``softmax_mult``, ``fused_softmax`` (the course's names).
 * softmax(x @ W): ``matmul_softmax_ref`` and three Triton versions.
 * Attention: ``attention_reference``, ``FlashAttentionPytorch``, ``FlashAttentionTriton``.
+* Attention as models call it: ``flash_attention`` (SDPA's layout and options, grouped-query
+  attention, head dims to 256, window, softcap, log-sum-exp) and ``flash_attention_reference``.
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
 * softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only; 16-bit, and
   float32 as TF32 or tf32x3 products), which ``fused_softmax`` runs where it is the faster path.
@@ -3784,6 +3786,775 @@ class FlashAttentionTriton(torch.autograd.Function):
 # Eager calls' kept launches: forwards as (Replay, launch choice, is_causal), backwards as chains.
 _FLASH_FORWARDS = Replays()
 _FLASH_BACKWARDS = Replays()
+
+
+# ==============================================================================================
+# Attention as models call it: flash_attention (SDPA's layout, GQA, head dims to 256, window,
+# softcap, log-sum-exp)
+# ==============================================================================================
+# ``flash_attention(q, k, v, ...)`` takes what ``F.scaled_dot_product_attention`` takes: q of
+# (batch, query heads, n_queries, d), k of (batch, key/value heads, n_keys, d) and v of (batch,
+# key/value heads, n_keys, dv), in any strides, so the (B, N, H, D) view of a fused qkv projection
+# transposed to (B, H, N, D) is read where it lies. Its kernels are general where the course's are
+# tuned: four strides per tensor, a head-group index for grouped-query attention, d and dv padded
+# to a power of two with masked loads, and a mask given as two bounds on j - i (below).
+#
+# Masks. Query i sees key j when lo <= j - i <= hi; either bound may be absent. Causal masking is
+# hi = offset, a window (left, right) is lo = offset - left and hi = offset + right, where offset
+# is 0 for top-left alignment (SDPA's is_causal: query i sees keys 0..i) and n_keys - n_queries
+# for bottom-right alignment (the last query sees the last key: a decode step, or a chunk of new
+# queries appended to a cache). A query that sees no key (bottom-right with more queries than
+# keys, or a window past the keys) gets output 0, log-sum-exp -inf and zero gradients: what SDPA
+# gives for a row its boolean attn_mask hides entirely (its default CPU backend and its math
+# backend checked on torch 2.13; test_queries_that_see_no_key_match_sdpa checks the default).
+# Key tiles that the mask hides from a whole query tile are never visited (the loop bounds,
+# ``_attention_span``), and tiles it shows whole run without mask arithmetic, as the course's
+# kernels do for causal masking.
+#
+# Softcap (Gemma 2): the scaled logits s become softcap * tanh(s / softcap) before the softmax;
+# its derivative 1 - tanh^2 multiplies dS in the backward.
+
+ATTENTION_MAX_HEAD_DIM = 256
+# Head dims step by 8: 16-bit rows of 8 elements are 16-byte vectors, what every model's head has.
+ATTENTION_HEAD_DIM_STEP = 8
+CAUSAL_ALIGNS = ("top_left", "bottom_right")
+# 2 log2(e): tanh(x) = 1 - 2 / (exp2(x * TANH_EXP2) + 1).
+TANH_EXP2 = tl.constexpr(2.8853900817779268)
+
+
+def attention_mask_bounds(n_queries: int, n_keys: int, is_causal: bool = False, causal_align: str = "top_left",
+                          window: tuple | None = None) -> tuple[int | None, int | None]:
+    """(lo, hi): query i sees key j when lo <= j - i <= hi (None: no bound on that side)."""
+    offset = n_keys - n_queries if causal_align == "bottom_right" else 0
+    left, right = window if window is not None else (None, None)
+    lo = None if left is None else offset - left
+    his = ([offset] if is_causal else []) + ([offset + right] if right is not None else [])
+    return lo, (min(his) if his else None)
+
+
+def attention_visible(n_queries: int, n_keys: int, lo: int | None, hi: int | None, device=None) -> torch.Tensor:
+    """(n_queries, n_keys) bool, True where the query sees the key under the bounds (lo, hi)."""
+    gap = torch.arange(n_keys, device=device)[None, :] - torch.arange(n_queries, device=device)[:, None]
+    visible = torch.ones((n_queries, n_keys), dtype=torch.bool, device=device)
+    if lo is not None:
+        visible &= gap >= lo
+    if hi is not None:
+        visible &= gap <= hi
+    return visible
+
+
+def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                              scale: float | None = None, causal_align: str = "top_left", window: tuple | None = None,
+                              softcap: float | None = None,
+                              bounds: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of materialised attention with every option of ``flash_attention``, in q's dtype
+    (the tests' judge in float64). Key/value heads are repeated over their query heads
+    (repeat_interleave, as SDPA's enable_gqa); a query that sees no key gets 0 and lse -inf, with
+    zero gradients (its logits are replaced by zeros before the softmax, then its row by zeros).
+    ``bounds``: the mask's (lo, hi) instead of the options' (for the first queries of a longer
+    problem, whose alignment the options would take from these queries alone)."""
+    group = q.shape[1] // k.shape[1]
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    n_queries, n_keys = q.shape[-2], k.shape[-2]
+    s = (q @ k.transpose(-2, -1)) * (q.shape[-1] ** -0.5 if scale is None else scale)
+    if softcap is not None:
+        s = softcap * torch.tanh(s / softcap)
+    if bounds is None:
+        bounds = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
+    visible = attention_visible(n_queries, n_keys, *bounds, device=q.device)
+    dead = ~visible.any(dim=-1)[:, None]  # queries that see no key
+    s = s.masked_fill(~visible, float("-inf")).masked_fill(dead, 0.0)
+    lse = torch.logsumexp(s, dim=-1).masked_fill(dead[:, 0], float("-inf"))
+    out = (torch.softmax(s, dim=-1) @ v).masked_fill(dead, 0.0)
+    return out, lse
+
+
+def attention_visible_pairs(n_queries: int, n_keys: int, lo: int | None, hi: int | None) -> int:
+    """How many (query, key) pairs the bounds show: each costs 2 (d + dv) flops forward."""
+    i = torch.arange(n_queries, dtype=torch.int64)
+    first = (i + lo).clamp_min(0) if lo is not None else torch.zeros_like(i)
+    last = (i + hi).clamp_max(n_keys - 1) if hi is not None else torch.full_like(i, n_keys - 1)
+    return int((last - first + 1).clamp_min(0).sum())
+
+
+def flash_attention_flops(batch: int, heads: int, n_queries: int, n_keys: int, d: int, dv: int,
+                          lo: int | None = None, hi: int | None = None, mode: str = "fwd") -> int:
+    """Matmul flops on the visible pairs: S = Q K^T (2 d a pair) and P V (2 dv); the backward
+    recomputes S and adds dV, dP, dQ, dK: 2.5x the forward, as ``attention_flops`` counts."""
+    forward = 2 * (d + dv) * batch * heads * attention_visible_pairs(n_queries, n_keys, lo, hi)
+    return {"fwd": forward, "fwd_bwd": forward + 5 * forward // 2}[mode]
+
+
+def flash_attention_io_bytes(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, d: int, dv: int,
+                             element_size: int, mode: str = "fwd") -> int:
+    """The least a fused attention moves: q, k, v in, out and lse (float32) out; the backward reads
+    q, k, v, out, dout, lse, writes and reads D (float32), writes dq, dk, dv."""
+    q, o = batch * heads * n_queries * d, batch * heads * n_queries * dv
+    kv = batch * kv_heads * n_keys * (d + dv)
+    rows = batch * heads * n_queries
+    forward = (q + kv + o) * element_size + 4 * rows
+    backward = (2 * q + 2 * kv + 2 * o) * element_size + 3 * 4 * rows
+    return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
+
+
+def _real_number(name: str, value, positive: bool) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{name} must be None or a float, got {_type_name(value)}")
+    value = float(value)
+    if value != value or value in (float("inf"), float("-inf")) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float, got {value}")
+    return value
+
+
+def _check_window(window) -> tuple | None:
+    if window is None:
+        return None
+    if not isinstance(window, (tuple, list)) or len(window) != 2:
+        raise TypeError(f"window must be None or a pair (left, right) of key counts, got {window!r}")
+    for side, n in zip(("left", "right"), window):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"window's {side} must be None (unlimited) or an int >= 0, got {n!r}")
+    return tuple(window)
+
+
+def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap) -> dict:
+    """Every check ``flash_attention`` makes before any work; returns the options normalised
+    (is_causal a bool, scale a float, window a tuple or None, softcap a float or None).
+    Errors are TypeError/ValueError naming the argument."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, 4)
+    check_same("q", q, "k", k)
+    check_same("q", q, "v", v)
+    is_causal = causal_flag(is_causal)
+    if not isinstance(enable_gqa, bool):
+        raise TypeError(f"enable_gqa must be a bool, got {_type_name(enable_gqa)}")
+    if causal_align not in CAUSAL_ALIGNS:
+        raise ValueError(f"causal_align must be one of {CAUSAL_ALIGNS}, got {causal_align!r}")
+    batch, heads, _, d = q.shape
+    kb, kv_heads, n_keys, kd = k.shape
+    if kb != batch or kd != d:
+        raise ValueError(f"k must be (batch, kv_heads, n_keys, d) with q's batch {batch} and d {d}, got k of shape "
+                         f"{tuple(k.shape)}")
+    if tuple(v.shape[:3]) != (batch, kv_heads, n_keys):
+        raise ValueError(f"v must be (batch, kv_heads, n_keys, dv) with k's {(batch, kv_heads, n_keys)}, got v of "
+                         f"shape {tuple(v.shape)}")
+    if kv_heads == 0 or heads % kv_heads:
+        raise ValueError(f"q's heads ({heads}) must be a multiple of k's and v's heads ({kv_heads})")
+    if heads != kv_heads and not enable_gqa:
+        raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: grouped-query attention needs enable_gqa=True "
+                         "(as in F.scaled_dot_product_attention)")
+    for name, n in (("d (the last dimension of q and k)", d), ("dv (the last dimension of v)", v.shape[-1])):
+        if n % ATTENTION_HEAD_DIM_STEP or not 0 < n <= ATTENTION_MAX_HEAD_DIM:
+            raise ValueError(f"{name} must be a multiple of {ATTENTION_HEAD_DIM_STEP} from {ATTENTION_HEAD_DIM_STEP} "
+                             f"to {ATTENTION_MAX_HEAD_DIM}, got {n}")
+    for name, t in (("q", q), ("k", k), ("v", v)):  # one head's offsets are 32-bit in the kernels
+        span = sum((n - 1) * abs(st) for n, st in zip(t.shape[2:], t.stride()[2:]) if n > 0)
+        if span > FLASH_MAX_OFFSET:
+            raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
+                             f"head, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
+    scale = d ** -0.5 if scale is None else _real_number("scale", scale, positive=False)
+    softcap = None if softcap is None else _real_number("softcap", softcap, positive=True)
+    return dict(is_causal=is_causal, scale=scale, causal_align=causal_align, window=_check_window(window),
+                softcap=softcap)
+
+
+@dataclass(frozen=True)
+class AttentionPlan:
+    """What ``flash_attention`` launches: the head dims padded to powers of two (tl.arange's
+    lengths, at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), and
+    each kernel's tiles (``FlashLaunch``: queries x keys per tile, warps, stages)."""
+
+    head_dim: int
+    head_dim_v: int
+    lo: int | None
+    hi: int | None
+    forward: FlashLaunch
+    dq: FlashLaunch
+    dkdv: FlashLaunch
+
+    def check(self) -> None:
+        for kernel in FLASH_KERNELS:
+            getattr(self, kernel).check(f"plan.{kernel}")
+
+
+def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+    """Tiles by the widest padded head dim, before shrinking to short sequences.
+
+    Up to 128 the course's choices (``flash_launches``, argued there) for its head dims. At 256 a
+    program's tiles are halved: the forward's 64 x 256 Q and its K and V tiles of 64 x 256 in two
+    stages count 160 KB in 16 bits (an H100 block may take 227 KB), and its float32 accumulator
+    would be 128 registers a thread over 4 warps, so 8 warps; dK and dV hold two float32
+    accumulators of 32 x 256. float32 operands take twice the bytes again: 32-row tiles, one stage.
+    tests/compile_flash_kernels.py compiles each for sm_90 and checks the shared memory it takes.
+    """
+    if head_dim <= 128:
+        return _flash_launches.__wrapped__(head_dim, dtype)  # uncached: torch.compile traces it
+    if dtype == torch.float32:
+        return {"forward": FlashLaunch(32, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1)}
+    return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
+
+
+def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
+                   causal_align: str = "top_left", window: tuple | None = None) -> AttentionPlan:
+    """The launch of ``flash_attention`` for these head dims, dtype, lengths and mask: a pure
+    function (no device asked). Tiles are ``_attention_tiles``'s, shrunk to the least power of
+    two >= 16 that covers a short sequence (a decode step of 1 query runs 16-query tiles, not 128)."""
+    head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
+    queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
+    tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
+             for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
+    lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
+    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles)
+
+
+@triton.jit
+def _attention_span(own_start, n_own, n_other, lo, hi, OWN: tl.constexpr, OTHER: tl.constexpr,
+                    HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """For the OWN rows from own_start (queries; keys in dK/dV, with the bounds negated and
+    swapped), the tiles of OTHER along the other axis that they see: (start, full_start, full_end,
+    end). Tiles from start to end hold every pair the mask shows (the rest are skipped); those in
+    [full_start, full_end) are shown whole to every existing own row and need no mask."""
+    own_last = tl.minimum(own_start + OWN, n_own) - 1
+    start = 0
+    full_start = 0
+    end = n_other
+    full_end = n_other // OTHER * OTHER
+    if HAS_LO:
+        start = tl.maximum(own_start + lo, 0) // OTHER * OTHER
+        full_start = tl.cdiv(tl.maximum(own_last + lo, 0), OTHER) * OTHER
+    if HAS_HI:
+        end = tl.minimum(tl.maximum(own_last + hi + 1, 0), n_other)
+        full_end = tl.minimum(tl.maximum(own_start + hi + 1, 0), n_other) // OTHER * OTHER
+    return start, full_start, full_end, end
+
+
+@triton.jit
+def _attention_load(base, rows, n_rows, stride_row, dims, stride_dim, D: tl.constexpr, PADDED: tl.constexpr,
+                    MASK_ROWS: tl.constexpr):
+    """A (rows x PADDED) tile of one head, zeros past n_rows (MASK_ROWS) and past the head dim D."""
+    ptrs = base + rows[:, None] * stride_row + dims[None, :] * stride_dim
+    if MASK_ROWS:
+        mask = (rows < n_rows)[:, None]
+        if PADDED != D:
+            mask = mask & (dims < D)[None, :]
+        tile = tl.load(ptrs, mask=mask, other=0.0)
+    elif PADDED != D:
+        tile = tl.load(ptrs, mask=(dims < D)[None, :], other=0.0)
+    else:
+        tile = tl.load(ptrs)
+    return tile
+
+
+@triton.jit
+def _attention_store(base, tile, rows, n_rows, stride_row, dims, stride_dim, D: tl.constexpr):
+    ptrs = base + rows[:, None] * stride_row + dims[None, :] * stride_dim
+    tl.store(ptrs, tile.to(base.dtype.element_ty), mask=(rows < n_rows)[:, None] & (dims < D)[None, :])
+
+
+@triton.jit
+def _attention_tanh(x):
+    """tanh from one exp2: 1 - 2 / (e^2x + 1) is -1 and 1 at the ends (no inf / inf)."""
+    return 1.0 - 2.0 / (tl.math.exp2(x * TANH_EXP2) + 1.0)
+
+
+@triton.jit
+def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
+    """a b^T as logits in base-2 units: scaled by qk_scale = scale log2(e), or with SOFTCAP
+    cap2 tanh(a b^T qk_scale) where qk_scale = scale / softcap and cap2 = softcap log2(e)."""
+    s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST) * qk_scale
+    if SOFTCAP:
+        s = _attention_tanh(s) * cap2
+    return s
+
+
+@triton.jit
+def _attention_shown(rows, cols, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
+    """(rows x cols) True where the column exists and lo <= col - row <= hi. Rows past their end
+    are never stored (queries in the forward and dQ, keys in dK/dV): shown as if they existed."""
+    shown = (cols < n_cols)[None, :] & (rows >= 0)[:, None]
+    if HAS_LO:
+        shown = shown & (cols[None, :] - rows[:, None] >= lo)
+    if HAS_HI:
+        shown = shown & (cols[None, :] - rows[:, None] <= hi)
+    return shown
+
+
+@triton.jit
+def _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd, n_keys, qk_scale,
+                        cap2, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                        BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
+                        UPCAST: tl.constexpr):
+    """The key tile at key_start: its key indices, K and V rows (zeros past n_keys where MASKED),
+    and the base-2 logits of the query tile q against them."""
+    keys = key_start + tl.arange(0, BLOCK_N)
+    k = _attention_load(k_base, keys, n_keys, stride_kn, tl.arange(0, HEAD_DIM), stride_kd, D, HEAD_DIM, MASKED)
+    v = _attention_load(v_base, keys, n_keys, stride_vn, tl.arange(0, HEAD_DIM_V), stride_vd, DV, HEAD_DIM_V, MASKED)
+    return keys, k, v, _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
+
+
+@triton.jit
+def _attention_forward_tiles(
+    acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
+    n_queries, n_keys, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """The online softmax over the key tiles from start to end for one query tile (base 2)."""
+    for key_start in range(start, end, BLOCK_N):
+        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
+                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
+                                            SOFTCAP, PRECISION, UPCAST)
+        if MASKED:
+            s = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), s, float("-inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        # A row that has seen only -inf so far subtracts 0: exp2(-inf - 0) = 0, not NaN.
+        m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
+        p = tl.math.exp2(s - m_sub[:, None])
+        alpha = tl.math.exp2(m - m_sub)
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+        m = m_new
+    return acc, m, l
+
+
+@triton.jit
+def _attention_head(pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """(batch, head, tile) of this program (grid: batch x heads x tiles, batch and head fastest);
+    batch and head are int64 for the offsets. HEAVY_FIRST: the last tiles first (causal queries)."""
+    pid = tl.program_id(0)
+    n_tiles = tl.cdiv(n_rows, BLOCK)
+    tile = pid // pid_rows
+    if HEAVY_FIRST:
+        tile = n_tiles - 1 - tile
+    head = (pid % pid_rows).to(tl.int64)
+    return head // n_heads, head % n_heads, tile
+
+
+@triton.jit
+def attention_forward_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
+    n_batch, n_heads, group, n_queries, n_keys, qk_scale, cap2, lo, hi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One program: BLOCK_M queries of one (batch, query head) against the keys of its key/value
+    head (query head // group) that the mask shows them. lse: (batch, heads, n_queries), contiguous."""
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    cap2 = tl.cast(cap2, tl.float32)
+    b, h, tile = _attention_head(n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+    hk = h // group
+    query_start = tile * BLOCK_M
+    rows = query_start + tl.arange(0, BLOCK_M)
+    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
+    q = _attention_load(q_ptr + b * stride_qb + h * stride_qh, rows, n_queries, stride_qm, dims, stride_qd,
+                        D, HEAD_DIM, True)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM_V), tl.float32)
+    start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, BLOCK_M, BLOCK_N,
+                                                       HAS_LO, HAS_HI)
+    # Masked tiles before the whole ones (a window's left edge), the whole ones, masked after.
+    acc, m, l = _attention_forward_tiles(
+        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start,
+        tl.minimum(full_start, end), n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N,
+        True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    acc, m, l = _attention_forward_tiles(
+        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, full_start, full_end,
+        n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N,
+        False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    acc, m, l = _attention_forward_tiles(
+        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+        tl.maximum(full_start, full_end), end, n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V,
+        BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    # A query that sees no key (or only -inf logits) has l = 0: output 0 and L = -inf.
+    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    _attention_store(o_ptr + b * stride_ob + h * stride_oh, out, rows, n_queries, stride_om, dims_v, stride_od, DV)
+    tl.store(lse_ptr + (b * n_heads + h) * n_queries + rows, (m + tl.math.log2(l)) * LN_2, mask=rows < n_queries)
+
+
+@triton.jit
+def _attention_dq_tiles(
+    dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
+    n_queries, n_keys, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dS K of one query tile over the key tiles from start to end (dS in softcap's input units)."""
+    for key_start in range(start, end, BLOCK_N):
+        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
+                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
+                                            SOFTCAP, PRECISION, UPCAST)
+        p = tl.math.exp2(s - lse[:, None])
+        if MASKED:
+            p = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), p, 0.0)
+        dp = _dot_acc(do, tl.trans(v), tl.zeros((do.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        ds = p * (dp - delta[:, None])
+        if SOFTCAP:  # d(cap tanh(x / cap)) / dx = 1 - tanh^2, tanh = s / cap2
+            t = s / cap2
+            ds = ds * (1.0 - t * t)
+        dq = _dot_acc(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
+    return dq
+
+
+@triton.jit
+def attention_backward_dq_kernel(
+    q_ptr, k_ptr, v_ptr, o_ptr, do_ptr, lse_ptr, dlse_ptr, delta_ptr, dq_ptr,
+    n_batch, n_heads, group, n_queries, n_keys, sm_scale, qk_scale, cap2, lo, hi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
+    stride_gb, stride_gh, stride_gm, stride_gd,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+    SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dQ of BLOCK_M queries of one (batch, query head), streaming keys as the forward does. Runs
+    first and writes D = rowsum(dO O) - dlse, which the dK/dV kernel reads: lse's own gradient
+    (its derivative in S is P) joins the softmax's as dS = P (dP - D)."""
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    cap2 = tl.cast(cap2, tl.float32)
+    b, h, tile = _attention_head(n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+    hk = h // group
+    query_start = tile * BLOCK_M
+    rows = query_start + tl.arange(0, BLOCK_M)
+    row_ok = rows < n_queries
+    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
+    q = _attention_load(q_ptr + b * stride_qb + h * stride_qh, rows, n_queries, stride_qm, dims, stride_qd,
+                        D, HEAD_DIM, True)
+    do = _attention_load(do_ptr + b * stride_gb + h * stride_gh, rows, n_queries, stride_gm, dims_v, stride_gd,
+                         DV, HEAD_DIM_V, True)
+    o = _attention_load(o_ptr + b * stride_ob + h * stride_oh, rows, n_queries, stride_om, dims_v, stride_od,
+                        DV, HEAD_DIM_V, True)
+    row_offsets = (b * n_heads + h) * n_queries + rows
+    lse = _flash_load_lse(lse_ptr, row_offsets, row_ok)
+    delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    if HAS_DLSE:
+        delta -= tl.load(dlse_ptr + row_offsets, mask=row_ok, other=0.0)
+    tl.store(delta_ptr + row_offsets, delta, mask=row_ok)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, BLOCK_M, BLOCK_N,
+                                                       HAS_LO, HAS_HI)
+    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             start, tl.minimum(full_start, end), n_queries, n_keys, qk_scale, cap2, lo, hi,
+                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             full_start, full_end, n_queries, n_keys, qk_scale, cap2, lo, hi,
+                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+                             tl.maximum(full_start, full_end), end, n_queries, n_keys, qk_scale, cap2, lo, hi,
+                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    _attention_store(dq_ptr + b * stride_dqb + h * stride_dqh, dq * sm_scale, rows, n_queries, stride_dqm, dims,
+                     stride_dqd, D)
+
+
+@triton.jit
+def _attention_dkdv_tiles(
+    dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_gm, stride_gd,
+    start, end, n_queries, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
+    MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
+    PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """dK and dV of one key tile from the query tiles from start to end of one query head, keys
+    major (S^T = K Q^T): dV += P^T dO, dS^T = P^T (V dO^T - D), dK += dS^T Q. Masked tiles zero
+    P^T and dS^T where the query is hidden or missing (its zeros times an infinite key are NaN)."""
+    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
+    for query_start in range(start, end, BLOCK_M):
+        rows = query_start + tl.arange(0, BLOCK_M)
+        row_ok = rows < n_queries
+        q = _attention_load(q_base, rows, n_queries, stride_qm, dims, stride_qd, D, HEAD_DIM, MASKED)
+        do = _attention_load(do_base, rows, n_queries, stride_gm, dims_v, stride_gd, DV, HEAD_DIM_V, MASKED)
+        if MASKED:
+            lse = _flash_load_lse(lse_base, rows, row_ok)
+            delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
+        else:
+            lse = _flash_lse_base2(tl.load(lse_base + rows))
+            delta = tl.load(delta_base + rows)
+        sT = _attention_logits(k, q, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
+        pT = tl.math.exp2(sT - lse[None, :])
+        if MASKED:  # key j is seen by query i when -hi <= i - j <= -lo
+            keep = _attention_shown(keys, rows, n_queries, -hi, -lo, HAS_HI, HAS_LO)
+            pT = tl.where(keep, pT, 0.0)
+        dv = _dot_acc(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
+        dpT = _dot_acc(v, tl.trans(do), tl.zeros((v.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        dsT = pT * (dpT - delta[None, :])
+        if SOFTCAP:
+            t = sT / cap2
+            dsT = dsT * (1.0 - t * t)
+        if MASKED:
+            dsT = tl.where(keep, dsT, 0.0)
+        dk = _dot_acc(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
+    return dk, dv
+
+
+@triton.jit
+def attention_backward_dkdv_kernel(
+    q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
+    n_batch, n_heads, group, n_queries, n_keys, sm_scale, qk_scale, cap2, lo, hi,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gm, stride_gd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV, summed over
+    the group's query heads and the queries that see them: one writer per key, no atomics."""
+    sm_scale = tl.cast(sm_scale, tl.float32)
+    qk_scale = tl.cast(qk_scale, tl.float32)
+    cap2 = tl.cast(cap2, tl.float32)
+    n_kv_heads = n_heads // group
+    b, hk, tile = _attention_head(n_batch * n_kv_heads, n_keys, n_kv_heads, BLOCK_N, False)
+    key_start = tile * BLOCK_N
+    keys = key_start + tl.arange(0, BLOCK_N)
+    dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
+    k = _attention_load(k_ptr + b * stride_kb + hk * stride_kh, keys, n_keys, stride_kn, dims, stride_kd,
+                        D, HEAD_DIM, True)
+    v = _attention_load(v_ptr + b * stride_vb + hk * stride_vh, keys, n_keys, stride_vn, dims_v, stride_vd,
+                        DV, HEAD_DIM_V, True)
+    dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
+    dv = tl.zeros((BLOCK_N, HEAD_DIM_V), tl.float32)
+    # Key j is seen by queries i with j - hi <= i <= j - lo: the span with the bounds swapped.
+    start, full_start, full_end, end = _attention_span(key_start, n_keys, n_queries, -hi, -lo, BLOCK_N, BLOCK_M,
+                                                       HAS_HI, HAS_LO)
+    for g in range(0, group):
+        h = hk * group + g
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+        do_base = do_ptr + b * stride_gb + h * stride_gh
+        lse_base = lse_ptr + (b * n_heads + h) * n_queries
+        delta_base = delta_ptr + (b * n_heads + h) * n_queries
+        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                       stride_gm, stride_gd, start, tl.minimum(full_start, end), n_queries, qk_scale,
+                                       cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, True, HAS_LO, HAS_HI,
+                                       SOFTCAP, PRECISION, UPCAST)
+        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                       stride_gm, stride_gd, full_start, full_end, n_queries, qk_scale,
+                                       cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, False, HAS_LO, HAS_HI,
+                                       SOFTCAP, PRECISION, UPCAST)
+        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+                                       stride_gm, stride_gd, tl.maximum(full_start, full_end), end, n_queries,
+                                       qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, True, HAS_LO,
+                                       HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    _attention_store(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * sm_scale, keys, n_keys, stride_dkn, dims,
+                     stride_dkd, D)
+    _attention_store(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, keys, n_keys, stride_dvn, dims_v, stride_dvd, DV)
+
+
+# The custom ops carry the plan as plain values: the mask bounds as ints with flags (an absent
+# bound's int is unused), softcap 0.0 for none, a launch as [block_m, block_n, warps, stages].
+def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
+    """(qk_scale, cap2) of ``_attention_logits``; (scale, 1.0) passed as sm_scale where needed."""
+    if softcap:
+        return scale / softcap, softcap * LOG2_E.value
+    return scale * LOG2_E.value, 1.0
+
+
+def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, softcap: float,
+                         launch: list[int]) -> dict:
+    d = q.shape[-1]
+    return dict(D=d, DV=dv, HEAD_DIM=max(16, next_power_of_2(d)), HEAD_DIM_V=max(16, next_power_of_2(dv)),
+                BLOCK_M=launch[0], BLOCK_N=launch[1], HAS_LO=has_lo, HAS_HI=has_hi, SOFTCAP=bool(softcap),
+                num_warps=launch[2], num_stages=launch[3], **_flash_kernel_args(q.dtype))
+
+
+def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
+    batch, heads, n_queries, _ = q.shape
+    return (q.new_empty((batch, heads, n_queries, v.shape[-1])),
+            q.new_empty((batch, heads, n_queries), dtype=torch.float32))
+
+
+def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lo: int, hi: int,
+                      has_lo: bool, has_hi: bool, softcap: float,
+                      launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
+    in q's dtype, lse (batch, heads, n_queries) float32. launches: the plan's forward, dq and dK/dV
+    launches, four ints each (the backward's ride along for autograd)."""
+    launch = launches[:4]
+    batch, heads, n_queries, _ = q.shape
+    n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
+    out = q.new_empty((batch, heads, n_queries, dv))
+    lse = q.new_empty((batch, heads, n_queries), dtype=torch.float32)
+    if out.numel() == 0:
+        return out, lse
+    qk_scale, cap2 = _attention_scalars(scale, softcap)
+    grid = one_axis_grid(batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
+    _jit(attention_forward_kernel, traced=True)[grid](
+        q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
+    return out, lse
+
+
+# The op autograd and torch.compile see; eager calls that record no gradient launch directly.
+attention_forward = kernel_op("attention_forward", _attention_forward_fake)(_attention_forward)
+
+
+def _attention_backward_fake(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, dq_launch,
+                             dkdv_launch):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+@kernel_op("attention_backward", _attention_backward_fake)
+def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+                       dout: torch.Tensor, dlse: torch.Tensor | None, scale: float, lo: int, hi: int, has_lo: bool,
+                       has_hi: bool, softcap: float, dq_launch: list[int],
+                       dkdv_launch: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) of ``flash_attention`` for the gradients dout of out and dlse of lse (None: 0),
+    contiguous; dk and dv summed over each group's query heads."""
+    batch, heads, n_queries, _ = q.shape
+    n_kv_heads, n_keys, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
+    dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+    if dq.numel() == 0 or n_keys == 0:
+        return dq.zero_(), dk.zero_(), dv.zero_()
+    qk_scale, cap2 = _attention_scalars(scale, softcap)
+    group = heads // n_kv_heads
+    delta = torch.empty((batch, heads, n_queries), dtype=torch.float32, device=q.device)
+    head = (batch, heads, group, n_queries, n_keys, scale, qk_scale, cap2, lo, hi)
+    grid = one_axis_grid(batch * heads * cdiv(n_queries, dq_launch[0]), "the attention backward's dq")
+    _jit(attention_backward_dq_kernel, traced=True)[grid](
+        q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
+        *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
+        HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch))
+    grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
+    _jit(attention_backward_dkdv_kernel, traced=True)[grid](
+        q, k, v, dout, lse, delta, dk, dv, *head,
+        *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
+        **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch))
+    return dq, dk, dv
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, *options = inputs
+    ctx.save_for_backward(q, k, v, *output)
+    ctx.options = options
+    ctx.set_materialize_grads(False)
+
+
+def _attention_grad(ctx, dout, dlse):
+    if torch.is_grad_enabled():
+        raise RuntimeError("flash_attention has no double backward (create_graph=True): its gradients come from "
+                           "kernels that autograd cannot differentiate")
+    q, k, v, out, lse = ctx.saved_tensors
+    scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
+    if dout is None and dlse is None:
+        return (None,) * 10
+    dout = torch.zeros_like(out) if dout is None else dout.to(q.dtype)
+    if dlse is not None:  # the kernels index lse's gradient as lse: contiguous (lse.sum()'s is stride 0)
+        dlse = dlse.float().contiguous()
+    dq, dk, dv = torch.ops.softmax_kernels.attention_backward(
+        q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:])
+    return (dq, dk, dv, *([None] * 7))
+
+
+attention_forward.register_autograd(_attention_grad, setup_context=_attention_setup)
+
+
+def _launch_list(plan: AttentionPlan) -> list[int]:
+    return [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
+            for field in ("block_m", "block_n", "num_warps", "num_stages")]
+
+
+def _flat_heads(t: torch.Tensor) -> bool:
+    """Whether (batch, heads, n, d) views as (batch x heads, n, d) without a copy."""
+    batch, heads = t.shape[:2]
+    return batch == 1 or heads == 1 or t.stride(0) == heads * t.stride(1)
+
+
+def flash_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict, return_lse: bool) -> str:
+    """Which kernels a ``flash_attention`` call with these (checked) options runs: "course" (those of
+    ``FlashAttentionTriton``, tuned for its plain problems) or "general" (the kernels above)."""
+    d, n_queries, n_keys = q.shape[-1], q.shape[2], k.shape[2]
+    plain = (not return_lse and options["window"] is None and options["softcap"] is None
+             and options["scale"] == d ** -0.5 and q.shape[1] == k.shape[1] and v.shape[-1] == d
+             and d in FLASH_HEAD_DIMS and n_keys > 0
+             and (not options["is_causal"] or options["causal_align"] == "top_left" or n_queries == n_keys))
+    return "course" if plain and all(_flat_heads(t) for t in (q, k, v)) else "general"
+
+
+def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
+    """flash_attention by FlashAttentionTriton: heads folded into its batch (views), and back."""
+    batch, heads, n_queries, d = q.shape
+    out = FlashAttentionTriton.apply(*(t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)), is_causal)
+    return out.view(batch, heads, n_queries, d)
+
+
+@on_input_device
+def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
+                    scale: float | None = None, enable_gqa: bool = False, causal_align: str = "top_left",
+                    window: tuple[int | None, int | None] | None = None, softcap: float | None = None,
+                    return_lse: bool = False, plan: AttentionPlan | None = None):
+    """Attention as ``F.scaled_dot_product_attention`` computes it, with what models add to it.
+
+    q: (batch, heads, n_queries, d), k: (batch, kv_heads, n_keys, d), v: (batch, kv_heads,
+    n_keys, dv), any strides (a (B, N, H, D) tensor's ``.transpose(1, 2)`` is read in place);
+    float32, float16 or bfloat16, one dtype and device. d and dv are multiples of 8 up to 256 and
+    may differ. Returns out: (batch, heads, n_queries, dv) in q's dtype, contiguous, and with
+    ``return_lse`` also lse: (batch, heads, n_queries) float32, the natural log-sum-exp of each
+    query's logits (what split-KV and context-parallel callers merge partial results on).
+
+    * ``is_causal``, ``scale`` (default 1/sqrt(d)) and ``enable_gqa`` as in SDPA: with
+      enable_gqa, heads may be any multiple of kv_heads, query head h using key/value head
+      h // (heads // kv_heads); dk and dv sum over the query heads of their group.
+    * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (query i
+      sees keys j <= i + n_keys - n_queries: the last query sees every key, as a decode step or a
+      chunk of new queries over a cache needs). The window is aligned the same way.
+    * ``window=(left, right)``: query i (after alignment) sees keys i - left <= j <= i + right;
+      None on either side is unbounded. With is_causal too, right is at most 0.
+    * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2).
+    * A query that sees no key (bottom-right with n_queries > n_keys, or a window past the keys)
+      gets output 0, lse -inf and zero gradients, as SDPA gives for a fully masked row.
+    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s choice (tuning, tests); with
+      it the general kernels run.
+
+    A plain call, one that the course's ``FlashAttentionTriton`` can take as it is (the same number
+    of heads, d = dv in ``FLASH_HEAD_DIMS``, SDPA's scale, causal or not with no window, softcap or
+    lse, heads that flatten into its batch without a copy), runs that tuned path (its Gluon kernels
+    on Hopper): ``flash_attention_path`` says which runs. A backward with create_graph=True works
+    there (it has a recorded second derivative) and is refused by the general kernels.
+
+    Differentiable in q, k and v (through out, and lse too), once: no double backward. A torch
+    custom op (``softmax_kernels::attention_forward`` / ``attention_backward``): torch.compile
+    (fullgraph=True) traces into its Triton launches and CUDA graphs capture it (no host syncs).
+    """
+    options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
+    if not isinstance(return_lse, bool):
+        raise TypeError(f"return_lse must be a bool, got {_type_name(return_lse)}")
+    n_queries, n_keys = q.shape[2], k.shape[2]
+    plan_given = plan
+    if plan is None:
+        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, n_queries, n_keys, is_causal=options["is_causal"],
+                              causal_align=causal_align, window=options["window"])
+    elif not isinstance(plan, AttentionPlan):
+        raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
+    else:
+        plan.check()
+    if plan_given is None and flash_attention_path(q, k, v, options, return_lse) == "course":
+        return _course_attention(q, k, v, options["is_causal"])
+    lo, hi = plan.lo, plan.hi
+    args = (q, k, v, options["scale"], 0 if lo is None else lo, 0 if hi is None else hi, lo is not None,
+            hi is not None, options["softcap"] or 0.0, _launch_list(plan))
+    if needs_op(q, k, v):
+        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
+    else:
+        out, lse = _attention_forward(*args)
+    return (out, lse) if return_lse else out
 
 
 # ==============================================================================================

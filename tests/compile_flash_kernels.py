@@ -1,5 +1,8 @@
 """Compile the flash attention kernels for an H100 (sm_90) the way torch.compile re-launches them.
 
+The course's kernels, and flash_attention's general ones at the launches ``attention_plan``
+chooses (their shared memory must fit an H100's 227 KB a block: d = 256 is the test).
+
 Inductor passes a user kernel's Python float arguments typed fp64; the kernels must still
 compile (an fp64 scale once made tl.dot's accumulator fp64 and tl.dot refused it). Triton's CUDA
 backend compiles to a cubin without a GPU, so this runs on a machine without one, but not under
@@ -19,8 +22,9 @@ from triton.compiler import ASTSource
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fused_softmax_matmul as fsm  # noqa: E402
 
-FLOAT_ARGS = ("qk_scale", "sm_scale")
-FLOAT32_POINTERS = ("lse_ptr", "delta_ptr")
+FLOAT_ARGS = ("qk_scale", "sm_scale", "cap2")
+FLOAT32_POINTERS = ("lse_ptr", "delta_ptr", "dlse_ptr")
+H100_SHARED_MEMORY = 227 * 1024  # the most one block may take
 
 
 def signature(kernel, element: str, constexprs: dict) -> dict:
@@ -36,10 +40,43 @@ def signature(kernel, element: str, constexprs: dict) -> dict:
     return types
 
 
-def compile_one(kernel, element: str, constexprs: dict) -> None:
+def compile_one(kernel, element: str, constexprs: dict, options: dict | None = None) -> int:
+    """Compile for sm_90; returns the shared memory the kernel takes."""
     source = ASTSource(fn=kernel, signature=signature(kernel, element, constexprs),
                        constexprs={(kernel.arg_names.index(k),): v for k, v in constexprs.items()})
-    triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=4, num_stages=2))
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32),
+                              options=options or dict(num_warps=4, num_stages=2))
+    return compiled.metadata.shared
+
+
+def attention_cases() -> list:
+    """flash_attention's three kernels at the plan's launches: (kernel, element, constexprs, options)."""
+    import torch
+
+    elements = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+    kernels = {"forward": fsm.attention_forward_kernel, "dq": fsm.attention_backward_dq_kernel,
+               "dkdv": fsm.attention_backward_dkdv_kernel}
+    cases = []
+    # (d, dv, dtype, window, softcap): Llama-like, Gemma-2-like, Phi-like, d != dv, float32 at 256.
+    for d, dv, dtype, window, softcap in ((128, 128, torch.bfloat16, None, False),
+                                          (256, 256, torch.bfloat16, (4095, 0), True),
+                                          (80, 80, torch.float16, None, False), (96, 64, torch.float32, (10, 10), True),
+                                          (256, 256, torch.float32, None, False)):
+        plan = fsm.attention_plan(d, dv, dtype, 4096, 4096, is_causal=True, window=window)
+        for name, kernel in kernels.items():
+            launch = getattr(plan, name)
+            constexprs = dict(D=d, DV=dv, HEAD_DIM=plan.head_dim, HEAD_DIM_V=plan.head_dim_v, BLOCK_M=launch.block_m,
+                              BLOCK_N=launch.block_n, HAS_LO=plan.lo is not None, HAS_HI=True, SOFTCAP=softcap,
+                              PRECISION=fsm.dot_precision(dtype), UPCAST=False)
+            if name == "dq":
+                constexprs["HAS_DLSE"] = True
+            cases.append((kernel, elements[dtype], constexprs,
+                          dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
+    # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
+    cases.append((fsm.attention_backward_dkdv_kernel, "fp16", dict(
+        D=64, DV=64, HEAD_DIM=64, HEAD_DIM_V=64, BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False,
+        PRECISION="ieee", UPCAST=False, group=1, lo=1, hi=1), None))
+    return cases
 
 
 CASES = [
@@ -57,18 +94,30 @@ CASES = [
 
 def main() -> int:
     failed = 0
+    cases = []
     for kernel, element, extra in CASES:
         constexprs = dict(HEAD_DIM=64, BLOCK_M=64, **extra)
         if "BLOCK_N" in kernel.arg_names:
             constexprs.update(BLOCK_N=64, UPCAST=False)
         if "FULL_TILE_MASKS" in kernel.arg_names:
             constexprs.update(FULL_TILE_MASKS=False)
+        cases.append((kernel, element, constexprs, None))
+    only = sys.argv[1] if len(sys.argv) > 1 else None  # "course" or "attention": one family
+    if only == "course":
+        selected = cases
+    elif only == "attention":
+        selected = attention_cases()
+    else:
+        selected = cases + attention_cases()
+    for kernel, element, constexprs, options in selected:
         try:
-            compile_one(kernel, element, constexprs)
-            print(f"ok      {kernel.__name__} {element} {extra}")
+            shared = compile_one(kernel, element, constexprs, options)
+            if shared > H100_SHARED_MEMORY:
+                raise RuntimeError(f"takes {shared} bytes of shared memory, past an H100's {H100_SHARED_MEMORY}")
+            print(f"ok      {kernel.__name__} {element} {constexprs} {options}: {shared} bytes shared")
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
-            print(f"FAILED  {kernel.__name__} {element} {extra}: {type(e).__name__}: {e}")
+            print(f"FAILED  {kernel.__name__} {element} {constexprs} {options}: {type(e).__name__}: {e}")
     return 1 if failed else 0
 
 

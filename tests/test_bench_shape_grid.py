@@ -35,7 +35,8 @@ import torch.nn.functional as F
 
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
-    FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
+    FlashAttentionTriton, attention_flops, attention_mask_bounds, attention_visible, check_flash_attention_inputs,
+    flash_attention, flash_attention_flops, flash_attention_io_bytes, flash_attention_path, flash_attention_reference, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     fused_softmax_path, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -44,6 +45,7 @@ from support import (
     DEVICE, DTYPES, ON_GPU, attention_inputs, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
     relative_error, row_softmax_inputs, softmax_matmul_inputs,
 )
+from test_attention_api import Case
 from test_bench_flash_attention import attention_bound
 from test_bench_matmul_softmax import matmul_softmax_bound, matmul_softmax_error
 from test_bench_softmax import softmax_bound, softmax_error
@@ -119,11 +121,11 @@ def implementation(functions: dict, impl: str):
     return compiled(fn) if impl == "compile" else fn
 
 
-def _first_call(impl: str, call):
-    """call, once untimed. An SDPA backend or a peer library that refuses the case by its own rule
-    (SDPA: no kernel for it; Liger: rows wider than it takes) becomes an empty row with the reason;
-    PyTorch's own baselines and this project's ops get no such leave: their errors fail the test."""
-    if impl not in (*SDPA_BACKENDS, *PEERS):
+def _first_call(impl: str, call, peers: tuple = (*SDPA_BACKENDS, *PEERS)):
+    """call, once untimed. An SDPA backend or a peer library (``peers``) that refuses the case by
+    its own rule (SDPA: no kernel for it; Liger: rows wider than it takes) becomes an empty row with
+    the reason; PyTorch's own baselines and this project's ops get no such leave: their errors fail the test."""
+    if impl not in peers:
         return call
     try:
         call()
@@ -249,6 +251,173 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
     bench(GROUP, row, build, bytes_moved=flash_attention_bytes(bh, n, n, d, torch_dtype.itemsize, mode),
           flops=attention_flops(bh, n, n, d, is_causal, mode), dtype=torch_dtype, error=error,
           bound=attention_bound(torch_dtype, n, n))
+
+
+# ----------------------------------------------------------------------------------------------
+# Attention as models call it: flash_attention against SDPA and FlexAttention
+# ----------------------------------------------------------------------------------------------
+# Model shapes in SDPA's (B, H, N, D) layout, with the options those models use. A group of its
+# own: its speed-up is over the faster of SDPA (its default backend: the best it picks) and
+# FlexAttention (torch.compile'd, the mask as a block_mask, softcap as a score_mod), the issue's
+# bar. SDPA takes bottom-right causal masks as causal_lower_right and windows as a boolean
+# attn_mask (which leaves it its slower backends); it has no softcap: an empty row says so.
+MODELS_GROUP = BenchGroup(
+    name="attention_models",
+    csv="attention_models_benchmark.csv",
+    columns=("workload", "case", "dtype", "impl", "role", "path", "ms", "best_baseline_ms", "speedup",
+             "forward_ms_std", "tflops", "pct_of_matmul_peak", "gbps", "pct_of_copy", "rel_error", "forward_peak_MiB"),
+    case=("workload", "case"),
+    impls=("sdpa", "flex_compile", TRITON),
+    best_of=("sdpa", "flex_compile"),
+    warmup=5,
+    rounds=30,  # a few dozen rows of 0.1 ms and more: 30 rounds keep the whole group near 4 minutes
+    sort=("workload", "case", "_impl_order"),
+    plot=("ratio", "speedup"),
+)
+MODEL_PEERS = ("sdpa", "flex_compile")
+
+
+def model_case(batch: int, heads: int, kv_heads: int, n_queries: int, n_keys: int, d: int, is_causal: bool = True,
+               **options) -> Case:
+    """A model's attention call as a test case (test_attention_api.Case): d = dv, GQA where the heads differ."""
+    return Case(batch, heads, kv_heads, n_queries, n_keys, d, d,
+                dict(is_causal=is_causal, enable_gqa=heads != kv_heads, **options))
+
+
+def mask_bounds(case: Case) -> tuple:
+    o = case.options
+    return attention_mask_bounds(case.n_queries, case.n_keys, o["is_causal"], o.get("causal_align", "top_left"),
+                                 o.get("window"))
+
+
+def model_label(model: str, case: Case) -> str:
+    o = case.options
+    mask = ("causal" + ("-br" if o.get("causal_align") == "bottom_right" else "")) if o["is_causal"] else "full"
+    extra = "".join(f" {key}={o[key]}" for key in ("window", "softcap") if o.get(key) is not None)
+    return (f"{model} B={case.batch} H={case.heads}/{case.kv_heads} Nq={case.n_queries} Nk={case.n_keys} "
+            f"d={case.d} {mask}{extra}")
+
+
+LLAMA3_8B = dict(heads=32, kv_heads=8, d=128)  # 32 query heads share 8 key/value heads
+GEMMA2_9B = dict(heads=16, kv_heads=8, d=256, window=(4095, 0), softcap=50.0)  # local layers: 4096 keys back
+if ON_GPU:
+    MODEL_CASES = [
+        ("fwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd_bwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
+        ("fwd", "llama3-8b", model_case(1, n_queries=8192, n_keys=8192, **LLAMA3_8B), "bfloat16"),
+        ("fwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64, is_causal=False), "float16"),
+        ("fwd_bwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64), "bfloat16"),
+        ("fwd", "gemma2-9b", model_case(1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", "gemma2-9b", model_case(1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
+        ("fwd_bwd", "phi2", model_case(2, 32, 32, 2048, 2048, 80), "float16"),
+        ("fwd", "d96", model_case(2, 16, 16, 2048, 2048, 96, is_causal=False), "bfloat16"),
+        ("fwd", "llama3-8b-decode", model_case(8, n_queries=1, n_keys=32768, causal_align="bottom_right",
+                                               **LLAMA3_8B), "bfloat16"),
+        ("fwd", "llama3-8b-chunk", model_case(4, n_queries=128, n_keys=4096, causal_align="bottom_right",
+                                              **LLAMA3_8B), "float16"),
+    ]
+    MODEL_IMPLS = ("sdpa", "flex_compile", TRITON)
+else:
+    # Interpreter: tiny stand-ins with the same options (FlexAttention left out, as elsewhere:
+    # Inductor would compile C++ per shape on the CPU).
+    MODEL_CASES = [
+        ("fwd", "gqa-window-softcap", model_case(1, 4, 2, 16, 40, 24, causal_align="bottom_right", window=(20, 0),
+                                                 softcap=5.0), "float16"),
+        ("fwd_bwd", "gqa", model_case(1, 4, 2, 32, 32, 16), "float32"),
+    ]
+    MODEL_IMPLS = ("sdpa", TRITON)
+
+
+def sdpa_model_attention(case: Case):
+    """SDPA as a model calls it for this case: f(q, k, v), or Unavailable where it has no option for it."""
+    o = case.options
+    if o.get("softcap") is not None:
+        raise Unavailable("sdpa does not run this case: F.scaled_dot_product_attention has no logit soft-capping")
+    gqa = o["enable_gqa"]
+    if o.get("window") is not None:
+        mask = attention_visible(case.n_queries, case.n_keys, *mask_bounds(case), device=DEVICE)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    if o["is_causal"] and o.get("causal_align") == "bottom_right":
+        from torch.nn.attention.bias import causal_lower_right
+
+        mask = causal_lower_right(case.n_queries, case.n_keys)
+        return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, attn_mask=mask, enable_gqa=gqa)
+    return lambda q, k, v: F.scaled_dot_product_attention(q, k, v, is_causal=o["is_causal"], enable_gqa=gqa)
+
+
+def flex_model_attention(case: Case):
+    """FlexAttention compiled, the mask as a block_mask built once per case, softcap as a score_mod."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    lo, hi = mask_bounds(case)
+
+    def shown(b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's mask_mod signature
+        gap = kv_idx - q_idx
+        return ((gap >= lo) if lo is not None else gap == gap) & ((gap <= hi) if hi is not None else gap == gap)
+
+    cap = case.options.get("softcap")
+
+    def capped(score, b, h, q_idx, kv_idx):  # noqa: ARG001 - FlexAttention's score_mod signature
+        return cap * torch.tanh(score / cap)
+
+    mask = None if (lo, hi) == (None, None) else create_block_mask(shown, None, None, case.n_queries, case.n_keys,
+                                                                    device=DEVICE)
+    fn = compiled(flex_attention)
+    score_mod = capped if cap is not None else None
+    return lambda q, k, v: fn(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=case.options["enable_gqa"])
+
+
+def model_attention_error(case: Case, mode: str):
+    """Against float64 on the first 64 queries of the first head (their key/value head's keys all
+    there): out for "fwd", dq for "fwd_bwd" (a query's dq depends on its own row alone)."""
+    def error(out, inputs) -> float:
+        q, k, v, dout = inputs
+        q, k, v = q.detach()[:1, :1, :64].double(), k.detach()[:1, :1].double(), v.detach()[:1, :1].double()
+        options = dict(softcap=case.options.get("softcap"), bounds=mask_bounds(case))
+        if mode == "fwd":
+            return relative_error(out[:1, :1, :64], flash_attention_reference(q, k, v, **options)[0])
+        q.requires_grad_()
+        (dq,) = torch.autograd.grad(flash_attention_reference(q, k, v, **options)[0], q, dout[:1, :1, :64].double())
+        return relative_error(out[0][:1, :1, :64], dq)
+    return error
+
+
+@pytest.mark.parametrize("mode,model,case,dtype,impl", [
+    pytest.param(mode, model, case, dtype, impl, marks=pytest.mark.slow,
+                 id=f"{mode}-{model_label(model, case).replace(' ', '-')}-{dtype}-{impl}")
+    for mode, model, case, dtype in MODEL_CASES for impl in MODEL_IMPLS])
+def test_attention_models(bench, mode, model, case, dtype, impl):
+    torch_dtype = DTYPES[dtype]
+
+    def build():
+        q = randn((case.batch, case.heads, case.n_queries, case.d), torch_dtype, 0)
+        k, v = (randn((case.batch, case.kv_heads, case.n_keys, case.d), torch_dtype, seed) for seed in (1, 2))
+        fn = {"sdpa": sdpa_model_attention, "flex_compile": flex_model_attention,
+              TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options)}[impl](case)
+        dout = randn(q.shape, torch_dtype, 3)
+        if impl == TRITON:  # the course's tuned kernels or the general ones (flash_attention_path)
+            o = case.options
+            checked = check_flash_attention_inputs(q, k, v, o["is_causal"], None, o["enable_gqa"],
+                                                   o.get("causal_align", "top_left"), o.get("window"), o.get("softcap"))
+            row["path"] = flash_attention_path(q, k, v, checked, return_lse=False)
+        if mode == "fwd":
+            call = lambda: fn(q, k, v)  # noqa: E731
+        else:
+            leaves = [t.requires_grad_() for t in (q, k, v)]
+
+            def call():
+                # autograd.grad, not backward(): nothing accumulates into .grad between rounds.
+                return torch.autograd.grad(fn(*leaves), leaves, dout)
+        return _first_call(impl, call, MODEL_PEERS), (q, k, v, dout)
+
+    row = dict(workload=f"attention_models_{mode}", case=model_label(model, case), dtype=dtype, impl=impl,
+               role="baseline" if impl in MODEL_PEERS else "triton")
+    shape = (case.batch, case.heads, case.kv_heads, case.n_queries, case.n_keys, case.d, case.d)
+    bench(MODELS_GROUP, row, build, bytes_moved=flash_attention_io_bytes(*shape, torch_dtype.itemsize, mode),
+          flops=flash_attention_flops(case.batch, case.heads, case.n_queries, case.n_keys, case.d, case.d,
+                                      *mask_bounds(case), mode),
+          dtype=torch_dtype, error=model_attention_error(case, mode),
+          bound=attention_bound(torch_dtype, case.n_queries, case.n_keys))
 
 
 # ----------------------------------------------------------------------------------------------

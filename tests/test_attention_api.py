@@ -1,0 +1,459 @@
+"""flash_attention, attention as models call it, against float64 attention with every option.
+
+The judge is ``flash_attention_reference`` in float64 on the same (rounded) inputs: materialised
+logits, the mask as explicit bounds, softcap by torch.tanh, grouped key/value heads repeated by
+repeat_interleave. The allowed error is PyTorch's own at the input precision (the same
+reference computed in that dtype), FlashAttention's rule (``support.assert_close``), for out,
+lse and the three gradients; the loss takes both out and lse, so lse's own gradient is checked
+too. In interpreter mode the shapes are small (lengths 1 to 70, odd ones among them) and each
+case runs twice: with the plan's tiles (one or two per sequence) and with 16 x 16 tiles, so
+that windows and diagonals cross many tiles and the skipped, masked and whole ranges all occur.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from fused_softmax_matmul import (
+    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_mask_bounds, attention_plan, attention_visible_pairs,
+    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_path,
+    flash_attention_reference,
+)
+from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
+from test_flash_attention import accumulation_error, recompute_error
+
+NEG_INF = float("-inf")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One problem: shapes (batch, query heads, key/value heads, n_queries, n_keys, d, dv) and
+    flash_attention's keyword options; ``logit_scale`` multiplies q (peaked softmaxes)."""
+
+    batch: int
+    heads: int
+    kv_heads: int
+    n_queries: int
+    n_keys: int
+    d: int
+    dv: int
+    options: dict = dataclasses.field(default_factory=dict)
+    logit_scale: float = 1.0
+
+
+# Each case's comment says which path it takes. Head dims cover the padded ones (24 -> 32, 40 ->
+# 64, 80 and 96 -> 128) and d != dv; the lengths cross tiles of 16 and leave ragged ends.
+CPU_CASES = {
+    "full-37q-53k-d16": Case(1, 2, 2, 37, 53, 16, 16),
+    "causal-53q-37k-d24": Case(2, 2, 2, 53, 37, 24, 24, dict(is_causal=True)),  # top-left, more queries than keys
+    "gqa4:2-causal-d40": Case(1, 4, 2, 45, 45, 40, 40, dict(is_causal=True, enable_gqa=True)),
+    "gqa4:1-d80-dv40": Case(1, 4, 1, 29, 41, 80, 40, dict(enable_gqa=True)),  # dv != d, both padded
+    "d96-dv16-scale": Case(1, 2, 2, 33, 19, 96, 16, dict(scale=0.3)),
+    "bottom-right-5q-70k": Case(1, 2, 2, 5, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
+    "decode-1q-70k-gqa": Case(2, 4, 2, 1, 70, 24, 24, dict(is_causal=True, causal_align="bottom_right",
+                                                           enable_gqa=True)),
+    # bottom-right with more queries than keys: the first 30 queries see no key (out 0, lse -inf)
+    "bottom-right-50q-20k": Case(1, 2, 2, 50, 20, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
+    "window-7-3": Case(1, 2, 2, 70, 70, 16, 16, dict(window=(7, 3))),  # masked tiles on both sides of whole ones
+    "window-left-causal": Case(1, 2, 2, 61, 66, 24, 24, dict(window=(9, None), is_causal=True)),
+    "window-right-only": Case(1, 2, 2, 40, 33, 16, 16, dict(window=(None, 5))),
+    # top-left window past the keys: queries from 13 on see none of the 10 keys
+    "window-past-keys": Case(1, 2, 2, 40, 10, 16, 16, dict(window=(2, 2))),
+    "softcap-peaked": Case(1, 2, 2, 37, 45, 16, 16, dict(softcap=2.0), logit_scale=4.0),  # tanh saturates
+    "softcap-window-causal-gqa": Case(1, 4, 2, 5, 66, 40, 24, dict(
+        softcap=5.0, window=(20, None), is_causal=True, causal_align="bottom_right", enable_gqa=True), 2.0),
+    "d256-small": Case(1, 1, 1, 17, 20, 256, 256, dict(is_causal=True)),  # the largest head (slow: one case)
+}
+GPU_CASES = {
+    name: dataclasses.replace(case, n_queries=case.n_queries * 7, n_keys=case.n_keys * 9,
+                              options={**case.options, **({"window": tuple(None if w is None else 9 * w
+                                                                           for w in case.options["window"])}
+                                                          if "window" in case.options else {})})
+    for name, case in CPU_CASES.items()
+}
+GPU_CASES["gemma-like-d256"] = Case(1, 4, 2, 600, 900, 256, 256, dict(
+    softcap=50.0, window=(300, 0), is_causal=True, enable_gqa=True), 4.0)
+CASES = GPU_CASES if ON_GPU else CPU_CASES
+
+# Interpreter: 16 x 16 tiles everywhere (the least tl.dot takes), one warp group, no pipelining.
+SMALL_TILES = {kernel: FlashLaunch(16, 16, 4, 1) for kernel in ("forward", "dq", "dkdv")}
+
+
+def small_tile_plan(case: Case, dtype: torch.dtype) -> AttentionPlan:
+    plan = attention_plan(case.d, case.dv, dtype, case.n_queries, case.n_keys,
+                          **{k: v for k, v in case.options.items() if k in ("is_causal", "causal_align", "window")})
+    return dataclasses.replace(plan, **SMALL_TILES)
+
+
+def make_inputs(case: Case, dtype: torch.dtype, seed: int = 0):
+    """q, k, v of the case in dtype, and the upstream gradients of out and lse."""
+    b, h, hk, nq, nk = case.batch, case.heads, case.kv_heads, case.n_queries, case.n_keys
+    q = randn((b, h, nq, case.d), dtype, seed, scale=case.logit_scale)
+    k = randn((b, hk, nk, case.d), dtype, seed + 1)
+    v = randn((b, hk, nk, case.dv), dtype, seed + 2)
+    dout = randn((b, h, nq, case.dv), dtype, seed + 3)
+    dlse = randn((b, h, nq), torch.float32, seed + 4)
+    return q, k, v, dout, dlse
+
+
+def _loss(out, lse, dout, dlse):
+    """<out, dout> + <lse, dlse> over the queries that see a key (lse = -inf elsewhere)."""
+    return (out.float() * dout.float()).sum() + (lse.float().masked_fill(lse == NEG_INF, 0.0) * dlse).sum()
+
+
+def run_ours(q, k, v, dout, dlse, options, plan=None, fn=flash_attention):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = fn(*leaves, return_lse=True, plan=plan, **options)
+    grads = torch.autograd.grad(_loss(out, lse, dout, dlse), leaves)
+    return out.detach(), lse.detach(), *grads
+
+
+def run_reference(q, k, v, dout, dlse, options, dtype):
+    """(out, lse, dq, dk, dv) of the materialised reference computed in dtype by torch autograd."""
+    leaves = [t.detach().to(dtype).requires_grad_() for t in (q, k, v)]
+    reference_options = {key: value for key, value in options.items() if key != "enable_gqa"}
+    out, lse = flash_attention_reference(*leaves, **reference_options)
+    grads = torch.autograd.grad(_loss(out, lse, dout.to(dtype), dlse.to(dtype)), leaves)
+    return out.detach(), lse.detach(), *grads
+
+
+def assert_matches_float64(ours, q, k, v, dout, dlse, options):
+    """out, lse, dq, dk, dv within PyTorch's own error at q's dtype (lse: float32's, as it is
+    float32 whatever the inputs), plus what the flash algorithm adds by design (its tile sums
+    and P recomputed from a float32 lse: test_flash_attention's ``recompute_error``)."""
+    exact = run_reference(q, k, v, dout, dlse, options, torch.float64)
+    torchs = run_reference(q, k, v, dout, dlse, options, q.dtype)
+    torch_lse = run_reference(q, k, v, dout, dlse, options, torch.float32)[1]
+    lse64 = exact[1]
+    assert torch.equal(ours[1] == NEG_INF, lse64 == NEG_INF), "queries that see no key differ"
+    assert ours[1].dtype == torch.float32 and ours[1].shape == q.shape[:3]
+    recompute = recompute_error(lse64[lse64 > NEG_INF])
+    summed = accumulation_error(max(q.shape[2], k.shape[2]))
+    extra = {"out": summed, "lse": 0.0, "dq": summed + recompute, "dk": summed + recompute, "dv": summed + recompute}
+    for name, out, ref64, torch_out in zip(("out", "lse", "dq", "dk", "dv"), ours, exact, torchs):
+        if name == "lse":
+            torch_out = torch_lse
+        try:
+            assert_close(out, ref64, torch_out, algorithm_error=extra[name])
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
+
+
+# The cases whose masks cut tiles in most ways, run again on 16 x 16 tiles in the interpreter
+# (float32 only: each takes some seconds there).
+SMALL_TILE_CASES = ["causal-53q-37k-d24", "bottom-right-50q-20k", "window-7-3", "window-left-causal",
+                    "window-past-keys", "softcap-window-causal-gqa"]
+MATCH_PARAMS = [(name, dtype, "plan") for name in CASES for dtype in (
+    ("float32", "float16", "bfloat16") if ON_GPU else ("float32",) if name == "d256-small" else ("float32", "float16"))]
+if not ON_GPU:
+    MATCH_PARAMS += [(name, "float32", "16x16") for name in SMALL_TILE_CASES]
+    # bfloat16 once: the interpreter's products take the operands upcast (upcast_dot_operands), so
+    # this checks the roundings around them; the GPU runs every case in bfloat16.
+    MATCH_PARAMS += [("softcap-window-causal-gqa", "bfloat16", "plan")]
+
+
+@pytest.mark.parametrize("name,dtype,tiles", MATCH_PARAMS, ids=["-".join(p) for p in MATCH_PARAMS])
+def test_matches_float64(name, dtype, tiles):
+    case = CASES[name]
+    torch_dtype = DTYPES[dtype]
+    q, k, v, dout, dlse = make_inputs(case, torch_dtype, seed=len(name))
+    plan = small_tile_plan(case, torch_dtype) if tiles == "16x16" else None
+    ours = run_ours(q, k, v, dout, dlse, case.options, plan)
+    assert_matches_float64(ours, q, k, v, dout, dlse, case.options)
+
+
+def test_queries_that_see_no_key_match_sdpa():
+    """Bottom-right alignment with more queries than keys hides every key from the first ones:
+    out 0, lse -inf and zero gradients there, which is what SDPA gives for a row its boolean
+    attn_mask hides entirely (checked here against this torch's SDPA with that mask)."""
+    case = CPU_CASES["bottom-right-50q-20k"]
+    q, k, v, dout, dlse = make_inputs(case, torch.float32)
+    out, lse, dq, _, _ = run_ours(q, k, v, dout, dlse, case.options)
+    hidden = slice(0, case.n_queries - case.n_keys)
+    assert torch.equal(out[:, :, hidden], torch.zeros_like(out[:, :, hidden]))
+    assert (lse[:, :, hidden] == NEG_INF).all() and (lse[:, :, hidden.stop:] > NEG_INF).all()
+    assert torch.equal(dq[:, :, hidden], torch.zeros_like(dq[:, :, hidden]))
+    lo, hi = attention_mask_bounds(case.n_queries, case.n_keys, True, "bottom_right")
+    mask = torch.ones(case.n_queries, case.n_keys, dtype=torch.bool, device=DEVICE).tril(hi)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    sdpa = F.scaled_dot_product_attention(*leaves, attn_mask=mask)
+    (sdpa_dq,) = torch.autograd.grad((sdpa * dout).sum(), leaves[:1])
+    assert torch.equal(sdpa[:, :, hidden], torch.zeros_like(sdpa[:, :, hidden]))
+    assert torch.equal(sdpa_dq[:, :, hidden], torch.zeros_like(sdpa_dq[:, :, hidden]))
+    torch.testing.assert_close(out, sdpa.detach(), atol=2e-6, rtol=2e-6)
+
+
+@pytest.mark.parametrize("options", [dict(), dict(is_causal=True), dict(enable_gqa=True, scale=0.5)],
+                         ids=["full", "causal", "gqa-scale"])
+def test_same_answer_as_sdpa(options):
+    """Where SDPA has the option, the same call gives SDPA's answer (float32, top-left causal)."""
+    heads_kv = 1 if options.get("enable_gqa") else 2
+    q, k, v = randn((2, 2, 21, 24), torch.float32, 0), randn((2, heads_kv, 30, 24), torch.float32, 1), \
+        randn((2, heads_kv, 30, 24), torch.float32, 2)
+    torch.testing.assert_close(flash_attention(q, k, v, **options), F.scaled_dot_product_attention(q, k, v, **options),
+                               atol=2e-6, rtol=2e-6)
+
+
+def test_fused_qkv_view_is_read_in_place():
+    """q, k, v as a model holds them: one (B, N, 3, H, D) projection, each (B, N, H, D) part
+    transposed to (B, H, N, D) without a copy. The kernels read those strides, the gradients
+    reach the projection, and the answers are those of contiguous copies."""
+    B, N, H, D = 2, 37, 3, 40
+    qkv = randn((B, N, 3, H, D), torch.float32, 0).requires_grad_()
+    q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    assert not q.is_contiguous() and q.data_ptr() == qkv.data_ptr()
+    out = flash_attention(q, k, v, is_causal=True)
+    dout = randn(out.shape, torch.float32, 1)
+    (dqkv,) = torch.autograd.grad((out * dout).sum(), [qkv])
+    copies = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
+    want = flash_attention(*copies, is_causal=True)
+    grads = torch.autograd.grad((want * dout).sum(), copies)
+    torch.testing.assert_close(out, want, atol=0, rtol=0)
+    for i, g in enumerate(grads):
+        torch.testing.assert_close(dqkv[:, :, i], g.transpose(1, 2), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
+def test_plain_calls_take_the_course_kernels(is_causal):
+    """A call FlashAttentionTriton takes as it is runs there (its tuned kernels), with the answers
+    of the general kernels (forced by a plan); an option it lacks, or heads that do not fold into
+    its batch without a copy, keep the general ones."""
+    q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
+        randn((2, 3, 45, 32), torch.float32, 2)
+    options = check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)
+    assert flash_attention_path(q, k, v, options, return_lse=False) == "course"
+    assert flash_attention_path(q, k, v, options, return_lse=True) == "general"
+    assert flash_attention_path(q, k, v, {**options, "scale": 0.5}, return_lse=False) == "general"
+    assert flash_attention_path(q[:, :, :, :24], k[:, :, :, :24], v[:, :, :, :24],
+                                {**options, "scale": 24 ** -0.5}, return_lse=False) == "general"  # d 24: not its
+    strided = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view
+    assert flash_attention_path(strided, k, v, options, return_lse=False) == "general"
+    dout = randn(q.shape, torch.float32, 4)
+    course = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal},
+                      fn=lambda *a, return_lse, plan, **o: (flash_attention(*a, **o), torch.zeros(q.shape[:3])))
+    plan = attention_plan(32, 32, torch.float32, 37, 45, is_causal=is_causal)
+    general = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal}, plan=plan)
+    for name, got, want in zip(("out", "dq", "dk", "dv"), (course[0], *course[2:]), (general[0], *general[2:])):
+        torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6, msg=lambda m: f"{name}: {m}")
+
+
+def test_gqa_gradients_sum_over_the_group():
+    """dk and dv of a key/value head are the sums of what its query heads give it: the same as
+    repeating k and v per query head (plain attention) and summing their gradients by group."""
+    q, k, v = randn((1, 6, 23, 16), torch.float32, 0), randn((1, 2, 31, 16), torch.float32, 1), \
+        randn((1, 2, 31, 16), torch.float32, 2)
+    dout = randn((1, 6, 23, 16), torch.float32, 3)
+    leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+    grouped = torch.autograd.grad((flash_attention(*leaves, enable_gqa=True, is_causal=True) * dout).sum(), leaves)
+    repeated = [q.clone().requires_grad_(), *(t.repeat_interleave(3, dim=1).requires_grad_() for t in (k, v))]
+    plain = torch.autograd.grad((flash_attention(*repeated, is_causal=True) * dout).sum(), repeated)
+    torch.testing.assert_close(grouped[0], plain[0], atol=1e-6, rtol=1e-6)
+    for got, want in zip(grouped[1:], plain[1:]):
+        torch.testing.assert_close(got, want.unflatten(1, (2, 3)).sum(2), atol=1e-6, rtol=1e-6)
+
+
+def test_lse_alone_and_no_double_backward():
+    """A loss of lse alone (out unused) differentiates through lse's own gradient; a second
+    derivative is refused with a clear error, not a wrong answer."""
+    q, k, v = (randn((1, 2, 19, 16), torch.float32, s).requires_grad_() for s in range(3))
+    _, lse = flash_attention(q, k, v, return_lse=True)
+    dq, dk, dv = torch.autograd.grad(lse.sum(), (q, k, v))
+    qd, kd, vd = (t.detach().double().requires_grad_() for t in (q, k, v))
+    want = torch.autograd.grad(flash_attention_reference(qd, kd, vd)[1].sum(), (qd, kd, vd), allow_unused=True)
+    torch.testing.assert_close(dq.double(), want[0], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dk.double(), want[1], atol=1e-5, rtol=1e-5)
+    assert torch.equal(dv, torch.zeros_like(dv))  # lse does not depend on v
+    out = flash_attention(q, k, v, scale=0.5)  # the general kernels (not the course's, which have one)
+    with pytest.raises(RuntimeError, match="double backward"):
+        torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_empty_inputs():
+    """No queries: empty outputs; no keys: every query sees none (out 0, lse -inf, zero gradients)."""
+    q = randn((2, 2, 0, 16), torch.float32, 0)
+    k = randn((2, 2, 5, 16), torch.float32, 1)
+    out, lse = flash_attention(q, k, k, return_lse=True)
+    assert out.shape == (2, 2, 0, 16) and lse.shape == (2, 2, 0)
+    q = randn((1, 2, 3, 16), torch.float32, 0).requires_grad_()
+    k = randn((1, 2, 0, 16), torch.float32, 1).requires_grad_()
+    out, lse = flash_attention(q, k, k, return_lse=True)
+    assert torch.equal(out, torch.zeros_like(out)) and (lse == NEG_INF).all()
+    (dq,) = torch.autograd.grad(out.sum(), q)
+    assert torch.equal(dq, torch.zeros_like(dq))
+
+
+# ----------------------------------------------------------------------------------------------
+# Bad inputs: each error names the argument
+# ----------------------------------------------------------------------------------------------
+def _qkv(hq=2, hk=2, d=16, dv=16, dtype=torch.float32):
+    return (torch.zeros((1, hq, 5, d), dtype=dtype, device=DEVICE), torch.zeros((1, hk, 7, d), dtype=dtype, device=DEVICE),
+            torch.zeros((1, hk, 7, dv), dtype=dtype, device=DEVICE))
+
+
+BAD_INPUTS = {
+    "q-rank": (lambda: (torch.zeros((2, 5, 16), device=DEVICE), *_qkv()[1:]), {}, ValueError, "q must have 4"),
+    "v-rank": (lambda: (*_qkv()[:2], torch.zeros((7, 16), device=DEVICE)), {}, ValueError, "v must have 4"),
+    "heads-not-multiple": (lambda: _qkv(hq=3, hk=2), dict(enable_gqa=True), ValueError, "multiple of k's"),
+    "gqa-without-flag": (lambda: _qkv(hq=4, hk=2), {}, ValueError, "enable_gqa=True"),
+    "d-not-multiple-of-8": (lambda: _qkv(d=20, dv=20), {}, ValueError, r"d \(the last dimension of q and k\)"),
+    "d-over-256": (lambda: _qkv(d=264, dv=16), {}, ValueError, r"d \(the last dimension"),
+    "dv-over-256": (lambda: _qkv(dv=512), {}, ValueError, r"dv \(the last dimension of v\)"),
+    "k-d-differs": (lambda: (_qkv()[0], *_qkv(d=32)[1:]), {}, ValueError, "k must be"),
+    "v-length-differs": (lambda: (*_qkv()[:2], torch.zeros((1, 2, 6, 16), device=DEVICE)), {}, ValueError, "v must be"),
+    "dtype-mismatch": (lambda: (*_qkv()[:2], _qkv(dtype=torch.float16)[2]), {}, TypeError, "v has dtype"),
+    "float64": (lambda: _qkv(dtype=torch.float64), {}, TypeError, "q must be float32"),
+    "device-mismatch": (lambda: (*_qkv()[:2], torch.zeros((1, 2, 7, 16), device="meta")), {}, ValueError, "v is on"),
+    "scale-nan": (lambda: _qkv(), dict(scale=float("nan")), ValueError, "scale must be a finite float"),
+    "scale-string": (lambda: _qkv(), dict(scale="1"), TypeError, "scale must be None or a float"),
+    "softcap-zero": (lambda: _qkv(), dict(softcap=0.0), ValueError, "softcap must be a positive finite"),
+    "softcap-inf": (lambda: _qkv(), dict(softcap=float("inf")), ValueError, "softcap must be a positive finite"),
+    "window-negative": (lambda: _qkv(), dict(window=(-1, 0)), ValueError, "window's left"),
+    "window-float": (lambda: _qkv(), dict(window=(4, 2.5)), ValueError, "window's right"),
+    "window-not-pair": (lambda: _qkv(), dict(window=5), TypeError, "window must be None or a pair"),
+    "causal-align": (lambda: _qkv(), dict(causal_align="bottom-right"), ValueError, "causal_align must be one of"),
+    "is-causal-int": (lambda: _qkv(), dict(is_causal=1), TypeError, "is_causal must be a bool"),
+    "enable-gqa-int": (lambda: _qkv(), dict(enable_gqa=1), TypeError, "enable_gqa must be a bool"),
+    "return-lse-str": (lambda: _qkv(), dict(return_lse="yes"), TypeError, "return_lse must be a bool"),
+    "plan-type": (lambda: _qkv(), dict(plan={"forward": None}), TypeError, "plan must be an AttentionPlan"),
+}
+
+
+@pytest.mark.parametrize("name", list(BAD_INPUTS))
+def test_bad_inputs_name_the_argument(name):
+    make, options, error, match = BAD_INPUTS[name]
+    with pytest.raises(error, match=match):
+        flash_attention(*make(), **options)
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan: a pure function of head dims, dtype, lengths and mask
+# ----------------------------------------------------------------------------------------------
+H100_SHARED_MEMORY = 228 * 1024
+
+
+def forward_shared_bytes(plan: AttentionPlan, element_size: int) -> int:
+    """The forward's operand tiles in shared memory: Q once, K and V per pipeline stage."""
+    f = plan.forward
+    return (f.block_m * plan.head_dim + f.num_stages * f.block_n * (plan.head_dim + plan.head_dim_v)) * element_size
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("d", [8, 24, 64, 80, 96, 128, 192, 256])
+def test_plan_pads_head_dims_and_fits_shared_memory(d, dtype):
+    plan = attention_plan(d, d, DTYPES[dtype], 4096, 4096)
+    assert plan.head_dim == plan.head_dim_v == max(16, 1 << (d - 1).bit_length())
+    assert forward_shared_bytes(plan, DTYPES[dtype].itemsize) <= H100_SHARED_MEMORY
+    plan.check()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plan.lo = 0
+
+
+def test_plan_tiles_and_bounds():
+    """Short sequences shrink the tiles (a decode step runs 16-query tiles); the mask bounds."""
+    decode = attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right")
+    assert decode.forward.block_m == 16 and decode.forward.block_n > 16
+    assert (decode.lo, decode.hi) == (None, 32767)
+    assert attention_mask_bounds(10, 10, True) == (None, 0)
+    assert attention_mask_bounds(4, 10, True, "bottom_right", (3, 2)) == (3, 6)
+    assert attention_mask_bounds(4, 10, False, "top_left", (3, 2)) == (-3, 2)
+    assert attention_mask_bounds(4, 10, False, "top_left", (None, 2)) == (None, 2)
+    assert attention_visible_pairs(4, 10, None, 0) == 1 + 2 + 3 + 4
+    assert attention_visible_pairs(3, 2, None, -1) == 0 + 1 + 2
+    assert flash_attention_flops(1, 1, 3, 2, 8, 8, None, -1) == 2 * 16 * 3
+    small = attention_plan(ATTENTION_MAX_HEAD_DIM, 16, torch.float16, 8, 8)
+    assert small.head_dim == 256 and small.head_dim_v == 16 and small.forward.block_m == 16
+
+
+# ----------------------------------------------------------------------------------------------
+# torch.compile and CUDA graphs
+# ----------------------------------------------------------------------------------------------
+def _options_step(options, forward=None):
+    """(out, lse, dq, dk, dv) of flash_attention with these options; ``forward``: a compiled
+    version of ``flash_attention(..., return_lse=True)`` (its backward compiled with it)."""
+    forward = forward or (lambda q, k, v: flash_attention(q, k, v, return_lse=True, **options))
+
+    def step(q, k, v, dout, dlse):
+        out, lse = forward(q, k, v)
+        return out, lse, *torch.autograd.grad(_loss(out, lse, dout, dlse), (q, k, v))
+    return step
+
+
+def _compiled_step(options, **compile_options):
+    forward = torch.compile(lambda q, k, v: flash_attention(q, k, v, return_lse=True, **options), fullgraph=True,
+                            **compile_options)
+    return _options_step(options, forward)
+
+
+COMPILED_OPTIONS = dict(is_causal=True, causal_align="bottom_right", enable_gqa=True, window=(9, None), softcap=5.0)
+
+
+@pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_on_gpu compiles with the default backend")
+def test_compiles_fullgraph(fresh_compile):
+    """torch.compile(fullgraph=True) traces flash_attention and its op pair with no graph break
+    (aot_eager on the CPU: the interpreter's kernels sit opaque in the graph), with every option."""
+    case = Case(1, 4, 2, 19, 40, 24, 24, COMPILED_OPTIONS)
+    q, k, v, dout, dlse = make_inputs(case, torch.float32)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    compiled = _compiled_step(COMPILED_OPTIONS, backend="aot_eager")
+    for got, want in zip(compiled(*leaves, dout, dlse), _options_step(COMPILED_OPTIONS)(*leaves, dout, dlse)):
+        torch.testing.assert_close(got, want, atol=0, rtol=0)
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_compiled_fullgraph_on_gpu(fresh_compile, dtype):
+    """Inductor traces into the Triton launches (triton_op) and re-launches them with its own
+    arguments: the same answers as eager, within float64's judge."""
+    case = Case(2, 8, 2, 300, 500, 96, 96, COMPILED_OPTIONS, 2.0)
+    q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    ours = _compiled_step(COMPILED_OPTIONS)(*leaves, dout, dlse)
+    assert_matches_float64([t.detach() for t in ours], q, k, v, dout, dlse, COMPILED_OPTIONS)
+
+
+@needs_gpu
+def test_cuda_graph_replay_matches_eager():
+    """Forward and backward captured in one CUDA graph (no host sync, no allocation outside its
+    pool), replayed on new inputs copied into the captured ones: the same bits as eager calls."""
+    case = Case(2, 8, 2, 300, 500, 128, 128, COMPILED_OPTIONS)
+    q, k, v, dout, dlse = make_inputs(case, torch.bfloat16)
+    leaves = [t.requires_grad_() for t in (q, k, v)]
+    step = _options_step(COMPILED_OPTIONS)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, autograd sets up
+        for _ in range(2):
+            step(*leaves, dout, dlse)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step(*leaves, dout, dlse)
+    fresh = make_inputs(case, torch.bfloat16, seed=11)
+    with torch.no_grad():
+        for static, new in zip((*leaves, dout, dlse), fresh):
+            static.copy_(new)
+    graph.replay()
+    eager = step(*(t.detach().clone().requires_grad_() for t in fresh[:3]), *fresh[3:])
+    for name, got, want in zip(("out", "lse", "dq", "dk", "dv"), captured, eager):
+        torch.testing.assert_close(got.detach(), want.detach(), rtol=0, atol=0, msg=lambda m: f"{name}: {m}")
+
+
+@needs_gpu
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("name", ["llama-gqa-causal", "decode", "gemma-window-softcap"])
+def test_model_shapes_on_gpu(name, dtype):
+    """The benchmark's model shapes at a shorter length, against float64 (the reference holds
+    every logit in float64: 1024 x 2048 per head here)."""
+    case = {
+        "llama-gqa-causal": Case(1, 8, 2, 1024, 1024, 128, 128, dict(is_causal=True, enable_gqa=True)),
+        "decode": Case(2, 8, 2, 16, 2048, 128, 128, dict(is_causal=True, causal_align="bottom_right",
+                                                         enable_gqa=True)),
+        "gemma-window-softcap": Case(1, 4, 2, 1024, 1024, 256, 256, dict(
+            is_causal=True, window=(255, 0), softcap=50.0, enable_gqa=True), 4.0),
+    }[name]
+    q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
+    assert_matches_float64(run_ours(q, k, v, dout, dlse, case.options), q, k, v, dout, dlse, case.options)
