@@ -31,7 +31,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from fused_softmax_matmul import FlashAttentionTriton, linear_cross_entropy
+from fused_softmax_matmul import flash_attention, linear_cross_entropy
 
 IMPLS = ("torch", "project")
 
@@ -116,16 +116,9 @@ def parameter_count(config: ModelConfig) -> int:
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, impl: str) -> torch.Tensor:
     """Causal attention, 1/sqrt(head dim) scale. q: (B, H, N, D); k, v: (B, H_kv, N, D) with H a
-    multiple of H_kv (grouped-query) -> (B, H, N, D)."""
-    if impl == "torch":
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
-    # FlashAttentionTriton takes (batch, n, d) with one key/value head per query head.
-    B, H, N, D = q.shape
-    group = H // k.shape[1]
-    if group > 1:
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-    out = FlashAttentionTriton.apply(q.reshape(B * H, N, D), k.reshape(B * H, N, D), v.reshape(B * H, N, D), True)
-    return out.view(B, H, N, D)
+    multiple of H_kv (grouped-query) -> (B, H, N, D). Both take the views as they lie."""
+    attend = F.scaled_dot_product_attention if impl == "torch" else flash_attention
+    return attend(q, k, v, is_causal=True, enable_gqa=k.shape[1] != q.shape[1])
 
 
 def rotary_tables(seq: int, head_dim: int, base: float = 500000.0) -> tuple[torch.Tensor, torch.Tensor]:
