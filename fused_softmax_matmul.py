@@ -3971,10 +3971,12 @@ class AttentionPlan:
     forward: FlashLaunch
     dq: FlashLaunch
     dkdv: FlashLaunch
+    splits: int = 1  # the forward's key range in this many parts (``attention_splits``)
 
     def check(self) -> None:
         for kernel in FLASH_KERNELS:
             getattr(self, kernel).check(f"plan.{kernel}")
+        check_int("plan.splits", self.splits, 1, 1024)
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
@@ -3994,17 +3996,35 @@ def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch
     return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
 
 
+# Few query tiles over many keys (decode): each program streams its keys alone, and too few of
+# them leave SMs idle. Split the keys until some four waves of an H100's 132 SMs run, each split
+# streaming at least 1024 keys (16 tiles of 64), so that the merge's extra pass stays small.
+ATTENTION_SPLIT_PROGRAMS = 4 * 132
+ATTENTION_SPLIT_MIN_KEYS = 1024
+
+
+def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int) -> int:
+    """How many parts the forward splits the keys into (``ATTENTION_SPLIT_PROGRAMS``)."""
+    programs = batch_heads * cdiv(n_queries, block_m)
+    if programs == 0 or programs >= ATTENTION_SPLIT_PROGRAMS:
+        return 1
+    return max(1, min(cdiv(ATTENTION_SPLIT_PROGRAMS, programs), n_keys // ATTENTION_SPLIT_MIN_KEYS))
+
+
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
-                   causal_align: str = "top_left", window: tuple | None = None) -> AttentionPlan:
-    """The launch of ``flash_attention`` for these head dims, dtype, lengths and mask: a pure
-    function (no device asked). Tiles are ``_attention_tiles``'s, shrunk to the least power of
-    two >= 16 that covers a short sequence (a decode step of 1 query runs 16-query tiles, not 128)."""
+                   causal_align: str = "top_left", window: tuple | None = None,
+                   batch_heads: int = 1) -> AttentionPlan:
+    """The launch of ``flash_attention`` for these head dims, dtype, lengths, mask and batch x
+    query heads: a pure function (no device asked). Tiles are ``_attention_tiles``'s, shrunk to
+    the least power of two >= 16 that covers a short sequence (a decode step of 1 query runs
+    16-query tiles, not 128); the forward splits long key ranges of few query tiles."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
              for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
-    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles)
+    splits = attention_splits(batch_heads, n_queries, n_keys, tiles["forward"].block_m)
+    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits)
 
 
 @triton.jit
@@ -4119,10 +4139,9 @@ def _attention_forward_tiles(
 
 
 @triton.jit
-def _attention_head(pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
-    """(batch, head, tile) of this program (grid: batch x heads x tiles, batch and head fastest);
+def _attention_head(pid, pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
+    """(batch, head, tile) of program pid (grid: batch x heads x tiles, batch and head fastest);
     batch and head are int64 for the offsets. HEAVY_FIRST: the last tiles first (causal queries)."""
-    pid = tl.program_id(0)
     n_tiles = tl.cdiv(n_rows, BLOCK)
     tile = pid // pid_rows
     if HEAVY_FIRST:
@@ -4134,20 +4153,25 @@ def _attention_head(pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST:
 @triton.jit
 def attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    n_batch, n_heads, group, n_queries, n_keys, qk_scale, cap2, lo, hi,
+    n_batch, n_heads, group, n_queries, n_keys, qk_scale, cap2, lo, hi, n_splits, split_keys,
     stride_qb, stride_qh, stride_qm, stride_qd,
     stride_kb, stride_kh, stride_kn, stride_kd,
     stride_vb, stride_vh, stride_vn, stride_vd,
-    stride_ob, stride_oh, stride_om, stride_od,
+    stride_os, stride_ob, stride_oh, stride_om, stride_od,
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one (batch, query head) against the keys of its key/value
-    head (query head // group) that the mask shows them. lse: (batch, heads, n_queries), contiguous."""
+    head (query head // group) that the mask shows them, within its split of split_keys keys (a
+    multiple of BLOCK_N; one split holds them all unless the plan splits the keys). out and lse:
+    (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its
+    own sum, and the caller merges the splits by their lse."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
-    b, h, tile = _attention_head(n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+    pid = tl.program_id(0)
+    split = (pid % n_splits).to(tl.int64)
+    b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
     hk = h // group
     query_start = tile * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
@@ -4161,6 +4185,10 @@ def attention_forward_kernel(
     acc = tl.zeros((BLOCK_M, HEAD_DIM_V), tl.float32)
     start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, BLOCK_M, BLOCK_N,
                                                        HAS_LO, HAS_HI)
+    # This split's keys only: the bounds stay tile-aligned, whole tiles stay whole.
+    split_start = split * split_keys
+    start, full_start = tl.maximum(start, split_start), tl.maximum(full_start, split_start)
+    full_end, end = tl.minimum(full_end, split_start + split_keys), tl.minimum(end, split_start + split_keys)
     # Masked tiles before the whole ones (a window's left edge), the whole ones, masked after.
     acc, m, l = _attention_forward_tiles(
         acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start,
@@ -4176,8 +4204,10 @@ def attention_forward_kernel(
         BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
     # A query that sees no key (or only -inf logits) has l = 0: output 0 and L = -inf.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    _attention_store(o_ptr + b * stride_ob + h * stride_oh, out, rows, n_queries, stride_om, dims_v, stride_od, DV)
-    tl.store(lse_ptr + (b * n_heads + h) * n_queries + rows, (m + tl.math.log2(l)) * LN_2, mask=rows < n_queries)
+    _attention_store(o_ptr + split * stride_os + b * stride_ob + h * stride_oh, out, rows, n_queries, stride_om,
+                     dims_v, stride_od, DV)
+    tl.store(lse_ptr + ((split * n_batch + b) * n_heads + h) * n_queries + rows, (m + tl.math.log2(l)) * LN_2,
+             mask=rows < n_queries)
 
 
 @triton.jit
@@ -4225,7 +4255,7 @@ def attention_backward_dq_kernel(
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
-    b, h, tile = _attention_head(n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+    b, h, tile = _attention_head(tl.program_id(0), n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
     hk = h // group
     query_start = tile * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
@@ -4321,7 +4351,7 @@ def attention_backward_dkdv_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
     n_kv_heads = n_heads // group
-    b, hk, tile = _attention_head(n_batch * n_kv_heads, n_keys, n_kv_heads, BLOCK_N, False)
+    b, hk, tile = _attention_head(tl.program_id(0), n_batch * n_kv_heads, n_keys, n_kv_heads, BLOCK_N, False)
     key_start = tile * BLOCK_N
     keys = key_start + tl.arange(0, BLOCK_N)
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
@@ -4385,21 +4415,35 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
                       launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
     in q's dtype, lse (batch, heads, n_queries) float32. launches: the plan's forward, dq and dK/dV
-    launches, four ints each (the backward's ride along for autograd)."""
+    launches, four ints each (the backward's ride along for autograd), then the forward's key splits."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
-    out = q.new_empty((batch, heads, n_queries, dv))
-    lse = q.new_empty((batch, heads, n_queries), dtype=torch.float32)
+    # Splits of whole key tiles; with several, each writes a float32 partial out and its lse.
+    split_keys = max(1, cdiv(cdiv(n_keys, launches[12]), launch[1])) * launch[1]
+    splits = max(1, cdiv(n_keys, split_keys))
+    out_shape = (batch, heads, n_queries, dv)
+    out = q.new_empty(out_shape) if splits == 1 else q.new_empty((splits, *out_shape), dtype=torch.float32)
+    lse = q.new_empty((splits, batch, heads, n_queries), dtype=torch.float32)
     if out.numel() == 0:
-        return out, lse
+        return q.new_empty(out_shape), lse[0]
     qk_scale, cap2 = _attention_scalars(scale, softcap)
-    grid = one_axis_grid(batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
+    grid = one_axis_grid(splits * batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
     _jit(attention_forward_kernel, traced=True)[grid](
-        q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi,
-        *q.stride(), *k.stride(), *v.stride(), *out.stride(),
+        q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
+        split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
         **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
-    return out, lse
+    if splits == 1:
+        return out, lse[0]
+    return _merge_splits(out, lse, q.dtype)
+
+
+def _merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) of the whole key range from each split's: lse = logsumexp of theirs, out their
+    sum weighted by exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf."""
+    total = torch.logsumexp(lse, dim=0)
+    weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))
+    return (out * weights[..., None]).sum(dim=0).to(dtype), total
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
@@ -4459,7 +4503,7 @@ def _attention_grad(ctx, dout, dlse):
     if dlse is not None:  # the kernels index lse's gradient as lse: contiguous (lse.sum()'s is stride 0)
         dlse = dlse.float().contiguous()
     dq, dk, dv = torch.ops.softmax_kernels.attention_backward(
-        q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:])
+        q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:12])
     return (dq, dk, dv, *([None] * 7))
 
 
@@ -4467,8 +4511,8 @@ attention_forward.register_autograd(_attention_grad, setup_context=_attention_se
 
 
 def _launch_list(plan: AttentionPlan) -> list[int]:
-    return [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
-            for field in ("block_m", "block_n", "num_warps", "num_stages")]
+    return [*(getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
+              for field in ("block_m", "block_n", "num_warps", "num_stages")), plan.splits]
 
 
 def _flat_heads(t: torch.Tensor) -> bool:
@@ -4540,7 +4584,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     plan_given = plan
     if plan is None:
         plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, n_queries, n_keys, is_causal=options["is_causal"],
-                              causal_align=causal_align, window=options["window"])
+                              causal_align=causal_align, window=options["window"],
+                              batch_heads=q.shape[0] * q.shape[1])
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:

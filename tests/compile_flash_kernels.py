@@ -57,13 +57,14 @@ def attention_cases() -> list:
     kernels = {"forward": fsm.attention_forward_kernel, "dq": fsm.attention_backward_dq_kernel,
                "dkdv": fsm.attention_backward_dkdv_kernel}
     cases = []
-    # (d, dv, dtype, window, softcap): Llama-like, Gemma-2-like, Phi-like, d != dv, float32 at 256.
-    for d, dv, dtype, window, softcap in ((128, 128, torch.bfloat16, None, False),
-                                          (256, 256, torch.bfloat16, (4095, 0), True),
-                                          (80, 80, torch.float16, None, False), (96, 64, torch.float32, (10, 10), True),
-                                          (256, 256, torch.float32, None, False)):
+    # (d, dv, dtype, window, softcap, kernels): Gemma-2-like (d 256, every switch on), float32 at
+    # 256 (the most shared memory), padded d != dv in tf32x3. Each compile takes seconds of CI.
+    for d, dv, dtype, window, softcap, names in ((256, 256, torch.bfloat16, (4095, 0), True, ("forward", "dq", "dkdv")),
+                                                 (256, 256, torch.float32, None, False, ("dq", "dkdv")),
+                                                 (96, 64, torch.float32, (10, 10), True, ("forward",))):
         plan = fsm.attention_plan(d, dv, dtype, 4096, 4096, is_causal=True, window=window)
-        for name, kernel in kernels.items():
+        for name in names:
+            kernel = kernels[name]
             launch = getattr(plan, name)
             constexprs = dict(D=d, DV=dv, HEAD_DIM=plan.head_dim, HEAD_DIM_V=plan.head_dim_v, BLOCK_M=launch.block_m,
                               BLOCK_N=launch.block_n, HAS_LO=plan.lo is not None, HAS_HI=True, SOFTCAP=softcap,

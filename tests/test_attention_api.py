@@ -151,6 +151,11 @@ MATCH_PARAMS = [(name, dtype, "plan") for name in CASES for dtype in (
     ("float32", "float16", "bfloat16") if ON_GPU else ("float32",) if name == "d256-small" else ("float32", "float16"))]
 if not ON_GPU:
     MATCH_PARAMS += [(name, "float32", "16x16") for name in SMALL_TILE_CASES]
+# The forward's keys in three splits merged by their lse (what decode-like calls take): queries
+# that one split, or every split, shows no key among them.
+SPLIT_CASES = ["decode-1q-70k-gqa", "bottom-right-50q-20k", "window-7-3", "softcap-window-causal-gqa"]
+MATCH_PARAMS += [(name, "float32" if ON_GPU else "float16", "split3") for name in SPLIT_CASES]
+if not ON_GPU:
     # bfloat16 once: the interpreter's products take the operands upcast (upcast_dot_operands), so
     # this checks the roundings around them; the GPU runs every case in bfloat16.
     MATCH_PARAMS += [("softcap-window-causal-gqa", "bfloat16", "plan")]
@@ -161,7 +166,8 @@ def test_matches_float64(name, dtype, tiles):
     case = CASES[name]
     torch_dtype = DTYPES[dtype]
     q, k, v, dout, dlse = make_inputs(case, torch_dtype, seed=len(name))
-    plan = small_tile_plan(case, torch_dtype) if tiles == "16x16" else None
+    plan = {"plan": None, "16x16": small_tile_plan(case, torch_dtype),
+            "split3": dataclasses.replace(small_tile_plan(case, torch_dtype), splits=3)}[tiles]
     ours = run_ours(q, k, v, dout, dlse, case.options, plan)
     assert_matches_float64(ours, q, k, v, dout, dlse, case.options)
 
@@ -366,6 +372,11 @@ def test_plan_tiles_and_bounds():
     assert flash_attention_flops(1, 1, 3, 2, 8, 8, None, -1) == 2 * 16 * 3
     small = attention_plan(ATTENTION_MAX_HEAD_DIM, 16, torch.float16, 8, 8)
     assert small.head_dim == 256 and small.head_dim_v == 16 and small.forward.block_m == 16
+    # Splits: a decode step of 8 x 32 heads over 32768 keys fills the GPU only in parts; a prefill
+    # of the same heads, or a short key range, takes none.
+    assert attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256).splits > 1
+    assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32).splits == 1
+    assert attention_plan(128, 128, torch.bfloat16, 1, 1000, batch_heads=8).splits == 1
 
 
 # ----------------------------------------------------------------------------------------------
