@@ -225,9 +225,9 @@ def test_fused_qkv_view_is_read_in_place():
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_plain_calls_take_the_course_kernels(is_causal):
-    """A call FlashAttentionTriton takes as it is runs there (its tuned kernels), with the answers
-    of the general kernels (forced by a plan); an option it lacks, or heads that do not fold into
-    its batch without a copy, keep the general ones."""
+    """A call FlashAttentionTriton can take runs there (its tuned kernels; heads that do not fold
+    into its batch are copied), with the answers of the general kernels (forced by a plan); an
+    option it lacks keeps the general ones."""
     q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
         randn((2, 3, 45, 32), torch.float32, 2)
     options = check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)
@@ -236,13 +236,14 @@ def test_plain_calls_take_the_course_kernels(is_causal):
     assert flash_attention_path(q, k, v, {**options, "scale": 0.5}, return_lse=False) == "general"
     assert flash_attention_path(q[:, :, :, :24], k[:, :, :, :24], v[:, :, :, :24],
                                 {**options, "scale": 24 ** -0.5}, return_lse=False) == "general"  # d 24: not its
-    strided = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view
-    assert flash_attention_path(strided, k, v, options, return_lse=False) == "general"
+    q = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view, copied
+    assert flash_attention_path(q, k, v, options, return_lse=False) == "course"
     dout = randn(q.shape, torch.float32, 4)
-    course = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal},
-                      fn=lambda *a, return_lse, plan, **o: (flash_attention(*a, **o), torch.zeros(q.shape[:3])))
+    zeros = torch.zeros(q.shape[:3], device=q.device)
+    course = run_ours(q, k, v, dout, zeros, {"is_causal": is_causal},
+                      fn=lambda *a, return_lse, plan, **o: (flash_attention(*a, **o), zeros))
     plan = attention_plan(32, 32, torch.float32, 37, 45, is_causal=is_causal)
-    general = run_ours(q, k, v, dout, torch.zeros(q.shape[:3]), {"is_causal": is_causal}, plan=plan)
+    general = run_ours(q, k, v, dout, zeros, {"is_causal": is_causal}, plan=plan)
     for name, got, want in zip(("out", "dq", "dk", "dv"), (course[0], *course[2:]), (general[0], *general[2:])):
         torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6, msg=lambda m: f"{name}: {m}")
 
