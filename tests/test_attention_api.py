@@ -161,6 +161,7 @@ if not ON_GPU:
     MATCH_PARAMS += [("softcap-window-causal-gqa", "bfloat16", "plan")]
 
 
+@pytest.mark.memcheck
 @pytest.mark.parametrize("name,dtype,tiles", MATCH_PARAMS, ids=["-".join(p) for p in MATCH_PARAMS])
 def test_matches_float64(name, dtype, tiles):
     case = CASES[name]
