@@ -283,11 +283,12 @@ def nested_tangents() -> bool:
 def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     """y * (t - rowsum(y * t)): softmax's Jacobian (symmetric) applied to t, for y = softmax(x)
     over the last dimension. The tangent of y for a tangent t of x, and the gradient of x for a
-    gradient t of y. In torch's ops, in float32 whatever the dtype, so that the transforms see
-    through it (a batch of tangents, a reverse pass over it, a tangent of a gradient); the
-    forward-mode and torch.func paths use it, where the kernels' speed matters less than their
-    reach."""
-    yf, tf = y.float(), t.float()
+    gradient t of y. In torch's ops, so that the transforms see through it (a batch of tangents, a
+    reverse pass over it, a tangent of a gradient); the forward-mode and torch.func paths use it,
+    where the kernels' speed matters less than their reach. In float64 whatever the dtype: t -
+    rowsum(y * t) cancels, and in float32 that cancellation alone cost softmax(x @ W)'s tangent
+    up to 3x PyTorch's own error (tests/test_transforms.py)."""
+    yf, tf = y.double(), t.double()
     return (yf * (tf - (yf * tf).sum(-1, keepdim=True))).to(y.dtype)
 
 
