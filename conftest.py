@@ -331,16 +331,25 @@ def _check_writable_dir(path: Path, what: str) -> None:
 # first (before a hook could note it) still marks the run interrupted.
 _SIGNALS: list = []
 _WRITING_RECORD = [False]  # while the session's end writes the run's JSON and tables
+_FIRST_SIGNAL_AT = [None]  # time.monotonic() of the first signal
+REPEAT_SIGNAL_S = 5.0  # signals this soon after the first repeat it: a double Ctrl-C, a supervisor's burst
 
 
 def _install_signal_handlers(config) -> None:
     """SIGTERM ends the run like Ctrl-C: pytest finishes the session, so measured rows are kept.
 
     While the record is being written a signal is noted, not raised: the JSON and the tables are
-    finished (atomically, a few seconds), never left half done."""
+    finished (atomically, a few seconds), never left half done. A signal within REPEAT_SIGNAL_S of
+    the first that stopped the run is noted too: the run is already ending, and raising again cut
+    its summary short (under load, in the signals-in-quick-succession test); a later one stops it
+    again, for a user whose run does not end."""
     def interrupt(signum, frame):  # noqa: ARG001 - signal handler signature
+        now = time.monotonic()
         _SIGNALS.append(signal.Signals(signum).name)
-        if not _WRITING_RECORD[0]:
+        repeat = _FIRST_SIGNAL_AT[0] is not None and now - _FIRST_SIGNAL_AT[0] < REPEAT_SIGNAL_S
+        if _FIRST_SIGNAL_AT[0] is None:
+            _FIRST_SIGNAL_AT[0] = now
+        if not _WRITING_RECORD[0] and not repeat:
             raise KeyboardInterrupt(signal.Signals(signum).name)
 
     config.bench_old_handlers = {}
