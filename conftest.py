@@ -361,8 +361,14 @@ def _install_signal_handlers(config) -> None:
 
 
 def pytest_unconfigure(config):
-    for sig, handler in getattr(config, "bench_old_handlers", {}).items():
-        signal.signal(sig, handler)
+    # After a signal the process is on its way out: the handler stays, so a late one of a burst
+    # neither kills it before its output is flushed nor prints a traceback; else the caller's
+    # handlers come back (a pytest run inside another program).
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if not _SIGNALS:
+        for sig, handler in getattr(config, "bench_old_handlers", {}).items():
+            signal.signal(sig, handler)
     release_locks(config)
 
 
