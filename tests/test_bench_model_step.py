@@ -5,8 +5,11 @@ A timed call is one step: forward under bfloat16 autocast, backward, fused AdamW
 set to None. Every case starts from the same initialisation and trains on the same batch; before
 its timing it trains ``TRACE_STEPS`` steps and compares its losses with PyTorch's eager ones at the
 same steps (max_loss_diff). loss_noise is bfloat16's own share of that: PyTorch's eager bfloat16
-losses against its float32 ones. On the GPU a case fails when its losses are further from the
-float32 ones than twice PyTorch's bfloat16 losses are (the project's accuracy rule).
+losses against its float32 ones. On the GPU a project case fails when its losses are further from
+the float32 ones than twice PyTorch's eager bfloat16 losses are (the project's accuracy rule).
+host_us is the host's time to enqueue one step while the GPU is kept busy; a step that reads a
+value back (the project's eager loss checks its class indices on the host) waits for the GPU
+there, and its host_us includes that wait.
 
     pytest --benchmark-only -p no:xdist tests/test_bench_model_step.py
 
@@ -146,7 +149,7 @@ def test_model_step(bench, config, compiled, impl):
         if compiled == "compile":
             torch._dynamo.reset()  # its graphs and guards of this model go with it
     losses, float32 = found["losses"], found["float32"]
-    if float32 is not None:
+    if float32 is not None and impl != "torch":
         # Twice PyTorch's own bfloat16 error, with a floor of a few float32 roundings of the loss
         # for steps where PyTorch's error happens to vanish.
         torch_error = max_abs_diff(_TRACES[(config, AUTOCAST)], float32)
