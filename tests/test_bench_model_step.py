@@ -248,11 +248,16 @@ def profile_compiled_step(name: str, impl: str) -> dict:
         "host_ms_per_step": 1e3 * plain_host_s / steps, "wall_ms_per_step": 1e3 * plain_wall_s / steps,
         "profiled_host_ms_per_step": 1e3 * host_s / steps, "profiled_wall_ms_per_step": 1e3 * wall_s / steps,
         "gpu_ms_per_step": gpu_us / 1e3 / steps,
+        # The GPU's idle time between kernels: a host-bound step's excess over its kernels.
+        "gpu_idle_ms_per_step": 1e3 * wall_s / steps - gpu_us / 1e3 / steps,
         "kernels_per_step": sum(e.count for e in kernels) / steps,
-        "top_kernels": [(e.key[:110], round(e.self_device_time_total / 1e3 / steps, 3), e.count // steps)
+        "top_kernels": [(e.key[:110], round(e.self_device_time_total / 1e3 / steps, 3), round(e.count / steps, 1))
                         for e in kernels[:TOP]],
-        "top_host_ops": [(e.key[:110], round(e.self_cpu_time_total / 1e3 / steps, 3), e.count // steps)
+        "top_host_ops": [(e.key[:110], round(e.self_cpu_time_total / 1e3 / steps, 3), round(e.count / steps, 1))
                          for e in host_ops[:TOP]],
+        # The project's ops as the compiled step calls them (opaque custom ops run their Python each call).
+        "project_ops": [(e.key[:110], round(e.cpu_time_total / 1e3 / steps, 3), round(e.count / steps, 1))
+                        for e in host_ops if e.key.startswith("softmax_kernels::")],
     }
 
 
@@ -265,12 +270,14 @@ def test_profile_compiled_step(request):
     parts = []
     for r in results:
         summary = {k: (round(v, 3) if isinstance(v, float) else v) for k, v in r.items()
-                   if k not in ("top_kernels", "top_host_ops")}
+                   if k not in ("top_kernels", "top_host_ops", "project_ops")}
         parts += [f"== {r['config']} {r['impl']} compiled: {json.dumps(summary)}",
                   f"-- top {TOP} kernels by GPU time (per step)",
                   _table(r["top_kernels"], ("kernel", "gpu_ms", "calls")),
                   f"-- top {TOP} host ops by self CPU time (per step)",
-                  _table(r["top_host_ops"], ("op", "cpu_ms", "calls")), ""]
+                  _table(r["top_host_ops"], ("op", "cpu_ms", "calls")),
+                  "-- the project's custom ops (CPU time with children, per step)",
+                  _table(r["project_ops"], ("op", "cpu_ms", "calls")) if r["project_ops"] else "none", ""]
     out = outputs_dir(request.config)
     out.mkdir(parents=True, exist_ok=True)
     (out / "model_step_profile.txt").write_text("\n".join(parts), encoding="utf-8")
