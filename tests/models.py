@@ -72,16 +72,17 @@ class ModelConfig:
 
 
 # Memory of the llama configuration trained in bfloat16 autocast with fused AdamW (float32
-# parameters, gradients and two moments: 16 bytes a parameter):
+# parameters, gradients and two moments: 16 bytes a parameter), batch 2 x 2048 tokens:
 #   embedding and LM head 2 x 128256 x 4096 = 1.05 G parameters; a layer 218 M (attention
 #   2 x 4096^2 + 2 x 4096 x 1024 = 42 M, SwiGLU 3 x 4096 x 14336 = 176 M).
-#   4 layers: 1.92 G parameters -> 30.7 GB of optimizer state and gradients, 3.8 GB of autocast's
-#   bfloat16 weight copies, ~1 GB of saved activations a layer at 2 x 2048 tokens (about 120 KB
-#   a token: the block's bfloat16 inputs of each product, the float32 residual and norms), and
-#   PyTorch's loss holds the float32 logits, their log-softmax and gradients (4096 x 128256 x 4 B
-#   = 2.1 GB each, ~6-8 GB at its peak): ~45 GB with torch's ops.
-#   8 layers would add 14 GB of state and 4 GB of activations (~63 GB) and leave too little
-#   room for torch.compile's workspaces and the allocator's fragmentation on an 80 GB card.
+#   4 layers: 1.92 G parameters -> 30.7 GB of parameters, gradients and moments; 3.8 GB of
+#   autocast's bfloat16 weight copies; ~1 GB of saved activations a layer (~250 KB a token: the
+#   float32 residual and norm inputs, each product's bfloat16 input, the SwiGLU's 3 x 14336-wide
+#   bfloat16 intermediates, q, k, v and the attention's output); PyTorch's loss adds the float32
+#   logits, their log-softmax and gradients (4096 x 128256 x 4 B = 2.1 GB each, ~8 GB at its
+#   peak): ~47 GB with torch's ops.
+#   8 layers: 2.8 G parameters, ~67 GB: too little room left on an 80 GB card for
+#   torch.compile's workspaces and the allocator's fragmentation.
 LLAMA_LAYERS = 4
 
 CONFIGS = {
