@@ -55,7 +55,7 @@ from online_softmax import (
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
     apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device, refuse_second_derivative, _empty_like_contiguous,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, _empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -4493,8 +4493,7 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_grad(ctx, dout, dlse):
     if torch.is_grad_enabled():
-        raise RuntimeError("flash_attention has no double backward (create_graph=True): its gradients come from "
-                           "kernels that autograd cannot differentiate")
+        raise no_double_backward("flash_attention")
     q, k, v, out, lse = ctx.saved_tensors
     scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
     if dout is None and dlse is None:
@@ -5131,8 +5130,7 @@ def _lce_setup_context(ctx, inputs, output):
 
 def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
     if torch.is_grad_enabled():
-        raise RuntimeError("linear_cross_entropy has no double backward (create_graph=True): its gradients "
-                           "are computed by fused kernels that autograd cannot differentiate")
+        raise no_double_backward("linear_cross_entropy")
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
         return (None,) * _LCE_FORWARD_ARGS
     if ctx.reduction == "none":

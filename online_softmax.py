@@ -178,14 +178,20 @@ def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
     return register
 
 
+def no_double_backward(public: str) -> RuntimeError:
+    """The error every op without a second derivative raises, naming where to get one."""
+    return RuntimeError(f"{public}: double backward (a second backward through a gradient taken with "
+                        "create_graph=True) is not supported by its Triton backward (no double backward); for "
+                        "second derivatives use torch.func, e.g. torch.func.hessian(f)(x) or "
+                        "torch.func.jacrev(torch.func.jacrev(f))")
+
+
 def refuse_second_derivative(op, public: str) -> None:
     """A backward op's own backward, which says so: differentiating ``public``'s gradient (a
     backward with create_graph=True, then another) is not what its Triton backward does. Without
     it torch would tell the user to register a formula, which only this library can."""
     def second(ctx, *grads):  # noqa: ARG001 - autograd's signature
-        raise RuntimeError(f"{public}: double backward (a second backward through a gradient taken with "
-                           "create_graph=True) is not supported by its Triton backward; for second derivatives "
-                           "use torch.func, e.g. torch.func.hessian(f)(x) or torch.func.jacrev(torch.func.jacrev(f))")
+        raise no_double_backward(public)
 
     op.register_autograd(second)
 
