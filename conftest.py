@@ -506,6 +506,11 @@ def pytest_collection_finish(session):
     out = outputs_dir(config)
     hold_dirs(config, *run_dirs(out))
     config.bench_run = RunRecord(out, config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        _PROGRESS.update({"cases": {i.nodeid for i in _bench_items(session)}, "done": 0,
+                          "started": time.time(), "shown": time.time(),
+                          "write": lambda line: reporter.write_line(line)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -600,6 +605,26 @@ class WorkerRows:
 def pytest_runtest_setup(item):
     if isinstance(item.config.bench_run, WorkerRows):
         item.config.bench_run.node = item
+
+
+PROGRESS_EVERY_S = 30.0  # a line of progress at most this often: a long run says where it is, a short one stays quiet
+_PROGRESS: dict = {}  # the timed run's cases, how many are done, and where the lines go (pytest_collection_finish)
+
+
+def pytest_runtest_logreport(report):
+    """Every PROGRESS_EVERY_S of a timed run: cases done of all, and the time left at the pace so far."""
+    progress = _PROGRESS
+    if report.when != "teardown" or report.nodeid not in progress.get("cases", ()):
+        return
+    progress["done"] += 1
+    now = time.time()
+    if now - progress["shown"] < PROGRESS_EVERY_S and progress["done"] < len(progress["cases"]):
+        return
+    progress["shown"] = now
+    elapsed = now - progress["started"]
+    left = elapsed / progress["done"] * (len(progress["cases"]) - progress["done"])
+    progress["write"](f"progress: {progress['done']}/{len(progress['cases'])} cases, {elapsed / 60:.1f} min so far, "
+                      f"about {left / 60:.1f} min left")
 
 
 class WorkerRowsMerger:
@@ -894,7 +919,8 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG0
     output_json["ceilings"] = CEILINGS.as_dict()
     output_json["failed_cases"] = list(run.failed) if run else []
     output_json["bench_groups"] = dict(run.groups) if run else {}
-    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config)}
+    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config),
+                                "command": " ".join(("pytest", *config.invocation_params.args))}
     merger = config.pluginmanager.get_plugin("softmax-kernels-worker-rows")
     if merger is not None:
         output_json["bench_run"]["workers"] = dict(sorted(merger.workers.items()))
