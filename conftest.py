@@ -166,6 +166,10 @@ class Unavailable(RuntimeError):
     reason, as for a configuration that does not fit."""
 
 
+# A failure row whose reason starts with one of these names is a case this machine cannot run, not a fault.
+NOT_RUN = frozenset(("Unavailable", "KernelCapacityError", "OutOfMemoryError", "OutOfResources"))
+
+
 class WrongAnswer(AssertionError):
     """A benchmarked case whose error against float64 is over its bound: the test fails, its row
     is a failure with the two numbers, and it is never timed."""
@@ -1759,7 +1763,7 @@ def pytest_terminal_summary(terminalreporter, config):
             for _, r in df.iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
                 if not _isnan(r["failure"]):
-                    if str(r["failure"]).startswith(f"{Unavailable.__name__}:"):  # cannot run here: no failure
+                    if str(r["failure"]).partition(":")[0] in NOT_RUN:  # cannot run here: no failure
                         tr.write_line(f"not run: {keys}: {r['failure'].partition(': ')[2]}")
                     else:
                         tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
@@ -1881,7 +1885,15 @@ def comparison_report(record: dict, one_name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # The record's headline, targets and regression gate: figures read from a run's JSON, never typed in
 # ----------------------------------------------------------------------------------------------
-RECORD_JSON = ROOT / "outputs" / RUN_JSON  # the committed record of the reference GPU
+
+
+def record_json() -> Path:
+    """The committed record: the reference GPU's (outputs/benchmark.json), else the one another GPU kind made."""
+    reference = ROOT / "outputs" / RUN_JSON
+    others = sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))
+    return reference if reference.exists() or not others else others[0]
+
+
 # (group, what the README calls it, the project's impl as a user calls it, the baselines it is set against:
 # a case's baseline time is the fastest of them that ran it)
 HEADLINE = (
@@ -1935,8 +1947,9 @@ def headline_markdown(data: dict) -> str:
                          f"{max(ratios):.2f}x | the fastest of {', '.join(baselines)} |")
     versions = ", ".join(f"{k} {gpu[k].split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
     lines.append("")
+    where = record_json().relative_to(ROOT).as_posix()
     lines.append(f"Medians of GPU time per call on an {gpu.get('name', '?')} ({versions}), from the record "
-                 f"[outputs/{RUN_JSON}](outputs/{RUN_JSON}) at commit {commit[:7]}; a speed-up is the baseline's time "
+                 f"[{where}]({where}) at commit {commit[:7]}; a speed-up is the baseline's time "
                  "over the project's on the same case. Written by `python3 conftest.py headline`.")
     return "\n".join(lines)
 
@@ -2057,7 +2070,8 @@ def main(argv=None) -> int:
     gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json of its --outputs-dir)")
     gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
     for command in (headline, gate):
-        command.add_argument("--record", type=Path, default=RECORD_JSON, help=f"default {RECORD_JSON.relative_to(ROOT)}")
+        command.add_argument("--record", type=Path, default=None,
+                             help="default: the committed record (outputs/benchmark.json, or outputs/<GPU>/benchmark.json)")
     args = parser.parse_args(argv)
     if args.command in ("headline", "gate"):
         return record_command(args)
@@ -2137,6 +2151,7 @@ def main(argv=None) -> int:
 def record_command(args) -> int:
     """``headline`` and ``gate``: both read the committed record."""
     try:
+        args.record = args.record or record_json()
         record = load_run(args.record)
         run = load_run(args.json) if args.command == "gate" else None
     except BadRun as bad:

@@ -7,16 +7,17 @@ import pytest
 
 import conftest
 from conftest import (
-    RECORD_JSON, case_ratios, gate_report, headline_markdown, load_run, stale_blocks, targets_markdown, with_block,
+    case_ratios, gate_report, headline_markdown, load_run, record_json, stale_blocks, targets_markdown, with_block,
 )
 
 
 def test_generated_blocks_match_the_committed_record():
     """README.md's headline and outputs/README.md's targets are what the committed record gives:
     after a new record, `python3 conftest.py headline` writes them."""
-    if not RECORD_JSON.exists():
-        pytest.skip(f"no record committed at {RECORD_JSON.relative_to(conftest.ROOT)}")
-    assert stale_blocks(load_run(RECORD_JSON)) == [], "run: python3 conftest.py headline"
+    record = record_json()
+    if not record.exists():
+        pytest.skip(f"no record committed at {record.relative_to(conftest.ROOT)}")
+    assert stale_blocks(load_run(record)) == [], "run: python3 conftest.py headline"
 
 
 def _run(rows, groups):
