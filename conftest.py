@@ -37,48 +37,11 @@ import sys
 import time
 from pathlib import Path
 
-# Several GPUs: pytest-xdist names each worker (gw0, gw1, ...) in PYTEST_XDIST_WORKER before the
-# worker imports this file, and the controller lists its GPUs in WORKER_GPUS_ENV before it starts
-# the workers (pytest_configure). Each worker sees one GPU, round-robin, and must choose it before
-# torch first asks CUDA about devices (just below): CUDA reads CUDA_VISIBLE_DEVICES once.
-WORKER_GPUS_ENV = "SOFTMAX_KERNELS_WORKER_GPUS"
-
-
-def _pin_worker_gpu() -> None:
-    number = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
-    gpus = [g for g in os.environ.get(WORKER_GPUS_ENV, "").split(",") if g]
-    if gpus and number.isdigit():
-        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(number) % len(gpus)]
-
-
-_pin_worker_gpu()
-
-import torch  # noqa: E402
-
-if not torch.cuda.is_available():
-    os.environ["TRITON_INTERPRET"] = "1"
-
-import pytest  # noqa: E402
-import triton  # noqa: E402
-
-from online_softmax import INTERPRET, KernelCapacityError  # noqa: E402 - TRITON_INTERPRET is settled above
-
-ON_GPU = not INTERPRET  # TRITON_INTERPRET as Triton reads it (1, true, yes, on, y)
-
 ROOT = Path(__file__).resolve().parent
 MiB = 2**20
-L2_FLUSH_BYTES = 256 * MiB  # several times any current L2 (H100: 50 MB), as triton's do_bench does
-# The committed tables in outputs/ are this GPU kind's; other kinds write to outputs/<their slug>/.
+# The committed record is this GPU kind's; each kind's record sits in outputs/<its name>/.
 REFERENCE_GPU = "NVIDIA_H100_80GB_HBM3"
-# The code that ran, where the tree was copied without .git: "<commit>" or "<commit>-dirty".
-COMMIT_ENV = "SOFTMAX_KERNELS_COMMIT"
 RUN_JSON = "benchmark.json"
-TIMERS = ("events", "do_bench", "cudagraph")
-# --candidate: a user's own kernels checked and timed beside the project's (tests/candidates.py,
-# importable where the ini's pythonpath has tests/; a run of this harness from elsewhere goes without).
-_CANDIDATES = importlib.util.find_spec("candidates")
-pytest_plugins = (("candidates",) if _CANDIDATES and _CANDIDATES.origin
-                  and Path(_CANDIDATES.origin).resolve() == ROOT / "tests" / "candidates.py" else ())
 
 
 # ----------------------------------------------------------------------------------------------
@@ -151,6 +114,904 @@ METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms
 HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "mean_over_median", "remeasured", "discarded_ms",
                                      "bytes_moved", "flops", "matmul_peak_key", "l2_flush", "execution", "timer",
                                      "gpu", "failure"}
+
+
+def read_run(path: Path) -> dict:
+    """A run's JSON from its file: a whole JSON, or the lines of a ``.part`` (``read_part``)."""
+    return read_part(path) if path.name.endswith(".part") else json.loads(path.read_text(encoding="utf-8"))
+
+
+class BadRun(ValueError):
+    """A file that is not a run's JSON from this harness: its message names the file and what is wrong."""
+
+
+def load_run(path: Path) -> dict:
+    """read_run, with each way a file can be wrong said in one line (BadRun) instead of a traceback."""
+    if path.is_dir():
+        raise BadRun(f"{path}: is a directory, not a run's JSON")
+    try:
+        if path.stat().st_size == 0:
+            raise BadRun(f"{path}: is empty")
+        data = read_run(path)
+    except OSError as exc:
+        raise BadRun(f"{path}: cannot be read: {exc.strerror or exc}") from None
+    except UnicodeDecodeError:
+        raise BadRun(f"{path}: is not UTF-8 text") from None
+    except json.JSONDecodeError as exc:
+        raise BadRun(f"{path}: is not whole JSON (truncated?): {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    problem = run_problem(data)
+    if problem:
+        raise BadRun(f"{path}: {problem}")
+    return data
+
+
+def run_problem(data) -> str | None:
+    """What keeps data from being a run's JSON of this harness (None: nothing)."""
+    if not isinstance(data, dict):
+        return f"holds a JSON {type(data).__name__}, not a run's JSON object"
+    groups = data.get("bench_groups")
+    if not groups or not isinstance(groups, dict):
+        return "has no bench_groups (a run's JSON from this harness was expected)"
+    for name, layout in groups.items():
+        try:
+            BenchGroup.from_layout(layout)
+        except (TypeError, AttributeError) as exc:
+            return f"group {name!r} has a malformed layout: {exc}"
+    for key, need in (("benchmarks", ("group", "stats", "extra_info")), ("failed_cases", ("group", "row", "reason"))):
+        records = data.get(key, [])
+        if not isinstance(records, list):
+            return f"its {key} is a JSON {type(records).__name__}, not a list"
+        for i, record in enumerate(records):
+            if not isinstance(record, dict) or not all(k in record for k in need):
+                return f"{key}[{i}] lacks one of {', '.join(need)}"
+            if key == "benchmarks" and not (isinstance(record["stats"], dict) and isinstance(record["extra_info"], dict)
+                                            and all(isinstance(record["stats"].get(k), (int, float))
+                                                    for k in ("mean", "stddev", "median", "min"))):
+                return f"benchmarks[{i}] has no stats (mean, stddev, median, min) or extra_info"
+    for key in ("ceilings", "bench_run", "machine_info", "commit_info"):
+        if data.get(key) is not None and not isinstance(data[key], dict):
+            return f"its {key} is a JSON {type(data[key]).__name__}, not an object"
+    return None
+
+
+def read_part(path: Path) -> dict:
+    """A run JSON (marked incomplete) from the lines of a ``.part`` file; a torn last line is dropped."""
+    data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {}}
+    for text in path.read_text(encoding="utf-8").splitlines():
+        try:
+            line = json.loads(text)
+        except json.JSONDecodeError:
+            continue
+        if "run" in line:
+            data["bench_run"] = {**line["run"], "complete": False}
+            data["machine_info"] = line.get("machine_info", {})
+            if "commit_info" in line:
+                data["commit_info"] = line["commit_info"]
+        if "group" in line:
+            data["bench_groups"][line["group"]["name"]] = line["group"]
+        if "benchmark" in line:
+            data["benchmarks"].append(line["benchmark"])
+        if "failed_case" in line:
+            data["failed_cases"].append(line["failed_case"])
+        data["ceilings"] = line.get("ceilings", data["ceilings"])
+    return data
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Machine ceilings, measured once per run with the harness's one timing primitive
+# ----------------------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Ceilings:
+    """What the machine can do, measured in the run: the yardsticks of gbps, tflops and host_us."""
+
+    copy_GBps: float | None = None
+    matmul_TFLOPs: dict = dataclasses.field(default_factory=dict)  # "dtype|precision" -> rate
+    cycles_per_ms: float | None = None
+    launch_floor_us: float | None = None  # host time to launch an empty Triton kernel
+
+    def as_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: dict | None) -> "Ceilings":
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in (d or {}).items() if k in fields})
+
+
+CEILINGS = Ceilings()
+
+
+def merged_ceilings(per_worker: list[dict]) -> "Ceilings":
+    """Per value, the median of the workers' measurements (those that measured it)."""
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    ceilings = [Ceilings.from_dict(c) for c in per_worker]
+    merged = Ceilings(**{f.name: median(getattr(c, f.name) for c in ceilings)
+                         for f in dataclasses.fields(Ceilings) if f.name != "matmul_TFLOPs"})
+    for key in sorted({k for c in ceilings for k in c.matmul_TFLOPs}):
+        merged.matmul_TFLOPs[key] = median(c.matmul_TFLOPs.get(key) for c in ceilings)
+    return merged
+
+
+
+# ----------------------------------------------------------------------------------------------
+# One writer per outputs directory
+# ----------------------------------------------------------------------------------------------
+LOCK_NAME = "benchmark.lock"
+
+
+class DirectoryBusy(Exception):
+    """Another live process holds the outputs directory's lock."""
+
+
+def take_lock(out: Path) -> tuple[int, str | None]:
+    """Hold ``out/benchmark.lock`` (an flock, which the kernel drops when its holder dies, and a
+    line naming the holder's pid and command): (its descriptor, a note where a dead holder's line
+    was taken over). Raises DirectoryBusy naming the live holder."""
+    import fcntl
+
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / LOCK_NAME
+    while True:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
+            os.close(fd)
+            raise DirectoryBusy(f"{out} is being written by {holder}; wait for it to end, or write elsewhere "
+                                "(--outputs-dir)") from None
+        try:  # a holder that released it unlinked the file: hold the one at the path, not an orphan
+            held = os.fstat(fd).st_ino == os.stat(path).st_ino
+        except FileNotFoundError:
+            held = False
+        if held:
+            break
+        os.close(fd)
+    stale = os.read(fd, 4096).decode("utf-8", "replace").strip()
+    os.ftruncate(fd, 0)
+    os.lseek(fd, 0, os.SEEK_SET)
+    command = " ".join(getattr(sys, "orig_argv", sys.argv))
+    os.write(fd, f"pid {os.getpid()} on {os.uname().nodename} ({command})\n".encode())
+    os.fsync(fd)
+    note = f"{path}: took over the lock of {stale}, which is no longer running" if stale else None
+    return fd, note
+
+
+def release_lock(out: Path, fd: int) -> None:
+    """Unlink while still holding it, so a waiter that opened the old file sees it orphaned."""
+    try:
+        (out / LOCK_NAME).unlink(missing_ok=True)
+    finally:
+        os.close(fd)
+
+
+
+def keep_leftover(part: Path) -> Path:
+    """A new name for a leftover ``.part`` beside it, from the time it was last written (UTC)."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(part.stat().st_mtime))
+    for n in range(1000):
+        kept = part.with_name(f"benchmark.{stamp}{f'-{n}' if n else ''}.json.part")
+        if not kept.exists():
+            os.rename(part, kept)
+            return kept
+    raise FileExistsError(f"{part}: no free name to keep it under")
+
+
+
+# ----------------------------------------------------------------------------------------------
+# The tables built from a run's JSON
+# ----------------------------------------------------------------------------------------------
+def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
+    """The table's numbers from pytest-benchmark's stats (seconds), the row's cost model
+    (bytes_moved, flops, matmul_peak_key) and the machine's measured ceilings. Pure."""
+    mean = stats["mean"]
+    bytes_moved, flops = model.get("bytes_moved"), model.get("flops")
+    gbps = bytes_moved / mean / 1e9 if bytes_moved else None
+    tflops = flops / mean / 1e12 if flops else None
+    peak = ceilings.matmul_TFLOPs.get(model.get("matmul_peak_key") or "")
+    return {
+        "forward_ms_mean": mean * 1e3, "forward_ms_std": stats["stddev"] * 1e3,
+        "forward_ms_median": stats["median"] * 1e3, "forward_ms_min": stats["min"] * 1e3,
+        "gbps": gbps, "tflops": tflops,
+        "pct_of_copy": 100 * gbps / ceilings.copy_GBps if (gbps and ceilings.copy_GBps) else None,
+        "pct_of_matmul_peak": 100 * tflops / peak if (tflops and peak) else None,
+    }
+
+
+
+def write_run(data: dict, out: Path) -> list[Path]:
+    """The run's JSON (atomically: a temporary file renamed), then its tables, built from the file's bytes."""
+    out.mkdir(parents=True, exist_ok=True)
+    complete = data.get("bench_run", {}).get("complete", True)
+    path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+    return [path, *write_tables(json.loads(path.read_text(encoding="utf-8")), out)]
+
+
+def table_path(out: Path, group: BenchGroup, complete: bool, suffix: str = ".csv") -> Path:
+    name = Path(group.csv).with_suffix(suffix).name
+    return out / (name if complete else name.replace(suffix, f".partial{suffix}"))
+
+
+def write_tables(data: dict, out: Path) -> list[Path]:
+    """Every group's CSV and plot from a run's JSON (a whole one, a saved one, or a .part's lines).
+
+    A run that did not end on its own writes ``NAME.partial.csv``: its tables say so, and a whole
+    table beside them stays as it was."""
+    complete = data.get("bench_run", {}).get("complete", True)
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, (group, df) in tables_from_json(data).items():
+        csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
+        csv_df = pivoted(group, csv_df) if group.pivot else csv_df
+        csv_df = csv_df[group.csv_columns()].copy()
+        for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
+            if csv_df[col].dtype == object and all(isinstance(v, int) and not isinstance(v, bool) or _isnan(v)
+                                                   for v in csv_df[col]):
+                csv_df[col] = csv_df[col].astype("Int64")
+        path = table_path(out, group, complete)
+        tmp = path.with_name(path.name + ".tmp")
+        csv_df.to_csv(tmp, index=False, float_format="%.6g")
+        os.replace(tmp, path)
+        written.append(path)
+        if group.plot is not None:
+            png = table_path(out, group, complete, ".png")
+            if plot_group(group, df, png, data.get("machine_info", {}).get("gpu", {}).get("name", "?")):
+                written.append(png)
+    return written
+
+
+def tables_from_json(data: dict) -> dict:
+    """{group name: (BenchGroup, DataFrame)} from a run's JSON: row keys from extra_info, times from
+    stats, derived metrics from stats, cost model and ceilings, failed cases as empty rows."""
+    ceilings = Ceilings.from_dict(data.get("ceilings"))
+    layouts = data.get("bench_groups") or {}
+    records: dict[str, list] = {}
+    for b in data.get("benchmarks", []):
+        if b.get("group") not in layouts:
+            continue
+        extra = b["extra_info"]
+        metrics = derive_metrics(b["stats"], extra, ceilings)
+        row = {**extra, **metrics, "failure": None}
+        records.setdefault(b["group"], []).append(row)
+    for f in data.get("failed_cases", []):
+        if f["group"] in layouts:
+            records.setdefault(f["group"], []).append({**f["row"], "failure": f["reason"]})
+    return {name: (group, group_table(group, rows))
+            for name in layouts if (group := BenchGroup.from_layout(layouts[name])) and (rows := records.get(name))}
+
+
+def group_table(group: BenchGroup, rows: list[dict]):
+    """Every row of a group as one DataFrame: row keys, metrics, speed-ups and failure, in the group's order."""
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    for col in {*group.columns, *METRICS, "failure"}:
+        if col not in df:
+            df[col] = None
+    impl_col = "impl" if "impl" in df else None
+    if impl_col:
+        df["_impl_order"] = df[impl_col].map({name: i for i, name in enumerate(group.impls)})
+    for column, baseline in group.speedups.items():
+        df[column] = speedup(df, group.case, baseline)
+    for column, source in group.aliases.items():
+        df[column] = df[source]
+    for column, count in group.per_second.items():
+        df[column] = [None if _isnan(n) or _isnan(ms) or ms <= 0 else n / (ms * 1e-3)
+                      for n, ms in zip(df[count] if count in df else [None] * len(df), df["forward_ms_mean"])]
+    if group.best_of:
+        df["ms"] = df["forward_ms_mean"]
+        df["best_baseline_ms"] = best_time(df, group.case, group.best_of)
+        df["speedup"] = [None if impl in group.best_of or _isnan(best) or _isnan(ms) else best / ms
+                         for impl, best, ms in zip(df["impl"], df["best_baseline_ms"], df["ms"])]
+    order = list(group.sort) if group.sort else [*group.case, *(["_impl_order"] if impl_col else [])]
+    order = [c for c in order if c in df]
+    df = df.sort_values(order, kind="stable", na_position="first").reset_index(drop=True)
+    return df
+
+
+def pivoted(group: BenchGroup, df):
+    """One row per set of rows that differ only in the pivot key (see ``BenchGroup.pivot``), in the
+    group's order without that key, then by the other columns that identify a row. Rows that
+    would fill the same cell twice go to separate rows: none is lost."""
+    import pandas as pd
+
+    key, columns = group.pivot
+    keep = [c for c in group.csv_columns() if c not in columns and c != "failure"]
+    order = [c for c in dict.fromkeys([*(group.sort or [*group.case, "_impl_order"]), *keep]) if c in df and c != key]
+    df = df.sort_values(order, kind="stable", na_position="first")
+    merged: dict[tuple, list[dict]] = {}  # identifying values -> [{pivot value: row}, ...]
+    for r in df.to_dict("records"):
+        ident = tuple(None if _isnan(r.get(c)) else r.get(c) for c in keep)
+        sets = merged.setdefault(ident, [])
+        parts = next((p for p in sets if r[key] not in p), None)
+        if parts is None:
+            sets.append(parts := {})
+        parts[r[key]] = r
+    out = []
+    for ident, sets in merged.items():
+        for parts in sets:
+            row = dict(zip(keep, ident))
+            for column, (value, source) in columns.items():
+                row[column] = parts[value].get(source) if value in parts else None
+            reasons = {v: p["failure"] for v, p in parts.items() if not _isnan(p.get("failure"))}
+            if len(reasons) == len(parts) and len(set(reasons.values())) == 1:
+                row["failure"] = next(iter(reasons.values()))
+            else:
+                row["failure"] = "; ".join(f"{v}: {why}" for v, why in reasons.items()) or None
+            out.append(row)
+    return pd.DataFrame(out, columns=[*keep, *columns, "failure"])
+
+
+def speedup(df, case: tuple[str, ...], baseline: str) -> list:
+    """Baseline time / this row's time, matching rows on the case columns; None where either is missing."""
+    base = {}
+    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
+        if impl == baseline and not _isnan(ms):
+            base[key] = ms
+    return [base[k] / ms if (k in base and not _isnan(ms)) else None
+            for k, ms in zip(df[list(case)].itertuples(index=False, name=None), df["forward_ms_mean"])]
+
+
+def best_time(df, case: tuple[str, ...], impls: tuple[str, ...]) -> list:
+    """The least mean time (ms) of impls on each row's case; None where none of them was measured."""
+    best: dict = {}
+    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
+        if impl in impls and not _isnan(ms):
+            best[key] = min(ms, best.get(key, math.inf))
+    return [best.get(key) for key in df[list(case)].itertuples(index=False, name=None)]
+
+
+def _isnan(v) -> bool:
+    try:
+        return v is None or math.isnan(float(v))
+    except (TypeError, ValueError):
+        return False
+
+
+def _label(keys, values) -> str:
+    values = values if isinstance(values, tuple) else (values,)
+    values = [int(v) if isinstance(v, float) and not _isnan(v) and v.is_integer() else v for v in values]
+    return " ".join(f"{k}={v}" if k != "impl" else str(v) for k, v in zip(keys, values) if not _isnan(v))
+
+
+def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
+    """Draw the group's plot (see ``BenchGroup.plot``) into path; False without matplotlib or rows to draw."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return False
+    kind, what = group.plot
+    ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
+    if kind in ("bar", "ratio"):  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
+        ok = ok[ok[what].notna()]
+    if ok.empty:
+        return False
+    variant = [c for c in ("BLOCK", "BLOCK_SIZE") if c in df and c not in group.case]
+    if kind == "line":
+        metrics = [m for m in ("forward_ms_mean", "forward_peak_MiB") if m in ok and ok[m].notna().any()]
+        facets = [c for c in group.case if c != what and df[c].nunique() > 1]
+        panels = list(ok.groupby(facets, dropna=False)) if facets else [((), ok)]
+        fig, axes = plt.subplots(len(metrics), len(panels), squeeze=False,
+                                 figsize=(5.5 * len(panels), 3.8 * len(metrics)))
+        for j, (key, panel) in enumerate(panels):
+            for i, metric in enumerate(metrics):
+                ax = axes[i][j]
+                for line_key, line in panel.groupby(["impl", *variant], dropna=False, sort=False):
+                    line = line.sort_values(what)
+                    ax.plot(line[what], line[metric], marker="o", label=_label(["impl", *variant], line_key))
+                ax.set_xscale("log", base=2)
+                ax.set_yscale("log")
+                ax.set_xlabel(what)
+                ax.set_ylabel(metric)
+                ax.set_title(_label(facets, key) if facets else group.name, fontsize=9)
+                ax.grid(True, which="both", alpha=0.3)
+        axes[0][-1].legend(fontsize=7, loc="best")
+    elif kind == "ratio":
+        panels = list(ok.groupby(group.case[0], sort=True))
+        impls = list(dict.fromkeys(ok["impl"]))
+        heights = [panel[list(group.case[1:])].drop_duplicates().shape[0] for _, panel in panels]
+        fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(9.0, 1.0 + 0.32 * sum(heights) * len(impls)),
+                                 gridspec_kw={"height_ratios": heights})
+        width = 0.8 / len(impls)
+        for (name, panel), row in zip(panels, axes):
+            ax = row[0]
+            cases = list(dict.fromkeys(map(tuple, panel[list(group.case[1:])].itertuples(index=False))))
+            for k, impl in enumerate(impls):
+                mine = panel[panel["impl"] == impl]
+                ys = [cases.index(tuple(r)) + k * width for r in mine[list(group.case[1:])].itertuples(index=False)]
+                ax.barh(ys, mine[what], width, label=impl, color=f"C{k}")
+            ax.axvline(1.0, color="black", linewidth=0.8)
+            ax.set_yticks([c + 0.4 - width / 2 for c in range(len(cases))])
+            ax.set_yticklabels([" ".join(map(str, c)) for c in cases], fontsize=7)
+            ax.invert_yaxis()
+            ax.set_title(str(name), fontsize=9)
+            ax.set_xlabel(what)
+            ax.grid(True, axis="x", alpha=0.3)
+        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{k}") for k in range(len(impls))]
+        axes[-1][0].legend(handles, impls, fontsize=7, loc="lower right")
+    else:
+        cases = list(ok.groupby(list(group.case), dropna=False, sort=False))
+        impls = list(dict.fromkeys(_label(["impl", *variant], tuple(r)) for r in ok[["impl", *variant]].itertuples(index=False)))
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(cases) * max(1, len(impls)) / 3), 4.5))
+        width = 0.8 / max(1, len(impls))
+        for k, impl in enumerate(impls):
+            xs, ys = [], []
+            for c, (key, case) in enumerate(cases):
+                labels = [_label(["impl", *variant], tuple(r)) for r in case[["impl", *variant]].itertuples(index=False)]
+                if impl in labels:
+                    xs.append(c + k * width)
+                    ys.append(case[what].iloc[labels.index(impl)])
+            ax.bar(xs, ys, width, label=impl)
+        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
+        ax.set_xticklabels(["\n".join(map(str, key)) for key, _ in cases], fontsize=7)
+        ax.set_ylabel(what)
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", alpha=0.3)
+    fig.suptitle(f"{group.name}: {gpu}", fontsize=10)
+    fig.tight_layout()
+    tmp = path.with_name(path.name + ".tmp")
+    # No date or version in the file: a rebuild from the same JSON gives the same bytes.
+    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
+    plt.close(fig)
+    os.replace(tmp, path)
+    return True
+
+
+
+# A case whose mean round passes its median by more than DISTURBED_SKEW is measured again, at most
+# MAX_REMEASURES times: the tables report means, and such a mean says more about the machine than
+# about the code. In the H100 attention grids at c54c9fb and 780f88b (996 cases of 15 rounds) the
+# mean sat within 8 % of the median but for 11 cases at 1.10-4.1x; the seven of 780f88b had 3-4
+# rounds each thrown away for host stalls as well, and their slowest round at 2.3-13x the median
+# (one at 0.35x of its baseline whose fp16 twin ran at 0.99x). The slowest round alone is no
+# measure: a timer of thousands of samples (do_bench) has some at 2-3x the median, the mean unmoved.
+DISTURBED_SKEW = 1.1
+MAX_REMEASURES = 2
+
+
+def remeasure_note(row) -> str | None:
+    """What the summary says of a row measured again, or still disturbed (see ``steady``)."""
+    skew, again = row.get("mean_over_median"), row.get("remeasured")
+    still = not _isnan(skew) and skew > DISTURBED_SKEW
+    if not still and (_isnan(again) or not again):
+        return None
+    thrown = row.get("discarded_ms")
+    discarded = ", ".join(f"{ms:.4g}" for ms in (thrown if isinstance(thrown, list) else []))
+    return (f"{'DISTURBED, ' if still else ''}mean {skew:.3g}x the median round; "
+            f"measured {1 + int(again or 0)} times, kept mean {row['forward_ms_mean']:.4g} ms"
+            + (f", thrown away {discarded} ms" if discarded else ""))
+
+
+
+# What two parts of one grid must share: their commit, GPU and the run settings that decide a
+# time (each run's own workers, with their measured ceilings, may differ).
+MERGE_SETTINGS = ("timer", "l2_flush", "execution", "gpu")
+
+
+def merge_runs(parts: list[tuple[str, dict]]) -> dict:
+    """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
+    split over calls), so that one set of tables holds them: same commit, same GPU and run
+    settings (``MERGE_SETTINGS``), no case in two parts, a group's layout the same in each. Rows
+    keep their own rounds; the ceilings (the yardsticks of the derived metrics) are per value the
+    median of the parts' (as across a run's workers), each part's own ceilings and run record kept
+    under ``merged_from``. Raises ValueError naming the part and what differs or is missing."""
+    if len(parts) < 2:
+        raise ValueError(f"merge takes two runs or more, got {len(parts)}")
+    first_name, first = parts[0]
+    merged = {**first, "benchmarks": [], "failed_cases": [], "bench_groups": {}, "merged_from": []}
+    seen: dict[str, str] = {}
+    for name, data in parts:
+        if not (data.get("commit_info") or {}).get("id"):
+            raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
+        for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
+                         ("run settings", lambda d: {k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS})):
+            if of(data) != of(first):
+                raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
+        for group, layout in (data.get("bench_groups") or {}).items():
+            if merged["bench_groups"].setdefault(group, layout) != layout:
+                raise ValueError(f"{name}: group {group!r} has another layout than in an earlier part")
+        for record in (*data.get("benchmarks", []), *data.get("failed_cases", [])):
+            test = record.get("fullname") or record.get("test")
+            if test is None:
+                continue
+            if test in seen:
+                raise ValueError(f"{name}: {test} was measured (or failed) in {seen[test]} already")
+            seen[test] = name
+        merged["benchmarks"] += data.get("benchmarks", [])
+        merged["failed_cases"] += data.get("failed_cases", [])
+        merged["merged_from"].append({"file": name, "datetime": data.get("datetime"), "bench_run": data.get("bench_run"),
+                                      "ceilings": data.get("ceilings")})
+    merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
+    merged["bench_run"] = {**{k: first.get("bench_run", {}).get(k) for k in MERGE_SETTINGS},
+                           "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts)}
+    return merged
+
+
+def run_wall_s(data: dict) -> float | None:
+    """A run's wall time from its JSON: its own, or the sum of its parts' for a merged run (they ran
+    one after another); None where a run (or a part) recorded none."""
+    parts = data.get("merged_from")
+    walls = [(p.get("bench_run") or {}).get("wall_s") for p in parts] if parts else [data.get("bench_run", {}).get("wall_s")]
+    return None if None in walls else round(sum(walls), 1)
+
+
+def compare_with_one_gpu(several: dict, one: dict, tolerance: float = 0.03) -> dict:
+    """A several-GPU run's medians against a one-GPU run's, case by case (a case is a test's full
+    name): the record of the comparison, with the cases whose medians differ by more than
+    ``tolerance`` (relative to the one-GPU median) named in ``differing``, and the cases measured
+    in one run but failed in the other in ``failed_in_one``. Both runs must be of one GPU kind and
+    one timing setup (``MERGE_SETTINGS``); their commits may differ and are recorded. Raises
+    ValueError when the settings differ or the runs share no measured case."""
+    settings = [{k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS} for d in (several, one)]
+    if settings[0] != settings[1]:
+        raise ValueError(f"the runs differ in their GPU or timing settings: {settings[0]} against {settings[1]}")
+    medians = [{b["fullname"]: b["stats"]["median"] for b in d.get("benchmarks", [])} for d in (several, one)]
+    failed = [{f["test"] for f in d.get("failed_cases", [])} for d in (several, one)]
+    shared = sorted(medians[0].keys() & medians[1].keys())
+    if not shared:
+        raise ValueError("the runs share no measured case")
+    differing = []
+    for test in shared:
+        ratio = medians[0][test] / medians[1][test]
+        if abs(ratio - 1) > tolerance:
+            differing.append({"test": test, "median_ms_several": medians[0][test] * 1e3,
+                              "median_ms_one": medians[1][test] * 1e3, "ratio": ratio})
+    failed_in_one = sorted(medians[0].keys() & failed[1] | medians[1].keys() & failed[0])
+    return {"tolerance": tolerance, "shared": len(shared), "differing": differing, "failed_in_one": failed_in_one,
+            "several_gpus": {"workers": len(several.get("bench_run", {}).get("workers") or {}) or None,
+                             "wall_s": run_wall_s(several), "commit": (several.get("commit_info") or {}).get("id")},
+            "one_gpu": {"wall_s": run_wall_s(one), "commit": (one.get("commit_info") or {}).get("id")}}
+
+
+def comparison_report(record: dict, one_name: str) -> str:
+    """What ``merge --against`` prints: both wall times, then the cases out of tolerance."""
+    several, one = record["several_gpus"], record["one_gpu"]
+    wall = lambda s: "not recorded" if s is None else f"{s:.1f} s"  # noqa: E731
+    lines = [f"several GPUs ({several['workers'] or '?'} workers): wall {wall(several['wall_s'])}; "
+             f"one GPU ({one_name}): wall {wall(one['wall_s'])}",
+             f"{record['shared']} shared cases, {len(record['differing'])} with medians more than "
+             f"{record['tolerance']:.0%} apart"]
+    if several["commit"] != one["commit"]:
+        lines.append(f"note: the runs are of different commits ({several['commit']} against {one['commit']})")
+    for d in record["differing"]:
+        lines.append(f"DIFFERS {d['test']}: {d['median_ms_several']:.4g} ms on several GPUs, "
+                     f"{d['median_ms_one']:.4g} ms on one ({d['ratio'] - 1:+.1%})")
+    lines += [f"FAILED IN ONE RUN ONLY {test}" for test in record["failed_in_one"]]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
+# The record's headline, targets and regression gate: figures read from a run's JSON, never typed in
+# ----------------------------------------------------------------------------------------------
+RECORD_JSON = ROOT / "outputs" / RUN_JSON  # the committed record of the reference GPU
+# (group, what the README calls it, the project's impl as a user calls it, the baselines it is set against:
+# a case's baseline time is the fastest of them that ran it)
+HEADLINE = (
+    ("softmax", "row softmax", "triton_row", ("torch",)),
+    ("softmax_matmul", "softmax(x) @ V", "triton", ("torch",)),
+    ("softmax_matmul_precision", "softmax(x) @ V, float32 settings", "triton", ("torch",)),
+    ("matmul_softmax", "softmax(x @ W)", "triton_fused_tiled", ("torch",)),
+    ("flash_attention", "FlashAttentionTriton (batch, n, d)", "flash_triton", ("sdpa",)),
+    ("attention_models", "flash_attention (models' shapes)", "triton", ("sdpa", "flex_compile")),
+    ("linear_cross_entropy", "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce")),
+    ("model_step", "a GPT-2 training step", "project", ("torch",)),
+    ("shape_grid", "shape grid, every workload", "triton", ("torch", "compile", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")),
+)
+CASE_FREE_KEYS = frozenset(("impl", "role", "path"))  # row keys that name no case
+
+
+def case_ratios(data: dict, group: str, ours: str, baselines: tuple, where=None) -> list[tuple[str, float]]:
+    """(case, fastest baseline's median over ours) for each case of ``group`` both ran; ``where(extra_info)``
+    narrows the cases. A case is its row's case columns (the group's layout)."""
+    layout = (data.get("bench_groups") or {}).get(group) or {}
+    columns = tuple(layout.get("case") or ())
+    times: dict[tuple, dict[str, float]] = {}
+    for b in data.get("benchmarks", []):
+        extra = b.get("extra_info") or {}
+        if b.get("group") != group or (where is not None and not where(extra)):
+            continue
+        key = tuple(str(extra.get(c)) for c in columns)
+        times.setdefault(key, {})[extra.get("impl")] = b["stats"]["median"]
+    out = []
+    for key, by_impl in sorted(times.items()):
+        base = [by_impl[i] for i in baselines if i in by_impl]
+        if ours in by_impl and base:
+            out.append((" ".join(key), min(base) / by_impl[ours]))
+    return out
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def headline_markdown(data: dict) -> str:
+    """The README's table: per group of the record, the project's op against its baselines, case by case."""
+    gpu, commit = (data.get("machine_info") or {}).get("gpu") or {}, (data.get("commit_info") or {}).get("id", "?")
+    lines = ["| op (benchmark group) | cases | speed-up, geomean | slowest case | fastest case | against |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for group, label, ours, baselines in HEADLINE:
+        ratios = [r for _, r in case_ratios(data, group, ours, baselines)]
+        if ratios:
+            lines.append(f"| {label} (`{group}`) | {len(ratios)} | {geomean(ratios):.2f}x | {min(ratios):.2f}x | "
+                         f"{max(ratios):.2f}x | the fastest of {', '.join(baselines)} |")
+    versions = ", ".join(f"{k} {gpu[k].split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
+    lines.append("")
+    lines.append(f"Medians of GPU time per call on an {gpu.get('name', '?')} ({versions}), from the record "
+                 f"[outputs/{RUN_JSON}](outputs/{RUN_JSON}) at commit {commit[:7]}; a speed-up is the baseline's time "
+                 "over the project's on the same case. Written by `python3 conftest.py headline`.")
+    return "\n".join(lines)
+
+
+def _mode(suffix: str):
+    return lambda extra: str(extra.get("workload", extra.get("mode", ""))).endswith(suffix)
+
+
+# (issue, target, group, ours, baselines, where, statistic, threshold): met when statistic(ratios) >= threshold
+TARGETS = (
+    ("45", "flash_attention forward, geomean >= 1.05x the best peer", "attention_models", "triton",
+     ("sdpa", "flex_compile"), _mode("_fwd"), "geomean", 1.05),
+    ("45", "flash_attention forward + backward, geomean >= 0.95x", "attention_models", "triton",
+     ("sdpa", "flex_compile"), _mode("_fwd_bwd"), "geomean", 0.95),
+    ("45", "flash_attention, no case below 0.8x", "attention_models", "triton", ("sdpa", "flex_compile"), None, "min", 0.8),
+    ("46", "linear_cross_entropy faster than torch, torch.compile, Liger and CCE at every size",
+     "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce"), None, "min", 1.0),
+    ("47", "GPT-2 step compiled >= 1.05x torch's compiled step", "model_step", "project", ("torch",),
+     lambda e: e.get("compiled") == "compile", "min", 1.05),
+    ("47", "GPT-2 step eager >= 1.15x torch's eager step", "model_step", "project", ("torch",),
+     lambda e: e.get("compiled") == "eager", "min", 1.15),
+)
+
+
+def targets_markdown(data: dict) -> str:
+    """outputs/README.md's table: each target the record measures, its figure, met or missed."""
+    lines = ["| issue | target | measured | |", "| --- | --- | ---: | --- |"]
+    for issue, text, group, ours, baselines, where, statistic, threshold in TARGETS:
+        ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
+        if not ratios:
+            lines.append(f"| {issue} | {text} | not in the record | |")
+            continue
+        value = geomean(ratios) if statistic == "geomean" else min(ratios)
+        lines.append(f"| {issue} | {text} | {statistic} {value:.2f}x over {len(ratios)} cases | "
+                     f"{'met' if value >= threshold else 'missed'} |")
+    return "\n".join(lines)
+
+
+GENERATED = {  # file -> (marker, what writes the block)
+    ROOT / "README.md": ("headline", headline_markdown),
+    ROOT / "outputs" / "README.md": ("targets", targets_markdown),
+}
+
+
+def with_block(text: str, marker: str, body: str) -> str:
+    """text with the block between <!-- marker:begin --> and <!-- marker:end --> replaced by body."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    head, found, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found or not found_end:
+        raise ValueError(f"no {begin} ... {end} block")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def stale_blocks(data: dict, write: bool = False) -> list[str]:
+    """The generated blocks that differ from what ``data`` gives (each file written anew with ``write``)."""
+    stale = []
+    for path, (marker, make) in GENERATED.items():
+        text = path.read_text(encoding="utf-8")
+        fresh = with_block(text, marker, make(data))
+        if fresh != text:
+            stale.append(f"{path.relative_to(ROOT)} ({marker})")
+            if write:
+                path.write_text(fresh, encoding="utf-8")
+    return stale
+
+
+def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
+    """A run's medians against the record's, case by case: lines for the cases slower by more than
+    ``max_slowdown`` (a fraction), and how many cases both measured."""
+    old = {b["fullname"]: b["stats"]["median"] for b in record.get("benchmarks", [])}
+    slower, shared = [], 0
+    for b in run.get("benchmarks", []):
+        if b["fullname"] in old:
+            shared += 1
+            ratio = b["stats"]["median"] / old[b["fullname"]]
+            if ratio > 1 + max_slowdown:
+                slower.append(f"SLOWER {b['fullname']}: {b['stats']['median'] * 1e3:.4g} ms against the record's "
+                              f"{old[b['fullname']] * 1e3:.4g} ms ({ratio - 1:+.1%})")
+    return slower, shared
+
+
+
+# ----------------------------------------------------------------------------------------------
+# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
+#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON] [--committed]
+# ----------------------------------------------------------------------------------------------
+def committed_destination(path: Path) -> bool:
+    """Whether path lies in the committed outputs/ (its GPU kinds' tables, its baselines)."""
+    return path.resolve().is_relative_to(ROOT / "outputs")
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    rebuild = sub.add_parser("rebuild", help="the CSVs and plots of a saved run, from its JSON alone")
+    rebuild.add_argument("json", type=Path, help="a run's JSON (benchmark.json, a --benchmark-save or "
+                                                 "--benchmark-json file) or a benchmark.json.part")
+    rebuild.add_argument("--outputs-dir", type=Path, default=None, help="default: the JSON's directory")
+    rebuild.add_argument("--plot", action="append", default=[], metavar="GROUP=KIND:METRIC",
+                         help="draw GROUP's plot as KIND (line, bar, ratio) of METRIC, whatever the run's layout "
+                              "said: a plot kind added after the run")
+    merge = sub.add_parser("merge", help="one run's JSON from runs that measured parts of the same cases "
+                                         "(same commit and GPU); then rebuild its tables")
+    merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files); one alone with --against")
+    merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
+    merge.add_argument("--against", type=Path, default=None, metavar="ONE_GPU_JSON",
+                       help="a one-GPU run's JSON: compare the merged run's medians with its medians on the cases "
+                            "both measured, name those more than --tolerance apart (exit status 1 if any), and "
+                            "record both runs' wall times under compared_with_one_gpu in the output")
+    merge.add_argument("--tolerance", type=float, default=3.0, metavar="PERCENT",
+                       help="largest difference of two medians, in percent of the one-GPU median (default 3)")
+    for command in (rebuild, merge):
+        command.add_argument("--committed", action="store_true",
+                             help="allow writing into the committed outputs/ (replacing its tables)")
+    headline = sub.add_parser("headline", help="write README.md's headline and outputs/README.md's targets from the record")
+    headline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs from the record")
+    gate = sub.add_parser("gate", help="a run's medians against the record's: exit 1 if a case is slower than allowed")
+    gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json of its --outputs-dir)")
+    gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
+    for command in (headline, gate):
+        command.add_argument("--record", type=Path, default=RECORD_JSON, help=f"default {RECORD_JSON.relative_to(ROOT)}")
+    args = parser.parse_args(argv)
+    if args.command in ("headline", "gate"):
+        return record_command(args)
+
+    def refuse(message: str) -> int:
+        print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
+        return 2
+
+    if args.command == "merge":
+        dest, what = args.output.parent, f"--output {args.output}"
+    else:
+        dest = args.outputs_dir or args.json.parent
+        what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
+    if committed_destination(dest) and not args.committed:
+        return refuse(f"{what} is in the committed outputs/: name another directory, or pass --committed to replace "
+                      "what is committed there")
+    try:
+        runs = [(str(path), load_run(path)) for path in (args.parts if args.command == "merge" else [args.json])]
+    except BadRun as bad:
+        return refuse(str(bad))
+    report = None
+    if args.command == "merge":
+        if len(runs) == 1 and args.against is None:
+            return refuse("one run alone is no merge: give two runs or more, or one with --against")
+        try:
+            merged = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
+        except ValueError as error:
+            return refuse(str(error))
+        if args.against is not None:
+            try:
+                record = compare_with_one_gpu(merged, load_run(args.against), args.tolerance / 100)
+            except BadRun as bad:
+                return refuse(f"--against: {bad}")
+            except ValueError as error:
+                return refuse(f"--against {args.against}: {error}")
+            record["one_gpu"]["file"] = str(args.against)
+            merged["compared_with_one_gpu"] = record
+            report = comparison_report(record, str(args.against))
+    else:
+        data = runs[0][1]
+        for spec in args.plot:
+            name, _, drawn = spec.partition("=")
+            kind, _, metric = drawn.partition(":")
+            layout = data["bench_groups"].get(name, {})
+            known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
+            if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
+                parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
+                             f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
+                             f"columns or metrics")
+            layout["plot"] = [kind, metric]
+    try:
+        fd, note = take_lock(dest)
+    except DirectoryBusy as busy:
+        return refuse(str(busy))
+    except OSError as exc:
+        return refuse(f"{what}: cannot write there: {exc.strerror or exc}")
+    if note:
+        print(f"NOTE {note}", file=sys.stderr)
+    try:
+        if args.command == "merge":
+            tmp = args.output.with_name(args.output.name + ".tmp")
+            tmp.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+            os.replace(tmp, args.output)
+            print(args.output)
+            if report is not None:
+                print(report)
+        else:
+            for path in write_tables(data, dest):
+                print(path)
+    finally:
+        release_lock(dest, fd)
+    compared = merged.get("compared_with_one_gpu") if args.command == "merge" else None
+    return 1 if compared and (compared["differing"] or compared["failed_in_one"]) else 0
+
+
+
+def record_command(args) -> int:
+    """``headline`` and ``gate``: both read the committed record."""
+    try:
+        record = load_run(args.record)
+        run = load_run(args.json) if args.command == "gate" else None
+    except BadRun as bad:
+        print(f"python conftest.py {args.command}: {bad}", file=sys.stderr)
+        return 2
+    if args.command == "gate":
+        slower, shared = gate_report(run, record, args.max_slowdown / 100)
+        print("\n".join(slower + [f"{shared} cases compared with {args.record}, {len(slower)} slower by more than "
+                                   f"{args.max_slowdown:g} %"]))
+        return 1 if slower or not shared else 0
+    stale = stale_blocks(record, write=not args.check)
+    for block in stale:
+        print(f"{'differs from the record' if args.check else 'written'}: {block}")
+    return 1 if stale and args.check else 0
+
+
+
+if __name__ == "__main__":  # the commands above need the standard library and pandas only
+    sys.exit(main())
+
+
+# ----------------------------------------------------------------------------------------------
+# The pytest plugin: the device, the bench fixture, the run's record (torch, triton, pytest)
+# ----------------------------------------------------------------------------------------------
+# Several GPUs: pytest-xdist names each worker (gw0, gw1, ...) in PYTEST_XDIST_WORKER before the
+# worker imports this file, and the controller lists its GPUs in WORKER_GPUS_ENV before it starts
+# the workers (pytest_configure). Each worker sees one GPU, round-robin, and must choose it before
+# torch first asks CUDA about devices (just below): CUDA reads CUDA_VISIBLE_DEVICES once.
+WORKER_GPUS_ENV = "SOFTMAX_KERNELS_WORKER_GPUS"
+
+
+def _pin_worker_gpu() -> None:
+    number = os.environ.get("PYTEST_XDIST_WORKER", "").removeprefix("gw")
+    gpus = [g for g in os.environ.get(WORKER_GPUS_ENV, "").split(",") if g]
+    if gpus and number.isdigit():
+        os.environ["CUDA_VISIBLE_DEVICES"] = gpus[int(number) % len(gpus)]
+
+
+_pin_worker_gpu()
+
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
+
+import pytest  # noqa: E402
+import triton  # noqa: E402
+
+from online_softmax import INTERPRET, KernelCapacityError  # noqa: E402 - TRITON_INTERPRET is settled above
+
+ON_GPU = not INTERPRET  # TRITON_INTERPRET as Triton reads it (1, true, yes, on, y)
+
+L2_FLUSH_BYTES = 256 * MiB  # several times any current L2 (H100: 50 MB), as triton's do_bench does
+# The code that ran, where the tree was copied without .git: "<commit>" or "<commit>-dirty".
+COMMIT_ENV = "SOFTMAX_KERNELS_COMMIT"
+TIMERS = ("events", "do_bench", "cudagraph")
+# --candidate: a user's own kernels checked and timed beside the project's (tests/candidates.py,
+# importable where the ini's pythonpath has tests/; a run of this harness from elsewhere goes without).
+_CANDIDATES = importlib.util.find_spec("candidates")
+pytest_plugins = (("candidates",) if _CANDIDATES and _CANDIDATES.origin
+                  and Path(_CANDIDATES.origin).resolve() == ROOT / "tests" / "candidates.py" else ())
+
 
 # Failures that say "this configuration does not fit this machine": the row stays empty with its
 # reason in the failure column, the test is skipped. Only these named types: a message is no
@@ -372,56 +1233,6 @@ def pytest_unconfigure(config):
     release_locks(config)
 
 
-# ----------------------------------------------------------------------------------------------
-# One writer per outputs directory
-# ----------------------------------------------------------------------------------------------
-LOCK_NAME = "benchmark.lock"
-
-
-class DirectoryBusy(Exception):
-    """Another live process holds the outputs directory's lock."""
-
-
-def take_lock(out: Path) -> tuple[int, str | None]:
-    """Hold ``out/benchmark.lock`` (an flock, which the kernel drops when its holder dies, and a
-    line naming the holder's pid and command): (its descriptor, a note where a dead holder's line
-    was taken over). Raises DirectoryBusy naming the live holder."""
-    import fcntl
-
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / LOCK_NAME
-    while True:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.read(fd, 4096).decode("utf-8", "replace").strip() or "another process"
-            os.close(fd)
-            raise DirectoryBusy(f"{out} is being written by {holder}; wait for it to end, or write elsewhere "
-                                "(--outputs-dir)") from None
-        try:  # a holder that released it unlinked the file: hold the one at the path, not an orphan
-            held = os.fstat(fd).st_ino == os.stat(path).st_ino
-        except FileNotFoundError:
-            held = False
-        if held:
-            break
-        os.close(fd)
-    stale = os.read(fd, 4096).decode("utf-8", "replace").strip()
-    os.ftruncate(fd, 0)
-    os.lseek(fd, 0, os.SEEK_SET)
-    command = " ".join(getattr(sys, "orig_argv", sys.argv))
-    os.write(fd, f"pid {os.getpid()} on {os.uname().nodename} ({command})\n".encode())
-    os.fsync(fd)
-    note = f"{path}: took over the lock of {stale}, which is no longer running" if stale else None
-    return fd, note
-
-
-def release_lock(out: Path, fd: int) -> None:
-    """Unlink while still holding it, so a waiter that opened the old file sees it orphaned."""
-    try:
-        (out / LOCK_NAME).unlink(missing_ok=True)
-    finally:
-        os.close(fd)
 
 
 def hold_dirs(config, *dirs: Path) -> None:
@@ -563,15 +1374,6 @@ class RunRecord:
             self.path.unlink(missing_ok=True)
 
 
-def keep_leftover(part: Path) -> Path:
-    """A new name for a leftover ``.part`` beside it, from the time it was last written (UTC)."""
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(part.stat().st_mtime))
-    for n in range(1000):
-        kept = part.with_name(f"benchmark.{stamp}{f'-{n}' if n else ''}.json.part")
-        if not kept.exists():
-            os.rename(part, kept)
-            return kept
-    raise FileExistsError(f"{part}: no free name to keep it under")
 
 
 WORKER_ROW = "softmax_kernels_row"  # the user_properties name of a row a worker sends
@@ -689,19 +1491,6 @@ def worker_metadata(benchmark: dict):
     return metadata
 
 
-def merged_ceilings(per_worker: list[dict]) -> "Ceilings":
-    """Per value, the median of the workers' measurements (those that measured it)."""
-    def median(values):
-        values = [v for v in values if v is not None]
-        return statistics.median(values) if values else None
-
-    ceilings = [Ceilings.from_dict(c) for c in per_worker]
-    merged = Ceilings(**{f.name: median(getattr(c, f.name) for c in ceilings)
-                         for f in dataclasses.fields(Ceilings) if f.name != "matmul_TFLOPs"})
-    for key in sorted({k for c in ceilings for k in c.matmul_TFLOPs}):
-        merged.matmul_TFLOPs[key] = median(c.matmul_TFLOPs.get(key) for c in ceilings)
-    return merged
-
 
 def timer_name(config) -> str:
     """The timer the rounds came from, as the JSON records it: the interpreter's is the wall clock."""
@@ -720,111 +1509,10 @@ def run_info(config) -> dict:
             "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
 
 
-def read_run(path: Path) -> dict:
-    """A run's JSON from its file: a whole JSON, or the lines of a ``.part`` (``read_part``)."""
-    return read_part(path) if path.name.endswith(".part") else json.loads(path.read_text(encoding="utf-8"))
-
-
-class BadRun(ValueError):
-    """A file that is not a run's JSON from this harness: its message names the file and what is wrong."""
-
-
-def load_run(path: Path) -> dict:
-    """read_run, with each way a file can be wrong said in one line (BadRun) instead of a traceback."""
-    if path.is_dir():
-        raise BadRun(f"{path}: is a directory, not a run's JSON")
-    try:
-        if path.stat().st_size == 0:
-            raise BadRun(f"{path}: is empty")
-        data = read_run(path)
-    except OSError as exc:
-        raise BadRun(f"{path}: cannot be read: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise BadRun(f"{path}: is not UTF-8 text") from None
-    except json.JSONDecodeError as exc:
-        raise BadRun(f"{path}: is not whole JSON (truncated?): {exc.msg} at line {exc.lineno} column {exc.colno}") from None
-    problem = run_problem(data)
-    if problem:
-        raise BadRun(f"{path}: {problem}")
-    return data
-
-
-def run_problem(data) -> str | None:
-    """What keeps data from being a run's JSON of this harness (None: nothing)."""
-    if not isinstance(data, dict):
-        return f"holds a JSON {type(data).__name__}, not a run's JSON object"
-    groups = data.get("bench_groups")
-    if not groups or not isinstance(groups, dict):
-        return "has no bench_groups (a run's JSON from this harness was expected)"
-    for name, layout in groups.items():
-        try:
-            BenchGroup.from_layout(layout)
-        except (TypeError, AttributeError) as exc:
-            return f"group {name!r} has a malformed layout: {exc}"
-    for key, need in (("benchmarks", ("group", "stats", "extra_info")), ("failed_cases", ("group", "row", "reason"))):
-        records = data.get(key, [])
-        if not isinstance(records, list):
-            return f"its {key} is a JSON {type(records).__name__}, not a list"
-        for i, record in enumerate(records):
-            if not isinstance(record, dict) or not all(k in record for k in need):
-                return f"{key}[{i}] lacks one of {', '.join(need)}"
-            if key == "benchmarks" and not (isinstance(record["stats"], dict) and isinstance(record["extra_info"], dict)
-                                            and all(isinstance(record["stats"].get(k), (int, float))
-                                                    for k in ("mean", "stddev", "median", "min"))):
-                return f"benchmarks[{i}] has no stats (mean, stddev, median, min) or extra_info"
-    for key in ("ceilings", "bench_run", "machine_info", "commit_info"):
-        if data.get(key) is not None and not isinstance(data[key], dict):
-            return f"its {key} is a JSON {type(data[key]).__name__}, not an object"
-    return None
-
-
-def read_part(path: Path) -> dict:
-    """A run JSON (marked incomplete) from the lines of a ``.part`` file; a torn last line is dropped."""
-    data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {}}
-    for text in path.read_text(encoding="utf-8").splitlines():
-        try:
-            line = json.loads(text)
-        except json.JSONDecodeError:
-            continue
-        if "run" in line:
-            data["bench_run"] = {**line["run"], "complete": False}
-            data["machine_info"] = line.get("machine_info", {})
-            if "commit_info" in line:
-                data["commit_info"] = line["commit_info"]
-        if "group" in line:
-            data["bench_groups"][line["group"]["name"]] = line["group"]
-        if "benchmark" in line:
-            data["benchmarks"].append(line["benchmark"])
-        if "failed_case" in line:
-            data["failed_cases"].append(line["failed_case"])
-        data["ceilings"] = line.get("ceilings", data["ceilings"])
-    return data
-
 
 # ----------------------------------------------------------------------------------------------
 # Machine ceilings, measured once per run with the harness's one timing primitive
 # ----------------------------------------------------------------------------------------------
-@dataclasses.dataclass
-class Ceilings:
-    """What the machine can do, measured in the run: the yardsticks of gbps, tflops and host_us."""
-
-    copy_GBps: float | None = None
-    matmul_TFLOPs: dict = dataclasses.field(default_factory=dict)  # "dtype|precision" -> rate
-    cycles_per_ms: float | None = None
-    launch_floor_us: float | None = None  # host time to launch an empty Triton kernel
-
-    def as_dict(self) -> dict:
-        return dataclasses.asdict(self)
-
-    @classmethod
-    def from_dict(cls, d: dict | None) -> "Ceilings":
-        fields = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in (d or {}).items() if k in fields})
-
-
-CEILINGS = Ceilings()
-
-
 def median_ms(fn, rounds: int) -> float:
     return 1e3 * statistics.median(measure(fn, rounds=rounds, warmup=1).seconds)
 
@@ -1087,16 +1775,6 @@ class Timing:
         median = statistics.median(self.seconds)
         return statistics.fmean(self.seconds) / median if median > 0 else 1.0
 
-
-# A case whose mean round passes its median by more than DISTURBED_SKEW is measured again, at most
-# MAX_REMEASURES times: the tables report means, and such a mean says more about the machine than
-# about the code. In the H100 attention grids at c54c9fb and 780f88b (996 cases of 15 rounds) the
-# mean sat within 8 % of the median but for 11 cases at 1.10-4.1x; the seven of 780f88b had 3-4
-# rounds each thrown away for host stalls as well, and their slowest round at 2.3-13x the median
-# (one at 0.35x of its baseline whose fp16 twin ran at 0.99x). The slowest round alone is no
-# measure: a timer of thousands of samples (do_bench) has some at 2-3x the median, the mean unmoved.
-DISTURBED_SKEW = 1.1
-MAX_REMEASURES = 2
 
 
 def steady(measure_once, on_gpu: bool = ON_GPU) -> Timing:
@@ -1403,22 +2081,6 @@ def _jsonable(v):
     return str(v)
 
 
-def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
-    """The table's numbers from pytest-benchmark's stats (seconds), the row's cost model
-    (bytes_moved, flops, matmul_peak_key) and the machine's measured ceilings. Pure."""
-    mean = stats["mean"]
-    bytes_moved, flops = model.get("bytes_moved"), model.get("flops")
-    gbps = bytes_moved / mean / 1e9 if bytes_moved else None
-    tflops = flops / mean / 1e12 if flops else None
-    peak = ceilings.matmul_TFLOPs.get(model.get("matmul_peak_key") or "")
-    return {
-        "forward_ms_mean": mean * 1e3, "forward_ms_std": stats["stddev"] * 1e3,
-        "forward_ms_median": stats["median"] * 1e3, "forward_ms_min": stats["min"] * 1e3,
-        "gbps": gbps, "tflops": tflops,
-        "pct_of_copy": 100 * gbps / ceilings.copy_GBps if (gbps and ceilings.copy_GBps) else None,
-        "pct_of_matmul_peak": 100 * tflops / peak if (tflops and peak) else None,
-    }
-
 
 # ----------------------------------------------------------------------------------------------
 # Session end: the run's JSON, then the tables built from it
@@ -1489,250 +2151,6 @@ def pytest_sessionfinish(session):
         bench_note(config, f"{', '.join(_SIGNALS[arrived:])} arrived while the record was written: it was finished first")
 
 
-def write_run(data: dict, out: Path) -> list[Path]:
-    """The run's JSON (atomically: a temporary file renamed), then its tables, built from the file's bytes."""
-    out.mkdir(parents=True, exist_ok=True)
-    complete = data.get("bench_run", {}).get("complete", True)
-    path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
-    return [path, *write_tables(json.loads(path.read_text(encoding="utf-8")), out)]
-
-
-def table_path(out: Path, group: BenchGroup, complete: bool, suffix: str = ".csv") -> Path:
-    name = Path(group.csv).with_suffix(suffix).name
-    return out / (name if complete else name.replace(suffix, f".partial{suffix}"))
-
-
-def write_tables(data: dict, out: Path) -> list[Path]:
-    """Every group's CSV and plot from a run's JSON (a whole one, a saved one, or a .part's lines).
-
-    A run that did not end on its own writes ``NAME.partial.csv``: its tables say so, and a whole
-    table beside them stays as it was."""
-    complete = data.get("bench_run", {}).get("complete", True)
-    out.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, (group, df) in tables_from_json(data).items():
-        csv_df = df if group.csv_impls is None else df[df["impl"].isin(group.csv_impls)]
-        csv_df = pivoted(group, csv_df) if group.pivot else csv_df
-        csv_df = csv_df[group.csv_columns()].copy()
-        for col in csv_df.columns:  # integer columns with gaps stay integers (pandas' nullable Int64)
-            if csv_df[col].dtype == object and all(isinstance(v, int) and not isinstance(v, bool) or _isnan(v)
-                                                   for v in csv_df[col]):
-                csv_df[col] = csv_df[col].astype("Int64")
-        path = table_path(out, group, complete)
-        tmp = path.with_name(path.name + ".tmp")
-        csv_df.to_csv(tmp, index=False, float_format="%.6g")
-        os.replace(tmp, path)
-        written.append(path)
-        if group.plot is not None:
-            png = table_path(out, group, complete, ".png")
-            if plot_group(group, df, png, data.get("machine_info", {}).get("gpu", {}).get("name", "?")):
-                written.append(png)
-    return written
-
-
-def tables_from_json(data: dict) -> dict:
-    """{group name: (BenchGroup, DataFrame)} from a run's JSON: row keys from extra_info, times from
-    stats, derived metrics from stats, cost model and ceilings, failed cases as empty rows."""
-    ceilings = Ceilings.from_dict(data.get("ceilings"))
-    layouts = data.get("bench_groups") or {}
-    records: dict[str, list] = {}
-    for b in data.get("benchmarks", []):
-        if b.get("group") not in layouts:
-            continue
-        extra = b["extra_info"]
-        metrics = derive_metrics(b["stats"], extra, ceilings)
-        row = {**extra, **metrics, "failure": None}
-        records.setdefault(b["group"], []).append(row)
-    for f in data.get("failed_cases", []):
-        if f["group"] in layouts:
-            records.setdefault(f["group"], []).append({**f["row"], "failure": f["reason"]})
-    return {name: (group, group_table(group, rows))
-            for name in layouts if (group := BenchGroup.from_layout(layouts[name])) and (rows := records.get(name))}
-
-
-def group_table(group: BenchGroup, rows: list[dict]):
-    """Every row of a group as one DataFrame: row keys, metrics, speed-ups and failure, in the group's order."""
-    import pandas as pd
-
-    df = pd.DataFrame(rows)
-    for col in {*group.columns, *METRICS, "failure"}:
-        if col not in df:
-            df[col] = None
-    impl_col = "impl" if "impl" in df else None
-    if impl_col:
-        df["_impl_order"] = df[impl_col].map({name: i for i, name in enumerate(group.impls)})
-    for column, baseline in group.speedups.items():
-        df[column] = speedup(df, group.case, baseline)
-    for column, source in group.aliases.items():
-        df[column] = df[source]
-    for column, count in group.per_second.items():
-        df[column] = [None if _isnan(n) or _isnan(ms) or ms <= 0 else n / (ms * 1e-3)
-                      for n, ms in zip(df[count] if count in df else [None] * len(df), df["forward_ms_mean"])]
-    if group.best_of:
-        df["ms"] = df["forward_ms_mean"]
-        df["best_baseline_ms"] = best_time(df, group.case, group.best_of)
-        df["speedup"] = [None if impl in group.best_of or _isnan(best) or _isnan(ms) else best / ms
-                         for impl, best, ms in zip(df["impl"], df["best_baseline_ms"], df["ms"])]
-    order = list(group.sort) if group.sort else [*group.case, *(["_impl_order"] if impl_col else [])]
-    order = [c for c in order if c in df]
-    df = df.sort_values(order, kind="stable", na_position="first").reset_index(drop=True)
-    return df
-
-
-def pivoted(group: BenchGroup, df):
-    """One row per set of rows that differ only in the pivot key (see ``BenchGroup.pivot``), in the
-    group's order without that key, then by the other columns that identify a row. Rows that
-    would fill the same cell twice go to separate rows: none is lost."""
-    import pandas as pd
-
-    key, columns = group.pivot
-    keep = [c for c in group.csv_columns() if c not in columns and c != "failure"]
-    order = [c for c in dict.fromkeys([*(group.sort or [*group.case, "_impl_order"]), *keep]) if c in df and c != key]
-    df = df.sort_values(order, kind="stable", na_position="first")
-    merged: dict[tuple, list[dict]] = {}  # identifying values -> [{pivot value: row}, ...]
-    for r in df.to_dict("records"):
-        ident = tuple(None if _isnan(r.get(c)) else r.get(c) for c in keep)
-        sets = merged.setdefault(ident, [])
-        parts = next((p for p in sets if r[key] not in p), None)
-        if parts is None:
-            sets.append(parts := {})
-        parts[r[key]] = r
-    out = []
-    for ident, sets in merged.items():
-        for parts in sets:
-            row = dict(zip(keep, ident))
-            for column, (value, source) in columns.items():
-                row[column] = parts[value].get(source) if value in parts else None
-            reasons = {v: p["failure"] for v, p in parts.items() if not _isnan(p.get("failure"))}
-            if len(reasons) == len(parts) and len(set(reasons.values())) == 1:
-                row["failure"] = next(iter(reasons.values()))
-            else:
-                row["failure"] = "; ".join(f"{v}: {why}" for v, why in reasons.items()) or None
-            out.append(row)
-    return pd.DataFrame(out, columns=[*keep, *columns, "failure"])
-
-
-def speedup(df, case: tuple[str, ...], baseline: str) -> list:
-    """Baseline time / this row's time, matching rows on the case columns; None where either is missing."""
-    base = {}
-    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
-        if impl == baseline and not _isnan(ms):
-            base[key] = ms
-    return [base[k] / ms if (k in base and not _isnan(ms)) else None
-            for k, ms in zip(df[list(case)].itertuples(index=False, name=None), df["forward_ms_mean"])]
-
-
-def best_time(df, case: tuple[str, ...], impls: tuple[str, ...]) -> list:
-    """The least mean time (ms) of impls on each row's case; None where none of them was measured."""
-    best: dict = {}
-    for key, impl, ms in zip(df[list(case)].itertuples(index=False, name=None), df["impl"], df["forward_ms_mean"]):
-        if impl in impls and not _isnan(ms):
-            best[key] = min(ms, best.get(key, math.inf))
-    return [best.get(key) for key in df[list(case)].itertuples(index=False, name=None)]
-
-
-def _isnan(v) -> bool:
-    try:
-        return v is None or math.isnan(float(v))
-    except (TypeError, ValueError):
-        return False
-
-
-def _label(keys, values) -> str:
-    values = values if isinstance(values, tuple) else (values,)
-    values = [int(v) if isinstance(v, float) and not _isnan(v) and v.is_integer() else v for v in values]
-    return " ".join(f"{k}={v}" if k != "impl" else str(v) for k, v in zip(keys, values) if not _isnan(v))
-
-
-def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
-    """Draw the group's plot (see ``BenchGroup.plot``) into path; False without matplotlib or rows to draw."""
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return False
-    kind, what = group.plot
-    ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
-    if kind in ("bar", "ratio"):  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
-        ok = ok[ok[what].notna()]
-    if ok.empty:
-        return False
-    variant = [c for c in ("BLOCK", "BLOCK_SIZE") if c in df and c not in group.case]
-    if kind == "line":
-        metrics = [m for m in ("forward_ms_mean", "forward_peak_MiB") if m in ok and ok[m].notna().any()]
-        facets = [c for c in group.case if c != what and df[c].nunique() > 1]
-        panels = list(ok.groupby(facets, dropna=False)) if facets else [((), ok)]
-        fig, axes = plt.subplots(len(metrics), len(panels), squeeze=False,
-                                 figsize=(5.5 * len(panels), 3.8 * len(metrics)))
-        for j, (key, panel) in enumerate(panels):
-            for i, metric in enumerate(metrics):
-                ax = axes[i][j]
-                for line_key, line in panel.groupby(["impl", *variant], dropna=False, sort=False):
-                    line = line.sort_values(what)
-                    ax.plot(line[what], line[metric], marker="o", label=_label(["impl", *variant], line_key))
-                ax.set_xscale("log", base=2)
-                ax.set_yscale("log")
-                ax.set_xlabel(what)
-                ax.set_ylabel(metric)
-                ax.set_title(_label(facets, key) if facets else group.name, fontsize=9)
-                ax.grid(True, which="both", alpha=0.3)
-        axes[0][-1].legend(fontsize=7, loc="best")
-    elif kind == "ratio":
-        panels = list(ok.groupby(group.case[0], sort=True))
-        impls = list(dict.fromkeys(ok["impl"]))
-        heights = [panel[list(group.case[1:])].drop_duplicates().shape[0] for _, panel in panels]
-        fig, axes = plt.subplots(len(panels), 1, squeeze=False, figsize=(9.0, 1.0 + 0.32 * sum(heights) * len(impls)),
-                                 gridspec_kw={"height_ratios": heights})
-        width = 0.8 / len(impls)
-        for (name, panel), row in zip(panels, axes):
-            ax = row[0]
-            cases = list(dict.fromkeys(map(tuple, panel[list(group.case[1:])].itertuples(index=False))))
-            for k, impl in enumerate(impls):
-                mine = panel[panel["impl"] == impl]
-                ys = [cases.index(tuple(r)) + k * width for r in mine[list(group.case[1:])].itertuples(index=False)]
-                ax.barh(ys, mine[what], width, label=impl, color=f"C{k}")
-            ax.axvline(1.0, color="black", linewidth=0.8)
-            ax.set_yticks([c + 0.4 - width / 2 for c in range(len(cases))])
-            ax.set_yticklabels([" ".join(map(str, c)) for c in cases], fontsize=7)
-            ax.invert_yaxis()
-            ax.set_title(str(name), fontsize=9)
-            ax.set_xlabel(what)
-            ax.grid(True, axis="x", alpha=0.3)
-        handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{k}") for k in range(len(impls))]
-        axes[-1][0].legend(handles, impls, fontsize=7, loc="lower right")
-    else:
-        cases = list(ok.groupby(list(group.case), dropna=False, sort=False))
-        impls = list(dict.fromkeys(_label(["impl", *variant], tuple(r)) for r in ok[["impl", *variant]].itertuples(index=False)))
-        fig, ax = plt.subplots(figsize=(max(6.0, 1.4 * len(cases) * max(1, len(impls)) / 3), 4.5))
-        width = 0.8 / max(1, len(impls))
-        for k, impl in enumerate(impls):
-            xs, ys = [], []
-            for c, (key, case) in enumerate(cases):
-                labels = [_label(["impl", *variant], tuple(r)) for r in case[["impl", *variant]].itertuples(index=False)]
-                if impl in labels:
-                    xs.append(c + k * width)
-                    ys.append(case[what].iloc[labels.index(impl)])
-            ax.bar(xs, ys, width, label=impl)
-        ax.set_xticks([c + 0.4 - width / 2 for c in range(len(cases))])
-        ax.set_xticklabels(["\n".join(map(str, key)) for key, _ in cases], fontsize=7)
-        ax.set_ylabel(what)
-        ax.legend(fontsize=7)
-        ax.grid(True, axis="y", alpha=0.3)
-    fig.suptitle(f"{group.name}: {gpu}", fontsize=10)
-    fig.tight_layout()
-    tmp = path.with_name(path.name + ".tmp")
-    # No date or version in the file: a rebuild from the same JSON gives the same bytes.
-    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
-    plt.close(fig)
-    os.replace(tmp, path)
-    return True
-
-
 def pytest_terminal_summary(terminalreporter, config):
     for note in getattr(config, "bench_notes", ()):
         terminalreporter.write_line(f"NOTE {note}", yellow=True)
@@ -1765,393 +2183,3 @@ def pytest_terminal_summary(terminalreporter, config):
                         tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
                 elif note := remeasure_note(r):
                     tr.write_line(f"{keys}: {note}", yellow=True)
-
-
-def remeasure_note(row) -> str | None:
-    """What the summary says of a row measured again, or still disturbed (see ``steady``)."""
-    skew, again = row.get("mean_over_median"), row.get("remeasured")
-    still = not _isnan(skew) and skew > DISTURBED_SKEW
-    if not still and (_isnan(again) or not again):
-        return None
-    thrown = row.get("discarded_ms")
-    discarded = ", ".join(f"{ms:.4g}" for ms in (thrown if isinstance(thrown, list) else []))
-    return (f"{'DISTURBED, ' if still else ''}mean {skew:.3g}x the median round; "
-            f"measured {1 + int(again or 0)} times, kept mean {row['forward_ms_mean']:.4g} ms"
-            + (f", thrown away {discarded} ms" if discarded else ""))
-
-
-# What two parts of one grid must share: their commit, GPU and the run settings that decide a
-# time (each run's own workers, with their measured ceilings, may differ).
-MERGE_SETTINGS = ("timer", "l2_flush", "execution", "gpu")
-
-
-def merge_runs(parts: list[tuple[str, dict]]) -> dict:
-    """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
-    split over calls), so that one set of tables holds them: same commit, same GPU and run
-    settings (``MERGE_SETTINGS``), no case in two parts, a group's layout the same in each. Rows
-    keep their own rounds; the ceilings (the yardsticks of the derived metrics) are per value the
-    median of the parts' (as across a run's workers), each part's own ceilings and run record kept
-    under ``merged_from``. Raises ValueError naming the part and what differs or is missing."""
-    if len(parts) < 2:
-        raise ValueError(f"merge takes two runs or more, got {len(parts)}")
-    first_name, first = parts[0]
-    merged = {**first, "benchmarks": [], "failed_cases": [], "bench_groups": {}, "merged_from": []}
-    seen: dict[str, str] = {}
-    for name, data in parts:
-        if not (data.get("commit_info") or {}).get("id"):
-            raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
-        for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
-                         ("run settings", lambda d: {k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS})):
-            if of(data) != of(first):
-                raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
-        for group, layout in (data.get("bench_groups") or {}).items():
-            if merged["bench_groups"].setdefault(group, layout) != layout:
-                raise ValueError(f"{name}: group {group!r} has another layout than in an earlier part")
-        for record in (*data.get("benchmarks", []), *data.get("failed_cases", [])):
-            test = record.get("fullname") or record.get("test")
-            if test is None:
-                continue
-            if test in seen:
-                raise ValueError(f"{name}: {test} was measured (or failed) in {seen[test]} already")
-            seen[test] = name
-        merged["benchmarks"] += data.get("benchmarks", [])
-        merged["failed_cases"] += data.get("failed_cases", [])
-        merged["merged_from"].append({"file": name, "datetime": data.get("datetime"), "bench_run": data.get("bench_run"),
-                                      "ceilings": data.get("ceilings")})
-    merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
-    merged["bench_run"] = {**{k: first.get("bench_run", {}).get(k) for k in MERGE_SETTINGS},
-                           "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts)}
-    return merged
-
-
-def run_wall_s(data: dict) -> float | None:
-    """A run's wall time from its JSON: its own, or the sum of its parts' for a merged run (they ran
-    one after another); None where a run (or a part) recorded none."""
-    parts = data.get("merged_from")
-    walls = [(p.get("bench_run") or {}).get("wall_s") for p in parts] if parts else [data.get("bench_run", {}).get("wall_s")]
-    return None if None in walls else round(sum(walls), 1)
-
-
-def compare_with_one_gpu(several: dict, one: dict, tolerance: float = 0.03) -> dict:
-    """A several-GPU run's medians against a one-GPU run's, case by case (a case is a test's full
-    name): the record of the comparison, with the cases whose medians differ by more than
-    ``tolerance`` (relative to the one-GPU median) named in ``differing``, and the cases measured
-    in one run but failed in the other in ``failed_in_one``. Both runs must be of one GPU kind and
-    one timing setup (``MERGE_SETTINGS``); their commits may differ and are recorded. Raises
-    ValueError when the settings differ or the runs share no measured case."""
-    settings = [{k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS} for d in (several, one)]
-    if settings[0] != settings[1]:
-        raise ValueError(f"the runs differ in their GPU or timing settings: {settings[0]} against {settings[1]}")
-    medians = [{b["fullname"]: b["stats"]["median"] for b in d.get("benchmarks", [])} for d in (several, one)]
-    failed = [{f["test"] for f in d.get("failed_cases", [])} for d in (several, one)]
-    shared = sorted(medians[0].keys() & medians[1].keys())
-    if not shared:
-        raise ValueError("the runs share no measured case")
-    differing = []
-    for test in shared:
-        ratio = medians[0][test] / medians[1][test]
-        if abs(ratio - 1) > tolerance:
-            differing.append({"test": test, "median_ms_several": medians[0][test] * 1e3,
-                              "median_ms_one": medians[1][test] * 1e3, "ratio": ratio})
-    failed_in_one = sorted(medians[0].keys() & failed[1] | medians[1].keys() & failed[0])
-    return {"tolerance": tolerance, "shared": len(shared), "differing": differing, "failed_in_one": failed_in_one,
-            "several_gpus": {"workers": len(several.get("bench_run", {}).get("workers") or {}) or None,
-                             "wall_s": run_wall_s(several), "commit": (several.get("commit_info") or {}).get("id")},
-            "one_gpu": {"wall_s": run_wall_s(one), "commit": (one.get("commit_info") or {}).get("id")}}
-
-
-def comparison_report(record: dict, one_name: str) -> str:
-    """What ``merge --against`` prints: both wall times, then the cases out of tolerance."""
-    several, one = record["several_gpus"], record["one_gpu"]
-    wall = lambda s: "not recorded" if s is None else f"{s:.1f} s"  # noqa: E731
-    lines = [f"several GPUs ({several['workers'] or '?'} workers): wall {wall(several['wall_s'])}; "
-             f"one GPU ({one_name}): wall {wall(one['wall_s'])}",
-             f"{record['shared']} shared cases, {len(record['differing'])} with medians more than "
-             f"{record['tolerance']:.0%} apart"]
-    if several["commit"] != one["commit"]:
-        lines.append(f"note: the runs are of different commits ({several['commit']} against {one['commit']})")
-    for d in record["differing"]:
-        lines.append(f"DIFFERS {d['test']}: {d['median_ms_several']:.4g} ms on several GPUs, "
-                     f"{d['median_ms_one']:.4g} ms on one ({d['ratio'] - 1:+.1%})")
-    lines += [f"FAILED IN ONE RUN ONLY {test}" for test in record["failed_in_one"]]
-    return "\n".join(lines)
-
-
-
-# ----------------------------------------------------------------------------------------------
-# The record's headline, targets and regression gate: figures read from a run's JSON, never typed in
-# ----------------------------------------------------------------------------------------------
-RECORD_JSON = ROOT / "outputs" / RUN_JSON  # the committed record of the reference GPU
-# (group, what the README calls it, the project's impl as a user calls it, the baselines it is set against:
-# a case's baseline time is the fastest of them that ran it)
-HEADLINE = (
-    ("softmax", "row softmax", "triton_row", ("torch",)),
-    ("softmax_matmul", "softmax(x) @ V", "triton", ("torch",)),
-    ("softmax_matmul_precision", "softmax(x) @ V, float32 settings", "triton", ("torch",)),
-    ("matmul_softmax", "softmax(x @ W)", "triton_fused_tiled", ("torch",)),
-    ("flash_attention", "FlashAttentionTriton (batch, n, d)", "flash_triton", ("sdpa",)),
-    ("attention_models", "flash_attention (models' shapes)", "triton", ("sdpa", "flex_compile")),
-    ("linear_cross_entropy", "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce")),
-    ("model_step", "a GPT-2 training step", "project", ("torch",)),
-    ("shape_grid", "shape grid, every workload", "triton", ("torch", "compile", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")),
-)
-CASE_FREE_KEYS = frozenset(("impl", "role", "path"))  # row keys that name no case
-
-
-def case_ratios(data: dict, group: str, ours: str, baselines: tuple, where=None) -> list[tuple[str, float]]:
-    """(case, fastest baseline's median over ours) for each case of ``group`` both ran; ``where(extra_info)``
-    narrows the cases. A case is its row's case columns (the group's layout)."""
-    layout = (data.get("bench_groups") or {}).get(group) or {}
-    columns = tuple(layout.get("case") or ())
-    times: dict[tuple, dict[str, float]] = {}
-    for b in data.get("benchmarks", []):
-        extra = b.get("extra_info") or {}
-        if b.get("group") != group or (where is not None and not where(extra)):
-            continue
-        key = tuple(str(extra.get(c)) for c in columns)
-        times.setdefault(key, {})[extra.get("impl")] = b["stats"]["median"]
-    out = []
-    for key, by_impl in sorted(times.items()):
-        base = [by_impl[i] for i in baselines if i in by_impl]
-        if ours in by_impl and base:
-            out.append((" ".join(key), min(base) / by_impl[ours]))
-    return out
-
-
-def geomean(values) -> float:
-    values = list(values)
-    return math.exp(sum(math.log(v) for v in values) / len(values))
-
-
-def headline_markdown(data: dict) -> str:
-    """The README's table: per group of the record, the project's op against its baselines, case by case."""
-    gpu, commit = (data.get("machine_info") or {}).get("gpu") or {}, (data.get("commit_info") or {}).get("id", "?")
-    lines = ["| op (benchmark group) | cases | speed-up, geomean | slowest case | fastest case | against |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
-    for group, label, ours, baselines in HEADLINE:
-        ratios = [r for _, r in case_ratios(data, group, ours, baselines)]
-        if ratios:
-            lines.append(f"| {label} (`{group}`) | {len(ratios)} | {geomean(ratios):.2f}x | {min(ratios):.2f}x | "
-                         f"{max(ratios):.2f}x | the fastest of {', '.join(baselines)} |")
-    versions = ", ".join(f"{k} {gpu[k].split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
-    lines.append("")
-    lines.append(f"Medians of GPU time per call on an {gpu.get('name', '?')} ({versions}), from the record "
-                 f"[outputs/{RUN_JSON}](outputs/{RUN_JSON}) at commit {commit[:7]}; a speed-up is the baseline's time "
-                 "over the project's on the same case. Written by `python3 conftest.py headline`.")
-    return "\n".join(lines)
-
-
-def _mode(suffix: str):
-    return lambda extra: str(extra.get("workload", extra.get("mode", ""))).endswith(suffix)
-
-
-# (issue, target, group, ours, baselines, where, statistic, threshold): met when statistic(ratios) >= threshold
-TARGETS = (
-    ("45", "flash_attention forward, geomean >= 1.05x the best peer", "attention_models", "triton",
-     ("sdpa", "flex_compile"), _mode("_fwd"), "geomean", 1.05),
-    ("45", "flash_attention forward + backward, geomean >= 0.95x", "attention_models", "triton",
-     ("sdpa", "flex_compile"), _mode("_fwd_bwd"), "geomean", 0.95),
-    ("45", "flash_attention, no case below 0.8x", "attention_models", "triton", ("sdpa", "flex_compile"), None, "min", 0.8),
-    ("46", "linear_cross_entropy faster than torch, torch.compile, Liger and CCE at every size",
-     "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce"), None, "min", 1.0),
-    ("47", "GPT-2 step compiled >= 1.05x torch's compiled step", "model_step", "project", ("torch",),
-     lambda e: e.get("compiled") == "compile", "min", 1.05),
-    ("47", "GPT-2 step eager >= 1.15x torch's eager step", "model_step", "project", ("torch",),
-     lambda e: e.get("compiled") == "eager", "min", 1.15),
-)
-
-
-def targets_markdown(data: dict) -> str:
-    """outputs/README.md's table: each target the record measures, its figure, met or missed."""
-    lines = ["| issue | target | measured | |", "| --- | --- | ---: | --- |"]
-    for issue, text, group, ours, baselines, where, statistic, threshold in TARGETS:
-        ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
-        if not ratios:
-            lines.append(f"| {issue} | {text} | not in the record | |")
-            continue
-        value = geomean(ratios) if statistic == "geomean" else min(ratios)
-        lines.append(f"| {issue} | {text} | {statistic} {value:.2f}x over {len(ratios)} cases | "
-                     f"{'met' if value >= threshold else 'missed'} |")
-    return "\n".join(lines)
-
-
-GENERATED = {  # file -> (marker, what writes the block)
-    ROOT / "README.md": ("headline", headline_markdown),
-    ROOT / "outputs" / "README.md": ("targets", targets_markdown),
-}
-
-
-def with_block(text: str, marker: str, body: str) -> str:
-    """text with the block between <!-- marker:begin --> and <!-- marker:end --> replaced by body."""
-    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
-    head, found, rest = text.partition(begin)
-    _, found_end, tail = rest.partition(end)
-    if not found or not found_end:
-        raise ValueError(f"no {begin} ... {end} block")
-    return f"{head}{begin}\n{body}\n{end}{tail}"
-
-
-def stale_blocks(data: dict, write: bool = False) -> list[str]:
-    """The generated blocks that differ from what ``data`` gives (each file written anew with ``write``)."""
-    stale = []
-    for path, (marker, make) in GENERATED.items():
-        text = path.read_text(encoding="utf-8")
-        fresh = with_block(text, marker, make(data))
-        if fresh != text:
-            stale.append(f"{path.relative_to(ROOT)} ({marker})")
-            if write:
-                path.write_text(fresh, encoding="utf-8")
-    return stale
-
-
-def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
-    """A run's medians against the record's, case by case: lines for the cases slower by more than
-    ``max_slowdown`` (a fraction), and how many cases both measured."""
-    old = {b["fullname"]: b["stats"]["median"] for b in record.get("benchmarks", [])}
-    slower, shared = [], 0
-    for b in run.get("benchmarks", []):
-        if b["fullname"] in old:
-            shared += 1
-            ratio = b["stats"]["median"] / old[b["fullname"]]
-            if ratio > 1 + max_slowdown:
-                slower.append(f"SLOWER {b['fullname']}: {b['stats']['median'] * 1e3:.4g} ms against the record's "
-                              f"{old[b['fullname']] * 1e3:.4g} ms ({ratio - 1:+.1%})")
-    return slower, shared
-
-
-# ----------------------------------------------------------------------------------------------
-# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
-#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON] [--committed]
-# ----------------------------------------------------------------------------------------------
-def committed_destination(path: Path) -> bool:
-    """Whether path lies in the committed outputs/ (its GPU kinds' tables, its baselines)."""
-    return path.resolve().is_relative_to(ROOT / "outputs")
-
-
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
-    sub = parser.add_subparsers(dest="command", required=True)
-    rebuild = sub.add_parser("rebuild", help="the CSVs and plots of a saved run, from its JSON alone")
-    rebuild.add_argument("json", type=Path, help="a run's JSON (benchmark.json, a --benchmark-save or "
-                                                 "--benchmark-json file) or a benchmark.json.part")
-    rebuild.add_argument("--outputs-dir", type=Path, default=None, help="default: the JSON's directory")
-    rebuild.add_argument("--plot", action="append", default=[], metavar="GROUP=KIND:METRIC",
-                         help="draw GROUP's plot as KIND (line, bar, ratio) of METRIC, whatever the run's layout "
-                              "said: a plot kind added after the run")
-    merge = sub.add_parser("merge", help="one run's JSON from runs that measured parts of the same cases "
-                                         "(same commit and GPU); then rebuild its tables")
-    merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files); one alone with --against")
-    merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
-    merge.add_argument("--against", type=Path, default=None, metavar="ONE_GPU_JSON",
-                       help="a one-GPU run's JSON: compare the merged run's medians with its medians on the cases "
-                            "both measured, name those more than --tolerance apart (exit status 1 if any), and "
-                            "record both runs' wall times under compared_with_one_gpu in the output")
-    merge.add_argument("--tolerance", type=float, default=3.0, metavar="PERCENT",
-                       help="largest difference of two medians, in percent of the one-GPU median (default 3)")
-    for command in (rebuild, merge):
-        command.add_argument("--committed", action="store_true",
-                             help="allow writing into the committed outputs/ (replacing its tables)")
-    headline = sub.add_parser("headline", help="write README.md's headline and outputs/README.md's targets from the record")
-    headline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs from the record")
-    gate = sub.add_parser("gate", help="a run's medians against the record's: exit 1 if a case is slower than allowed")
-    gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json of its --outputs-dir)")
-    gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
-    for command in (headline, gate):
-        command.add_argument("--record", type=Path, default=RECORD_JSON, help=f"default {RECORD_JSON.relative_to(ROOT)}")
-    args = parser.parse_args(argv)
-    if args.command in ("headline", "gate"):
-        return record_command(args)
-
-    def refuse(message: str) -> int:
-        print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
-        return 2
-
-    if args.command == "merge":
-        dest, what = args.output.parent, f"--output {args.output}"
-    else:
-        dest = args.outputs_dir or args.json.parent
-        what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
-    if committed_destination(dest) and not args.committed:
-        return refuse(f"{what} is in the committed outputs/: name another directory, or pass --committed to replace "
-                      "what is committed there")
-    try:
-        runs = [(str(path), load_run(path)) for path in (args.parts if args.command == "merge" else [args.json])]
-    except BadRun as bad:
-        return refuse(str(bad))
-    report = None
-    if args.command == "merge":
-        if len(runs) == 1 and args.against is None:
-            return refuse("one run alone is no merge: give two runs or more, or one with --against")
-        try:
-            merged = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
-        except ValueError as error:
-            return refuse(str(error))
-        if args.against is not None:
-            try:
-                record = compare_with_one_gpu(merged, load_run(args.against), args.tolerance / 100)
-            except BadRun as bad:
-                return refuse(f"--against: {bad}")
-            except ValueError as error:
-                return refuse(f"--against {args.against}: {error}")
-            record["one_gpu"]["file"] = str(args.against)
-            merged["compared_with_one_gpu"] = record
-            report = comparison_report(record, str(args.against))
-    else:
-        data = runs[0][1]
-        for spec in args.plot:
-            name, _, drawn = spec.partition("=")
-            kind, _, metric = drawn.partition(":")
-            layout = data["bench_groups"].get(name, {})
-            known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
-            if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
-                parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
-                             f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
-                             f"columns or metrics")
-            layout["plot"] = [kind, metric]
-    try:
-        fd, note = take_lock(dest)
-    except DirectoryBusy as busy:
-        return refuse(str(busy))
-    except OSError as exc:
-        return refuse(f"{what}: cannot write there: {exc.strerror or exc}")
-    if note:
-        print(f"NOTE {note}", file=sys.stderr)
-    try:
-        if args.command == "merge":
-            tmp = args.output.with_name(args.output.name + ".tmp")
-            tmp.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
-            os.replace(tmp, args.output)
-            print(args.output)
-            if report is not None:
-                print(report)
-        else:
-            for path in write_tables(data, dest):
-                print(path)
-    finally:
-        release_lock(dest, fd)
-    compared = merged.get("compared_with_one_gpu") if args.command == "merge" else None
-    return 1 if compared and (compared["differing"] or compared["failed_in_one"]) else 0
-
-
-
-def record_command(args) -> int:
-    """``headline`` and ``gate``: both read the committed record."""
-    try:
-        record = load_run(args.record)
-        run = load_run(args.json) if args.command == "gate" else None
-    except BadRun as bad:
-        print(f"python conftest.py {args.command}: {bad}", file=sys.stderr)
-        return 2
-    if args.command == "gate":
-        slower, shared = gate_report(run, record, args.max_slowdown / 100)
-        print("\n".join(slower + [f"{shared} cases compared with {args.record}, {len(slower)} slower by more than "
-                                   f"{args.max_slowdown:g} %"]))
-        return 1 if slower or not shared else 0
-    stale = stale_blocks(record, write=not args.check)
-    for block in stale:
-        print(f"{'differs from the record' if args.check else 'written'}: {block}")
-    return 1 if stale and args.check else 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
