@@ -113,7 +113,7 @@ METRICS = ("forward_ms_mean", "forward_ms_std", "forward_ms_median", "forward_ms
 # would be overwritten in the JSON, so the bench fixture refuses it.
 HARNESS_KEYS = frozenset(METRICS) | {"stalled_rounds", "host_bound", "mean_over_median", "remeasured", "discarded_ms",
                                      "bytes_moved", "flops", "matmul_peak_key", "l2_flush", "execution", "timer",
-                                     "gpu", "failure"}
+                                     "gpu", "failure", "case_s"}
 
 
 def read_run(path: Path) -> dict:
@@ -382,7 +382,8 @@ def tables_from_json(data: dict) -> dict:
         records.setdefault(b["group"], []).append(row)
     for f in data.get("failed_cases", []):
         if f["group"] in layouts:
-            records.setdefault(f["group"], []).append({**f["row"], "failure": f["reason"]})
+            records.setdefault(f["group"], []).append({**f["row"], "failure": f["reason"],
+                                                       "not_run": bool(f.get("resource_limit"))})
     return {name: (group, group_table(group, rows))
             for name in layouts if (group := BenchGroup.from_layout(layouts[name])) and (rows := records.get(name))}
 
@@ -610,7 +611,12 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     first_name, first = parts[0]
     merged = {**first, "benchmarks": [], "failed_cases": [], "bench_groups": {}, "merged_from": []}
     seen: dict[str, str] = {}
+    held: dict[str, str] = {}  # record part -> the run that holds it
     for name, data in parts:
+        for part in (data.get("bench_run") or {}).get("record_parts") or ():
+            if part in held:
+                raise ValueError(f"{name}: record part {part!r} is in {held[part]} already")
+            held[part] = name
         if not (data.get("commit_info") or {}).get("id"):
             raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
         for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
@@ -633,7 +639,8 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
                                       "ceilings": data.get("ceilings")})
     merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
     merged["bench_run"] = {**{k: first.get("bench_run", {}).get(k) for k in MERGE_SETTINGS},
-                           "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts)}
+                           "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts),
+                           "record_parts": [p.name for p in RECORD_PARTS if p.name in held]}
     return merged
 
 
@@ -691,42 +698,223 @@ def comparison_report(record: dict, one_name: str) -> str:
 
 
 # ----------------------------------------------------------------------------------------------
+# The record: one whole run at one commit, in parts that each fit one GPU call
+# ----------------------------------------------------------------------------------------------
+def record_json(gpu: str = REFERENCE_GPU) -> Path:
+    """The committed record of a GPU kind (outputs/<its name>/): the headline, targets and gate read it."""
+    return ROOT / "outputs" / gpu / RUN_JSON
+
+
+@dataclasses.dataclass(frozen=True)
+class RecordPart:
+    """Some of the record's cases, chosen so that a part runs in one sitting of at most about 9
+    minutes on an H100: the tests (``path::function``) whose cases it holds, and for the shape
+    grid whether it holds the core cases (ids ending ``-core``) or the others. ``minutes`` is what
+    it is expected to take there, a plan until the record's ``case_s`` say (``python3 conftest.py
+    parts``)."""
+
+    name: str
+    what: str
+    tests: tuple[str, ...]
+    minutes: float
+    core: bool | None = None
+
+    def holds(self, nodeid: str) -> bool:
+        test, _, params = nodeid.partition("[")
+        return test in self.tests and (self.core is None or params.endswith("-core]") == self.core)
+
+
+_GRID = "tests/test_bench_shape_grid.py::"
+GRID_TESTS = tuple(_GRID + t for t in ("test_shape_grid_attention", "test_shape_grid_row_softmax",
+                                       "test_shape_grid_softmax_matmul", "test_shape_grid_matmul_softmax",
+                                       "test_shape_grid_matmul_softmax_linear_weight"))
+RECORD_PARTS = (
+    RecordPart("headline", "row softmax, softmax(x) @ V (the specification's grid and its precisions), "
+                           "softmax(x @ W), FlashAttentionTriton and the course leaderboard's case",
+               ("tests/test_bench_softmax.py::test_softmax", "tests/test_bench_softmax_matmul.py::test_softmax_matmul",
+                "tests/test_bench_softmax_matmul_precision.py::test_softmax_matmul_precision",
+                "tests/test_bench_matmul_softmax.py::test_matmul_softmax",
+                "tests/test_bench_flash_attention.py::test_flash_attention",
+                "tests/test_bench_flash_attention.py::test_leaderboard"), minutes=6),
+    RecordPart("grid-core", "the shape grid's core cases, every workload, with torch.compile and FlexAttention",
+               GRID_TESTS, minutes=4, core=True),
+    RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=3, core=False),
+    RecordPart("grid-rest", "the shape grid's other row softmax, softmax(x) @ V and softmax(x @ W) cases",
+               GRID_TESTS[1:], minutes=4, core=False),
+    RecordPart("models", "flash_attention at models' shapes, the LM-head loss and the model training step",
+               (_GRID + "test_attention_models", "tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",
+                "tests/test_bench_model_step.py::test_model_step"), minutes=8),
+)
+# The README's benchmark command (tox -e gpu): the headline groups and the grid's core cases.
+MAIN_JOB = ("headline", "grid-core")
+PART_SETS = {"main": MAIN_JOB, "all": tuple(p.name for p in RECORD_PARTS)}
+
+
+def record_parts(names) -> tuple[str, ...]:
+    """Part names in the record's order from names of parts or of part sets (main, all); ValueError for another."""
+    known = {p.name for p in RECORD_PARTS}
+    chosen = set()
+    for name in names:
+        if name not in known and name not in PART_SETS:
+            raise ValueError(f"no record part {name!r}: the parts are {', '.join(p.name for p in RECORD_PARTS)}, "
+                             f"and {' and '.join(PART_SETS)} name sets of them")
+        chosen.update(PART_SETS.get(name, (name,)))
+    return tuple(p.name for p in RECORD_PARTS if p.name in chosen)
+
+
+def part_of(nodeid: str) -> str | None:
+    holders = [p.name for p in RECORD_PARTS if p.holds(nodeid)]
+    if len(holders) > 1:
+        raise ValueError(f"{nodeid} is in parts {holders}: a case belongs to one part")
+    return holders[0] if holders else None
+
+
+def run_destination(record: Path, on_gpu: bool, parts: tuple[str, ...], names: tuple[str, ...]) -> Path:
+    """Where a run writes without --outputs-dir, given its GPU kind's record directory and its
+    --record-part names (and the parts they stand for): the record itself only for every part;
+    parts/<NAME>/ for some; partial/ for any other selection. Without a GPU there is no record."""
+    if not on_gpu or parts == PART_SETS["all"]:
+        return record
+    return record / "parts" / "+".join(names) if parts else record / "partial"
+
+
+def case_seconds(data: dict) -> dict[str, float]:
+    """Each case's seconds in a run (build, check, rounds: ``case_s``), measured or failed, by its test's id."""
+    seconds = {b["fullname"]: b["extra_info"]["case_s"] for b in data.get("benchmarks", [])
+               if isinstance(b.get("extra_info", {}).get("case_s"), (int, float))}
+    seconds.update({f["test"]: f["case_s"] for f in data.get("failed_cases", [])
+                    if isinstance(f.get("case_s"), (int, float))})
+    return seconds
+
+
+def time_left(done: dict[str, float], remaining: list[str], expected: dict[str, float]) -> float:
+    """Seconds the remaining cases should take: each its seconds in the record (``expected``) scaled
+    by how this run's finished cases compare with theirs there, or this run's mean case where the
+    record has none."""
+    known = [t for t in done if t in expected and expected[t] > 0]
+    scale = sum(done[t] for t in known) / sum(expected[t] for t in known) if known else 1.0
+    mean = sum(done.values()) / len(done) if done else 0.0
+    return sum(expected[t] * scale if t in expected else mean for t in remaining)
+
+
+def parts_report(data: dict | None) -> str:
+    """``python3 conftest.py parts``: each part, what it holds, its minutes planned and, from the
+    record, measured (its cases' seconds, setup and compiles of the run's first case included)."""
+    seconds = case_seconds(data) if data else {}
+    measured: dict[str, float] = {}
+    for test, s in seconds.items():
+        name = part_of(test)
+        measured[name] = measured.get(name, 0.0) + s
+    lines = []
+    for p in RECORD_PARTS:
+        got = f"; {measured[p.name] / 60:.1f} min in the record" if p.name in measured else ""
+        lines.append(f"{p.name:15} about {p.minutes:g} min on an H100{got}: {p.what}")
+    lines.append(f"{'main':15} {' + '.join(MAIN_JOB)} (tox -e gpu); all: every part (tox -e record)")
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------------------------
 # The record's headline, targets and regression gate: figures read from a run's JSON, never typed in
 # ----------------------------------------------------------------------------------------------
-RECORD_JSON = ROOT / "outputs" / RUN_JSON  # the committed record of the reference GPU
-# (group, what the README calls it, the project's impl as a user calls it, the baselines it is set against:
-# a case's baseline time is the fastest of them that ran it)
+@dataclasses.dataclass(frozen=True)
+class Headline:
+    """A line of README.md's table: the project's op (``ours``, as a user calls it) against
+    PyTorch's (``torch``) on one case of a group, picked by its row keys (``case``)."""
+
+    op: str
+    label: str
+    group: str
+    case: dict
+    ours: str
+    torch: str
+
+
 HEADLINE = (
-    ("softmax", "row softmax", "triton_row", ("torch",)),
-    ("softmax_matmul", "softmax(x) @ V", "triton", ("torch",)),
-    ("softmax_matmul_precision", "softmax(x) @ V, float32 settings", "triton", ("torch",)),
-    ("matmul_softmax", "softmax(x @ W)", "triton_fused_tiled", ("torch",)),
-    ("flash_attention", "FlashAttentionTriton (batch, n, d)", "flash_triton", ("sdpa",)),
-    ("attention_models", "flash_attention (models' shapes)", "triton", ("sdpa", "flex_compile")),
-    ("linear_cross_entropy", "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce")),
-    ("model_step", "a GPT-2 training step", "project", ("torch",)),
-    ("shape_grid", "shape grid, every workload", "triton", ("torch", "compile", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")),
+    Headline("row softmax", "8192 x 8192, bfloat16", "softmax",
+             {"M": 8192, "N": 8192, "dtype": "bfloat16", "BLOCK_SIZE": None}, "triton_row", "torch"),
+    Headline("softmax(x) @ V", "x (8, 4096, 8192), V (8, 8192, 512), bfloat16", "shape_grid",
+             {"workload": "softmax_matmul", "case": "batch=8 d1=4096 d2=8192 d3=512 bfloat16"}, "triton", "torch"),
+    Headline("softmax(x) @ V", "the same in float32, matmul precision 'high'", "shape_grid",
+             {"workload": "softmax_matmul", "case": "batch=8 d1=4096 d2=8192 d3=512 float32 high"}, "triton", "torch"),
+    Headline("softmax(x @ W)", "4096 x 4096 x 128256, bfloat16", "shape_grid",
+             {"workload": "matmul_softmax", "case": "B=4096 K=4096 C=128256 bfloat16"}, "triton", "torch"),
+    Headline("FlashAttentionTriton, forward + backward", "(16, 8192, 64) causal, bfloat16 (PyTorch: SDPA)",
+             "flash_attention", {"batch": 16, "n_queries": 8192, "n_keys": 8192, "d": 64, "dtype": "bfloat16",
+                                 "is_causal": True, "mode": "fwd_bwd"}, "flash_triton", "sdpa"),
+    Headline("flash_attention, forward + backward", "Llama-3-8B, 32/8 heads, 4096 causal, bfloat16 (PyTorch: SDPA)",
+             "attention_models", {"workload": "attention_models_fwd_bwd",
+                                  "case": "llama3-8b B=1 H=32/8 Nq=4096 Nk=4096 d=128 causal"}, "triton", "sdpa"),
+    Headline("linear_cross_entropy, forward + backward", "8192 x 4096 x 128256, bfloat16", "linear_cross_entropy",
+             {"BT": 8192, "H": 4096, "V": 128256, "softcap": "none", "dtype": "bfloat16", "mode": "fwd_bwd"},
+             "triton", "torch"),
+    Headline("a GPT-2 training step, compiled", "tests/models.py's gpt2, torch.compile(model)", "model_step",
+             {"config": "gpt2", "compiled": "compile"}, "project", "torch"),
 )
-CASE_FREE_KEYS = frozenset(("impl", "role", "path"))  # row keys that name no case
 
 
-def case_ratios(data: dict, group: str, ours: str, baselines: tuple, where=None) -> list[tuple[str, float]]:
-    """(case, fastest baseline's median over ours) for each case of ``group`` both ran; ``where(extra_info)``
-    narrows the cases. A case is its row's case columns (the group's layout)."""
-    layout = (data.get("bench_groups") or {}).get(group) or {}
-    columns = tuple(layout.get("case") or ())
-    times: dict[tuple, dict[str, float]] = {}
-    for b in data.get("benchmarks", []):
-        extra = b.get("extra_info") or {}
-        if b.get("group") != group or (where is not None and not where(extra)):
-            continue
-        key = tuple(str(extra.get(c)) for c in columns)
-        times.setdefault(key, {})[extra.get("impl")] = b["stats"]["median"]
+def _same(value, wanted) -> bool:
+    return value == wanted or (wanted is None and value is None) or str(value) == str(wanted)
+
+
+def case_median_ms(data: dict, group: str, impl: str, case: dict) -> float | None:
+    """The median time (ms) of impl's row on a case of a run (None: not measured); ValueError where
+    the case's keys pick several rows (a case defined too loosely)."""
+    found = [b["stats"]["median"] * 1e3 for b in data.get("benchmarks", []) if b.get("group") == group
+             and b["extra_info"].get("impl") == impl and all(_same(b["extra_info"].get(k), v) for k, v in case.items())]
+    if len(found) > 1:
+        raise ValueError(f"{group} {impl} {case}: {len(found)} rows match; name the case by more of its keys")
+    return found[0] if found else None
+
+
+def _versions(data: dict) -> str:
+    gpu = (data.get("machine_info") or {}).get("gpu") or {}
+    versions = ", ".join(f"{k} {str(gpu[k]).split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
+    return f"{gpu.get('name', '?')}{f' ({versions})' if versions else ''}"
+
+
+def _source(data: dict, path: Path) -> str:
+    commit = (data.get("commit_info") or {}).get("id") or "?"
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return f"the record [{rel}]({rel}) at commit {commit[:7]}"
+
+
+def no_record(path: Path) -> str:
+    rel = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    return f"No record is committed yet: `python3 conftest.py headline` writes this from {rel}."
+
+
+def headline_markdown(data: dict, path: Path) -> str:
+    """README.md's table: per headline case, the medians of ours and PyTorch's and their ratio."""
+    lines = ["| op | case | ours (ms) | PyTorch (ms) | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
+    for h in HEADLINE:
+        ours, torch_ms = (case_median_ms(data, h.group, impl, h.case) for impl in (h.ours, h.torch))
+        cells = [f"{ms:.4g}" if ms is not None else "not measured" for ms in (ours, torch_ms)]
+        ratio = f"{torch_ms / ours:.2f}x" if ours and torch_ms else ""
+        lines.append(f"| {h.op} | {h.label} | {cells[0]} | {cells[1]} | {ratio} |")
+    lines += ["", f"Median GPU time of one call (CUDA events, launches queued ahead, L2 flushed) on an "
+                  f"{_versions(data)}, from {_source(data, path)}; the host's launch cost is not in it. "
+                  "Written by `python3 conftest.py headline`."]
+    return "\n".join(lines)
+
+
+def group_frame(data: dict, group: str):
+    """A group's rows of a run (tables_from_json), or None where the run has none."""
+    found = tables_from_json({**data, "bench_groups": {k: v for k, v in (data.get("bench_groups") or {}).items()
+                                                       if k == group}}).get(group)
+    return None if found is None else found[1]
+
+
+def case_ratios(df, case_columns, ours: str, baselines: tuple, where=None) -> list[tuple[tuple, float]]:
+    """(case, the fastest baseline's median over ours) for each case where ours and a baseline ran."""
+    if df is None:
+        return []
+    rows = df if where is None else df[[bool(where(r)) for r in df.to_dict("records")]]
     out = []
-    for key, by_impl in sorted(times.items()):
-        base = [by_impl[i] for i in baselines if i in by_impl]
-        if ours in by_impl and base:
-            out.append((" ".join(key), min(base) / by_impl[ours]))
+    for key, case in rows.groupby(list(case_columns), dropna=False, sort=True):
+        ms = {r["impl"]: r["forward_ms_median"] for r in case.to_dict("records") if not _isnan(r["forward_ms_median"])}
+        base = [ms[b] for b in baselines if b in ms]
+        if ours in ms and base:
+            out.append((key, min(base) / ms[ours]))
     return out
 
 
@@ -735,62 +923,154 @@ def geomean(values) -> float:
     return math.exp(sum(math.log(v) for v in values) / len(values))
 
 
-def headline_markdown(data: dict) -> str:
-    """The README's table: per group of the record, the project's op against its baselines, case by case."""
-    gpu, commit = (data.get("machine_info") or {}).get("gpu") or {}, (data.get("commit_info") or {}).get("id", "?")
-    lines = ["| op (benchmark group) | cases | speed-up, geomean | slowest case | fastest case | against |",
-             "| --- | ---: | ---: | ---: | ---: | --- |"]
-    for group, label, ours, baselines in HEADLINE:
-        ratios = [r for _, r in case_ratios(data, group, ours, baselines)]
-        if ratios:
-            lines.append(f"| {label} (`{group}`) | {len(ratios)} | {geomean(ratios):.2f}x | {min(ratios):.2f}x | "
-                         f"{max(ratios):.2f}x | the fastest of {', '.join(baselines)} |")
-    versions = ", ".join(f"{k} {gpu[k].split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
-    lines.append("")
-    lines.append(f"Medians of GPU time per call on an {gpu.get('name', '?')} ({versions}), from the record "
-                 f"[outputs/{RUN_JSON}](outputs/{RUN_JSON}) at commit {commit[:7]}; a speed-up is the baseline's time "
-                 "over the project's on the same case. Written by `python3 conftest.py headline`.")
-    return "\n".join(lines)
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """An issue's target as the record measures it: ``measure(data)`` gives (what it measured, met)
+    or None where the record holds none of it."""
+
+    issue: int
+    text: str
+    measure: object
 
 
-def _mode(suffix: str):
-    return lambda extra: str(extra.get("workload", extra.get("mode", ""))).endswith(suffix)
+def _ratio_target(group: str, ours: str, baselines: tuple, threshold: float, statistic: str = "min", where=None):
+    def measure(data):
+        df = group_frame(data, group)
+        layout = (data.get("bench_groups") or {}).get(group) or {}
+        ratios = [r for _, r in case_ratios(df, layout.get("case", ()), ours, baselines, where)]
+        if not ratios:
+            return None
+        value = geomean(ratios) if statistic == "geomean" else min(ratios)
+        cases = f" over {len(ratios)} cases" if len(ratios) > 1 else ""
+        return f"{statistic + ' ' if len(ratios) > 1 else ''}{value:.2f}x{cases}", value >= threshold
+    return measure
 
 
-# (issue, target, group, ours, baselines, where, statistic, threshold): met when statistic(ratios) >= threshold
+def _keys(**wanted):
+    return lambda row: all(_same(row.get(k), v) for k, v in wanted.items())
+
+
+def _none_failed(group: str, impl: str, what: str):
+    """Met where the record has the group and no failed case of impl (a wrong answer or a refusal)."""
+    def measure(data):
+        if group not in (data.get("bench_groups") or {}):
+            return None
+        failed = [f for f in data.get("failed_cases", []) if f["group"] == group and f["row"].get("impl") == impl]
+        return (f"{len(failed)} {what}", not failed)
+    return measure
+
+
+def _attention_host_us(data):
+    """flash_attention's host time over SDPA's, the worst case (eager calls, the GPU kept busy)."""
+    df = group_frame(data, "attention_models")
+    if df is None:
+        return None
+    over = []
+    for _, case in df.groupby(["workload", "case"]):
+        us = {r["impl"]: r["host_us"] for r in case.to_dict("records") if not _isnan(r["host_us"])}
+        if "triton" in us and "sdpa" in us:
+            over.append(us["triton"] - us["sdpa"])
+    return (f"at most {max(over):+.1f} us over {len(over)} cases", max(over) <= 5.0) if over else None
+
+
+def _lce_memory(data):
+    """linear_cross_entropy's memory above its inputs over cut-cross-entropy's, the worst size."""
+    df = group_frame(data, "linear_cross_entropy")
+    if df is None:
+        return None
+    ratios = []
+    for _, case in df.groupby(["BT", "H", "V", "softcap", "dtype"]):
+        mib = {r["impl"]: r["forward_extra_MiB"] for r in case.to_dict("records") if not _isnan(r["forward_extra_MiB"])}
+        if "triton" in mib and mib.get("cce"):
+            ratios.append(mib["triton"] / mib["cce"])
+    return (f"at most {max(ratios):.2f}x over {len(ratios)} sizes", max(ratios) <= 1.25) if ratios else None
+
+
+def _lce_gemm_floor(data):
+    """linear_cross_entropy's share of the three products' time at cuBLAS's rate, the LM-head sizes."""
+    df = group_frame(data, "linear_cross_entropy")
+    if df is None:
+        return None
+    rows = [r for r in df.to_dict("records") if r["impl"] == "triton" and int(r["V"]) >= 32768 and int(r["H"]) >= 2048
+            and not _isnan(r["pct_of_matmul_peak"])]
+    if not rows:
+        return None
+    least = min(r["pct_of_matmul_peak"] for r in rows)
+    return f"at least {least:.0f} % over {len(rows)} sizes", least >= 85
+
+
+def _model_step_eager(data):
+    """The eager step's speed-up and peak memory against torch's, the worse configuration."""
+    df = group_frame(data, "model_step")
+    if df is None:
+        return None
+    worst = []
+    for config, case in df[df["compiled"] == "eager"].groupby("config"):
+        r = {x["impl"]: x for x in case.to_dict("records") if not _isnan(x["forward_ms_median"])}
+        if "project" in r and "torch" in r:
+            worst.append((r["torch"]["forward_ms_median"] / r["project"]["forward_ms_median"],
+                          r["project"]["forward_peak_MiB"] / r["torch"]["forward_peak_MiB"]))
+    if not worst:
+        return None
+    speed, memory = min(w[0] for w in worst), max(w[1] for w in worst)
+    return f"{speed:.2f}x at {memory:.2f}x the memory", speed >= 1.15 and memory <= 0.6
+
+
+_SMV_SPEC = dict(batch_size=16, d1=2048, d3=512)
+_ATTENTION_SPEC = dict(batch=16, n_queries=8192, n_keys=8192, d=64, dtype="bfloat16", is_causal=True)
 TARGETS = (
-    ("45", "flash_attention forward, geomean >= 1.05x the best peer", "attention_models", "triton",
-     ("sdpa", "flex_compile"), _mode("_fwd"), "geomean", 1.05),
-    ("45", "flash_attention forward + backward, geomean >= 0.95x", "attention_models", "triton",
-     ("sdpa", "flex_compile"), _mode("_fwd_bwd"), "geomean", 0.95),
-    ("45", "flash_attention, no case below 0.8x", "attention_models", "triton", ("sdpa", "flex_compile"), None, "min", 0.8),
-    ("46", "linear_cross_entropy faster than torch, torch.compile, Liger and CCE at every size",
-     "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce"), None, "min", 1.0),
-    ("47", "GPT-2 step compiled >= 1.05x torch's compiled step", "model_step", "project", ("torch",),
-     lambda e: e.get("compiled") == "compile", "min", 1.05),
-    ("47", "GPT-2 step eager >= 1.15x torch's eager step", "model_step", "project", ("torch",),
-     lambda e: e.get("compiled") == "eager", "min", 1.15),
+    Target(19, "softmax(x) @ V at the specification's shape, d2 8192, bfloat16: >= 3x torch",
+           _ratio_target("softmax_matmul_precision", "triton_graph", ("torch",), 3.0,
+                         where=_keys(**_SMV_SPEC, d2=8192, dtype="bfloat16"))),
+    Target(19, "the same at d2 256: >= 1.0x torch", _ratio_target(
+        "softmax_matmul_precision", "triton_graph", ("torch",), 1.0, where=_keys(**_SMV_SPEC, d2=256, dtype="bfloat16"))),
+    Target(19, "the same in float32, TF32 ('high'): >= 2.5x torch", _ratio_target(
+        "softmax_matmul_precision", "triton_graph", ("torch",), 2.5,
+        where=_keys(**_SMV_SPEC, d2=8192, dtype="float32", precision="high"))),
+    Target(19, "the same in float32 'highest': >= 2.5x torch", _ratio_target(
+        "softmax_matmul_precision", "triton_graph", ("torch",), 2.5,
+        where=_keys(**_SMV_SPEC, d2=8192, dtype="float32", precision="highest"))),
+    Target(19, "attention (16, 8192, 64) causal bfloat16, forward: >= 1.2x SDPA", _ratio_target(
+        "flash_attention", "flash_triton", ("sdpa",), 1.2, where=_keys(**_ATTENTION_SPEC, mode="fwd"))),
+    Target(19, "the same, forward + backward: >= 1.0x SDPA", _ratio_target(
+        "flash_attention", "flash_triton", ("sdpa",), 1.0, where=_keys(**_ATTENTION_SPEC, mode="fwd_bwd"))),
+    Target(45, "attention at models' shapes, forward: geomean >= 1.05x the best peer (SDPA, FlexAttention)",
+           _ratio_target("attention_models", "triton", ("sdpa", "flex_compile"), 1.05, "geomean",
+                         where=lambda r: r["workload"].endswith("_fwd"))),
+    Target(45, "the same, forward + backward: geomean >= 0.95x", _ratio_target(
+        "attention_models", "triton", ("sdpa", "flex_compile"), 0.95, "geomean",
+        where=lambda r: r["workload"].endswith("_fwd_bwd"))),
+    Target(45, "the same: no case below 0.8x", _ratio_target("attention_models", "triton", ("sdpa", "flex_compile"), 0.8)),
+    Target(45, "every case runs, within its error bound", _none_failed("attention_models", "triton", "cases failed")),
+    Target(45, "host time of an eager call within SDPA's + 5 us", _attention_host_us),
+    Target(46, "linear_cross_entropy at every size faster than torch, torch.compile, Liger and cut-cross-entropy",
+           _ratio_target("linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce"), 1.0)),
+    Target(46, "peak memory above the inputs at most 1.25x cut-cross-entropy's", _lce_memory),
+    Target(46, "at V >= 32768, H >= 2048: at least 85 % of the three-GEMM floor", _lce_gemm_floor),
+    Target(47, "compiled training step >= 1.05x torch's compiled step, both configurations", _ratio_target(
+        "model_step", "project", ("torch",), 1.05, where=_keys(compiled="compile"))),
+    Target(47, "eager training step >= 1.15x torch's at <= 0.6x its peak memory", _model_step_eager),
+    Target(47, "losses within bfloat16 noise over every measured step", _none_failed(
+        "model_step", "project", "cases over their loss bound or failed")),
 )
 
 
-def targets_markdown(data: dict) -> str:
-    """outputs/README.md's table: each target the record measures, its figure, met or missed."""
-    lines = ["| issue | target | measured | |", "| --- | --- | ---: | --- |"]
-    for issue, text, group, ours, baselines, where, statistic, threshold in TARGETS:
-        ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
-        if not ratios:
-            lines.append(f"| {issue} | {text} | not in the record | |")
-            continue
-        value = geomean(ratios) if statistic == "geomean" else min(ratios)
-        lines.append(f"| {issue} | {text} | {statistic} {value:.2f}x over {len(ratios)} cases | "
-                     f"{'met' if value >= threshold else 'missed'} |")
+def targets_markdown(data: dict, path: Path) -> str:
+    """outputs/README.md's table: each issue target the record measures, its figure, met or missed."""
+    lines = ["| issue | target | measured | |", "| ---: | --- | --- | --- |"]
+    for t in TARGETS:
+        got = t.measure(data)
+        measured, verdict = ("not in the record", "") if got is None else (got[0], "met" if got[1] else "missed")
+        lines.append(f"| {t.issue} | {t.text} | {measured} | {verdict} |")
+    lines += ["", f"Medians on an {_versions(data)}, from {_source(data, path)}. "
+                  "Written by `python3 conftest.py headline`."]
     return "\n".join(lines)
 
 
-GENERATED = {  # file -> (marker, what writes the block)
-    ROOT / "README.md": ("headline", headline_markdown),
-    ROOT / "outputs" / "README.md": ("targets", targets_markdown),
-}
+GENERATED = (  # (file under ROOT, marker, what writes the block)
+    ("README.md", "headline", headline_markdown),
+    ("outputs/README.md", "targets", targets_markdown),
+)
 
 
 def with_block(text: str, marker: str, body: str) -> str:
@@ -803,22 +1083,29 @@ def with_block(text: str, marker: str, body: str) -> str:
     return f"{head}{begin}\n{body}\n{end}{tail}"
 
 
-def stale_blocks(data: dict, write: bool = False) -> list[str]:
-    """The generated blocks that differ from what ``data`` gives (each file written anew with ``write``)."""
+def stale_blocks(data: dict | None, path: Path, write: bool = False) -> list[str]:
+    """The generated blocks that differ from what the record ``data`` (read from ``path``; None:
+    no record) gives, each file written anew with ``write``."""
     stale = []
-    for path, (marker, make) in GENERATED.items():
-        text = path.read_text(encoding="utf-8")
-        fresh = with_block(text, marker, make(data))
+    for name, marker, make in GENERATED:
+        file = ROOT / name
+        text = file.read_text(encoding="utf-8")
+        fresh = with_block(text, marker, make(data, path) if data is not None else no_record(path))
         if fresh != text:
-            stale.append(f"{path.relative_to(ROOT)} ({marker})")
+            stale.append(f"{name} ({marker})")
             if write:
-                path.write_text(fresh, encoding="utf-8")
+                file.write_text(fresh, encoding="utf-8")
     return stale
 
 
 def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
     """A run's medians against the record's, case by case: lines for the cases slower by more than
-    ``max_slowdown`` (a fraction), and how many cases both measured."""
+    ``max_slowdown`` (a fraction), and how many cases both measured. ValueError where the two are
+    of different GPU kinds or timing settings (every case would differ)."""
+    settings = [{k: (d.get("bench_run") or {}).get(k) for k in MERGE_SETTINGS} for d in (run, record)]
+    if settings[0] != settings[1]:
+        raise ValueError(f"the run and the record differ in their GPU or timing settings: {settings[0]} against "
+                         f"{settings[1]}")
     old = {b["fullname"]: b["stats"]["median"] for b in record.get("benchmarks", [])}
     slower, shared = [], 0
     for b in run.get("benchmarks", []):
@@ -831,18 +1118,15 @@ def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str]
     return slower, shared
 
 
-
-# ----------------------------------------------------------------------------------------------
-# Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
-#               python conftest.py merge JSON [JSON...] --output JSON [--against JSON] [--committed]
+# Command line: python3 conftest.py rebuild | merge | headline | gate | parts (python3 conftest.py -h)
 # ----------------------------------------------------------------------------------------------
 def committed_destination(path: Path) -> bool:
-    """Whether path lies in the committed outputs/ (its GPU kinds' tables, its baselines)."""
+    """Whether path lies in the committed outputs/ (its GPU kinds' records)."""
     return path.resolve().is_relative_to(ROOT / "outputs")
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python conftest.py", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python3 conftest.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
     rebuild = sub.add_parser("rebuild", help="the CSVs and plots of a saved run, from its JSON alone")
     rebuild.add_argument("json", type=Path, help="a run's JSON (benchmark.json, a --benchmark-save or "
@@ -851,8 +1135,8 @@ def main(argv=None) -> int:
     rebuild.add_argument("--plot", action="append", default=[], metavar="GROUP=KIND:METRIC",
                          help="draw GROUP's plot as KIND (line, bar, ratio) of METRIC, whatever the run's layout "
                               "said: a plot kind added after the run")
-    merge = sub.add_parser("merge", help="one run's JSON from runs that measured parts of the same cases "
-                                         "(same commit and GPU); then rebuild its tables")
+    merge = sub.add_parser("merge", help="one run from runs of parts of the record (same commit and GPU, no case "
+                                         "twice): its JSON at --output, its tables beside it")
     merge.add_argument("parts", type=Path, nargs="+", help="the runs' JSONs (or .part files); one alone with --against")
     merge.add_argument("--output", type=Path, required=True, help="the merged JSON to write")
     merge.add_argument("--against", type=Path, default=None, metavar="ONE_GPU_JSON",
@@ -864,21 +1148,26 @@ def main(argv=None) -> int:
     for command in (rebuild, merge):
         command.add_argument("--committed", action="store_true",
                              help="allow writing into the committed outputs/ (replacing its tables)")
-    headline = sub.add_parser("headline", help="write README.md's headline and outputs/README.md's targets from the record")
+    headline = sub.add_parser("headline", help="write README.md's headline and outputs/README.md's targets from the "
+                                               "record")
     headline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs from the record")
     gate = sub.add_parser("gate", help="a run's medians against the record's: exit 1 if a case is slower than allowed")
-    gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json of its --outputs-dir)")
+    gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json in its --outputs-dir)")
     gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
-    for command in (headline, gate):
-        command.add_argument("--record", type=Path, default=RECORD_JSON, help=f"default {RECORD_JSON.relative_to(ROOT)}")
+    parts = sub.add_parser("parts", help="the record's parts, what each holds and its minutes (planned, and from "
+                                         "the record)")
+    for command in (headline, gate, parts):
+        command.add_argument("--record", type=Path, default=None,
+                             help=f"the record's JSON (default outputs/{REFERENCE_GPU}/{RUN_JSON}; for gate, "
+                                  f"outputs/<the run's GPU>/{RUN_JSON})")
     args = parser.parse_args(argv)
-    if args.command in ("headline", "gate"):
-        return record_command(args)
 
     def refuse(message: str) -> int:
-        print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
+        print(f"python3 conftest.py {args.command}: {message}", file=sys.stderr)
         return 2
 
+    if args.command in ("headline", "gate", "parts"):
+        return record_command(args, refuse)
     if args.command == "merge":
         dest, what = args.output.parent, f"--output {args.output}"
     else:
@@ -896,18 +1185,20 @@ def main(argv=None) -> int:
         if len(runs) == 1 and args.against is None:
             return refuse("one run alone is no merge: give two runs or more, or one with --against")
         try:
-            merged = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
+            data = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
         except ValueError as error:
             return refuse(str(error))
+        if len(runs) > 1:
+            data["bench_run"]["command"] = " ".join(["python3 conftest.py", *(argv if argv is not None else sys.argv[1:])])
         if args.against is not None:
             try:
-                record = compare_with_one_gpu(merged, load_run(args.against), args.tolerance / 100)
+                record = compare_with_one_gpu(data, load_run(args.against), args.tolerance / 100)
             except BadRun as bad:
                 return refuse(f"--against: {bad}")
             except ValueError as error:
                 return refuse(f"--against {args.against}: {error}")
             record["one_gpu"]["file"] = str(args.against)
-            merged["compared_with_one_gpu"] = record
+            data["compared_with_one_gpu"] = record
             report = comparison_report(record, str(args.against))
     else:
         data = runs[0][1]
@@ -932,39 +1223,55 @@ def main(argv=None) -> int:
     try:
         if args.command == "merge":
             tmp = args.output.with_name(args.output.name + ".tmp")
-            tmp.write_text(json.dumps(merged, indent=4) + "\n", encoding="utf-8")
+            tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
             os.replace(tmp, args.output)
             print(args.output)
             if report is not None:
                 print(report)
-        else:
-            for path in write_tables(data, dest):
-                print(path)
+            missing = [p.name for p in RECORD_PARTS if p.name not in data["bench_run"].get("record_parts", ())]
+            if data["bench_run"].get("record_parts") and missing:
+                print(f"NOTE not yet the whole record: parts {', '.join(missing)} are missing", file=sys.stderr)
+        for path in write_tables(data, dest):
+            print(path)
     finally:
         release_lock(dest, fd)
-    compared = merged.get("compared_with_one_gpu") if args.command == "merge" else None
+    compared = data.get("compared_with_one_gpu") if args.command == "merge" else None
     return 1 if compared and (compared["differing"] or compared["failed_in_one"]) else 0
 
 
-
-def record_command(args) -> int:
-    """``headline`` and ``gate``: both read the committed record."""
+def record_command(args, refuse) -> int:
+    """``headline``, ``gate`` and ``parts``: they read the committed record (or --record)."""
     try:
-        record = load_run(args.record)
         run = load_run(args.json) if args.command == "gate" else None
     except BadRun as bad:
-        print(f"python conftest.py {args.command}: {bad}", file=sys.stderr)
-        return 2
+        return refuse(str(bad))
+    # The gate's default: the record of the run's own GPU kind.
+    path = args.record or record_json((run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else REFERENCE_GPU)
+    if args.command != "gate" and args.record is None and not path.exists():
+        data = None  # no record committed yet: the blocks say so, the parts have no measured minutes
+    else:
+        try:
+            data = load_run(path)
+        except BadRun as bad:
+            return refuse(str(bad))
+    if args.command == "parts":
+        print(parts_report(data))
+        return 0
     if args.command == "gate":
-        slower, shared = gate_report(run, record, args.max_slowdown / 100)
-        print("\n".join(slower + [f"{shared} cases compared with {args.record}, {len(slower)} slower by more than "
+        try:
+            slower, shared = gate_report(run, data, args.max_slowdown / 100)
+        except ValueError as error:
+            return refuse(str(error))
+        print("\n".join(slower + [f"{shared} cases compared with {path}, {len(slower)} slower by more than "
                                    f"{args.max_slowdown:g} %"]))
         return 1 if slower or not shared else 0
-    stale = stale_blocks(record, write=not args.check)
+    try:
+        stale = stale_blocks(data, path, write=not args.check)
+    except ValueError as error:
+        return refuse(str(error))
     for block in stale:
         print(f"{'differs from the record' if args.check else 'written'}: {block}")
     return 1 if stale and args.check else 0
-
 
 
 if __name__ == "__main__":  # the commands above need the standard library and pandas only
@@ -1044,8 +1351,13 @@ def pytest_addoption(parser):
     group.addoption("--l2-flush", action=argparse.BooleanOptionalAction, default=True,
                     help="flush the L2 cache before every timed round (default: on; --no-l2-flush to turn off)")
     group.addoption("--outputs-dir", default=None,
-                    help="where the run's JSON, CSVs and plots go (default: outputs/ for the H100, "
-                         "outputs/<GPU>/ for another GPU, outputs/cpu/ in interpreter mode)")
+                    help="where the run's JSON, CSVs and plots go (default: the record's outputs/<GPU>/ for "
+                         "--record-part all, outputs/<GPU>/parts/<NAME>/ for other parts, outputs/<GPU>/partial/ "
+                         "for any other selection, outputs/cpu/ in interpreter mode)")
+    group.addoption("--record-part", action="append", default=[], metavar="NAME",
+                    help="run the benchmark cases of a part of the record (repeatable): "
+                         f"{', '.join(p.name for p in RECORD_PARTS)}; main ({' + '.join(MAIN_JOB)}: tox -e gpu), "
+                         "all (the whole record: tox -e record). python3 conftest.py parts lists them")
     group.addoption("--bench-rounds", type=int, default=None,
                     help="timed rounds per case (default: each group's own; 2 in interpreter mode)")
     group.addoption("--bench-warmup", type=int, default=None,
@@ -1064,7 +1376,11 @@ def gpu_slug() -> str:
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: a long benchmark case (LM-head sizes, attention at length 16384)")
     config.bench_run = None
-    config.bench_deselected = False
+    try:
+        config.bench_part_names = tuple(dict.fromkeys(config.getoption("record_part")))
+        config.bench_parts = record_parts(config.bench_part_names)
+    except ValueError as error:
+        raise pytest.UsageError(f"--record-part: {error}") from None
     config.bench_xdist = None
     config.bench_started = time.time()  # the run's wall time counts from here (collection included)
     if wants_xdist_timing(config):
@@ -1078,7 +1394,6 @@ def pytest_configure(config):
         # Keep each GPU kind's saved runs apart unless the user chose a storage.
         if config.option.benchmark_storage in ("file://./.benchmarks", None):
             config.option.benchmark_storage = f"file://./.benchmarks/{gpu_slug()}"
-        _check_baseline_kind(config.option.benchmark_storage)
         # A collection inside a round stalls the launching Python: rounds run with the collector
         # off, through pytest-benchmark's own option so the JSON's options say so.
         config.option.benchmark_disable_gc = True
@@ -1145,16 +1460,6 @@ def check_one_kind(names: list[str], gpus: list[str]) -> None:
         runs = "; ".join(f"CUDA_VISIBLE_DEVICES={','.join(ids)} for the {name}" for name, ids in kinds.items())
         raise pytest.UsageError(f"the visible GPUs are of {len(kinds)} kinds; a run spreads over GPUs of one kind. "
                                 f"Run once per kind, each writing that kind's tables: {runs}")
-
-
-def _check_baseline_kind(storage: str) -> None:
-    """Refuse to compare against a committed baseline of another GPU kind (every case would differ)."""
-    path = Path(storage.removeprefix("file://")).resolve()
-    baselines = ROOT / "outputs" / "baseline"
-    if path.is_relative_to(baselines) and path != baselines:
-        kind = path.relative_to(baselines).parts[0]
-        if kind != gpu_slug():
-            raise pytest.UsageError(f"--benchmark-storage {storage} holds the {kind} baseline; this machine is {gpu_slug()}")
 
 
 def check_destinations(config) -> None:
@@ -1231,6 +1536,7 @@ def pytest_unconfigure(config):
         for sig, handler in getattr(config, "bench_old_handlers", {}).items():
             signal.signal(sig, handler)
     release_locks(config)
+    gc.unfreeze()  # what settle_heap froze is collected at exit, as it would have been (Triton's IR objects among it)
 
 
 
@@ -1272,30 +1578,40 @@ def _option_or(config, name: str, default):
     return default if value is None else value
 
 
-def pytest_deselected(items):
-    if items:
-        items[0].config.bench_deselected = True
 
 
 def committed_dir(slug: str | None = None) -> Path:
-    """Where a whole run of this GPU kind keeps its tables."""
+    """Where this GPU kind's record lives: outputs/<GPU>/ (outputs/cpu/, never committed, for the interpreter)."""
     slug = slug or gpu_slug()
-    if slug == "interpreter":
-        return ROOT / "outputs" / "cpu"
-    return ROOT / "outputs" if slug == REFERENCE_GPU else ROOT / "outputs" / slug
+    return ROOT / "outputs" / ("cpu" if slug == "interpreter" else slug)
 
 
 def outputs_dir(config) -> Path:
-    """The H100's whole runs go to outputs/; partial runs, other GPU kinds and the interpreter never overwrite them."""
+    """Only the whole record (--record-part all) writes outputs/<GPU>/; a part writes its parts/<NAME>/
+    there, any other selection partial/, the interpreter outputs/cpu/: none of them over a record."""
     chosen = config.getoption("outputs_dir")
     if chosen:
         path = Path(chosen).resolve()
-        if path == ROOT / "outputs" and gpu_slug() != REFERENCE_GPU:
-            raise pytest.UsageError(f"outputs/ holds the {REFERENCE_GPU} tables; a run on {gpu_slug()} may not write there")
+        if path == ROOT / "outputs" or path.parent == ROOT / "outputs" and path != committed_dir():
+            raise pytest.UsageError(f"--outputs-dir {chosen}: outputs/ holds each GPU kind's record in outputs/<GPU>/; "
+                                    f"this run's is {committed_dir().relative_to(ROOT)}")
         return path
-    base = committed_dir()
-    partial = ON_GPU and (config.bench_deselected or any("::" in a for a in config.args))
-    return base / "partial" if partial else base
+    return run_destination(committed_dir(), ON_GPU, config.bench_parts, config.bench_part_names)
+
+
+def pytest_collection_modifyitems(config, items):
+    """--record-part: only the benchmark cases of the parts named, each benchmark case in a part."""
+    if not config.bench_parts:
+        return
+    homeless = [i.nodeid for i in items if "bench" in getattr(i, "fixturenames", ()) and part_of(i.nodeid) is None]
+    if homeless:
+        raise pytest.UsageError(f"{len(homeless)} benchmark cases are in no part of the record (conftest.py's "
+                                f"RECORD_PARTS), e.g. {homeless[0]}")
+    keep = [i for i in items if part_of(i.nodeid) in config.bench_parts]
+    dropped = [i for i in items if part_of(i.nodeid) not in config.bench_parts]
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        items[:] = keep
 
 
 def _bench_items(session) -> list:
@@ -1319,9 +1635,13 @@ def pytest_collection_finish(session):
     config.bench_run = RunRecord(out, config)
     reporter = config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
-        _PROGRESS.update({"cases": {i.nodeid for i in _bench_items(session)}, "done": 0,
-                          "started": time.time(), "shown": time.time(),
-                          "write": lambda line: reporter.write_line(line)})
+        recorded = record_json(gpu_slug())
+        try:
+            expected = case_seconds(load_run(recorded)) if recorded.exists() else {}
+        except BadRun:
+            expected = {}
+        config.pluginmanager.register(Progress([i.nodeid for i in _bench_items(session)], expected, reporter.write_line),
+                                      "softmax-kernels-progress")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -1348,7 +1668,7 @@ class RunRecord:
                                f"its tables: python conftest.py rebuild {kept} --outputs-dir DIR")
         self.file = open(self.path, "x", encoding="utf-8")  # noqa: SIM115 - open for the whole session
         self.commit_info = run_commit_info(config)  # once a run: the run's JSON takes it too
-        self._write({"run": run_info(config), "machine_info": config._benchmarksession.get_machine_info(),
+        self._write({"run": run_header(config), "machine_info": config._benchmarksession.get_machine_info(),
                      "commit_info": self.commit_info})
 
     def _write(self, obj: dict) -> None:
@@ -1396,7 +1716,7 @@ class WorkerRows:
     def add(self, group: BenchGroup, benchmark=None, failure: dict | None = None) -> None:
         payload = {"group": group.layout(), "order": self.order.get(self.node.nodeid),
                    "worker": os.environ.get("PYTEST_XDIST_WORKER"), "device": os.environ.get("CUDA_VISIBLE_DEVICES"),
-                   "ceilings": CEILINGS.as_dict(), "deselected": self.config.bench_deselected}
+                   "ceilings": CEILINGS.as_dict()}
         if benchmark is not None:
             payload["benchmark"] = benchmark.as_dict(include_data=True)
         if failure is not None:
@@ -1407,26 +1727,53 @@ class WorkerRows:
 def pytest_runtest_setup(item):
     if isinstance(item.config.bench_run, WorkerRows):
         item.config.bench_run.node = item
+    if "bench" in getattr(item, "fixturenames", ()):
+        settle_heap()
+
+
+def settle_heap() -> None:
+    """Collect the last case's garbage, then freeze what is left (modules, pytest's items, compile
+    caches) out of the collector's sight. A case collects several times (before its rounds, for its
+    peak memory, after it), and a full collection walks every object: with torch, Inductor and
+    pytest's items loaded, 0.17 s each, most of a short case's time (the interpreter's shape grid:
+    7.7 of its 11.3 s in the collector, 0.8 of 2.7 s frozen). Frozen objects are never collected,
+    so this runs between cases only, when no case's tensors are alive."""
+    gc.collect()
+    gc.freeze()
 
 
 PROGRESS_EVERY_S = 30.0  # a line of progress at most this often: a long run says where it is, a short one stays quiet
-_PROGRESS: dict = {}  # the timed run's cases, how many are done, and where the lines go (pytest_collection_finish)
 
 
-def pytest_runtest_logreport(report):
-    """Every PROGRESS_EVERY_S of a timed run: cases done of all, and the time left at the pace so far."""
-    progress = _PROGRESS
-    if report.when != "teardown" or report.nodeid not in progress.get("cases", ()):
-        return
-    progress["done"] += 1
-    now = time.time()
-    if now - progress["shown"] < PROGRESS_EVERY_S and progress["done"] < len(progress["cases"]):
-        return
-    progress["shown"] = now
-    elapsed = now - progress["started"]
-    left = elapsed / progress["done"] * (len(progress["cases"]) - progress["done"])
-    progress["write"](f"progress: {progress['done']}/{len(progress['cases'])} cases, {elapsed / 60:.1f} min so far, "
-                      f"about {left / 60:.1f} min left")
+class Progress:
+    """A timed run's progress, one line at most every PROGRESS_EVERY_S: cases done of all, the time
+    so far, and the time left (``time_left``: each case left at its seconds in this GPU's record,
+    scaled by how this run's finished cases compare, or at this run's mean case)."""
+
+    def __init__(self, cases: list[str], expected: dict[str, float], write):
+        self.total, self.pending, self.expected, self.write = len(cases), set(cases), expected, write
+        self.seconds: dict[str, float] = {}  # each case's setup, call and teardown in this run
+        self.started = self.shown = time.monotonic()
+        known = [expected[c] for c in cases if c in expected]
+        estimate = (f"about {time_left({}, cases, expected) / 60:.0f} min by the record"
+                    if len(known) == len(cases) else "progress every 30 s")
+        write(f"{self.total} benchmark cases to run; {estimate}")
+
+    def pytest_runtest_logreport(self, report):
+        if report.nodeid not in self.pending:
+            return
+        self.seconds[report.nodeid] = self.seconds.get(report.nodeid, 0.0) + report.duration
+        if report.when != "teardown":
+            return
+        self.pending.discard(report.nodeid)
+        now = time.monotonic()
+        if now - self.shown < PROGRESS_EVERY_S and self.pending:
+            return
+        self.shown = now
+        done = {c: s for c, s in self.seconds.items() if c not in self.pending}
+        left = time_left(done, sorted(self.pending), self.expected)
+        self.write(f"progress: {self.total - len(self.pending)}/{self.total} cases, {(now - self.started) / 60:.1f} min "
+                   f"so far, about {left / 60:.1f} min left")
 
 
 class WorkerRowsMerger:
@@ -1454,7 +1801,6 @@ class WorkerRowsMerger:
     def take(self, payload: dict) -> None:
         config = self.config
         if config.bench_run is None:
-            config.bench_deselected = payload["deselected"]
             config.bench_run = RunRecord(outputs_dir(config), config)
         self.workers[payload["worker"]] = {"device": payload["device"], "ceilings": payload["ceilings"]}
         merged = merged_ceilings([w["ceilings"] for w in self.workers.values()])
@@ -1507,6 +1853,15 @@ def run_commit_info(config) -> dict:
 def run_info(config) -> dict:
     return {"timer": timer_name(config), "l2_flush": bool(config.getoption("l2_flush") and ON_GPU),
             "execution": "compiled" if ON_GPU else "interpreter", "gpu": gpu_slug()}
+
+
+def run_header(config) -> dict:
+    """run_info and what the run was: the command that made it (through tox, its environment too)
+    and the record's parts it holds."""
+    command = " ".join(["python -m pytest", *map(str, config.invocation_params.args)])
+    tox = os.environ.get("TOX_ENV_NAME")
+    return {**run_info(config), "command": f"tox -e {tox}: {command}" if tox else command,
+            "record_parts": list(config.bench_parts)}
 
 
 
@@ -1607,8 +1962,7 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG0
     output_json["ceilings"] = CEILINGS.as_dict()
     output_json["failed_cases"] = list(run.failed) if run else []
     output_json["bench_groups"] = dict(run.groups) if run else {}
-    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config),
-                                "command": " ".join(("pytest", *config.invocation_params.args))}
+    output_json["bench_run"] = {**run_header(config), "complete": run_complete(config), **wall_time(config)}
     merger = config.pluginmanager.get_plugin("softmax-kernels-worker-rows")
     if merger is not None:
         output_json["bench_run"]["workers"] = dict(sorted(merger.workers.items()))
@@ -1968,17 +2322,17 @@ def bench(benchmark, request):
         if set(row) & HARNESS_KEYS:  # the JSON's extra_info would keep the harness's value, not the row's
             raise ValueError(f"row keys {sorted(set(row) & HARNESS_KEYS)} of group {group.name} are the harness's own")
         benchmark.group = group.name
+        started = time.perf_counter()
         try:
-            timing, extra = measure_case(config, request.node.nodeid, group, build, dtype, error, bound)
+            timing, extra = measure_case(config, benchmark, request.node.nodeid, group, build, dtype, error, bound)
             if isinstance(extra.get("rel_error"), dict):
                 row = named_errors(group, row, extra.pop("rel_error"))
         except Exception as exc:  # noqa: BLE001 - every failure becomes a row with its reason
-            record_failure(config, group, request.node.nodeid, row, exc)
+            record_failure(config, group, request.node.nodeid, row, exc, time.perf_counter() - started)
             raise
         if timing_on(config):  # not with --benchmark-disable, nor untimed under xdist: the case ran once, no numbers
-            record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops})
-        elif benchmark.disabled:  # the case ran once, untimed: the fixture was used (no warning that it was not)
-            benchmark.pedantic(lambda: None)
+            record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops,
+                                                                  "case_s": time.perf_counter() - started})
         _free_memory()
 
     return run
@@ -1992,13 +2346,13 @@ def named_errors(group: BenchGroup, row: dict, errors: dict) -> dict:
     return {**row, **errors}
 
 
-def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Exception) -> None:
+def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Exception, case_s: float) -> None:
     """An empty row with its reason; a configuration that does not fit the machine skips its test, the rest fail it."""
     reason = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0] if str(exc).strip() else ''}"[:300]
     limit = is_resource_limit(exc)
     if config.bench_run is not None:
         config.bench_run.add(group, failure={"group": group.name, "test": nodeid, "reason": reason, "resource_limit": limit,
-                                             "row": {k: _jsonable(v) for k, v in row.items()}})
+                                             "row": {k: _jsonable(v) for k, v in row.items()}, "case_s": round(case_s, 2)})
     _free_memory()
     if limit:
         pytest.skip(f"{group.name} {row}: {reason}")
@@ -2036,14 +2390,17 @@ def check_error(group: BenchGroup, rel_error, bound) -> None:
         raise WrongAnswer(f"wrong answer: {'; '.join(over)} (error against float64)")
 
 
-def measure_case(config, nodeid: str, group: BenchGroup, build, dtype, error, bound) -> tuple[Timing, dict]:
-    """Build, check, measure: (the rounds, the measured values that are not times)."""
+def measure_case(config, benchmark, nodeid: str, group: BenchGroup, build, dtype, error, bound) -> tuple[Timing, dict]:
+    """Build, check, measure: (the rounds, the measured values that are not times). Untimed (pytest-benchmark
+    off: --benchmark-disable, or xdist without --benchmark-only), the one call goes through the fixture,
+    which then runs its target once, as pytest-benchmark does for any test when it is off."""
     built = build()
     if not (isinstance(built, tuple) and len(built) == 2 and callable(built[0])):
         raise TypeError(f"build of group {group.name} must return (fn, inputs) with fn a zero-argument callable, "
                         f"got {type(built).__name__}")
     fn, inputs = built
-    first = fn()  # first call outside the numbers: compilation, autotuning, lazy initialisation
+    # The first call, outside the numbers: compilation, autotuning, lazy initialisation.
+    first = fn() if timing_on(config) else benchmark.pedantic(fn)
     rel_error = error(first, inputs)
     check_error(group, rel_error, bound(inputs) if callable(bound) else bound)
     first = inputs = None
@@ -2177,8 +2534,8 @@ def pytest_terminal_summary(terminalreporter, config):
             for _, r in df.iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
                 if not _isnan(r["failure"]):
-                    if str(r["failure"]).startswith(f"{Unavailable.__name__}:"):  # cannot run here: no failure
-                        tr.write_line(f"not run: {keys}: {r['failure'].partition(': ')[2]}")
+                    if r.get("not_run") is True:  # a configuration this machine cannot run: its test was skipped
+                        tr.write_line(f"not run: {keys}: {r['failure']}")
                     else:
                         tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
                 elif note := remeasure_note(r):

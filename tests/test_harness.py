@@ -260,7 +260,8 @@ def test_a_declared_limit_is_a_recorded_skip_a_wrong_answer_and_a_static_assert_
     assert_empty(rows[3], "WrongAnswer: wrong answer: rel_error 0.5 > bound 1e-06")
     assert_measured(rows[4])  # the case after the failures was still measured
     failed = [line for line in proc.output.splitlines() if line.startswith("FAILED CONFIG")]
-    assert len(failed) == 3 and "n=1, impl=wrong" in failed[2], failed
+    assert len(failed) == 2 and "n=1, impl=wrong" in failed[1], failed
+    assert "not run: n=1, impl=capacity: KernelCapacityError: n past what the probe holds" in proc.output
     assert "2 failed, 2 passed, 1 skipped" in proc.output, proc.output[-4000:]
 
     # --benchmark-save with the default storage lands in the per-GPU-kind folder, with the reason.
@@ -287,6 +288,8 @@ def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_p
     proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "absent", 16), (1, "named", 16)])
     assert proc.returncode == 0, f"an unavailable implementation must not fail the run:\n{proc.output[-4000:]}"
     assert "2 passed, 1 skipped" in proc.output, proc.output[-4000:]
+    assert "FAILED" not in proc.output, "a configuration that cannot run here is no failure"
+    assert "not run: n=1, impl=absent: Unavailable: the probe's peer is not installed" in proc.output
     assert [r["impl"] for r in rows] == ["fits", "absent", "named"]
     assert_empty(rows[1], "Unavailable: the probe's peer is not installed")
     assert_measured(rows[2])
