@@ -4,6 +4,12 @@ Implementations: naive (the course's naive_softmax), torch, compile, triton_row 
 and triton_online (``online_softmax``) at their own or a chosen block size, and the row kernel
 as a caller may run it (triton_compiled, triton_graph).
 
+triton_compiled (the op under torch.compile(fullgraph=True), a compile per shape) runs at one case
+of the group: it runs the launch a plain call makes, and in the record before, its GPU time was
+within 2 % of that launch replayed from a CUDA graph (triton_graph, kept at every shape) at every
+shape of these groups but three small ones (4-10 %: 1024 x 1024 rows, d2 1024 'highest',
+softmax(x @ W) 256 x 512 x 50).
+
     pytest --benchmark-only -p no:xdist tests/test_bench_softmax.py
 """
 
@@ -65,7 +71,8 @@ else:
     STUDY_SHAPE, STUDY_BLOCKS = (6, 100, "float32"), [32]
     # Inductor on CPU compiles C++ for every shape, tens of seconds each on two cores.
     IMPL_NAMES = tuple(impl for impl in IMPLS if impl != "compile")
-CASES = [(*shape, impl, None) for shape in SHAPES for impl in IMPL_NAMES] + [
+CASES = [(*shape, impl, None) for shape in SHAPES for impl in IMPL_NAMES
+         if impl != "triton_compiled" or shape == SHAPES[0]] + [
     (*STUDY_SHAPE, impl, b) for impl in ("triton_row", "triton_online") for b in STUDY_BLOCKS
 ]
 
