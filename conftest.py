@@ -13,7 +13,17 @@ pytest-benchmark (so its JSON, compare and compare-fail see them), and appends t
 to ``benchmark.json.part`` in the outputs directory at once. At the end of the session the run's
 JSON (pytest-benchmark's own, plus the machine's ceilings, the failed cases and the groups'
 layouts) is written atomically as ``benchmark.json``, and every CSV and plot is built from that
-file alone: ``python conftest.py rebuild JSON`` builds the same bytes from any saved JSON.
+file alone: ``python3 conftest.py rebuild JSON`` builds the same bytes from any saved JSON.
+
+The record is one whole run at one commit on one GPU kind, in ``outputs/<GPU>/``: every case of
+every group (``--record-part all``, tox -e record), or its parts (``RECORD_PARTS``: each fits one
+sitting of minutes) run apart and merged (``python3 conftest.py merge``). README.md's headline and
+outputs/README.md's targets are generated from it (``python3 conftest.py headline``), and the
+regression gate compares a run with it (``python3 conftest.py gate``).
+
+The file has two halves. The first (the record: its JSON, tables, parts, merge, headline, gate
+and the command line) needs only the standard library and pandas, and ``python3 conftest.py``
+stops after it; the second is the pytest plugin, which imports torch.
 
 Under pytest-xdist with ``--benchmark-only`` (``-n N``: one worker per GPU), each worker measures
 the same way and sends its rows to the controller with its test reports; the controller streams
@@ -606,7 +616,8 @@ MERGE_SETTINGS = ("timer", "l2_flush", "execution", "gpu")
 def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
     split over calls), so that one set of tables holds them: same commit, same GPU and run
-    settings (``MERGE_SETTINGS``), no case in two parts, a group's layout the same in each. Rows
+    settings (``MERGE_SETTINGS``), no case and no record part in two runs, a group's layout the same
+    in each; the merged run's ``bench_run.record_parts`` lists the record's parts it holds. Rows
     keep their own rounds; the ceilings (the yardsticks of the derived metrics) are per value the
     median of the parts' (as across a run's workers), each part's own ceilings and run record kept
     under ``merged_from``. Raises ValueError naming the part and what differs or is missing."""
@@ -744,10 +755,14 @@ RECORD_PARTS = (
                GRID_TESTS, minutes=4, core=True),
     RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=3, core=False),
     RecordPart("grid-rest", "the shape grid's other row softmax, softmax(x) @ V and softmax(x @ W) cases",
-               GRID_TESTS[1:], minutes=4, core=False),
-    RecordPart("models", "flash_attention at models' shapes, the LM-head loss and the model training step",
-               (_GRID + "test_attention_models", "tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",
-                "tests/test_bench_model_step.py::test_model_step"), minutes=8),
+               GRID_TESTS[1:], minutes=6, core=False),
+    RecordPart("attention-models", "flash_attention at models' shapes against SDPA and FlexAttention",
+               (_GRID + "test_attention_models",), minutes=6),
+    RecordPart("loss", "the LM-head loss (linear_cross_entropy) against torch, torch.compile, Liger and "
+                       "cut-cross-entropy", ("tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",),
+               minutes=5),
+    RecordPart("model-step", "training steps of a GPT-2-like and a Llama-like model, eager and compiled",
+               ("tests/test_bench_model_step.py::test_model_step",), minutes=6),
 )
 # The README's benchmark command (tox -e gpu): the headline groups and the grid's core cases.
 MAIN_JOB = ("headline", "grid-core")
@@ -811,9 +826,9 @@ def parts_report(data: dict | None) -> str:
         measured[name] = measured.get(name, 0.0) + s
     lines = []
     for p in RECORD_PARTS:
-        got = f"; {measured[p.name] / 60:.1f} min in the record" if p.name in measured else ""
-        lines.append(f"{p.name:15} about {p.minutes:g} min on an H100{got}: {p.what}")
-    lines.append(f"{'main':15} {' + '.join(MAIN_JOB)} (tox -e gpu); all: every part (tox -e record)")
+        got = f"{measured[p.name] / 60:.1f} min in the record" if p.name in measured else "not in the record"
+        lines.append(f"{p.name:17} {p.minutes:g} min planned on an H100, {got}: {p.what}")
+    lines.append(f"{'main':17} {' + '.join(MAIN_JOB)} (tox -e gpu); all: every part (tox -e record)")
     return "\n".join(lines)
 
 

@@ -201,17 +201,16 @@ def test_where_a_run_writes():
     record = Path("/r/outputs/GPU")
     assert run_destination(record, True, PART_SETS["all"], ("all",)) == record
     assert run_destination(record, True, MAIN_JOB, ("main",)) == record / "parts" / "main"
-    assert run_destination(record, True, ("headline", "models"), ("models", "headline")) == \
-        record / "parts" / "models+headline"
+    assert run_destination(record, True, ("headline", "loss"), ("loss", "headline")) == record / "parts" / "loss+headline"
     assert run_destination(record, True, (), ()) == record / "partial"
     assert run_destination(record, False, PART_SETS["all"], ("all",)) == record
 
 
 def test_parts_of_one_commit_merge_into_the_record_and_no_part_twice(tmp_path):
     a = run([bench("softmax", "torch", 1.0, n=1)], {"softmax": ("n",)}, parts=("headline",))
-    b = run([bench("softmax", "torch", 1.0, n=2)], {"softmax": ("n",)}, parts=("grid-core", "models"))
+    b = run([bench("softmax", "torch", 1.0, n=2)], {"softmax": ("n",)}, parts=("grid-core", "loss"))
     merged = merge_runs([("a.json", a), ("b.json", b)])
-    assert merged["bench_run"]["record_parts"] == ["headline", "grid-core", "models"]
+    assert merged["bench_run"]["record_parts"] == ["headline", "grid-core", "loss"]
     assert merged["commit_info"] == a["commit_info"] and len(merged["benchmarks"]) == 2
     assert [p["bench_run"]["command"] for p in merged["merged_from"]] == ["python -m pytest --benchmark-only"] * 2
     with pytest.raises(ValueError, match="record part 'headline' is in a.json already"):
