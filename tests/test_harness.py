@@ -308,7 +308,7 @@ def test_untimed_cases_under_xdist_use_the_fixture_and_warn_of_nothing(tmp_path)
     proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", *args], cwd=tmp_path,
                           env=child_env(ROOT), capture_output=True, text=True, timeout=300)
     output = proc.stdout + proc.stderr
-    summary = output.strip().splitlines()[-1]
+    summary = proc.stdout.strip().splitlines()[-1]
     assert proc.returncode == 0 and "2 passed, 1 skipped in" in summary, output[-4000:]
     assert "was not used" not in output and "warning" not in summary, output[-4000:]
     assert not (tmp_path / "out").exists(), "an untimed run writes no tables"
