@@ -2553,7 +2553,7 @@ def pytest_terminal_summary(terminalreporter, config):
             for _, r in df.iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
                 if not _isnan(r["failure"]):
-                    if r.get("not_run") is True:  # a configuration this machine cannot run: its test was skipped
+                    if not _isnan(r.get("not_run")) and bool(r.get("not_run")):  # cannot run here: its test skipped
                         tr.write_line(f"not run: {keys}: {r['failure']}")
                     else:
                         tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
