@@ -4,11 +4,7 @@ Implementations: naive (the course's naive_softmax), torch, compile, triton_row 
 and triton_online (``online_softmax``) at their own or a chosen block size, and the row kernel
 as a caller may run it (triton_compiled, triton_graph).
 
-triton_compiled (the op under torch.compile(fullgraph=True), a compile per shape) runs at one case
-of the group: it runs the launch a plain call makes, and in the record before, its GPU time was
-within 2 % of that launch replayed from a CUDA graph (triton_graph, kept at every shape) at every
-shape of these groups but three small ones (4-10 %: 1024 x 1024 rows, d2 1024 'highest',
-softmax(x @ W) 256 x 512 x 50).
+The group's triton_compiled row is at its first shape (test_bench_softmax_matmul.py says why).
 
     pytest --benchmark-only -p no:xdist tests/test_bench_softmax.py
 """
