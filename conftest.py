@@ -88,10 +88,8 @@ class BenchGroup:
     pivot: tuple[str, dict] | None = None
     sort: tuple[str, ...] | None = None  # default: case columns, then impl order
     warmup: int = 10
-    # 30 rounds: in the groups timed with 100 before (softmax, softmax(x) @ V and its precisions,
-    # softmax(x @ W), attention: 260 rows on an H100) forward_ms_std was a median 0.6 % of the mean
-    # and under 4.2 % in nine rows of ten, so 30 rounds put the mean within 0.8 % there (its
-    # standard error), well inside the gate's 5 %.
+    # Enough for a mean within about 1 % on these kernels, well inside the gate's 5 % (see
+    # outputs/README.md, design notes: rounds).
     rounds: int = 30
     spec: bool = False
     # Baselines of a best-of comparison: with them the table gains ms (this row's mean time),
@@ -1754,9 +1752,9 @@ def settle_heap() -> None:
     """Collect the last case's garbage, then freeze what is left (modules, pytest's items, compile
     caches) out of the collector's sight. A case collects several times (before its rounds, for its
     peak memory, after it), and a full collection walks every object: with torch, Inductor and
-    pytest's items loaded, 0.17 s each, most of a short case's time (the interpreter's shape grid:
-    7.7 of its 11.3 s in the collector, 0.8 of 2.7 s frozen). Frozen objects are never collected,
-    so this runs between cases only, when no case's tensors are alive."""
+    pytest's items loaded that was most of a short case's time (see outputs/README.md, design notes:
+    the collector). Frozen objects are never collected, so this runs between cases only, when no
+    case's tensors are alive; pytest_unconfigure unfreezes them."""
     gc.collect()
     gc.freeze()
 
