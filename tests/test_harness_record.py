@@ -87,6 +87,18 @@ def test_each_headline_case_names_a_group_and_the_project_against_pytorch():
     assert len({(h.group, tuple(sorted(h.case.items()))) for h in HEADLINE}) == len(HEADLINE)
 
 
+def test_the_shape_grids_headline_cases_are_core_cases():
+    """The main job (tox -e gpu) runs the grid's core cases only: a headline case of the grid must be one."""
+    import test_bench_shape_grid as grid
+
+    labels = {("softmax_matmul", f"batch=8 d1={d1} d2={d2} d3={d3} {dt}" + (f" {p}" if dt == "float32" else ""))
+              for _, d1, d2, d3, dt, p in (c for c in grid.CORE if c[0] == "softmax_matmul")}
+    labels |= {("matmul_softmax", f"B={B} K={K} C={C} {dt}") for _, B, K, C, dt in (c for c in grid.CORE
+                                                                                     if c[0] == "matmul_softmax")}
+    cases = [(h.case["workload"], h.case["case"]) for h in HEADLINE if h.group == "shape_grid"]
+    assert cases and set(cases) <= labels, sorted(set(cases) - labels)
+
+
 def model_step(impl: str, compiled: str, ms: float, peak: float) -> dict:
     b = bench("model_step", impl, ms, config="gpt2", compiled=compiled)
     b["extra_info"]["forward_peak_MiB"] = peak
