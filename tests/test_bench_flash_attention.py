@@ -6,6 +6,9 @@ Every implementation is timed on inputs from the same builder as the correctness
 test_flash_attention.py, which check flash_pytorch and flash_triton at these dtypes (and, on a GPU,
 at the benchmark's bfloat16 length).
 
+The group's triton_compiled row is at its last case (test_bench_softmax_matmul.py says why; here
+it was within 1.8 % of the eager Function's time at every case in the record before).
+
     pytest --benchmark-only -p no:xdist tests/test_bench_flash_attention.py
 """
 
@@ -98,6 +101,9 @@ def attention_bound(dtype: torch.dtype, n_queries: int, n_keys: int) -> float:
 @pytest.mark.parametrize("impl", GROUP.impls)
 @pytest.mark.parametrize("batch,n_queries,n_keys,d,dtype,is_causal,mode", CASES)
 def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, mode, impl):
+    if impl == "triton_compiled" and [batch, n_queries, n_keys, d, dtype, is_causal, mode] != list(
+            getattr(CASES[-1], "values", CASES[-1])):
+        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
     def build():
         Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype])
         fn = IMPLS[impl]()

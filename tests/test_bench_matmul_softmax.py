@@ -3,6 +3,8 @@
 The conftest.py harness times each case (CUDA events on a GPU, wall clock in the interpreter)
 and writes outputs/matmul_softmax_benchmark.csv (outputs/cpu/ in the interpreter). Inputs come
 from the builder the correctness tests use, so every timed shape is a tested one.
+
+The group's triton_compiled row is at its first case (test_bench_softmax_matmul.py says why).
 """
 
 from __future__ import annotations
@@ -81,6 +83,8 @@ def matmul_softmax_bound(inputs) -> float:
 @pytest.mark.parametrize("impl", IMPL_NAMES)
 @pytest.mark.parametrize("B,K,C,dtype", CASES)
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
+    if impl == "triton_compiled" and [B, K, C, dtype] != list(getattr(CASES[0], "values", CASES[0])):
+        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
     kernel = CALLER_OF if impl in ("triton_compiled", "triton_graph") else impl  # the kernel that runs
     if kernel.startswith("candidate:"):
         kernel = "triton_fused_simple"  # a candidate is charged the least traffic: one pass, logits on chip

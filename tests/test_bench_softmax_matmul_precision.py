@@ -1,6 +1,8 @@
 """Benchmark group softmax_matmul_precision: softmax(x) @ V in float32 (matmul precision 'highest'
 and 'high'), bfloat16 and float16, with the implementations of the softmax_matmul group.
 
+The group's triton_compiled row is at bfloat16, d2 the largest (test_bench_softmax_matmul.py says why).
+
     pytest --benchmark-only -p no:xdist tests/test_bench_softmax_matmul_precision.py
 """
 
@@ -49,6 +51,8 @@ matmul_precision = support.matmul_precision  # the fixture, under this module's 
 @pytest.mark.parametrize("impl,block", IMPL_BLOCKS)
 @pytest.mark.parametrize("dtype,precision,d2", CASES)
 def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl, block):
+    if impl == "triton_compiled" and (dtype, d2) != ("bfloat16", max(c[2] for c in CASES)):
+        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
     matmul_precision(precision)
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     torch_dtype = DTYPES[dtype]

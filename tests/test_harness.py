@@ -260,7 +260,8 @@ def test_a_declared_limit_is_a_recorded_skip_a_wrong_answer_and_a_static_assert_
     assert_empty(rows[3], "WrongAnswer: wrong answer: rel_error 0.5 > bound 1e-06")
     assert_measured(rows[4])  # the case after the failures was still measured
     failed = [line for line in proc.output.splitlines() if line.startswith("FAILED CONFIG")]
-    assert len(failed) == 3 and "n=1, impl=wrong" in failed[2], failed
+    assert len(failed) == 2 and "n=1, impl=wrong" in failed[1], failed
+    assert "not run: n=1, impl=capacity: KernelCapacityError: n past what the probe holds" in proc.output
     assert "2 failed, 2 passed, 1 skipped" in proc.output, proc.output[-4000:]
 
     # --benchmark-save with the default storage lands in the per-GPU-kind folder, with the reason.
@@ -287,6 +288,10 @@ def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_p
     proc, rows = run_probe(tmp_path, [(1, "fits", 16), (1, "absent", 16), (1, "named", 16)])
     assert proc.returncode == 0, f"an unavailable implementation must not fail the run:\n{proc.output[-4000:]}"
     assert "2 passed, 1 skipped" in proc.output, proc.output[-4000:]
+    assert "FAILED" not in proc.output, "a configuration that cannot run here is no failure"
+    assert "not run: n=1, impl=absent: Unavailable: the probe's peer is not installed" in proc.output
+    # Progress: a line at the start, then at most every 30 s and at the end (cases done of all, time left).
+    assert "3 benchmark cases to run" in proc.output and "progress: 3/3 cases" in proc.output, proc.output[-4000:]
     assert [r["impl"] for r in rows] == ["fits", "absent", "named"]
     assert_empty(rows[1], "Unavailable: the probe's peer is not installed")
     assert_measured(rows[2])
@@ -294,6 +299,19 @@ def test_an_unavailable_impl_is_an_empty_row_and_named_errors_are_row_keys(tmp_p
     extra = {b["extra_info"]["impl"]: b["extra_info"] for b in data["benchmarks"]}
     assert extra["named"]["probe_error"] == 0.25 and extra["named"]["other_error"] == 0.0, extra["named"]
     assert "rel_error" not in extra["named"] and extra["fits"]["rel_error"] == 0.0
+
+
+def test_untimed_cases_under_xdist_use_the_fixture_and_warn_of_nothing(tmp_path):
+    """tox -e cpu's form: pytest-xdist turns pytest-benchmark off, and each case runs once, through
+    the fixture (pytest-benchmark's disabled mode), not around it: no "fixture was not used"."""
+    args = write_probe(tmp_path, [(1, "fits", 16), (2, "fits", 32), (1, "absent", 16)])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2", *args], cwd=tmp_path,
+                          env=child_env(ROOT), capture_output=True, text=True, timeout=300)
+    output = proc.stdout + proc.stderr
+    summary = proc.stdout.strip().splitlines()[-1]
+    assert proc.returncode == 0 and "2 passed, 1 skipped in" in summary, output[-4000:]
+    assert "was not used" not in output and "warning" not in summary, output[-4000:]
+    assert not (tmp_path / "out").exists(), "an untimed run writes no tables"
 
 
 def test_a_row_key_the_harness_owns_is_refused(tmp_path):

@@ -170,7 +170,7 @@ def test_replayed_rounds_reach_the_reading_exactly():
 
 
 def test_each_gpu_kind_keeps_its_own_tables():
-    assert committed_dir(REFERENCE_GPU) == ROOT / "outputs", "the committed tables are the H100's"
+    assert committed_dir(REFERENCE_GPU) == ROOT / "outputs" / REFERENCE_GPU, "each kind's record in outputs/<GPU>/"
     assert committed_dir("NVIDIA_A100_SXM4_80GB") == ROOT / "outputs" / "NVIDIA_A100_SXM4_80GB"
     assert committed_dir("interpreter") == ROOT / "outputs" / "cpu"
 
