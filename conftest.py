@@ -713,9 +713,14 @@ def comparison_report(record: dict, one_name: str) -> str:
 # ----------------------------------------------------------------------------------------------
 # The record: one whole run at one commit, in parts that each fit one GPU call
 # ----------------------------------------------------------------------------------------------
-def record_json(gpu: str = REFERENCE_GPU) -> Path:
-    """The committed record of a GPU kind (outputs/<its name>/): the headline, targets and gate read it."""
-    return ROOT / "outputs" / gpu / RUN_JSON
+def record_json(gpu: str | None = None) -> Path:
+    """The committed record of a GPU kind (outputs/<its name>/): the gate reads its run's kind's. Without
+    a kind, the headline's: the reference GPU's, else (none committed yet) another kind's."""
+    if gpu is not None:
+        return ROOT / "outputs" / gpu / RUN_JSON
+    reference = ROOT / "outputs" / REFERENCE_GPU / RUN_JSON
+    others = sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))
+    return reference if reference.exists() or not others else others[0]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -1263,7 +1268,7 @@ def record_command(args, refuse) -> int:
     except BadRun as bad:
         return refuse(str(bad))
     # The gate's default: the record of the run's own GPU kind.
-    path = args.record or record_json((run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else REFERENCE_GPU)
+    path = args.record or record_json((run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else None)
     if args.command != "gate" and args.record is None and not path.exists():
         data = None  # no record committed yet: the blocks say so, the parts have no measured minutes
     else:
