@@ -690,23 +690,50 @@ def option_key(value):
     return type(value), value
 
 
-class Replays(dict):
-    """A wrapper's replays by ``replay_key``, at most ``limit`` of them (emptied when full)."""
+# Launches kept before the store is emptied: bounds a process that meets ever new shapes; a
+# model's steps meet a few dozen keys.
+KEPT_LAUNCH_LIMIT = 16384
+# The one store of kept launches: op name -> its shelf (a ``Replays``), each by ``replay_key``.
+KEPT_LAUNCHES: dict = {}
 
-    def __init__(self, limit: int = 4096):
+
+class Replays(dict):
+    """Op ``name``'s shelf in the one store of kept launches (``KEPT_LAUNCHES``): a dict by
+    ``replay_key``, so a call's lookup stays one dict lookup. ``Replays(name)`` gives the same
+    shelf every time (no name: a shelf of its own). One size policy for all shelves
+    (``KEPT_LAUNCH_LIMIT``), one place to empty them (``forget_kept_launches``)."""
+
+    _unnamed = 0
+
+    def __new__(cls, name: str | None = None):
+        if name is None:
+            cls._unnamed += 1
+            name = f"<unnamed {cls._unnamed}>"
+        shelf = KEPT_LAUNCHES.get(name)
+        if shelf is None:
+            shelf = KEPT_LAUNCHES[name] = super().__new__(cls)
+            shelf.name = name
+        return shelf
+
+    def __init__(self, name: str | None = None):  # noqa: ARG002 - the shelf is kept, not emptied
         super().__init__()
-        self.limit = limit
 
     def keeper(self, key):
         """A function that keeps its one argument, a Replay or ReplayChain, under ``key``."""
         def keep(replay):
-            if len(self) >= self.limit:
-                self.clear()
+            if sum(map(len, KEPT_LAUNCHES.values())) >= KEPT_LAUNCH_LIMIT:
+                forget_kept_launches()
             self[key] = replay
         return keep
 
 
-_ROW_REPLAYS = Replays()
+def forget_kept_launches() -> None:
+    """Empty every op's shelf of kept launches: the next call of each key chooses afresh."""
+    for shelf in KEPT_LAUNCHES.values():
+        shelf.clear()
+
+
+_ROW_REPLAYS = Replays("row_softmax")
 
 
 def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
@@ -996,7 +1023,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     return y if y.shape == x.shape else y.reshape(x.shape)
 
 
-_ONLINE_REPLAYS = Replays()
+_ONLINE_REPLAYS = Replays("online_softmax")
 
 
 @on_input_device
@@ -1981,8 +2008,8 @@ def _eager_backward(replays: Replays, y: torch.Tensor, dy: torch.Tensor, options
 
 
 # Eager backwards' kept launches, by ``replay_key`` of (y, dy) and the tiles.
-_ROW_BACKWARD_REPLAYS = Replays()
-_ONLINE_BACKWARD_REPLAYS = Replays()
+_ROW_BACKWARD_REPLAYS = Replays("row_softmax_backward")
+_ONLINE_BACKWARD_REPLAYS = Replays("online_softmax_backward")
 
 
 class _EagerRowSoftmax(torch.autograd.Function):

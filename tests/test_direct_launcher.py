@@ -341,11 +341,23 @@ def test_a_descriptor_replay_makes_each_call_s_descriptors_from_the_kept_ones_ov
     assert len(log) == 2
 
 
-def test_replays_are_emptied_when_full():
-    replays = osm.Replays(limit=2)
-    for key in "abc":
-        replays.keeper(key)(key.upper())
-    assert replays == {"c": "C"}
+def test_kept_launches_are_one_store_emptied_when_full(monkeypatch):
+    """Every op's shelf lives in one store (``KEPT_LAUNCHES``): one name gives one shelf, and the
+    size limit counts the launches of all shelves; past it every shelf is emptied."""
+    monkeypatch.setattr(osm, "KEPT_LAUNCHES", {})
+    monkeypatch.setattr(osm, "KEPT_LAUNCH_LIMIT", 3)
+    first, other = osm.Replays("first"), osm.Replays("other")
+    assert osm.Replays("first") is first and osm.Replays() is not osm.Replays()
+    first.keeper("a")("A")
+    assert osm.Replays("first") == {"a": "A"}  # asked again, the shelf keeps what it holds
+    other.keeper("a")("B")
+    first.keeper("b")("C")
+    assert (first, other) == ({"a": "A", "b": "C"}, {"a": "B"})
+    other.keeper("c")("D")  # a fourth launch: the store was full
+    assert (first, other) == ({}, {"c": "D"})
+    first.keeper("a")("A")
+    osm.forget_kept_launches()
+    assert all(not shelf for shelf in osm.KEPT_LAUNCHES.values())
 
 
 @pytest.mark.usefixtures("cuda_state")
