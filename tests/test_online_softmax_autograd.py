@@ -313,9 +313,9 @@ def _eager_cases():
     import fused_softmax_matmul as fsm
 
     x = randn((6, 37), torch.float32, seed=70)
-    yield "row_softmax", "_EagerRowSoftmax", osm.row_softmax, lambda a: osm._row_softmax_op(a, 0), (x,)
+    yield "row_softmax", "KernelFunction", osm.row_softmax, lambda a: osm._row_softmax_op(a, 0), (x,)
     x3 = randn((2, 6, 37), torch.float32, seed=80)
-    yield "online_softmax", "OnlineSoftmax", osm.online_softmax, lambda a: osm._online_softmax_op(a, 16, 16), (x3,)
+    yield "online_softmax", "KernelFunction", osm.online_softmax, lambda a: osm._online_softmax_op(a, 16, 16), (x3,)
     yield ("OnlineSoftmax.apply", "OnlineSoftmax", lambda a: OnlineSoftmax.apply(a, 16, 16),
            lambda a: osm._online_softmax_op(a, 16, 16), (x3,))
     xv, v = randn((2, 20, 40), torch.float32, seed=71), randn((2, 40, 24), torch.float32, seed=72)
