@@ -117,7 +117,7 @@ def softmax_bytes(M: int, N: int, element_size: int) -> int:
 # Runtime shared by every op here and in fused_softmax_matmul.py. A public op's call, top-down:
 # its checks; its route (``needs_op``): a kept launch, a direct launch, its custom op
 # (``kernel_op``) or, where autograd records it, the generic Function (``KernelFunction``); the
-# launch (``kernel_launcher``); the launch kept for the next call of its key (``Replays``).
+# launch (``jit_kernel``); the launch kept for the next call of its key (``Replays``).
 # ----------------------------------------------------------------------------------------------
 
 
@@ -594,9 +594,9 @@ class DirectLauncher:
     """``launcher[grid](*args, **constexprs)`` as ``kernel[grid](...)``, with less host time.
 
     Triton's own launch re-derives, on every call, what the compiled kernel is specialised on,
-    looks it up and wraps the launch in hooks and checks: 20-30 us of host time a launch on an
-    H100 machine, where calling the compiled kernel's launcher takes about 8
-    (outputs/profiles/host_cost.txt). Here the first call of each argument
+    looks it up and wraps the launch in hooks and checks, several times the host time of calling
+    the compiled kernel's launcher (see outputs/README.md, design notes: direct launch). Here the
+    first call of each argument
     class (``_arg_class``: what Triton specialises on) goes through Triton, which compiles and
     returns the kernel; later calls of that class launch it directly on torch's current stream.
     Launch hooks (profilers), pre-run hooks, grids given as functions and constexprs passed by
@@ -903,9 +903,8 @@ def forget_kept_launches() -> None:
 
 
 def empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous uninitialised tensor of t's shape, dtype and device. torch.empty_like costs
-    less host time than torch.empty(t.shape, dtype=, device=): 2.2 against 7.9 us a call on an
-    H100 machine (outputs/profiles/replay_path_probe.txt), which every call of every op pays."""
+    """A contiguous uninitialised tensor of t's shape, dtype and device: torch.empty_like, which
+    every call of every op pays, costs a fraction of torch.empty(shape, ...) (design notes: empty_like)."""
     return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
@@ -997,8 +996,7 @@ def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tup
     ``align``: for a kernel that multiplies them back by ``align`` as a constant. Compiled,
     Triton only knows whether an int argument divides by 16; a row stride such as 1000 would
     read as unaligned, and every row be loaded one element at a time and staged without
-    asynchronous copies (on an H100, softmax(x) @ V at (8, 2048, 1000, 64) in bfloat16 took
-    0.103 ms, 0.042 ms with x's rows 1024 apart: outputs/profiles/fused_stride_probe.txt)."""
+    asynchronous copies (design notes: vector strides)."""
     strides = tuple(t.stride())  # symbolic under torch.compile: no int(), which would pin the shape
     align = vector_align([strides[d] for d in dims], t.element_size())
     return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
@@ -1372,8 +1370,6 @@ class OnlineSoftmax(torch.autograd.Function):
         return _online_grad(ctx, dy)
 
 
-
-
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
 # (float32, and 16-bit rows that fill its chunks; other long 16-bit rows are read twice, in online tiles)
@@ -1386,37 +1382,18 @@ ROW_BYTES_ON_CHIP = 128 * 1024
 
 
 # The split kernel's columns a program: SPLIT_SHORT_COLUMNS while a row takes at most
-# SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS; 32 values a thread (4 or 8
-# warps). On an H100 (outputs/profiles/row_launch_probe.txt, 0.25-2 GiB, each chunk's
-# exponentials kept across the wait): float32 rows 86-96 % of copy at widths 50257 to 262144,
-# 16-bit rows read in whole vectors (``_split_vec``) 78-89 %. The other of the two sizes was as
-# fast or 1 to 14 points slower at each width but 50257 float32 (4-5 points faster in that run,
-# 4 slower in another the same day), and 16384 columns slower than the better of the two
-# everywhere. Wide rows in narrow chunks take many programs a row, each of which the row's wait
-# includes (262144 bf16 in 64 programs of 4096: 66 %, in 32 of 8192: 80 %); rows up to 65536
-# columns in wide chunks leave few programs a row to spread over the SMs (65536 bf16 in 8 of
-# 8192: 84 %, in 16 of 4096: 89 %). The online kernel in tiles of 8192 columns reaches 49-69 %
-# (outputs/profiles/shifted_split_probe.txt). With 16-bit rows prefetched into L2 (``split_prefetch``)
-# the rule held but at 100003 columns (25 programs of 4096: 85 %, 13 of 8192: 80 %): 4096 columns
-# at 50257 and 65536 (87-93 %; 8192: 78-92), 8192 at 128256 and past (87-91 %; 4096: 53-78;
-# outputs/profiles/split_l2_prefetch_probe.txt).
+# SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS (32 values a thread): narrow
+# chunks of wide rows make each row's wait span many programs, wide chunks of shorter rows leave
+# few programs to spread (see outputs/README.md, design notes: split chunk sizes).
 SPLIT_SHORT_COLUMNS = 4096
-
-
 SPLIT_LONG_COLUMNS = 8192
-
-
 SPLIT_SHORT_PROGRAMS = 16
-
-
 # Rows of the split kernel laid from boundaries of this many bytes (``_split_frame``).
 SPLIT_FRAME_BYTES = 128
 
 
 # The split kernel's register cap (``split_registers``).
 SPLIT_REGISTER_CAP = 64
-
-
 SPLIT_REGISTER_SLACK = 8
 
 
@@ -1481,12 +1458,9 @@ ROW_BLOCK_VALUES = 2048
 
 
 def _row_grid(n_rows: int, rows: int = 1) -> int:
-    """Programs for the one-pass kernels: one a block of ``rows`` rows. On an H100 this beat a
-    persistent grid (the SMs' worth of programs looping over the rows) at every width tried,
-    512 to 4096 columns (92-96 % of copy looping, 98-101 % one a block: part 2 of
-    outputs/profiles/row_launch_probe.txt; an earlier sweep found the same, by 3 to 8 points, for
-    rows of 8 KiB and more): the hardware fills each SM as programs finish. In the interpreter a
-    few programs loop over the rows instead."""
+    """Programs for the one-pass kernels: one a block of ``rows`` rows, which beat a persistent
+    grid at every width measured: the hardware fills each SM as programs finish (design notes:
+    one block a program). In the interpreter a few programs loop over the rows instead."""
     blocks = cdiv(n_rows, rows)
     return min(blocks, 4) if INTERPRET else min(blocks, GRID_0_LIMIT)
 
@@ -1519,13 +1493,9 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
 
 def _fills_poorly(n_cols: int, dtype: torch.dtype) -> bool:
     """A 16-bit row in the one-pass kernel's widest block (ROW_BYTES_ON_CHIP of float32: 32768
-    columns over 32 warps, one program a SM) that fills less than 15/16 of it. The split kernel
-    reads those faster: on an H100 bf16 rows of 20000 and 24576 columns ran at 69 and 78 % of
-    copy in one pass, 73 and 80 % with ``row_prefetch`` (outputs/profiles/row_ahead_probe.txt),
-    and at 20000 to 28000 columns 88-92 % split (row_fill_probe.txt, as the rest); at 32000
-    columns the two were level (93-97 % against 94-96 %). Narrower blocks leave two or more
-    programs a SM, and there one pass won (12000 columns: 98 % against 90 %; 8500 to 11000:
-    81-93 % against 78-86 %), as it does for float32 rows (98-102 % against 93-97 %)."""
+    columns over 32 warps, one program a SM) that fills less than 15/16 of it: the split kernel
+    reads those faster; narrower blocks leave two or more programs a SM, and there one pass wins,
+    as for float32 rows (design notes: poorly filled blocks)."""
     full = next_power_of_2(n_cols)
     return dtype.itemsize < 4 and full * 4 == ROW_BYTES_ON_CHIP and n_cols * 16 < full * 15
 
@@ -1557,11 +1527,8 @@ def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, de
     """The one-pass kernel's AHEAD for rows a program (16-bit rows on Hopper, as ``split_prefetch``):
     the programs the device holds at once, the compiled kernel's residency times the SMs. A
     program asks L2 for the row that many on before it stores its own; the hardware starts the
-    program for that row about when this one ends, and finds it in L2. On an H100
-    (outputs/profiles/row_ahead_probe.txt, 0.25 and 2 GiB) bf16 rows of 32000 and 32768 columns
-    went from 91-92 % of copy to 93-97 %, 4096 to 16384 stayed at 99-101 %; float32 rows lost
-    up to 7 points (none asked). Half that many rows on lost up to 5 points, twice as many 10 to
-    28 (rows brought in too early leave L2 before use)."""
+    program for that row about when this one ends, and finds it in L2. Fewer rows ahead gain
+    less; more bring rows in too early, which leave L2 before use (design notes: row prefetch)."""
     vec = vector_align((n_cols, stride_x, n_cols), dtype.itemsize)
     ints = (n_rows, n_cols // vec, stride_x // vec, n_cols // vec)
     compiled = softmax_row_kernel.warmup(dtype, dtype, *map(_int_stand_in, ints), BLOCK_SIZE=block, VEC=vec, ROWS=1,
@@ -1572,9 +1539,8 @@ def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, de
 
 def _row_block_rows(n_rows: int, block: int, device_index: int) -> int:
     """Rows a program of the one-pass kernel: up to ROW_BLOCK_VALUES values, but on a GPU no
-    fewer programs than SMs where the rows allow (a power of two). Packing 256 rows of 50 into
-    8 programs ran the unfused softmax(x @ W) 256 x 512 x 50 0.7 us slower than 256 programs
-    (outputs/README.md); this bound is not yet timed."""
+    fewer programs than SMs where the rows allow (a power of two): packing narrow rows into a few
+    programs left SMs idle (design notes: rows a program)."""
     rows = min(ROW_BLOCK_VALUES // block, next_power_of_2(n_rows))
     if not INTERPRET:
         rows = min(rows, cdiv(n_rows, _device_properties(device_index).multi_processor_count))
@@ -1613,11 +1579,8 @@ def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int
     chunk_bytes). 16-bit rows take as few programs as cover the row. float32 rows take a power
     of two of them where that leaves at most a quarter idle, else as few as cover the row:
     compiled for sm_90, a count that is no power of two costs the float32 kernel 8 to 10
-    registers a thread (fewer programs resident). Where a power of two leaves many idle that
-    costs less than they do: 441 x 151936 in 19 programs 94 % of copy, in 32 83 % (H100,
-    outputs/profiles/row_launch_probe.txt). Where it leaves few the two are close and two runs
-    the same day disagreed (1335 x 50257: 13 programs 87 % and 90 %, 16 programs 92 % and 87 %),
-    so the count with fewer registers stays."""
+    registers a thread (fewer programs resident), less than many idle programs cost (design
+    notes: split count)."""
     chunk = chunk_bytes // dtype.itemsize
     split = cdiv(n_cols, chunk)
     if dtype.itemsize >= 4 and next_power_of_2(split) * 3 <= split * 4:
@@ -1639,11 +1602,8 @@ def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
     elements in 16 bytes where not, but x's and y's rows start equally far past a 16-byte
     boundary (so one layout of chunks suits both; rows laid from the vector before them, their
     masks hold whole vectors); None where neither (their loads or stores go element by element).
-    A width on 16 bytes but no multiple of 16 values with VEC 1 was read value by value, in
-    half the programs: on an H100 bf16 rows of 20008 and 40008 columns (20480 and 40960 apart)
-    took 0.273 and 0.275 ms that way, 0.200 and 0.201 with VEC 8; float32 rows of 65540 and
-    100004 columns 0.236 and 0.255 ms, 0.218 and 0.204 with VEC 4
-    (outputs/profiles/split_vec_probe.txt)."""
+    A width on 16 bytes but no multiple of 16 values takes vectors too: with VEC 1 half the
+    programs read it value by value (design notes: split VEC)."""
     vector = 16 // dtype.itemsize
     if n_cols % 16 == 0 and stride_x % 16 == 0:
         return 1
@@ -1659,25 +1619,16 @@ def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
 def split_prefetch(dtype: torch.dtype, props) -> bool:
     """Whether the split kernel's programs ask L2 for their chunk of the next row before each wait
     (PREFETCH): 16-bit rows on NVIDIA GPUs of compute capability 9 and later (the bulk prefetch
-    is sm_90's). On an H100 (outputs/profiles/split_l2_prefetch_probe.txt, tensors of 0.25 and
-    2 GiB) that took bf16 and fp16 rows of 50257 to 262144 columns from 78-90 % of copy to
-    87-93 %, the chunks being read from L2 after the wait. Asked right after the row's loads
-    instead, the prefetch gained less and lost at 65536 columns (it delays the loads the wait is
-    for); asked for the row after next, it lost everywhere (split_l2_prefetch_variants.txt there).
-    float32 rows, whose chunks hold twice the bytes already, went either way (90 -> 92 % at
-    50257 columns, 96 -> 84 % at 128256, 92 -> 84 % at 262144), and do without."""
+    is sm_90's): the chunks are then read from L2 after the wait. float32 rows, whose chunks hold
+    twice the bytes already, went either way and do without (design notes: split prefetch)."""
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
 def split_registers(n_regs: int) -> int | None:
     """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
     thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
-    None. float32 rows off 16-byte boundaries (50257 columns: 4096 a program over 4 warps) take
-    70 registers, 7 programs a SM; capped at 64 (a few values spilled) 8 fit, and they ran at 86
-    and 85 % of copy uncapped, 90 and 89 % capped (H100, 0.25 and 2 GiB tensors,
-    outputs/profiles/split_registers_probe.txt). A cap below what ptxas picks on its own (55 at
-    65536 float32 columns) can raise the count it picks (to 64: a program fewer a SM), and a cap
-    of 48, two programs more for 16-bit rows, lost about as often as it won: neither is set."""
+    None: a few spilled values for a program more a SM. A cap below what ptxas picks on its own
+    can raise its count, so none is set there (design notes: split register cap)."""
     if SPLIT_REGISTER_CAP < n_regs <= SPLIT_REGISTER_CAP + SPLIT_REGISTER_SLACK:
         return SPLIT_REGISTER_CAP
     return None
@@ -1690,12 +1641,7 @@ def _split_frame(n_cols: int, stride_x: int, dtype: torch.dtype) -> int:
     Framed so, a warp's 512 bytes of a row span four 128-byte lines, not five, and a row whose
     width is no multiple of 16 values is read in vectors even where it starts on 16 bytes (laid
     from its own start, VEC 1, Triton cannot tell that its end falls on a vector, and loads it
-    value by value). On an H100 (outputs/profiles/row_frame_probe.txt) bf16 rows of 17000 and
-    45000 columns, that case, went from 71 and 76 % of copy (and 5 programs a SM, not 8) to 86
-    and 91 %; rows already read in vectors gained 0 to 2 points (50257 bf16 89 -> 90 % and
-    87 -> 88 %, 50257 float32 89 -> 91 % and 89 -> 90 %, 100003 float32 90 -> 92 %). (Since
-    then ``_split_vec`` gives such rows vectors by itself.) Frames are laid from x's data
-    pointer, which the launch is not keyed on: x's data on 16 bytes but not 128 puts them off
+    value by value; design notes: split frames). Frames are laid from x's data pointer, which the launch is not keyed on: x's data on 16 bytes but not 128 puts them off
     the lines, which costs time, not values (the masks hold offsets from each row's start).
     """
     frame = SPLIT_FRAME_BYTES // dtype.itemsize
@@ -1912,9 +1858,8 @@ def softmax_split_row_kernel(
     they load and store the row's whole vectors only, masked by vector; the frame's vectors
     before the row's are masked off, and the values of the vector the row starts in and of
     the one it ends in (up to VEC each) are the group's first program's, one small masked
-    load and store. No chunk tests its values one by one: a first version that did (which
-    columns are the row's) ran 2670 x 50257 bf16 at 32 % of copy on an H100, this one at 60 %
-    (outputs/profiles/shifted_split_probe.txt). The wrapper passes VEC only where x's and y's
+    load and store. No chunk tests its values one by one, which halved its speed (design notes:
+    whole-vector masks). The wrapper passes VEC only where x's and y's
     rows share their offset mod SPAN. The whole vectors end at ``last``, a multiple of VEC at
     most n_cols + shift < n_cols + SPAN, so at most the first multiple of VEC from
     n_cols + SPAN - VEC on, which SPLIT x CHUNK (a multiple of VEC) must reach: n_cols for
@@ -1976,12 +1921,9 @@ def softmax_split_row_kernel(
         # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
         # has max -inf and is shifted by 0 instead, so it contributes sum 0 and no NaN, while a
         # NaN or +inf logit still makes the sum NaN, so its whole row comes out NaN as torch's
-        # does. One test per chunk, not per value: compared per value, the compiler kept each
-        # 16-bit value beside its float32 copy (111 registers a thread at 8192 bf16 columns over
-        # 8 warps, 64 this way; triton 3.6, ptxas for sm_90).
-        # The exponentials stay in registers (in x's place) until the row's max and sum are
-        # known, then one multiply per value rescales them: each exp costs six instructions on
-        # sm_90 (ex2 with its range fix-up), which a second pass over the chunk would pay again.
+        # does. One test per chunk: per value, the compiler kept each 16-bit value beside its
+        # float32 copy (design notes: whole-vector masks). The exponentials stay in registers
+        # until the row's max and sum are known, then one multiply per value rescales them.
         x = fast_exp(x - tl.where(m == float("-inf"), 0.0, m))
         s = tl.sum(x, axis=0)
         if VEC > 1:
@@ -1989,8 +1931,8 @@ def softmax_split_row_kernel(
             s += tl.sum(edge, axis=0)
         # This program's slot of the two it alternates between (``parity``): [group, part, parity]
         # of the workspace, with the group written as row % n_groups (the same number), worked out
-        # again each row: an address fixed for the whole loop held registers through it (7 more a
-        # thread at 65536 float32 columns, one program less a SM; triton 3.6, ptxas for sm_90).
+        # again each row: an address fixed for the whole loop holds registers through it (design
+        # notes: the wait).
         home = row % n_groups
         slot = stats_ptr + ((home * SPLIT + part) * 2 + parity) * 2
         tl.store(slot, m)
@@ -1998,12 +1940,8 @@ def softmax_split_row_kernel(
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
-        # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
-        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
-        # Loading the next row's chunk into registers during it (tried at 71cac17) lost or tied
-        # at every width: 15 to 40 more registers a thread, fewer programs resident
-        # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
-        # registers and keeps memory busy through the wait (``split_prefetch``).
+        # Through the wait, bringing the next row's chunk into L2 (PREFETCH) keeps memory busy
+        # and holds no registers, as loading it into registers would (design notes: the wait).
         if PREFETCH:
             _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
@@ -2072,9 +2010,7 @@ def row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> t
             keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))
         return y
     # The row strides and the width go divided by VEC, which the kernel multiplies back: its loads
-    # are then whole vectors. (Strides alone, without the width, lay values out for vectors
-    # the mask then splits into scalar loads: on an H100 at 67108 x 1000 float32 that ran
-    # 0.240 ms against 0.197.)
+    # are then whole vectors (the width too, or the mask splits them: design notes: vector strides).
     vec = vector_align((n_cols, x2.stride(0), y.stride(0)), x2.element_size())
     launch_and_keep(jit_kernel(softmax_row_kernel, traced), (launch.programs,),
                     (x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, y.stride(0) // vec),
