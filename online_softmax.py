@@ -1020,9 +1020,10 @@ def softmax_spec(name: str, softmax, backward) -> AutogradSpec:
 
 def _save_softmax_output(ctx, inputs, output):
     """A softmax spec's setup: y for the backward (and for the jvp where a tangent may come), the
-    options for the backward."""
-    _save_output_and_blocks(ctx, inputs, output)
-    if torch._C._are_functorch_transforms_active() or _dual_level_open():
+    options for the backward. Inline: every eager call that autograd records runs it."""
+    ctx.save_for_backward(output)
+    ctx.blocks = inputs[1:]
+    if torch._C._are_functorch_transforms_active() or getattr(forward_ad, "_current_level", 0) >= 0:
         ctx.save_for_forward(output)
 
 
