@@ -346,7 +346,8 @@ class AutogradSpec:
     non_differentiable: indices of outputs autograd leaves alone (a log-sum-exp, say).
     jvp(ctx, *tangents): the outputs' tangents (forward mode, torch.func.jvp / jacfwd).
     vmap(info, in_dims, *args): (outputs, out_dims): torch.func.vmap's rule.
-    reference(*args): forward in torch's ops, for two open forward-mode levels (``nested_tangents``).
+    reference(*args): forward in torch's ops, for two open forward-mode levels (``nested_tangents``);
+        None: the jvp there too.
     An op without jvp or vmap refuses those transforms, naming itself.
 
     An op's wrapper calls ``spec.run(*args)`` where autograd records an eager call
@@ -430,7 +431,7 @@ def apply_transforms(function, *args):
     open, torch's ops (``function.reference``, see ``nested_tangents``)."""
     if torch.compiler.is_compiling():
         return _untraced(apply_transforms, function, *args)
-    if nested_tangents():
+    if function.reference is not None and nested_tangents():
         return function.reference(*args)
     return function.apply(*args)
 
