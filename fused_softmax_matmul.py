@@ -59,6 +59,23 @@ from online_softmax import (
 )
 from torch._subclasses.fake_tensor import is_fake
 
+__all__ = [
+    # softmax(x) @ V
+    "softmax_mult", "fused_softmax", "fused_softmax_gluon", "FusedLaunch", "GluonSoftmaxLaunch",
+    "softmax_mult_bytes", "fused_softmax_bytes", "softmax_matmul_flops",
+    # softmax(x @ W) and the plain product
+    "matmul_softmax_ref", "matmul", "matmul_softmax_unfused", "matmul_softmax_fused_simple",
+    "matmul_softmax_fused_tiled", "MatmulLaunch", "matmul_softmax_unfused_bytes", "matmul_softmax_fused_bytes",
+    "matmul_softmax_tiled_bytes", "matmul_softmax_flops",
+    # attention: the course's classes, and the op as models call it
+    "attention_reference", "FlashAttentionPytorch", "FlashAttentionTriton", "FlashLaunch", "attention_flops",
+    "flash_attention_bytes", "flash_attention_reference", "flash_attention", "flash_attention_gluon",
+    "flash_attention_flops", "flash_attention_io_bytes",
+    # linear cross-entropy
+    "linear_cross_entropy_ref", "linear_cross_entropy", "vocab_parallel_linear_cross_entropy",
+    "LinearCrossEntropyLaunch", "linear_cross_entropy_flops",
+]
+
 
 # ----------------------------------------------------------------------------------------------
 # Shared: precision helpers, constants, checks and launch helpers of every workload
