@@ -11,6 +11,7 @@ sizes run.
 from __future__ import annotations
 
 import math
+import re
 import os
 import subprocess
 import sys
@@ -980,3 +981,47 @@ def test_launch_choice_follows_the_shape():
         causal, full = flash_launches(64, torch.bfloat16, few, True), flash_launches(64, torch.bfloat16, few, False)
         assert causal["dkdv"] == FlashLaunch(64, 64, 4, 3) and full["dkdv"].block_n == 128
         assert causal["forward"].block_m == full["forward"].block_m == (64 if few else 128)
+
+
+# ----------------------------------------------------------------------------------------------
+# The committed record: the plans give the path each benchmarked attention row says ran
+# ----------------------------------------------------------------------------------------------
+OUTPUTS = Path(__file__).resolve().parent.parent / "outputs"
+MODEL_CASE = re.compile(r"B=(\d+) H=(\d+)/(\d+) Nq=(\d+) Nk=(\d+) d=(\d+) (full|causal|causal-br)"
+                        r"(?: window=\((\d+), (\d+)\))?(?: softcap=([\d.]+))?$")
+GRID_CASE = re.compile(r"BH=(\d+) heads=\d+ L=(\d+) d=(\d+) (full|causal) ")
+
+
+def planned_path(workload: str, case: str, dtype: str) -> str:
+    """The path the plans give a recorded case on the record's H100 (132 SMs, sm_90, fresh
+    inputs TMA reads): FlashAttentionTriton's forward kernel for the shape grid's attention,
+    attention_plan's path for flash_attention at model shapes."""
+    if workload.startswith("attention_models"):
+        b, h, hk, nq, nk, d, mask, left, right, softcap = MODEL_CASE.search(case).groups()
+        return fsm.attention_plan(int(d), int(d), DTYPES[dtype], int(nq), int(nk), is_causal=mask != "full",
+                                  causal_align="bottom_right" if mask == "causal-br" else "top_left",
+                                  window=None if left is None else (int(left), int(right)), grouped=h != hk,
+                                  softcap=None if softcap is None else float(softcap), batch_heads=int(b) * int(h)).path
+    bh, n, d, mask = GRID_CASE.match(case).groups()
+    plan = flash_plan(int(bh), int(n), int(n), int(d), DTYPES[dtype], mask == "causal", sms=132, capability=(9, 0),
+                      tma=True)
+    return plan.path("forward")
+
+
+@pytest.mark.parametrize("pattern", ["flash_attention_benchmark.csv", "attention_models_benchmark.csv", "shape_grid*.csv"])
+def test_plans_give_the_recorded_paths(pattern):
+    """Every committed attention row of this project's op that says which path ran: the plan for
+    its case gives that path."""
+    import pandas as pd
+
+    files = sorted(OUTPUTS.glob(pattern))
+    if not files:
+        pytest.skip(f"outputs/{pattern}: no such file")
+    tables = [pd.read_csv(f).assign(file=f.name) for f in files]
+    rows = pd.concat([t for t in tables if "path" in t.columns and "workload" in t.columns] or [pd.DataFrame()])
+    if rows.empty:
+        pytest.skip(f"outputs/{pattern}: no path column (the group does not record which kernels ran)")
+    rows = rows[rows.workload.str.startswith("attention") & rows.path.notna()]
+    assert len(rows) > 0, f"outputs/{pattern}: no attention row with a path"
+    for row in rows.itertuples():
+        assert planned_path(row.workload, row.case, row.dtype) == row.path, (row.file, row.case, row.dtype)
