@@ -2926,7 +2926,7 @@ def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: 
     """Each Triton kernel's launch on an H100 by head dim, dtype, few query tiles (``flash_plan``)
     and causal masking. 16-bit forwards take 128 queries on 8 warps (two wgmma heights) and key
     tiles of 64 from d = 64 (the fp32 logits beside the accumulator); float32 operands take twice
-    the bytes: half the tiles. See outputs/README.md, design notes: attention launches."""
+    the bytes: half the tiles (see outputs/README.md, design notes: attention launches)."""
     if d not in FLASH_HEAD_DIMS:
         raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
     if dtype == torch.float32:
@@ -2951,11 +2951,12 @@ def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: 
 
 
 # Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
-# its time: 64-query tiles then (design notes: few query tiles).
+# its time: 64-query tiles then (see outputs/README.md, design notes: few query tiles).
 FEW_TILES_PER_SM = 4
-# Where each Gluon kernel beat its Triton peer on an H100 (design notes: Gluon attention routes):
-# the forward at d = 128, at d = 64 past 1.5 waves of 128-query tiles; dQ at d = 128 and at d = 64
-# from 2048 queries; dK/dV at d = 128 and on full attention at d = 64 from 2048 queries.
+# Where each Gluon kernel beat its Triton peer (``_gluon_faster``; see outputs/README.md, design
+# notes: Gluon attention routes): the forward at d = 128, at d = 64 past 1.5 waves of 128-query
+# tiles; dQ at d = 128 and at d = 64 from 2048 queries; dK/dV at d = 128 and on full attention at
+# d = 64 from 2048 queries.
 GLUON_FLASH_D64_MIN_WAVES = 1.5
 GLUON_DQ_D64_MIN_QUERIES = 2048
 GLUON_DKDV_D64_MIN_QUERIES = 2048
@@ -3013,7 +3014,7 @@ def _gluon_faster(batch: int, n_queries: int, d: int, is_causal: bool, sms: int)
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
     """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need:
     only at d = 128 on causal attention or whole lengths, where 255 registers a thread spill more
-    without them (design notes: dK/dV row masks)."""
+    without them (see outputs/README.md, design notes: dK/dV row masks)."""
     return d > 64 and (is_causal or n_queries % 16 == 0)
 
 
@@ -3438,7 +3439,8 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
     """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
     ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
     alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
-    traceable launches only) on Hopper with Gluon, 16-bit, at a head dim the Gluon kernels take."""
+    traceable launches only) on Hopper with Gluon, 16-bit, at a head dim the Gluon kernels take
+    (see outputs/README.md, design notes: compiled attention route)."""
     return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
@@ -3476,7 +3478,8 @@ def _flash_key(tensors: tuple, is_causal) -> tuple | None:
     return replay_key(tensors, (is_causal, _float32_matmul_precision()))
 
 
-# Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains.
+# Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
+# halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
 _FLASH_REPLAYS = Replays()
 
 
@@ -3820,9 +3823,9 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads
     and options: a pure function. Path "course" for what FlashAttentionTriton takes as it is (no
     GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
-    window, softcap or lse): its backward ran some 3x faster in a GPT-2 step than the general
-    kernels' (design notes: flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the
-    least power of two >= 16 that covers a short sequence (a decode step runs 16-query tiles)."""
+    window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
+    flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
+    >= 16 that covers a short sequence (a decode step runs 16-query tiles)."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
@@ -5819,8 +5822,8 @@ GLUON_FLASH_CONSUMER_REGISTERS = 232
 # under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
 # Persistent (one program an SM looping over the tiles, the next tile's loads under the last
-# one's products) where it measured faster: full attention up to 4096 keys (design notes:
-# Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
+# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
+# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
 GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 
 
@@ -5843,7 +5846,7 @@ GLUON_DKDV_CONSUMER_REGISTERS = 232
 # TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
 # D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
 # Keys a step: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
-# faster than 64 (design notes: Gluon dQ key step).
+# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
 GLUON_DQ_WIDE_MIN_KEYS = 8192
 
 
