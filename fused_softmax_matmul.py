@@ -2682,13 +2682,8 @@ def attention_flops(batch: int, n_queries: int, n_keys: int, d: int, is_causal: 
 
 
 def flash_attention_bytes(batch: int, n_queries: int, n_keys: int, d: int, element_size: int, mode: str = "fwd") -> int:
-    """The least a fused attention moves: no (nq, nk) tensor, each operand once. Forward: Q, K, V
-    in, O and L (float32) out. Backward: Q, K, V, O, dO, L in, D = rowsum(dO O) out and back in
-    (float32), dQ, dK, dV out."""
-    q, kv, rows = batch * n_queries * d, batch * n_keys * d, batch * n_queries
-    forward = (2 * q + 2 * kv) * element_size + 4 * rows
-    backward = (3 * q + 2 * kv + 2 * kv + q) * element_size + 3 * 4 * rows
-    return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
+    """The least a fused attention moves (no (nq, nk) tensor): ``flash_attention_io_bytes`` of one head."""
+    return flash_attention_io_bytes(batch, 1, 1, n_queries, n_keys, d, d, element_size, mode)
 
 
 def _type_name(value) -> str:
