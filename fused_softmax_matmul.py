@@ -2646,32 +2646,26 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
 # Attention
 # ==============================================================================================
 # softmax(Q K^T / sqrt(d)) V: the softmax-matmul above with its logits computed on the fly from
-# Q and K. Materialised, it writes and reads an (n_queries, n_keys) matrix several times per
-# batch element, so its memory grows with the square of the sequence. FlashAttention-2 keeps one
-# tile of those logits on chip at a time: the forward saves only the output O and the row
+# Q and K. Materialised, it moves an (n_queries, n_keys) matrix several times per batch element;
+# FlashAttention-2 keeps one tile of it on chip at a time: the forward saves only O and the row
 # log-sum-exp L, and the backward recomputes each tile of the softmax from L.
 #
-# Causal masking is top-left aligned (query i sees keys j <= i), as in
-# ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: with more queries than
-# keys, the queries past the last key see every key. Every query sees key 0, so masking alone
-# never leaves a row without a key; a row whose visible logits are all -inf (from -inf inputs)
-# gets output 0 and L = -inf, as SDPA gives. NaN or +inf among the logits a row sees make that
-# row NaN, as in SDPA. What a causal row cannot see never reaches it, except that 0 x NaN = NaN
-# when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
-# there too: its math backend makes every row NaN).
+# Causal masking is top-left aligned (query i sees keys j <= i), as SDPA's is_causal. A row whose
+# visible logits are all -inf gets output 0 and L = -inf; NaN or +inf among them make the row NaN,
+# as in SDPA. What a causal row cannot see never reaches it, except 0 x NaN where a hidden V row
+# is NaN or infinite in a tile the row partly sees (SDPA's backends differ there too).
 
-# Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
-# takes) to 128 (above that one program's Q, K and V tiles no longer fit in shared memory).
+# Head dims of the Triton kernels: powers of two (tl.arange) from 16 (tl.dot's least) to 128
+# (above it one program's Q, K and V tiles no longer fit in shared memory).
 FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def attention_reference(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """Materialised attention in Q's dtype (float64 included): the answer every kernel must give.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d).
-    Per batch element, in elements: S = Q K^T reads (nq + nk) d and writes nq nk; the softmax
-    reads S and writes P (2 nq nk, more for its steps); P V reads nq nk + nk d and writes nq d.
-    (A row whose logits are all -inf gives NaN here; SDPA and the flash versions give 0.)
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d). Per batch
+    element S = Q K^T writes nq nk elements, the softmax reads and writes them again, P V reads
+    them once more. (A row of only -inf logits gives NaN here; SDPA and the flash versions give 0.)
     """
     S = attention_logits(Q, K, is_causal)
     return torch.softmax(S, dim=-1) @ V
@@ -2698,25 +2692,15 @@ def causal_mask(n_queries: int, n_keys: int, device, query_start: int = 0, key_s
 
 
 def attention_flops(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, mode: str = "fwd") -> int:
-    """Matmul flops: Q K^T and P V are 2 nq nk d each; causal does half of them.
-
-    The backward does five such products (S again, dV, dP, dQ, dK): 2.5x the forward.
-    ``mode`` is "fwd" or "fwd_bwd" (forward then backward: 3.5x the forward).
-    """
+    """Matmul flops: Q K^T and P V are 2 nq nk d each, causal half of them; the backward's five
+    products (S again, dV, dP, dQ, dK) are 2.5x the forward. ``mode``: "fwd" or "fwd_bwd"."""
     forward = 4 * batch * n_queries * n_keys * d // (2 if is_causal else 1)
     return {"fwd": forward, "fwd_bwd": forward + 5 * forward // 2}[mode]
 
 
 def flash_attention_bytes(batch: int, n_queries: int, n_keys: int, d: int, element_size: int, mode: str = "fwd") -> int:
-    """The least a fused attention moves: no (nq, nk) tensor, each operand once.
-
-    Forward: Q, K, V in, O out, L (float32) out. Backward: Q, K, V, O, dO, L in, D = rowsum(dO O)
-    out and back in (float32), dQ, dK, dV out.
-    """
-    q, kv, rows = batch * n_queries * d, batch * n_keys * d, batch * n_queries
-    forward = (2 * q + 2 * kv) * element_size + 4 * rows
-    backward = (3 * q + 2 * kv + 2 * kv + q) * element_size + 3 * 4 * rows
-    return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
+    """The least a fused attention moves (no (nq, nk) tensor): ``flash_attention_io_bytes`` of one head."""
+    return flash_attention_io_bytes(batch, 1, 1, n_queries, n_keys, d, d, element_size, mode)
 
 
 def _type_name(value) -> str:
@@ -2740,7 +2724,6 @@ def causal_flag(is_causal) -> bool:
 FLASH_PYTORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-
 def _check_any_device(name: str, t) -> None:
     """FlashAttentionPytorch's rule for one input: a dense 3-d floating tensor on any device."""
     if not isinstance(t, torch.Tensor):
@@ -2754,11 +2737,8 @@ def _check_any_device(name: str, t) -> None:
 
 def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     """The checks both flash attentions make before any work; returns is_causal as a bool.
-
-    ``kernels``: the inputs go to the Triton kernels, so they must be on the device Triton runs
-    on (CUDA compiled, CPU in the interpreter); otherwise (plain PyTorch) any one device will do.
-    Errors are TypeError/ValueError naming the argument.
-    """
+    ``kernels``: the inputs go to the Triton kernels (on Triton's device), else any one device.
+    Errors are TypeError/ValueError naming the argument."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if kernels:
             check_tensor(name, t, 3)
@@ -2781,31 +2761,24 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
 
 
 def _differentiates_twice() -> bool:
-    """Inside a backward: whether autograd records it (create_graph=True), i.e. a second
-    derivative may be taken through its result. A compiled backward never records (torch.compile
-    refuses double backward itself)."""
+    """Inside a backward: whether autograd records it (create_graph=True). A compiled backward
+    never does (torch.compile refuses double backward itself)."""
     return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in plain PyTorch
 # ----------------------------------------------------------------------------------------------
-# Key tiles of 128: each tile costs about a dozen PyTorch launches, so small tiles are slow;
-# the live (n_queries, 128) logits stay linear in the sequence length. Query tiles only decide
-# which queries a causal key tile can skip: 64 keeps that skipping fine-grained.
+# Key tiles of 128: each tile costs about a dozen PyTorch launches, and the live (n_queries, 128)
+# logits stay linear in the length. Query tiles of 64 only decide which queries a causal key tile skips.
 FLASH_PYTORCH_KEY_TILE = 128
 FLASH_PYTORCH_QUERY_TILE = 64
-
-
-def _causal_first_query(key_start: int, query_tile: int) -> int:
-    """The start of the first query tile that sees a key at or after key_start (earlier ones see none)."""
-    return key_start // query_tile * query_tile
 
 
 def _key_tiles(n_queries: int, n_keys: int, is_causal: bool, key_tile: int, query_tile: int):
     """(key start, key end, first query) of every key tile that some query sees."""
     for start in range(0, n_keys, key_tile):
-        first_query = _causal_first_query(start, query_tile) if is_causal else 0
+        first_query = start // query_tile * query_tile if is_causal else 0
         if first_query < n_queries:
             yield start, min(start + key_tile, n_keys), first_query
 
@@ -2817,11 +2790,9 @@ def _flash_work_dtype(dtype: torch.dtype) -> torch.dtype:
 def flash_pytorch_forward(q, k, v, is_causal: bool):
     """O and L of FlashAttention-2's tiling, in q's dtype. q: (batch, nq, d), k, v: (batch, nk, d).
 
-    The outer loop of FlashAttention-2 runs one program per query tile, each streaming the key
-    tiles with an online softmax. Those programs are independent, so here they run in lock-step:
-    each step takes one key tile against every query tile that sees it. Differentiable when
-    autograd records (the backward's second-derivative path recomputes O and L this way).
-    """
+    FlashAttention-2's programs (one a query tile, each streaming the key tiles) are independent,
+    so here they run in lock-step: each step takes one key tile against every query tile that
+    sees it. Differentiable where autograd records (the second-derivative path)."""
     batch, n_queries, d = q.shape
     n_keys = k.shape[1]
     scale = d ** -0.5
@@ -2833,11 +2804,10 @@ def flash_pytorch_forward(q, k, v, is_causal: bool):
         if is_causal:
             s.masked_fill_(causal_mask(n_queries - q0, ke - ks, q.device, q0, ks), float("-inf"))
         m_old = m[:, q0:]
-        # The running maximum only keeps exp() in range: O and L do not depend on it, so it
-        # carries no gradient (detached, the recorded graph stays free of in-place hazards).
+        # The running maximum only keeps exp() in range: O and L do not depend on it (detached,
+        # the recorded graph has no in-place hazard).
         m_new = torch.maximum(m_old, s.detach().amax(dim=-1))
-        # A row whose logits so far are all -inf (from -inf in the inputs) subtracts 0 instead:
-        # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN.
+        # A row of only -inf logits so far subtracts 0: exp(-inf - 0) = 0, not NaN.
         m_sub = m_new.masked_fill(m_new == float("-inf"), 0.0)
         alpha = torch.exp(m_old - m_sub)
         p = torch.exp(s - m_sub[..., None])
@@ -2876,12 +2846,8 @@ def flash_pytorch_backward(q, k, v, O, L, do, is_causal: bool):
 
 
 def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
-    """dQ, dK, dV whose own derivatives are right (the backward under create_graph=True).
-
-    The O and L a forward saved were computed where autograd does not record, so a second
-    derivative through them would miss their dependence on Q, K and V. Here they are recomputed
-    (one more tiled forward) where autograd records, and the backward's arithmetic is recorded too.
-    """
+    """dQ, dK, dV whose own derivatives are right (a backward under create_graph=True): O and L
+    are recomputed where autograd records (the saved ones carry no history), then the backward."""
     work = _flash_work_dtype(Q.dtype)
     q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
     O, L = flash_pytorch_forward(q, k, v, is_causal)
@@ -2892,10 +2858,9 @@ def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
 class FlashAttentionPytorch(torch.autograd.Function):
     """``FlashAttentionPytorch.apply(Q, K, V, is_causal)``: FlashAttention-2 tiling in PyTorch.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any
-    device (one for all three), float32, float16, bfloat16 or float64. Saves Q, K, V, O and
-    L: (batch, n_queries); 16-bit inputs are computed in float32 (L too), float64 in float64.
-    Twice differentiable (``flash_pytorch_gradients_twice_differentiable``).
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any one
+    device, float32, float16, bfloat16 or float64 (computed in float32, float64 in float64).
+    Saves Q, K, V, O and L: (batch, n_queries). Twice differentiable.
     """
 
     @staticmethod
@@ -2923,28 +2888,19 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in Triton
 # ----------------------------------------------------------------------------------------------
-# Every kernel splits its stream of tiles in two: tiles that need no mask (all keys exist and,
-# when causal, every query of the program sees every key of the tile), then the few that do
-# (the causal diagonal and the ragged end). The mask costs a compare and a select per logit, so
-# keeping it off the bulk of the tiles matters on a GPU. Rows past the end of the queries are
-# never stored, so the forward and dQ let them compute on zeros; the dK/dV kernel sums over
-# queries, so it masks them in the ragged last query tile. Logits are kept in base-2 units
-# (scaled by log2(e)) so that each exponential is one exp2.
-#
-# Float scalar arguments are cast to float32 on entry: torch.compile's Inductor re-launches user
-# kernels with Python floats typed fp64, and an fp64 scale would make tl.dot's accumulator fp64.
-#
-# Grids are one axis of batch x tiles programs: CUDA caps grid axes 1 and 2 at 65535, which one
-# long sequence reaches (65535 query tiles of 64 are 4M queries); axis 0 takes 2^31 - 1.
+# Every kernel splits its stream of tiles in two: tiles that need no mask, then the few that do
+# (the causal diagonal, the ragged end): the mask's compare and select per logit stay off the
+# bulk. Rows past the last query are never stored, so the forward and dQ compute them on zeros;
+# dK/dV sums over queries, so it masks them. Logits are in base 2 (scaled by log2(e)): one exp2
+# each. Float scalars are cast to float32 on entry: Inductor re-launches user kernels with fp64
+# floats, which would make tl.dot's accumulator fp64.
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
-    """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
+    """One grid axis of batch x tiles programs (CUDA caps axes 1 and 2 at 65535, axis 0 at 2^31 - 1)."""
     tiles = cdiv(n_rows, block)
     return one_axis_grid(batch * tiles, f"batch {batch} x {tiles} tiles of {block} rows (split the batch)")
 
 
-# Within one batch element the kernels address rows x row stride + columns x column stride in
-# 32 bits (Triton types sizes and strides below 2^31 as int32; the batch offset is 64-bit): one
-# batch element may span fewer than 2^31 elements, or the offsets would wrap.
+# Offsets within one batch element are 32-bit (Triton types sizes and strides below 2^31 as int32).
 FLASH_MAX_OFFSET = 2**31 - 1
 
 
@@ -2979,39 +2935,10 @@ FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
 def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension, dtype, whether the
-    work has few query tiles (``few_query_tiles``) and causal masking; a fresh dict."""
-    return dict(_flash_launches(d, dtype, few_tiles, causal))
-
-
-# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
-# its time: (16, 3000, 64) bf16 runs 1.3x faster in 64-query tiles, (16, 8192, 64) 1.1x slower.
-FEW_TILES_PER_SM = 4
-
-
-def few_query_tiles(batch: int, n_queries: int, device: torch.device) -> bool:
-    sms = _sm_count(device)
-    return sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per argument tuple: callers must not change the dict.
-
-    First choices argued from the hardware, then checked by sweeps on an H100 (bf16; the figures
-    are in outputs/README.md). Tune them with ``FlashAttentionTriton.apply(..., launches)``.
-    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
-      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
-      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
-      registers a thread) and the fp32 accumulator fit beside each other without spilling.
-      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
-      228 KB of shared memory. With few query tiles (d = 64): 64 queries and key tiles of 128.
-    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
-      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
-    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d and streams query
-      tiles; at d = 128 tiles of 128 keys by 64 queries over 8 warps beat narrower ones by 1.6x.
-    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays narrow.
-    """
+    """Each Triton kernel's launch on an H100 by head dim, dtype, few query tiles (``flash_plan``)
+    and causal masking. 16-bit forwards take 128 queries on 8 warps (two wgmma heights) and key
+    tiles of 64 from d = 64 (the fp32 logits beside the accumulator); float32 operands take twice
+    the bytes: half the tiles (see outputs/README.md, design notes: attention launches)."""
     if d not in FLASH_HEAD_DIMS:
         raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
     if dtype == torch.float32:
@@ -3024,9 +2951,7 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal:
         return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
                 "dq": FlashLaunch(128, 32, 8, 3)}
     if d == 64:
-        # Causal dK/dV runs three loops (diagonal, full, ragged tiles): with 128 keys over 4 warps
-        # it spills and takes 3x as long as with 64 keys, and 64 keys beat 32 x 128 tiles too;
-        # without the diagonal the wider tile wins.
+        # Causal dK/dV runs three loops: 128 keys on 4 warps spill there (3x slower than 64).
         causal_dkdv = FlashLaunch(64, 64, 4, 3)
         if few_tiles:
             return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": causal_dkdv if causal else FlashLaunch(32, 128, 4, 2),
@@ -3037,16 +2962,41 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal:
             "dq": FlashLaunch(64, 64, 4, 2)}
 
 
-def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
-                           few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
+# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
+# its time: 64-query tiles then (see outputs/README.md, design notes: few query tiles).
+FEW_TILES_PER_SM = 4
+# Where each Gluon kernel beat its Triton peer (``_gluon_faster``; see outputs/README.md, design
+# notes: Gluon attention routes): the forward at d = 128, at d = 64 past 1.5 waves of 128-query
+# tiles; dQ at d = 128 and at d = 64 from 2048 queries; dK/dV at d = 128 and on full attention at
+# d = 64 from 2048 queries.
+GLUON_FLASH_D64_MIN_WAVES = 1.5
+GLUON_DQ_D64_MIN_QUERIES = 2048
+GLUON_DKDV_D64_MIN_QUERIES = 2048
 
-    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
-    """
-    if launches is None:
-        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype, few_tiles, causal)
-        return _flash_launches(d, dtype, few_tiles, causal)
+
+@dataclass(frozen=True)
+class FlashPlan:
+    """What FlashAttentionTriton launches: each kernel's Triton launch, and the kernels
+    ("forward", "dq", "dkdv") that run in Gluon instead."""
+
+    forward: FlashLaunch
+    dq: FlashLaunch
+    dkdv: FlashLaunch
+    gluon: tuple[str, ...] = ()
+
+    def path(self, kernel: str) -> str:
+        return "gluon" if kernel in self.gluon else "triton"
+
+
+def flash_plan(batch: int, n_queries: int, n_keys: int, d: int, dtype: torch.dtype, is_causal: bool, *,
+               sms: int | None = None, capability: tuple[int, int] | None = None, tma: bool = False,
+               launches: dict | None = None) -> FlashPlan:
+    """FlashAttentionTriton's kernels for this problem: a pure function. ``sms``: the GPU's SM
+    count (None: unknown); ``capability``: its (major, minor) where Gluon kernels may run (None: no
+    GPU, no Gluon, a trace); ``tma``: TMA can read the inputs (``tma_unreadable``); ``launches``:
+    kernel name -> FlashLaunch replacing a Triton launch (tuning: that kernel then runs in Triton).
+    TypeError/ValueError on a head dim the kernels lack or a bad launch."""
+    launches = {} if launches is None else launches
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
     for kernel, launch in launches.items():
@@ -3055,112 +3005,28 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
         if not isinstance(launch, FlashLaunch):
             raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
         launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype, few_tiles, causal), **launches}
+    few = sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
+    chosen = {**flash_launches(d, dtype, few, is_causal), **launches}
+    if not (capability == (9, 0) and tma and sms and dtype in _GLUON_DTYPES and d in GLUON_FLASH_HEAD_DIMS
+            and batch * n_queries * n_keys > 0):
+        return FlashPlan(**chosen)
+    faster = _gluon_faster(batch, n_queries, d, is_causal, sms)
+    return FlashPlan(**chosen, gluon=tuple(kernel for kernel in faster if kernel not in launches))
 
 
-# FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``: two consumer
-# warpgroups of 64 queries fed by TMA, one 128-query tile a program or a persistent grid) where it
-# measured ahead of the Triton kernel on an H100: GPU time from CUDA graphs, bf16, 55 shapes, most
-# of them off the shape grid (outputs/profiles/gluon_path_probe.txt, its last part). Once its
-# launch is kept, an eager call's host time is within some 10 us of the Triton path's.
-# * d = 128: everywhere, 1.09x ((40, 512) causal) to 1.43x the Triton kernel's speed.
-# * d = 64: past 1.5 waves of 128-query tiles per SM, 1.02-1.19x but at (16, 4097) full 0.98x
-#   and (64, 512) causal 0.92x. With fewer tiles the Triton kernel runs 64-query tiles
-#   (few_query_tiles) that fill the GPU better: Gluon 0.77x at (4, 2048) full (half a wave),
-#   0.91-0.99x at 1-1.5 waves.
-GLUON_FLASH_D64_MIN_WAVES = 1.5
-
-
-def gluon_flash_forward_wins(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, sms: int) -> bool:
-    """Whether the Gluon attention forward is the faster kernel for this shape on a GPU of
-    ``sms`` SMs (the rule above); it must also take the inputs (``gluon_flash_unsupported``).
-    n_keys and is_causal are not part of today's rule: the kernels' rates meet on the same side
-    of it whatever the length and mask, in the shapes measured."""
-    if d == 128:
-        return True
+def _gluon_faster(batch: int, n_queries: int, d: int, is_causal: bool, sms: int) -> tuple[str, ...]:
+    """The kernels whose Gluon version measured faster than the Triton one at this shape (d 64 or 128)."""
     waves = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) / sms
-    return d == 64 and waves > GLUON_FLASH_D64_MIN_WAVES
-
-
-def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                       launches: dict | None = None) -> str:
-    """Which kernel ``FlashAttentionTriton.apply(Q, K, V, is_causal, launches)`` runs forward:
-    "gluon" (Hopper, 16-bit, d 64 or 128, inputs TMA can read, where ``gluon_flash_forward_wins``)
-    or "triton" (everywhere else, under torch.compile, and where ``launches`` sets the forward's)."""
-    if (torch.compiler.is_compiling() or (launches is not None and "forward" in launches)
-            or gluon_flash_unsupported(Q, K, V) is not None):
-        return "triton"
-    batch, n_queries, d = Q.shape
-    wins = gluon_flash_forward_wins(batch, n_queries, K.shape[1], d, bool(is_causal), _sm_count(Q.device))
-    return "gluon" if wins else "triton"
-
-
-# The Gluon dK/dV kernel against the Triton one, forward + backward of bf16 attention from CUDA
-# graphs on an H100 (outputs/profiles/gluon_dkdv_probe.txt, 32 shapes from (32, 1000) to
-# (1, 32768), as many keys as queries, dQ the Triton kernel on both): at d = 128 1.02-1.15x
-# faster everywhere; at d = 64 1.03-1.14x on full attention at 3000 queries and more (0.99x at
-# 4097), 0.95-0.99x at 1000-1024, 0.91-1.00x on causal attention. Nothing was measured between
-# 1024 and 3000 queries (2048 splits them), nor with far fewer keys than queries.
-GLUON_DKDV_D64_MIN_QUERIES = 2048
-
-
-def gluon_dkdv_wins(n_queries: int, d: int, is_causal: bool) -> bool:
-    """Whether the Gluon dK/dV kernel is the faster one for this shape (the rule above); it must
-    also take the inputs (``gluon_flash_unsupported``)."""
-    return d == 128 or (d == 64 and not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)
-
-
-def _gluon_backward_may_run(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, kernel: str, launches: dict | None,
-                            dO: torch.Tensor | None) -> bool:
-    """Whether a Gluon backward kernel may stand in for the Triton one named ``kernel`` ("dkdv",
-    "dq"): not under torch.compile, no launch override for it, Hopper and inputs TMA can read
-    (``gluon_flash_unsupported``), dO too where given. A contiguous dO can still be unaligned:
-    a slice of a larger gradient."""
-    return not (torch.compiler.is_compiling() or (launches is not None and kernel in launches)
-                or gluon_flash_unsupported(Q, K, V) is not None
-                or (dO is not None and tma_unreadable("dO", dO) is not None))
-
-
-def flash_dkdv_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                    launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
-    """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" where it may
-    (``_gluon_backward_may_run``) and ``gluon_dkdv_wins``, else "triton"."""
-    if not _gluon_backward_may_run(Q, K, V, "dkdv", launches, dO):
-        return "triton"
-    return "gluon" if gluon_dkdv_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
-
-
-# The Gluon dQ kernel against the Triton one, forward + backward of bf16 attention from CUDA graphs
-# on an H100 (outputs/profiles/gluon_dq_probe.txt, 32 shapes from (32, 1000) to (1, 32768), dK/dV by
-# its own rule on both): at d = 128 1.00-1.11x faster everywhere; at d = 64 1.00-1.12x from 3000
-# queries, 0.98-1.00x at 1000-1024 (nothing measured in between: 2048 splits them, as for dK/dV).
-GLUON_DQ_D64_MIN_QUERIES = 2048
-
-
-def gluon_dq_wins(n_queries: int, d: int, is_causal: bool) -> bool:
-    """Whether the Gluon dQ kernel is the faster one for this shape (the rule above); it must
-    also take the inputs (``gluon_flash_unsupported``)."""
-    return d == 128 or (d == 64 and n_queries >= GLUON_DQ_D64_MIN_QUERIES)
-
-
-def flash_dq_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                  launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
-    """Which kernel makes D and dQ in ``FlashAttentionTriton``'s backward: "gluon" where it may
-    (``_gluon_backward_may_run``) and ``gluon_dq_wins``, else "triton"."""
-    if not _gluon_backward_may_run(Q, K, V, "dq", launches, dO):
-        return "triton"
-    return "gluon" if gluon_dq_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
+    wins = {"forward": d == 128 or waves > GLUON_FLASH_D64_MIN_WAVES,
+            "dq": d == 128 or n_queries >= GLUON_DQ_D64_MIN_QUERIES,
+            "dkdv": d == 128 or (not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)}
+    return tuple(kernel for kernel in FLASH_KERNELS if wins[kernel])
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
-    """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need.
-
-    Without them its loop ran 7-26 % faster at d = 64 and 18 % at d = 128 on lengths no multiple
-    of 16 ((16, 3000, 128) full: 454 -> 373 us), where masks on such a length cost the most. At
-    d = 128 the kernel sits at 255 registers a thread: without masks it spilled more (112 -> 128
-    bytes, causal 88 -> 136) and ran 2 % slower on whole lengths, so it keeps them there, and
-    causal throughout (no faster without). H100, outputs/profiles/backward_kernel_times.txt.
-    """
+    """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need:
+    only at d = 128 on causal attention or whole lengths, where 255 registers a thread spill more
+    without them (see outputs/README.md, design notes: dK/dV row masks)."""
     return d > 64 and (is_causal or n_queries % 16 == 0)
 
 
@@ -3511,45 +3377,39 @@ def flash_attention_backward_dq_kernel(
 
 
 def _flash_kernel(kernel):
-    """The kernel as the Function launches it: itself under torch.compile (Dynamo traces a JIT
-    function's launch) and in the interpreter, else its ``DirectLauncher`` (less host time, and
-    the launch can be kept)."""
+    """The kernel as launched: itself under torch.compile (Dynamo traces a JIT function's launch)
+    and in the interpreter, else its ``DirectLauncher`` (less host time; the launch can be kept)."""
     return kernel if torch.compiler.is_compiling() else _jit(kernel, traced=False)
 
 
-def _keep_flash_launch(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
-                       descriptors: tuple = ()) -> None:
-    """Append the launch just made to ``kept`` as a ``Replay`` of its first ``n_tensors`` arguments
-    (``DirectLauncher.replay``), or None where it cannot be kept. With ``descriptors`` (the
-    launch's leading TMA descriptors), a ``DescriptorReplay`` called with their tensors instead."""
+def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
+                  descriptors: tuple = ()) -> None:
+    """``kernel[grid](*args, **options)``; with ``kept`` (a list) appends the launch as a Replay of
+    its first n_tensors arguments (a DescriptorReplay where they start with TMA ``descriptors``),
+    or None where it cannot be kept."""
+    kernel[grid](*args, **options)
     if kept is not None:
         replay = kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None
         kept.append(DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay)
 
 
-def _flash_replay_key(tensors: tuple, is_causal, launches) -> tuple | None:
-    """The key a Function call's kept launches go under; None for a call with a launch override
-    (tuning) or one no kept launch may serve (``replay_key``)."""
-    return None if launches is not None else replay_key(tensors, (is_causal, _float32_matmul_precision()))
-
-
-def _triton_forward_launch(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
-                           is_causal: bool, fwd: FlashLaunch) -> tuple:
-    """(kernel, grid, arguments, constexprs) of the Triton forward into O and L."""
+def _triton_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                          is_causal: bool, launch: FlashLaunch, kept: list | None = None) -> None:
+    """The Triton forward into O and L; kept as a Replay of (Q, K, V, O, L)."""
     batch, n_queries, d = Q.shape
-    kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
     args = (Q, K, V, O, L, batch, n_queries, K.shape[1], d ** -0.5 * LOG2_E.value,
             *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
-    options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
-                   num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
-    return kernel, grid, args, options
+    options = dict(HEAD_DIM=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, IS_CAUSAL=is_causal,
+                   num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
+    _launch_flash(_flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, launch.block_m), args,
+                  options, 5, kept)
 
 
-def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
-                            L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple,
-                            is_causal: bool, launch: FlashLaunch) -> tuple:
-    """(kernel, grid, arguments, constexprs) of a Triton backward kernel: "dq" (outputs: (dQ,),
-    and D into delta) or "dkdv" (outputs: (dK, dV), reading D from delta)."""
+def _triton_flash_backward(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
+                           L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple, is_causal: bool,
+                           launch: FlashLaunch, kept: list | None = None) -> None:
+    """A Triton backward kernel: "dq" (outputs (dQ,); writes D into delta) or "dkdv" (outputs
+    (dK, dV); reads D); kept as a Replay of its first eight tensors."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     head = (Q, K, V, dO, L, delta)
@@ -3559,22 +3419,13 @@ def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: tor
                    num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
     if which == "dq":
         (dQ,) = outputs
-        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m)
-        return kernel, grid, (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options
+        _launch_flash(_flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m),
+                      (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options, 8, kept)
+        return
     dK, dV = outputs
-    kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n)
     options["FULL_TILE_MASKS"] = dkdv_full_tile_masks(d, is_causal, n_queries)
-    return kernel, grid, (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options
-
-
-def _keep_backward_chain(key, steps: list | None, Q: torch.Tensor) -> None:
-    """Keep a backward's two launches (dQ's, then dK and dV's) under ``key`` as one chain, where
-    both could be kept. Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call)."""
-    if steps and all(step is not None for step in steps):
-        batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
-        _FLASH_BACKWARDS.keeper(key)(ReplayChain(
-            (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
-            ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
+    _launch_flash(_flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n),
+                  (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options, 8, kept)
 
 
 @functools.lru_cache(maxsize=None)
@@ -3590,130 +3441,156 @@ def _device_is_hopper(index: int) -> bool:
 
 
 def _exporting() -> bool:
-    """Whether torch.export is tracing. Dynamo in torch 2.11 answers torch.compiler.is_exporting()
-    True inside every trace, torch.compile's too (later versions read the flag it returns); the
-    flag itself, read as a module global, tells the two apart in both."""
+    """Whether torch.export is tracing. torch 2.11's Dynamo answers torch.compiler.is_exporting()
+    True in torch.compile's traces too; the flag it reads tells the two apart."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 def compiled_gluon_route(Q: torch.Tensor) -> bool:
-    """Whether a compiled FlashAttentionTriton call hands its kernels to the opaque ops
-    ``flash_forward_by_path`` and ``flash_backward_by_path``: under torch.compile, on Hopper with
-    Gluon, for 16-bit inputs of a head dimension the Gluon kernels take. Those ops choose each
-    kernel as an eager call does (Gluon or Triton, ``flash_forward_path`` and the backward's
-    rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere,
-    and under torch.export (whose programs must hold only traceable launches), a compiled call
-    traces the Triton kernels' launches."""
+    """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
+    ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
+    alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
+    traceable launches only) on Hopper with Gluon, 16-bit, at a head dim the Gluon kernels take
+    (see outputs/README.md, design notes: compiled attention route)."""
     return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
             and _device_is_hopper(_device_index(Q.device)))
 
 
-def _shape_only(t: torch.Tensor) -> bool:
-    """t is a FakeTensor outside a trace (shape propagation by FakeTensorMode): no launch can take
-    it, the opaque ops' fakes answer. (A trace cannot ask: it takes its own route.)"""
-    return not torch.compiler.is_compiling() and is_fake(t)
+def _through_ops(Q: torch.Tensor, launches: dict | None) -> bool:
+    """Whether FlashAttentionTriton hands its work to the opaque ops: ``compiled_gluon_route`` (no
+    launch override), or FakeTensors outside a trace (shape propagation: the ops' fakes answer)."""
+    return launches is None and compiled_gluon_route(Q) or (not torch.compiler.is_compiling() and is_fake(Q))
 
 
-@torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
-@on_input_device
-def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-                          is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) of FlashAttentionTriton's forward by the kernel an eager call would choose
-    (``flash_forward_path``), as one opaque op: what compiled calls run (``compiled_gluon_route``)."""
+def _gluon_capability(device: torch.device) -> tuple[int, int] | None:
+    """The (major, minor) of the device where Gluon kernels may run there, else None."""
+    if GLUON_UNAVAILABLE is not None or device.type != "cuda":
+        return None
+    return _device_capability(_device_index(device))
+
+
+def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, launches: dict | None = None,
+                  dO: torch.Tensor | None = None) -> FlashPlan:
+    """``flash_plan`` for these tensors on their GPU (Gluon kernels only in eager calls on real
+    tensors, where TMA reads Q, K, V and dO: a contiguous dO can still be an unaligned slice)."""
     batch, n_queries, d = Q.shape
-    O = _empty_like_contiguous(Q)
-    L = Q.new_empty((batch, n_queries), dtype=torch.float32)
-    if O.numel() == 0:
-        return O, L
-    # The launches kept from an earlier call of the same key (an eager one's too) serve this one.
-    key = _flash_replay_key((Q, K, V), is_causal, None)
-    kept = _FLASH_FORWARDS.get(key) if key is not None else None
-    if kept is not None and kept[0](Q, K, V, O, L):
-        return O, L
+    capability = None if torch.compiler.is_compiling() or is_fake(Q) else _gluon_capability(Q.device)
+    tma = capability is not None and all(tma_unreadable(name, t) is None for name, t in
+                                         (("Q", Q), ("K", K), ("V", V), ("dO", dO)) if t is not None)
+    return flash_plan(batch, n_queries, K.shape[1], d, Q.dtype, is_causal, sms=_sm_count(Q.device),
+                      capability=capability, tma=tma, launches=launches)
+
+
+def _flash_key(tensors: tuple, is_causal) -> tuple | None:
+    """The key a call's kept launches go under (``replay_key``). Forward keys hold three tensors,
+    backward keys four or six: one cache holds both."""
+    return replay_key(tensors, (is_causal, _float32_matmul_precision()))
+
+
+# Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
+# halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
+_FLASH_REPLAYS = Replays()
+
+
+def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal, launches: dict | None,
+                   key) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(O, L, is_causal as a bool) of FlashAttentionTriton's forward: the launch kept under ``key``
+    (None: none), else checks, plan and launch (kept under ``key``)."""
+    kept = _FLASH_REPLAYS.get(key) if key is not None else None
+    if kept is not None:
+        O, L = _empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+        if kept[0](Q, K, V, O, L):
+            return O, L, kept[1]
+    is_causal = check_attention_inputs(Q, K, V, is_causal)
+    plan = flash_plan_of(Q, K, V, is_causal, launches)
+    O, L = _empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+    check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
+    if _through_ops(Q, launches):
+        return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
     steps = [] if key is not None else None
-    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
-    if flash_forward_path(Q, K, V, is_causal) == "gluon":
+    if O.numel() and plan.path("forward") == "gluon":
         _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
-    else:
-        kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, chosen["forward"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 5, steps)
+    elif O.numel():
+        _triton_flash_forward(Q, K, V, O, L, is_causal, plan.forward, steps)
     if steps and steps[0] is not None:
-        _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
-    return O, L
+        _FLASH_REPLAYS.keeper(key)((steps[0], is_causal))
+    return O, L, is_causal
 
 
-@flash_forward_by_path.register_fake
-def _(Q, K, V, is_causal):
-    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
-
-
-@torch.library.custom_op(f"{OP_NAMESPACE}::flash_backward_by_path", mutates_args=())
-@on_input_device
-def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
-                           dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of FlashAttentionTriton's backward by the kernels an eager call would choose
-    (``flash_dq_path``, ``flash_dkdv_path``), as one opaque op. The Function passes dO dense and
-    in Q's dtype, and its forward's O and L; the op does not check them."""
-    batch, n_queries, d = Q.shape
+def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                    dO: torch.Tensor, is_causal: bool, launches: dict | None,
+                    key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
+    Q's dtype: the chain kept under ``key``, else the plan's two kernels (kept as one chain)."""
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-    if Q.numel() == 0 or K.numel() == 0:
+    if Q.numel() == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
-    # O and L in the key too: the kept launches read them through their strides (the Function's
-    # own are fresh and contiguous; a direct call's need not be).
-    key = _flash_replay_key((Q, K, V, dO, O, L), is_causal, None)
-    chain = _FLASH_BACKWARDS.get(key) if key is not None else None
+    if _through_ops(Q, launches):
+        return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
+    chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
-    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    check_flash_offsets(dO=dO)
+    plan = flash_plan_of(Q, K, V, is_causal, launches, dO)
+    batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
+    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=device)
     steps = [] if key is not None else None
-    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
-    if flash_dq_path(Q, K, V, is_causal, None, dO) == "gluon":
+    # dQ first: it writes D (delta), which the dK/dV kernel reads.
+    if plan.path("dq") == "gluon":
         _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, is_causal, kept=steps)
     else:
-        kernel, grid, args, options = _triton_backward_launch("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal,
-                                                              chosen["dq"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
-    if flash_dkdv_path(Q, K, V, is_causal, None, dO) == "gluon":
+        _triton_flash_backward("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal, plan.dq, steps)
+    if plan.path("dkdv") == "gluon":
         _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, is_causal, kept=steps)
     else:
-        kernel, grid, args, options = _triton_backward_launch("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal,
-                                                              chosen["dkdv"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
-    _keep_backward_chain(key, steps, Q)
+        _triton_flash_backward("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal, plan.dkdv, steps)
+    if steps and all(step is not None for step in steps):  # slots: Q K V O L dO dQ dK dV, then delta
+        _FLASH_REPLAYS.keeper(key)(ReplayChain(
+            (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
+            ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
     return dQ, dK, dV
 
 
-@flash_backward_by_path.register_fake
-def _(Q, K, V, O, L, dO, is_causal):
+def _flash_forward_fake(Q, K, V, is_causal):
+    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+
+
+@kernel_op("flash_forward_by_path", _flash_forward_fake, opaque=True)
+def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                          is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs and sharing
+    eager calls' kept launches: what compiled calls run where ``compiled_gluon_route`` holds."""
+    O, L, _ = _flash_forward(Q, K, V, is_causal, None, _flash_key((Q, K, V), is_causal))
+    return O, L
+
+
+def _flash_backward_fake(Q, K, V, O, L, dO, is_causal):
     return torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+
+
+@kernel_op("flash_backward_by_path", _flash_backward_fake, opaque=True)
+def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                           dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
+    unchecked). O and L are in the key: a direct call's need not be fresh and contiguous."""
+    return _flash_backward(Q, K, V, O, L, dO, is_causal, None, _flash_key((Q, K, V, dO, O, L), is_causal))
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
-    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two kernels, dQ's
-    (which also makes D = rowsum(dO * O)) then dK and dV's. On Hopper the forward of 16-bit
-    problems at d = 128, and of long ones at d = 64, runs the Gluon kernel instead of the Triton
-    one (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why), and so do D and
-    dQ at d = 128 and on long inputs at d = 64 (``flash_dq_path``, ``gluon_dq_wins``), and dK and dV
-    at d = 128 and on long full attention at d = 64 (``flash_dkdv_path``, ``gluon_dkdv_wins``).
-    ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
-    choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
-    themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
-    CUDA graph captures them; compiled on Hopper with 16-bit inputs at d = 64 or 128 and no
-    ``launches``, they call instead two opaque ops that choose each kernel when they run, as an
-    eager call does (``compiled_gluon_route``). An eager call whose inputs match an earlier call's in everything the
-    launches depend on (``replay_key``) replays that call's kept launches and skips the checks
-    and launch choices (the host cost of small attention calls). A backward taken with
-    create_graph=True (for a second derivative) is computed by the recorded PyTorch tiling
-    (``flash_pytorch_gradients_twice_differentiable``): the kernels' gradients would carry no history.
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS``, float32,
+    float16 or bfloat16 -> O in Q's dtype. Saves Q, K, V, O and L: (batch, n_queries) float32;
+    the backward is dQ's kernel (which also makes D = rowsum(dO * O)), then dK and dV's.
+    ``flash_plan`` picks each kernel (Gluon on Hopper where it measured faster) and its launch;
+    ``launches`` maps "forward", "dkdv" or "dq" to a ``FlashLaunch`` of its Triton kernel (tuning).
+    No host synchronisation: torch.compile(fullgraph=True) traces it and CUDA graphs capture it
+    (compiled on Hopper, through the opaque ops of ``compiled_gluon_route``). An eager call with
+    an earlier call's key (``replay_key``) replays that call's kept launches. A backward under
+    create_graph=True runs the recorded PyTorch tiling (twice differentiable).
     """
 
     @staticmethod
@@ -3722,114 +3599,42 @@ class FlashAttentionTriton(torch.autograd.Function):
         if device is not None:  # Q's device current for the launches, as torch's ops run
             with torch.cuda.device(device):
                 return FlashAttentionTriton.forward(ctx, Q, K, V, is_causal, launches)
-        key = _flash_replay_key((Q, K, V), is_causal, launches)
-        kept = _FLASH_FORWARDS.get(key) if key is not None else None
-        if kept is not None:
-            replay, chosen, causal = kept
-            O = _empty_like_contiguous(Q)
-            L = Q.new_empty(Q.shape[:2], dtype=torch.float32)
-            if replay(Q, K, V, O, L):
-                ctx.save_for_backward(Q, K, V, O, L)
-                ctx.is_causal, ctx.launches, ctx.override = causal, chosen, None
-                return O
-        is_causal = check_attention_inputs(Q, K, V, is_causal)
-        batch, n_queries, d = Q.shape
-        chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device), is_causal)
-        fwd = chosen["forward"]
-        O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
-        L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-        check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
-        steps = [] if key is not None else None
-        if launches is None and compiled_gluon_route(Q) or _shape_only(Q):
-            O, L = flash_forward_by_path(Q, K, V, is_causal)
-        elif O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
-            _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
-        elif O.numel() > 0:
-            kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, fwd)
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 5, steps)
-        if steps and steps[0] is not None:
-            _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
+        key = None if launches is not None else _flash_key((Q, K, V), is_causal)
+        O, L, is_causal = _flash_forward(Q, K, V, is_causal, launches, key)
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
-        ctx.launches = chosen
-        ctx.override = launches  # a call with one keeps no backward launches either
+        ctx.launches = launches  # a call with an override keeps no launch, backward included
         return O
 
     @staticmethod
     def backward(ctx, dO):
         Q, K, V, O, L = ctx.saved_tensors
         if _differentiates_twice():
-            dQ, dK, dV = flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal)
-            return dQ, dK, dV, None, None
-        batch, n_queries, d = Q.shape
-        dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-        if batch == 0 or n_queries == 0:
-            return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
-        # One operand type for the products, and dense rows: y.sum()'s gradient is an expanded,
-        # stride-0 tensor, which the kernels could read through its strides, but only one element
-        # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
-        # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
+            return (*flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal), None, None)
+        # One operand dtype, and dense rows: a stride-0 dO (y.sum()'s gradient) would be read an
+        # element at a time in every tile, where one copy costs one pass.
         dO = dO.to(Q.dtype).contiguous()
-        if ctx.override is None and compiled_gluon_route(Q) or _shape_only(Q):
-            return (*flash_backward_by_path(Q, K, V, O, L, dO, ctx.is_causal), None, None)
-        # O and L are the forward's own (contiguous, fresh): Q's shape and dtype decide theirs.
-        key = _flash_replay_key((Q, K, V, dO), ctx.is_causal, ctx.override)
-        chain = _FLASH_BACKWARDS.get(key) if key is not None else None
-        if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
-            return dQ, dK, dV, None, None
-        check_flash_offsets(dO=dO)
-        delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-        steps = [] if key is not None else None
-        # dQ first: it writes D (delta), which the dK/dV kernel reads.
-        if flash_dq_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
-            _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, ctx.is_causal, kept=steps)
-        else:
-            kernel, grid, args, options = _triton_backward_launch(
-                "dq", Q, K, V, O, L, dO, delta, (dQ,), ctx.is_causal, ctx.launches["dq"])
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
-            _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
-        else:
-            kernel, grid, args, options = _triton_backward_launch(
-                "dkdv", Q, K, V, O, L, dO, delta, (dK, dV), ctx.is_causal, ctx.launches["dkdv"])
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        _keep_backward_chain(key, steps, Q)
-        return dQ, dK, dV, None, None
-
-
-# Eager calls' kept launches: forwards as (Replay, launch choice, is_causal), backwards as chains.
-_FLASH_FORWARDS = Replays()
-_FLASH_BACKWARDS = Replays()
+        # O and L are the forward's own (fresh, contiguous): Q's shape and dtype decide theirs.
+        key = None if ctx.launches is not None else _flash_key((Q, K, V, dO), ctx.is_causal)
+        return (*_flash_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches, key), None, None)
 
 
 # ==============================================================================================
 # Attention as models call it: flash_attention (SDPA's layout, GQA, head dims to 256, window,
 # softcap, log-sum-exp)
 # ==============================================================================================
-# ``flash_attention(q, k, v, ...)`` takes what ``F.scaled_dot_product_attention`` takes: q of
-# (batch, query heads, n_queries, d), k of (batch, key/value heads, n_keys, d) and v of (batch,
-# key/value heads, n_keys, dv), in any strides, so the (B, N, H, D) view of a fused qkv projection
-# transposed to (B, H, N, D) is read where it lies. Its kernels are general where the course's are
-# tuned: four strides per tensor, a head-group index for grouped-query attention, d and dv padded
-# to a power of two with masked loads, and a mask given as two bounds on j - i (below).
-#
-# Masks. Query i sees key j when lo <= j - i <= hi; either bound may be absent. Causal masking is
-# hi = offset, a window (left, right) is lo = offset - left and hi = offset + right, where offset
-# is 0 for top-left alignment (SDPA's is_causal: query i sees keys 0..i) and n_keys - n_queries
-# for bottom-right alignment (the last query sees the last key: a decode step, or a chunk of new
-# queries appended to a cache). A query that sees no key (bottom-right with more queries than
-# keys, or a window past the keys) gets output 0, log-sum-exp -inf and zero gradients: what SDPA
-# gives for a row its boolean attn_mask hides entirely (its default CPU backend and its math
-# backend checked on torch 2.13; test_queries_that_see_no_key_match_sdpa checks the default).
-# Key tiles that the mask hides from a whole query tile are never visited (the loop bounds,
-# ``_attention_span``), and tiles it shows whole run without mask arithmetic, as the course's
-# kernels do for causal masking.
-#
-# Softcap (Gemma 2): the scaled logits s become softcap * tanh(s / softcap) before the softmax;
-# its derivative 1 - tanh^2 multiplies dS in the backward.
+# ``flash_attention(q, k, v, ...)`` takes what SDPA takes: q (batch, heads, n_queries, d), k and
+# v (batch, kv_heads, n_keys, d or dv), in any strides (a fused qkv projection's view is read
+# where it lies). Its kernels are general where the course's are tuned: four strides a tensor, a
+# head-group index for GQA, d and dv padded to a power of two with masked loads, and a mask as
+# two bounds on j - i: query i sees key j when lo <= j - i <= hi. Causal is hi = offset, a window
+# (left, right) lo = offset - left and hi = offset + right, offset 0 top-left (SDPA's) or
+# n_keys - n_queries bottom-right (the last query sees the last key: decode, or new queries over
+# a cache). A query that sees no key gets output 0, lse -inf and zero gradients, as SDPA gives a
+# row its boolean mask hides. Key tiles a mask hides from a whole query tile are never visited
+# (``_attention_span``); tiles it shows whole run unmasked. Softcap (Gemma 2): the scaled logits s
+# become softcap * tanh(s / softcap), whose derivative 1 - tanh^2 multiplies dS.
+
 
 ATTENTION_MAX_HEAD_DIM = 256
 # Head dims step by 8: 16-bit rows of 8 elements are 16-byte vectors, what every model's head has.
@@ -3977,9 +3782,10 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """What ``flash_attention`` launches: the head dims padded to powers of two (tl.arange's
-    lengths, at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), and
-    each kernel's tiles (``FlashLaunch``: queries x keys per tile, warps, stages)."""
+    """What ``flash_attention`` launches: ``path`` "course" (FlashAttentionTriton's kernels) or
+    "general"; for the general kernels the head dims padded to powers of two (tl.arange's lengths,
+    at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), each kernel's
+    tiles and the forward's key splits. A plan given to flash_attention runs the general kernels."""
 
     head_dim: int
     head_dim_v: int
@@ -3989,6 +3795,7 @@ class AttentionPlan:
     dq: FlashLaunch
     dkdv: FlashLaunch
     splits: int = 1  # the forward's key range in this many parts (``attention_splits``)
+    path: str = "general"
 
     def check(self) -> None:
         for kernel in FLASH_KERNELS:
@@ -3997,25 +3804,18 @@ class AttentionPlan:
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """Tiles by the widest padded head dim, before shrinking to short sequences.
-
-    Up to 128 the course's choices (``flash_launches``, argued there) for its head dims. At 256 a
-    program's tiles are halved: the forward's 64 x 256 Q and its K and V tiles of 64 x 256 in two
-    stages count 160 KB in 16 bits (an H100 block may take 227 KB), and its float32 accumulator
-    would be 128 registers a thread over 4 warps, so 8 warps; dK and dV hold two float32
-    accumulators of 32 x 256. float32 operands take twice the bytes again: 32-row tiles, one stage.
-    tests/compile_flash_kernels.py compiles each for sm_90 and checks the shared memory it takes.
-    """
+    """Tiles by the widest padded head dim: the course's up to 128; at 256 halved so that the
+    forward's Q, K and V tiles fit an H100 block's shared memory and its float32 accumulator
+    takes 8 warps, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
     if head_dim <= 128:
-        return _flash_launches.__wrapped__(head_dim, dtype)  # uncached: torch.compile traces it
+        return flash_launches(head_dim, dtype)
     if dtype == torch.float32:
         return {"forward": FlashLaunch(32, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1)}
     return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
 
 
-# Few query tiles over many keys (decode): each program streams its keys alone, and too few of
-# them leave SMs idle. Split the keys until some four waves of an H100's 132 SMs run, each split
-# streaming at least 1024 keys (16 tiles of 64), so that the merge's extra pass stays small.
+# Few query tiles over many keys (decode) leave SMs idle: the forward splits the keys until some
+# four waves of an H100's 132 SMs run, each split at least 1024 keys so the merge stays small.
 ATTENTION_SPLIT_PROGRAMS = 4 * 132
 ATTENTION_SPLIT_MIN_KEYS = 1024
 
@@ -4029,19 +3829,25 @@ def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int
 
 
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
-                   causal_align: str = "top_left", window: tuple | None = None,
-                   batch_heads: int = 1) -> AttentionPlan:
-    """The launch of ``flash_attention`` for these head dims, dtype, lengths, mask and batch x
-    query heads: a pure function (no device asked). Tiles are ``_attention_tiles``'s, shrunk to
-    the least power of two >= 16 that covers a short sequence (a decode step of 1 query runs
-    16-query tiles, not 128); the forward splits long key ranges of few query tiles."""
+                   causal_align: str = "top_left", window: tuple | None = None, batch_heads: int = 1,
+                   grouped: bool = False, scale: float | None = None, softcap: float | None = None,
+                   return_lse: bool = False) -> AttentionPlan:
+    """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads
+    and options: a pure function. Path "course" for what FlashAttentionTriton takes as it is (no
+    GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
+    window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
+    flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
+    >= 16 that covers a short sequence (a decode step runs 16-query tiles)."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
              for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     splits = attention_splits(batch_heads, n_queries, n_keys, tiles["forward"].block_m)
-    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits)
+    course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
+              and (scale is None or scale == d ** -0.5) and n_keys > 0
+              and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
+    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general")
 
 
 @triton.jit
@@ -4404,8 +4210,6 @@ def attention_backward_dkdv_kernel(
     _attention_store(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, keys, n_keys, stride_dvn, dims_v, stride_dvd, DV)
 
 
-# The custom ops carry the plan as plain values: the mask bounds as ints with flags (an absent
-# bound's int is unused), softcap 0.0 for none, a launch as [block_m, block_n, warps, stages].
 def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
     """(qk_scale, cap2) of ``_attention_logits``; (scale, 1.0) passed as sm_scale where needed."""
     if softcap:
@@ -4421,6 +4225,16 @@ def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, s
                 num_warps=launch[2], num_stages=launch[3], **_flash_kernel_args(q.dtype))
 
 
+def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:
+    """The custom ops' plain values for a plan: scale, the bounds as ints with flags (an absent
+    bound's int is unused), softcap (0.0: none), and each kernel's [block_m, block_n, warps,
+    stages] (forward, dq, dkdv) then the forward's key splits."""
+    launches = [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
+                for field in ("block_m", "block_n", "num_warps", "num_stages")]
+    return (scale, plan.lo or 0, plan.hi or 0, plan.lo is not None, plan.hi is not None, softcap or 0.0,
+            [*launches, plan.splits])
+
+
 def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
     batch, heads, n_queries, _ = q.shape
     return (q.new_empty((batch, heads, n_queries, v.shape[-1])),
@@ -4428,11 +4242,10 @@ def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, lau
 
 
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lo: int, hi: int,
-                      has_lo: bool, has_hi: bool, softcap: float,
-                      launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                       has_lo: bool, has_hi: bool, softcap: float,
+                       launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
-    in q's dtype, lse (batch, heads, n_queries) float32. launches: the plan's forward, dq and dK/dV
-    launches, four ints each (the backward's ride along for autograd), then the forward's key splits."""
+    in q's dtype, lse (batch, heads, n_queries) float32 (``_attention_args`` for the rest)."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -4452,15 +4265,11 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
     if splits == 1:
         return out, lse[0]
-    return _merge_splits(out, lse, q.dtype)
-
-
-def _merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the whole key range from each split's: lse = logsumexp of theirs, out their
-    sum weighted by exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf."""
+    # The whole key range's lse is the logsumexp of the splits'; out their sum weighted by
+    # exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf.
     total = torch.logsumexp(lse, dim=0)
     weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))
-    return (out * weights[..., None]).sum(dim=0).to(dtype), total
+    return (out * weights[..., None]).sum(dim=0).to(q.dtype), total
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
@@ -4526,28 +4335,9 @@ def _attention_grad(ctx, dout, dlse):
 attention_forward.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 
-def _launch_list(plan: AttentionPlan) -> list[int]:
-    return [*(getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
-              for field in ("block_m", "block_n", "num_warps", "num_stages")), plan.splits]
-
-
-def flash_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict, return_lse: bool) -> str:
-    """Which kernels a ``flash_attention`` call with these (checked) options runs: "course" (those of
-    ``FlashAttentionTriton``, tuned for its plain problems) or "general" (the kernels above)."""
-    d, n_queries, n_keys = q.shape[-1], q.shape[2], k.shape[2]
-    plain = (not return_lse and options["window"] is None and options["softcap"] is None
-             and options["scale"] == d ** -0.5 and q.shape[1] == k.shape[1] and v.shape[-1] == d
-             and d in FLASH_HEAD_DIMS and n_keys > 0
-             and (not options["is_causal"] or options["causal_align"] == "top_left" or n_queries == n_keys))
-    # Heads that do not fold into the course's batch (a fused qkv projection's views) are copied:
-    # its backward, copies included, ran about 3x faster in a GPT-2 step than the general kernels'
-    # (outputs/README.md, "Design notes").
-    return "course" if plain else "general"
-
-
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the strides
-    allow, else copies), and back."""
+    """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the
+    strides allow, else copies), and back."""
     batch, heads, n_queries, d = q.shape
     out = FlashAttentionTriton.apply(*(t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)), is_causal)
     return out.view(batch, heads, n_queries, d)
@@ -4561,58 +4351,38 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     """Attention as ``F.scaled_dot_product_attention`` computes it, with what models add to it.
 
     q: (batch, heads, n_queries, d), k: (batch, kv_heads, n_keys, d), v: (batch, kv_heads,
-    n_keys, dv), any strides (a (B, N, H, D) tensor's ``.transpose(1, 2)`` is read in place);
-    float32, float16 or bfloat16, one dtype and device. d and dv are multiples of 8 up to 256 and
-    may differ. Returns out: (batch, heads, n_queries, dv) in q's dtype, contiguous, and with
-    ``return_lse`` also lse: (batch, heads, n_queries) float32, the natural log-sum-exp of each
-    query's logits (what split-KV and context-parallel callers merge partial results on).
+    n_keys, dv), any strides; float32, float16 or bfloat16, one dtype and device; d and dv
+    multiples of 8 up to 256. Returns out: (batch, heads, n_queries, dv) in q's dtype, and with
+    ``return_lse`` also lse: (batch, heads, n_queries) float32, each query's natural log-sum-exp.
 
-    * ``is_causal``, ``scale`` (default 1/sqrt(d)) and ``enable_gqa`` as in SDPA: with
-      enable_gqa, heads may be any multiple of kv_heads, query head h using key/value head
-      h // (heads // kv_heads); dk and dv sum over the query heads of their group.
-    * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (query i
-      sees keys j <= i + n_keys - n_queries: the last query sees every key, as a decode step or a
-      chunk of new queries over a cache needs). The window is aligned the same way.
-    * ``window=(left, right)``: query i (after alignment) sees keys i - left <= j <= i + right;
-      None on either side is unbounded. With is_causal too, right is at most 0.
+    * ``is_causal``, ``scale`` (default 1/sqrt(d)) and ``enable_gqa`` as in SDPA (query head h
+      uses key/value head h // (heads // kv_heads)).
+    * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (j <= i +
+      n_keys - n_queries: decode, or new queries over a cache); windows align the same way.
+    * ``window=(left, right)``: query i sees keys i - left <= j <= i + right (None: unbounded).
     * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2).
-    * A query that sees no key (bottom-right with n_queries > n_keys, or a window past the keys)
-      gets output 0, lse -inf and zero gradients, as SDPA gives for a fully masked row.
-    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s choice (tuning, tests); with
-      it the general kernels run.
+    * A query that sees no key gets output 0, lse -inf and zero gradients, as in SDPA.
+    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s (tuning, tests): the general
+      kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
+      on Hopper; twice differentiable there); others the general kernels (no double backward).
 
-    A plain call, one that the course's ``FlashAttentionTriton`` can take as it is (the same number
-    of heads, d = dv in ``FLASH_HEAD_DIMS``, SDPA's scale, causal or not with no window, softcap or
-    lse, heads that flatten into its batch without a copy), runs that tuned path (its Gluon kernels
-    on Hopper): ``flash_attention_path`` says which runs. A backward with create_graph=True works
-    there (it has a recorded second derivative) and is refused by the general kernels.
-
-    Differentiable in q, k and v (through out, and lse too), once: no double backward. A torch
-    custom op (``softmax_kernels::attention_forward`` / ``attention_backward``): torch.compile
-    (fullgraph=True) traces into its Triton launches and CUDA graphs capture it (no host syncs).
+    Differentiable in q, k and v, through out and lse. The custom ops
+    ``softmax_kernels::attention_forward`` / ``attention_backward`` let torch.compile(fullgraph=True)
+    trace into the Triton launches and CUDA graphs capture them. Errors name the argument.
     """
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {_type_name(return_lse)}")
-    n_queries, n_keys = q.shape[2], k.shape[2]
-    plan_given = plan
+    check_flag("return_lse", return_lse)
     if plan is None:
-        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, n_queries, n_keys, is_causal=options["is_causal"],
-                              causal_align=causal_align, window=options["window"],
-                              batch_heads=q.shape[0] * q.shape[1])
+        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
+                              batch_heads=q.shape[0] * q.shape[1], grouped=q.shape[1] != k.shape[1], **options)
+        if plan.path == "course":
+            return _course_attention(q, k, v, options["is_causal"])
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:
         plan.check()
-    if plan_given is None and flash_attention_path(q, k, v, options, return_lse) == "course":
-        return _course_attention(q, k, v, options["is_causal"])
-    lo, hi = plan.lo, plan.hi
-    args = (q, k, v, options["scale"], 0 if lo is None else lo, 0 if hi is None else hi, lo is not None,
-            hi is not None, options["softcap"] or 0.0, _launch_list(plan))
-    if needs_op(q, k, v):
-        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
-    else:
-        out, lse = _attention_forward(*args)
+    args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
+    out, lse = (torch.ops.softmax_kernels.attention_forward if needs_op(q, k, v) else _attention_forward)(*args)
     return (out, lse) if return_lse else out
 
 
@@ -6043,38 +5813,29 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
 
 
 # ----------------------------------------------------------------------------------------------
-# Gluon: FlashAttention forward on Hopper, warp-specialised
+# Gluon: FlashAttention on Hopper, warp-specialised (forward, dK/dV, dQ)
 # ----------------------------------------------------------------------------------------------
-# A tile: GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, GLUON_BLOCK_M for each
-# consumer warpgroup; a program runs one tile or, persistent (``gluon_flash_persistent``), one of
-# every so many. A loader warp brings each Q tile once, then K and V tiles of
-# GLUON_FLASH_BLOCK_N keys into a ring by TMA that both consumers read (a slot is refilled once
-# both have released it): one warpgroup's softmax can run under the other's products, where the
-# warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
-# O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
-# issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
-# tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Steps whose keys
-# every query of the tile sees skip the mask. Forward only; masking, -inf rows and the saved
-# log-sum-exp as in flash_attention_forward_kernel.
+# Forward: a tile is GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, one
+# GLUON_BLOCK_M for each consumer warpgroup; a program runs one tile or, persistent, one of every
+# so many. A loader warp brings each Q tile once, then K and V tiles of GLUON_FLASH_BLOCK_N keys
+# into a TMA ring both consumers read (a slot is refilled once both released it). Each consumer
+# issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i
+# only (MMAs finish in issue order), runs the online softmax of S_i while the tensor cores work on
+# P_{i-1} V_{i-1}, then waits for that and rescales O. Steps every query of the tile sees whole
+# skip the mask. Masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
-# Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
-# V ring, so a program keeps twice the products in flight (GLUON_FLASH_PINGPONG orders them).
+# Two consumers share the K and V ring: twice the products in flight a program.
 GLUON_FLASH_CONSUMERS = 2
-# setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
-# warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
-# both consumers get 232.
+# setmaxnreg for the second consumer (a multiple of 8): beside the loader's 40 (one warp padded
+# to a warpgroup), both consumers get 232 of the 64K.
 GLUON_FLASH_CONSUMER_REGISTERS = 232
-# Whether the two consumers take turns to issue their products (FlashAttention-3's ping-pong: one
-# warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
+# The consumers take turns to issue their products (FlashAttention-3's ping-pong: one's softmax
+# under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
-# A program runs one tile (a grid of batch x query tiles, the heaviest causal tiles first), or,
-# persistent, one program an SM loops over the tiles: no program start or end lies between two
-# tiles, and the loader brings the next tile's Q, then its K and V, as soon as both consumers are
-# past their last Q K^T product, under their last P V product and O's store. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
-# 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-6 % slower
-# past that, and causal tiles, whose lengths differ, balance better on the hardware's own
-# scheduling of one-tile programs taken heaviest first (0.98-1.41x; persistent 0.75-1.25x).
+# Persistent (one program an SM looping over the tiles, the next tile's loads under the last
+# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
+# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
 GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 
 
@@ -6084,6 +5845,30 @@ def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
 
 
 GLUON_FLASH_HEAD_DIMS = (64, 128)
+
+# dK and dV: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M keys, each consumer owning
+# GLUON_BLOCK_M of them and streaming 64-query tiles of Q and dO through a TMA ring. A step's four
+# products are asynchronous: S^T and dP^T together, P^T's exp under dP^T, dV's product while dS^T
+# is made, dK's last.
+GLUON_DKDV_STAGES = 2
+GLUON_DKDV_CONSUMER_REGISTERS = 232
+
+# dQ: a program a tile of the forward's queries (the heaviest causal ones first), each consumer
+# holding its Q and dO tiles and streaming K and V tiles of ``gluon_dq_block_n`` keys through a
+# TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
+# D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
+# Keys a step: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
+# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
+GLUON_DQ_WIDE_MIN_KEYS = 8192
+
+
+def gluon_dq_block_n(d: int, n_keys: int) -> int:
+    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
+    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
+
+
+GLUON_DQ_STAGES = 2
+GLUON_DQ_CONSUMER_REGISTERS = 232
 
 if _GLUON is not None:
 
@@ -6351,16 +6136,6 @@ if _GLUON is not None:
                                    v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
-
-# The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_CONSUMERS x
-# GLUON_BLOCK_M keys, each consumer warpgroup owning GLUON_BLOCK_M of them, streaming 64-query tiles of Q and dO
-# through a TMA ring. The four products of a step are issued asynchronously: S^T and dP^T
-# together, P^T's exp while dP^T runs, dV's product while dS^T is made, dK's last.
-GLUON_DKDV_STAGES = 2
-GLUON_DKDV_CONSUMER_REGISTERS = 232
-
-if _GLUON is not None:
-
     @gluon.jit
     def _gluon_backward_loader(held_a, held_b, streamed_a, streamed_b, held_a_bufs, held_b_bufs, a_bufs, b_bufs,
                                held_ready, ready, free, batch, held_start, stream_start, n_steps):
@@ -6556,30 +6331,6 @@ if _GLUON is not None:
                                       free, batch, key_start, query_start, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
-
-# The attention backward's dQ on Hopper: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M
-# queries (the forward's tiles, the heaviest causal ones first), each consumer warpgroup holding
-# its GLUON_BLOCK_M queries' Q and dO tiles and streaming K and V tiles (gluon_dq_block_n keys) through
-# a TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then
-# dS = P (dP - D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
-# Keys a step (gluon_dq_block_n): 128 at d = 64; at d = 128, 64 up to GLUON_DQ_WIDE_MIN_KEYS keys and
-# 128 from there. In the probe (outputs/profiles/gluon_dq_probe.txt) 128-key steps at d = 128 ran
-# 1.01-1.10x faster than 64-key ones from 8192 keys, 0.93-0.96x as fast at 4096-4097 and level at
-# 1000-3000; at d = 64, 64-key steps ran 0.88-1.00x as fast as 128-key ones. Three ring slots were at
-# best level with two.
-GLUON_DQ_WIDE_MIN_KEYS = 8192
-
-
-def gluon_dq_block_n(d: int, n_keys: int) -> int:
-    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
-    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
-
-
-GLUON_DQ_STAGES = 2
-GLUON_DQ_CONSUMER_REGISTERS = 232
-
-if _GLUON is not None:
-
     @gluon.jit
     def _gluon_dq_visible(rows, keys, n_keys, IS_CAUSAL: gl.constexpr):
         """Which (query, key) pairs of a step count: the key exists and, causal, the query sees it."""
@@ -6724,9 +6475,8 @@ def _gluon_descriptors(gl_dtype, *tiles) -> list:
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``flash_attention_gluon`` (and the Gluon dQ and dK/dV kernels) cannot take (Q, K, V), or None
-    when it can: an sm_90 GPU with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs,
-    and what TMA needs (``tma_unreadable``)."""
+    """Why the Gluon attention kernels cannot take (Q, K, V), or None when they can: an sm_90 GPU
+    with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs TMA reads (``tma_unreadable``)."""
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
     if Q.device.type != "cuda":
@@ -6748,9 +6498,8 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
 
 
 def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
-    """Why a TMA descriptor cannot read the 3-D tensor t (named ``name``), or None when it can: a
-    contiguous last dimension, a 16-byte aligned address, and the first two strides positive
-    multiples of 16 bytes."""
+    """Why a TMA descriptor cannot read the 3-D tensor t, or None: it needs a contiguous last
+    dimension, a 16-byte aligned address and the first two strides positive multiples of 16 bytes."""
     if t.stride(2) != 1:
         return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
     if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
@@ -6767,11 +6516,10 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
     O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
-    Only where ``gluon_flash_unsupported`` says None (a ValueError says why otherwise). Forward
-    only: an input that requires grad is refused. ``stages``: K and V ring slots (3 fit in shared
-    memory beside the Q and O tiles at d = 64 only: KernelCapacityError at d = 128); ``pingpong``:
-    the consumers take turns to issue their products; ``persistent``: one program an SM looping
-    over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
+    ValueError where ``gluon_flash_unsupported`` says why not. Forward only: inputs that require
+    grad or carry a tangent are refused. ``stages``: K and V ring slots (3 fit at d = 64 only);
+    ``pingpong``: the consumers take turns to issue their products; ``persistent``: one program
+    an SM over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
     """
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
@@ -6793,90 +6541,75 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     return O, L
 
 
+def _gluon_setup(Q: torch.Tensor, ring_bytes: int, what: str) -> tuple:
+    """(gl dtype, launch constexprs shared by the three kernels) after checking that ``what``
+    (``ring_bytes`` of tiles) fits a block's shared memory (KernelCapacityError if not)."""
+    if ring_bytes > _SHARED_MEMORY_BUDGET:
+        raise KernelCapacityError(f"{what} need {ring_bytes // 1024} KiB of shared memory, more than "
+                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    options = dict(CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
+                   num_warps=GLUON_BLOCK_M // 16)
+    return gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16, options
+
+
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
                          L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
                          kept: list | None = None, persistent: bool | None = None,
                          programs: int | None = None) -> None:
-    """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32).
-    With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of (Q, K, V, O, L), or
-    None where it cannot be kept. ``persistent``: None takes ``gluon_flash_persistent``'s choice;
-    ``programs`` caps a persistent grid below the SM count (tests: several tiles a program on
-    small inputs)."""
+    """``flash_attention_gluon`` past its checks, into O and L; kept (``_launch_flash``) as a
+    DescriptorReplay of (Q, K, V, O, L). ``programs`` caps a persistent grid (tests)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
     ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
-                                  f"{GLUON_FLASH_CONSUMERS} Q and O tiles need "
-                                  f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+    gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
+                                              f"{GLUON_FLASH_CONSUMERS} Q and O tiles")
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
     descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))
     n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
     grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
-    kernel = _jit(flash_attention_gluon_kernel, traced=False)
     args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
-                   PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 5, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
+                   PINGPONG=pingpong)
+    _launch_flash(_jit(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))
 
 
 def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: torch.Tensor, L: torch.Tensor,
                       delta: torch.Tensor, dK: torch.Tensor, dV: torch.Tensor, is_causal: bool,
                       stages: int = GLUON_DKDV_STAGES, kept: list | None = None) -> None:
-    """dK and dV (K's shape and dtype) by the Hopper kernel, from the forward's L and the dQ
-    kernel's delta (both (batch, n_queries) float32), where ``flash_dkdv_path`` takes (Q, K, V)
-    and dO (``gluon_flash_unsupported``, ``tma_unreadable``). With ``kept`` (a list), appends the launch as a
-    ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dK, dV), or None where it cannot be kept."""
+    """dK and dV by the Hopper kernel from L and the dQ kernel's delta; kept as a DescriptorReplay
+    of (Q, K, V, dO, L, delta, dK, dV)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    block = [1, GLUON_BLOCK_M, d]
     ring = (2 * GLUON_FLASH_CONSUMERS + 2 * stages) * GLUON_BLOCK_M * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and V tiles "
-                                  f"({GLUON_BLOCK_M} x {d}) need {ring // 1024} KiB of shared memory, more than "
-                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
-    descs = _gluon_descriptors(gl_dtype, *((t, block) for t in (Q, K, V, dO)))
+    gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and "
+                                              f"V tiles ({GLUON_BLOCK_M} x {d})")
+    descs = _gluon_descriptors(gl_dtype, *((t, [1, GLUON_BLOCK_M, d]) for t in (Q, K, V, dO)))
     grid = (batch * cdiv(n_keys, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    kernel = _jit(flash_attention_backward_dkdv_gluon_kernel, traced=False)
     args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS,
-                   num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS)
+    _launch_flash(_jit(flash_attention_backward_dkdv_gluon_kernel, traced=False), grid, args, options, 8, kept,
+                  tuple(descs))
 
 
 def _gluon_flash_dq(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, dO: torch.Tensor,
                     L: torch.Tensor, delta: torch.Tensor, dQ: torch.Tensor, is_causal: bool,
                     stages: int = GLUON_DQ_STAGES, block_n: int | None = None, kept: list | None = None) -> None:
-    """D into delta ((batch, n_queries) float32) and dQ (Q's shape and dtype) by the Hopper
-    kernel, from the forward's O and L, where ``flash_dq_path`` takes (Q, K, V) and dO.
-    ``block_n``: keys a step (None: ``gluon_dq_block_n``'s). With ``kept`` (a list), appends the
-    launch as a ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dQ, O), or None where it cannot be kept."""
+    """D into delta and dQ by the Hopper kernel from O and L; ``block_n``: keys a step (None:
+    ``gluon_dq_block_n``'s). Kept as a DescriptorReplay of (Q, K, V, dO, L, delta, dQ, O)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     block_n = block_n or gluon_dq_block_n(d, n_keys)
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
     ring = (2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M + 2 * stages * block_n) * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and V tiles "
-                                  f"({block_n} x {d}) need {ring // 1024} KiB of shared memory, more than "
-                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    gl_dtype, options = _gluon_setup(Q, ring, f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and "
+                                              f"V tiles ({block_n} x {d})")
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
     descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (dO, q_block))
     grid = (batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    kernel = _jit(flash_attention_backward_dq_gluon_kernel, traced=False)
     args = (*descs, L, delta, dQ, O, *L.stride(), *delta.stride(), *dQ.stride(), *O.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS,
-                   num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS)
+    _launch_flash(_jit(flash_attention_backward_dq_gluon_kernel, traced=False), grid, args, options, 8, kept,
+                  tuple(descs))

@@ -685,27 +685,31 @@ def test_attention_function_replays_equal_the_checked_path(dtype):
 
     first = [randn((2, 300, 64), dtype, seed=s) for s in (40, 41, 42)]
     second = [randn((2, 300, 64), dtype, seed=s) for s in (43, 44, 45)]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept = fsm._FLASH_REPLAYS
+    kept.clear()
     run(*first)
-    assert len(fsm._FLASH_FORWARDS) == 1 and len(fsm._FLASH_BACKWARDS) == 1
-    (fkey,), (bkey,) = fsm._FLASH_FORWARDS, fsm._FLASH_BACKWARDS
-    forward, forward_uses = fsm._FLASH_FORWARDS[fkey][0], []
-    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: forward_uses.append(forward(*t)) or forward_uses[-1]),
-                                 *fsm._FLASH_FORWARDS[fkey][1:])
-    _, backward_uses = counting(fsm._FLASH_BACKWARDS, bkey)
+    (fkey,), (bkey,) = _flash_keys(kept)
+    forward, forward_uses = kept[fkey][0], []
+    kept[fkey] = ((lambda *t: forward_uses.append(forward(*t)) or forward_uses[-1]), *kept[fkey][1:])
+    _, backward_uses = counting(kept, bkey)
     again = run(*second)
     assert forward_uses == [True] and backward_uses == [True]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     checked = run(*second)
     for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
         assert torch.equal(got, want), name
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     run(*first, launches={"dq": fsm.flash_launches(64, dtype)["dq"]})
-    assert not fsm._FLASH_FORWARDS and not fsm._FLASH_BACKWARDS
+    assert not kept
     run(*first)
     strided = [randn((2, 600, 64), dtype, seed=s)[:, ::2] for s in (46, 47, 48)]  # row stride 128: another key
     run(*strided)
-    assert len(fsm._FLASH_FORWARDS) == 2 and len(fsm._FLASH_BACKWARDS) == 2
+    assert [len(keys) for keys in _flash_keys(kept)] == [2, 2]
+
+
+def _flash_keys(kept) -> tuple[list, list]:
+    """FlashAttentionTriton's kept keys: the forwards' (entries (Replay, is_causal)), the backwards' (chains)."""
+    return [k for k, v in kept.items() if isinstance(v, tuple)], [k for k, v in kept.items() if not isinstance(v, tuple)]
 
 
 @needs_gpu
@@ -718,7 +722,8 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
     probe = torch.empty((1, 8, 128), dtype=torch.bfloat16, device="cuda")
     if fsm.gluon_flash_unsupported(probe, probe, probe) is not None:
         pytest.skip(fsm.gluon_flash_unsupported(probe, probe, probe))
-    monkeypatch.setattr(fsm, "flash_forward_path", lambda *args: "gluon")
+    faster = fsm._gluon_faster
+    monkeypatch.setattr(fsm, "_gluon_faster", lambda *args: tuple({"forward", *faster(*args)}))
 
     def run(Q, K, V):
         leaves = [t.detach().requires_grad_() for t in (Q, K, V)]
@@ -727,19 +732,19 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
 
     first = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (50, 51, 52)]
     second = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (53, 54, 55)]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept = fsm._FLASH_REPLAYS
+    kept.clear()
     run(*first)
-    (fkey,) = fsm._FLASH_FORWARDS
-    forward = fsm._FLASH_FORWARDS[fkey][0]
+    (fkey,), (bkey,) = _flash_keys(kept)
+    forward = kept[fkey][0]
     assert isinstance(forward, osm.DescriptorReplay)
     uses = []
-    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *fsm._FLASH_FORWARDS[fkey][1:])
-    (bkey,) = fsm._FLASH_BACKWARDS
-    dkdv = fsm._FLASH_BACKWARDS[bkey].steps[1][0]
+    kept[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *kept[fkey][1:])
+    dkdv = kept[bkey].steps[1][0]
     assert isinstance(dkdv, osm.DescriptorReplay), "dK and dV by the Gluon kernel at d = 128, kept as such"
     again = run(*second)
     assert uses == [True]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     checked = run(*second)
     for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
         assert torch.equal(got, want), name
