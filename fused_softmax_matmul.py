@@ -4827,6 +4827,7 @@ def _lce_row(
     V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
+    TARGET_APART: tl.constexpr,
 ):
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
@@ -4914,7 +4915,9 @@ def _lce_row(
                 capped = _tanh(z / softcap)
                 z = softcap * capped
             p = tl.math.exp2((z - lse) * LOG2_E)
-            if WEIGHT or SMOOTH or Z_LOSS:
+            if TARGET_APART:
+                g = p * p_coef  # the caller adds the target's term in float32
+            elif WEIGHT or SMOOTH or Z_LOSS:
                 g = p * p_coef - tl.where(offs == local, t_coef, 0.0)
             else:
                 g = p - tl.where(offs == local, 1.0, 0.0)
@@ -4937,6 +4940,7 @@ def linear_cross_entropy_rows_kernel(
     n_rows, V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
+    TARGET_APART: tl.constexpr,
 ):
     """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
 
@@ -4947,12 +4951,13 @@ def linear_cross_entropy_rows_kernel(
     a plausible number (the wrapper raises on it first wherever it may read the targets back).
     SOFTCAP, WEIGHT, SMOOTH and Z_LOSS switch the options on (linear_cross_entropy's); SHARDED:
     the logits are the columns class_offset ... class_offset + V - 1 of n_classes, and the loss
-    slot gets this shard's linear terms alone (the caller reduces over the shards).
+    slot gets this shard's linear terms alone (the caller reduces over the shards). TARGET_APART:
+    the gradient leaves out the target's term (``_target_apart``).
     """
     for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
         _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
                  V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED)
+                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED, TARGET_APART)
 
 
 def _lce_rows_options(V: int, ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
@@ -4978,6 +4983,8 @@ def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, bl
     grad = factor is not None
     buffer = torch.empty((min(chunk_rows, BT), V), dtype=x.dtype, device=x.device)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
+    apart = grad and _target_apart(rows)
+    slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
     for start in range(0, BT, chunk_rows):
         end = min(start + chunk_rows, BT)
         x_c = x[start:end]
@@ -5000,7 +5007,7 @@ def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, bl
             rows.label_smoothing, rows.z_loss, logits.stride(0), target.stride(0), factor_stride,
             BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
             SOFTCAP=rows.softcap > 0, WEIGHT=rows.weight is not None, SMOOTH=rows.label_smoothing > 0,
-            Z_LOSS=rows.z_loss > 0, SHARDED=rows.sharded, num_warps=num_warps,
+            Z_LOSS=rows.z_loss > 0, SHARDED=rows.sharded, TARGET_APART=apart, num_warps=num_warps,
         )
         if dx is not None:
             torch.mm(logits, W, out=dx[start:end])
@@ -5011,8 +5018,45 @@ def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, bl
                 dW.addmm_(logits.t(), x_c)
         if db is not None:
             db.add_(logits.sum(0, dtype=torch.float32))
+        if apart:
+            _add_target_term(x_c, W, target_c, chunk_factor, rows, None if dx is None else dx[start:end], dW, db,
+                             slots)
     if dW is not None and BT == 0:
         dW.zero_()
+
+
+def _target_apart(rows: LinearCrossEntropyRows) -> bool:
+    """Whether the gradient's target term, -t_coef * factor in each row's target column, is left
+    out of the row kernel's tile and added in float32 (``_add_target_term``). With label
+    smoothing and no soft-capping it is one constant in every row of a "mean" or "sum": rounded
+    to x's dtype, its one rounding error repeats in every row of dx and dW, a bias that does not
+    average out as the other entries' roundings do."""
+    return rows.label_smoothing > 0 and rows.softcap == 0.0
+
+
+def _add_target_term(x_c, W, target_c, factor, rows: LinearCrossEntropyRows, dx_c, dW, db, slots) -> None:
+    """Adds the chunk's target terms, -c_r one-hot(target_r) with c_r = t_coef * factor, to its
+    gradients in float32: dx_r -= c_r W[target_r], dW[target_r] -= c_r x_r (the rows of one
+    class summed in float32 first, each touched row of dW rounded once), db[target_r] -= c_r.
+    O(rows x H) work; slots is a (V,) int64 scratch."""
+    local = target_c - rows.class_offset
+    here = (local >= 0) & (local < W.shape[0]) & (target_c != rows.ignore_index)
+    t = torch.where(here, local, 0)
+    coef = (rows.label_smoothing - 1.0) * factor
+    if rows.weight is not None:
+        coef = coef * rows.weight[torch.where(here, target_c, 0)]
+    coef = torch.where(here, coef, 0.0)
+    if dx_c is not None:
+        dx_c.copy_(torch.addcmul(dx_c.float(), coef[:, None], W[t].float()))
+    if dW is not None:
+        n = t.shape[0]
+        # Each row's slot: the first row of the chunk with its class, so equal classes sum in one float32 row.
+        slot = slots.fill_(n).scatter_reduce_(0, t, torch.arange(n, device=t.device), "amin")[t]
+        total = torch.zeros((n, x_c.shape[1]), dtype=torch.float32, device=x_c.device)
+        total.index_add_(0, slot, coef[:, None] * x_c.float())
+        dW[t] = (dW[t].float() + total[slot]).to(dW.dtype)  # a class's rows all write the same value
+    if db is not None:
+        db.index_add_(0, t, coef)
 
 
 def _mean_denominator(target: torch.Tensor, rows: LinearCrossEntropyRows) -> torch.Tensor:

@@ -21,7 +21,7 @@ from fused_softmax_matmul import (
     linear_cross_entropy_launch, linear_cross_entropy_ref,
 )
 from conftest import graph_replay
-from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn
+from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, relative_error
 
 IGNORE = -100
 
@@ -180,6 +180,32 @@ def test_all_options_in_float16(reduction):
             assert_close(out, ref, torch_out, factor=2.0)
         except AssertionError as e:
             raise AssertionError(f"{name}: {e}") from None
+
+
+def test_label_smoothing_gradient_has_no_repeated_rounding():
+    """With label smoothing each row's target column of d loss / d logits is one constant,
+    -(1 - eps) / n for "mean" over n rows; rounded to bfloat16 in the gradient tile, its one
+    error would repeat in every row of dx and dW, a bias that does not average out. So the
+    target's term goes into the gradients in float32. Here n = 56 puts PyTorch's constant
+    (0.75 (0.9 + ...) / 56, the upstream gradient inside) within 5e-4 of a bfloat16 number and
+    the tile's (0.9 + ...) / 56 3e-3 off one; logits of size 0.25 keep the softmax's share of
+    the target column below half a unit of it (a bias of size 0.1 too), so the tile's rounding
+    would be the same in every row: there dx and dW come out 2.2-2.4x PyTorch's error. Three
+    chunks, a class repeated within one and across two."""
+    x, W, target = linear_cross_entropy_inputs(64, 32, 512, torch.bfloat16, scale=0.25, ignored=0.0)
+    target[::8] = IGNORE  # n = 56 rows kept
+    target[[2, 3, 5, 30]] = int(target[1])
+    options = dict(label_smoothing=0.1, bias=randn((512,), torch.bfloat16, seed=4, scale=0.1))
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, "mean", 0.75, options,
+                               launch=LinearCrossEntropyLaunch(24, 512, 4))
+    ref64 = loss_and_grads_with(linear_cross_entropy_ref, x.double(), W.double(), target, "mean", 0.75,
+                                widened(options))
+    theirs = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, "mean", 0.75, options)
+    assert_close(ours[0], ref64[0], theirs[0])
+    # No roundoff floor for the gradients: the bias sought is a fraction of one unit.
+    for name, out, ref, torch_out in zip(("dx", "dW", "dbias"), ours[1:], ref64[1:], theirs[1:]):
+        err, torch_err = relative_error(out, ref), relative_error(torch_out, ref)
+        assert err <= 2 * torch_err, f"{name}: relative error {err:.3e} > 2 x torch's {torch_err:.3e}"
 
 
 def test_options_off_are_the_default_call():
