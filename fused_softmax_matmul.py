@@ -4609,6 +4609,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
 # kernel: off, they compile away. See outputs/README.md, design notes: Linear cross-entropy.
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
+_INT64 = torch.iinfo(torch.int64)
 # Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
 # capped at a quarter of dW (rows <= H / 4) down to the minimum (design notes: Linear cross-entropy).
 LCE_MIN_ROWS = 512
@@ -4654,39 +4655,30 @@ def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -
 
 @dataclass(frozen=True)
 class LinearCrossEntropyLaunch:
-    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps,
-    and its programs: 0 for one per row, n for n programs taking every n-th row."""
+    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps."""
 
     chunk_rows: int
     block_v: int
     num_warps: int
-    programs: int = 0
 
     def check(self) -> None:
-        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
-            raise ValueError(f"launch.chunk_rows must be a positive int, got {self.chunk_rows!r}")
+        check_int("launch.chunk_rows", self.chunk_rows, 1, _INT64.max)
         check_block("launch.block_v", self.block_v, 16, 16384)
         check_block("launch.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.programs, bool) or not isinstance(self.programs, int) or self.programs < 0:
-            raise ValueError(f"launch.programs must be an int >= 0 (0: one per row), got {self.programs!r}")
 
 
 @dataclass(frozen=True)
 class LinearCrossEntropyPlan:
-    """What a call runs. Its fields are the custom ops' arguments, in order (``args``).
-
-    sharded: W holds the classes class_offset ... class_offset + V - 1 of n_classes, and the
-    forward gives each row's log-sum-exp and linear terms for the group to merge. target_apart:
-    the gradient's target term is added in float32 (``_add_target_term``). round_bf16: the
-    interpreter truncates float32 -> bfloat16 casts, so the kernel rounds its stores itself
-    (truncation doubled the gradient's error). grad_*: which gradients the call wants.
-    """
+    """What a call runs; its fields are the custom ops' arguments, in order (``args``). sharded: W
+    holds the classes class_offset ... class_offset + V - 1 of n_classes. target_apart: the
+    gradient's target term is added in float32 (``_add_target_term``). round_bf16: the kernel
+    rounds its bfloat16 stores itself, as the interpreter's casts truncate. grad_*: the
+    gradients wanted."""
 
     reduction: str
     chunk_rows: int
     block_v: int
     num_warps: int
-    programs: int
     ignore_index: int
     label_smoothing: float
     softcap: float  # 0.0: none
@@ -4709,7 +4701,7 @@ class LinearCrossEntropyPlan:
 
     @property
     def launch(self) -> LinearCrossEntropyLaunch:
-        return LinearCrossEntropyLaunch(self.chunk_rows, self.block_v, self.num_warps, self.programs)
+        return LinearCrossEntropyLaunch(self.chunk_rows, self.block_v, self.num_warps)
 
     def args(self) -> tuple:
         return tuple(getattr(self, f.name) for f in fields(self))
@@ -4723,35 +4715,27 @@ def _check_number(name: str, value, low: float, high: float = float("inf"), low_
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 
-def _check_int(name: str, value) -> None:
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-
-
 def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduction: str = "mean", *,
                               ignore_index: int = -100, label_smoothing: float = 0.0, softcap: float | None = None,
                               z_loss: float = 0.0, launch: LinearCrossEntropyLaunch | None = None,
                               vocab_start: int | None = None, n_classes: int | None = None,
                               grads: tuple = (False, False, False), interpret: bool = INTERPRET
                               ) -> LinearCrossEntropyPlan:
-    """The plan of a call with x (BT, H) and W (V, H) of dtype; raises TypeError / ValueError
-    naming a bad option or launch. The launch: chunks of H / 4 rows within [LCE_MIN_ROWS,
-    LCE_MAX_ROWS] in multiples of LCE_ROW_MULTIPLE, never more than BT (the buffer grows with V
-    and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is that shard
-    of the vocabulary. grads: (x, W, bias) want a gradient."""
-    _check_int("ignore_index", ignore_index)
+    """The plan of a call with x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within
+    [LCE_MIN_ROWS, LCE_MAX_ROWS] in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer grows
+    with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is that
+    shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError / ValueError
+    naming a bad option or launch."""
+    check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
     if reduction not in LCE_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
     _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
     if softcap is not None:
         _check_number("softcap", softcap, 0.0, low_open=True)
     _check_number("z_loss", z_loss, 0.0)
-    if vocab_start is not None:
-        _check_int("vocab_start", vocab_start)
-        _check_int("n_classes", n_classes)
-        if vocab_start < 0 or vocab_start + V > n_classes:
-            raise ValueError(f"this shard's classes [vocab_start, vocab_start + W_shard.shape[0]) = [{vocab_start}, "
-                             f"{vocab_start + V}) must lie in [0, n_classes = {n_classes})")
+    if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
+        check_int("n_classes", n_classes, V, _INT64.max)
+        check_int("vocab_start", vocab_start, 0, n_classes - V)
     if launch is None:
         rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
         block_v = min(next_power_of_2(V), 8192 // dtype.itemsize)
@@ -4762,15 +4746,20 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
         launch.check()
     softcap = 0.0 if softcap is None else float(softcap)
     return LinearCrossEntropyPlan(
-        reduction, launch.chunk_rows, launch.block_v, launch.num_warps, launch.programs, ignore_index,
+        reduction, launch.chunk_rows, launch.block_v, launch.num_warps, ignore_index,
         float(label_smoothing), softcap, float(z_loss), vocab_start or 0, V if n_classes is None else n_classes,
         vocab_start is not None, label_smoothing > 0 and softcap == 0.0, interpret and dtype == torch.bfloat16,
         *grads)
 
 
-def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> None:
-    """x (..., H), W (V, H), target x.shape[:-1] int64, bias (V,), weight (n_classes,) floating
-    (n_classes: the whole vocabulary's when W is a shard of it, else V)."""
+def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> tuple:
+    """(x, W, bias, target) as autocast casts the first three, checked, x and target flattened
+    to (BT, H) and (BT,) (views where the strides allow). x (..., H), W (V, H), target
+    x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's when
+    W is a shard of it, else V); no dual tensors nor torch.func transforms' tensors."""
+    x, W = autocast_operands(x, W)
+    if bias is not None:
+        _, bias = autocast_operands(x, bias)
     check_tensor("x", x, range(1, 64))
     check_tensor("W", W, 2)
     check_same("x", x, "W", W)
@@ -4803,6 +4792,11 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
             raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
         if weight.device != x.device:
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}: they must be on one device")
+    if transformed(x, W, bias):  # a custom op has no forward-mode formula nor torch.func rules
+        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
+                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
+                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
+    return x.reshape(-1, x.shape[-1]), W, bias, target.reshape(-1)
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
@@ -4817,20 +4811,6 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
         first = tuple(int(i) for i in bad.nonzero()[0])
         raise ValueError(f"target[{', '.join(map(str, first))}] = {int(target[first])} is not a class index in "
                          f"[0, {V}) (V = W.shape[0]) nor ignore_index = {ignore_index}")
-
-
-def _lce_inputs(x, W, target, bias, weight, n_classes=None):
-    """Autocast, the checks and the refusal of transforms; x and target flattened to (BT, H) and
-    (BT,) (views where the strides allow)."""
-    x, W = autocast_operands(x, W)
-    if bias is not None:
-        _, bias = autocast_operands(x, bias)
-    check_linear_cross_entropy_inputs(x, W, target, bias, weight, n_classes)
-    if transformed(x, W, bias):  # a custom op has no forward-mode formula nor torch.func rules
-        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
-                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
-                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
-    return x.reshape(-1, x.shape[-1]), W, bias, target.reshape(-1)
 
 
 @triton.jit
@@ -4863,13 +4843,23 @@ def _tanh(u):
 
 
 @triton.jit
-def _lce_row(
-    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+def linear_cross_entropy_rows_kernel(
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
     V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
     TARGET_APART: tl.constexpr,
 ):
+    """One program per row of the chunk's logits (rows, V).
+
+    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
+    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
+    gradient times factor[row]. An ignored row has loss and gradient 0; a target outside [0,
+    n_classes) gives NaN in both, never a plausible number. SHARDED: the logits are the columns
+    class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets this shard's
+    linear terms alone. The other switches are the plan's options.
+    """
+    row = tl.program_id(0)
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
     ignored = target == ignore_index
@@ -4975,36 +4965,10 @@ def _lce_row(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-@triton.jit
-def linear_cross_entropy_rows_kernel(
-    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-    n_rows, V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
-    SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
-    TARGET_APART: tl.constexpr,
-):
-    """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
-
-    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
-    gradient times factor[row]. An ignored row has loss and gradient 0; a target outside [0,
-    n_classes) gives NaN in both, never a plausible number. SHARDED: the logits are the columns
-    class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets this shard's
-    linear terms alone. The other switches are the plan's options.
-    """
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-                 V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED, TARGET_APART)
-
-
 def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
-    """The chunk loop of the forward and the recomputing backward.
-
-    loss_rows: where each row's loss goes, or None when lse holds the log-sum-exps already (the
-    backward). factor: the gradient's float32 factor per row (0-d: one for all), or None for the
-    loss alone. dx / dW: where the gradients go, or None; db: a float32 (V,) accumulator or None.
-    """
+    """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
+    given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
+    None for the loss alone; dx, dW: where the gradients go, or None; db: a float32 (V,) sum or None."""
     BT, V = x.shape[0], W.shape[0]
     weight32 = weight.float() if weight is not None else None
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
@@ -5022,11 +4986,10 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice (torch.compile tracks each written tensor).
         chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
-        grid = (min(plan.programs, end - start) if plan.programs else end - start,)
-        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
+        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
             logits, target_c, chunk_factor, target_c if loss_rows is None else loss_rows[start:end], lse[start:end],
             target_c if weight32 is None else weight32, target_c if weight_sum is None else weight_sum,
-            end - start, V, plan.ignore_index, plan.class_offset, plan.n_classes, plan.softcap, plan.label_smoothing,
+            V, plan.ignore_index, plan.class_offset, plan.n_classes, plan.softcap, plan.label_smoothing,
             plan.z_loss, logits.stride(0), target.stride(0), factor_stride,
             BLOCK_V=plan.block_v, LSE_GIVEN=loss_rows is None, GRAD=factor is not None, ROUND_BF16=plan.round_bf16,
             SOFTCAP=plan.softcap > 0, WEIGHT=weight is not None, SMOOTH=plan.label_smoothing > 0,
@@ -5105,7 +5068,7 @@ def _lce_forward_fake(x, W, target, bias, weight, *plan_fields):
 
 def _lce_forward(
     x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
-    reduction: str, chunk_rows: int, block_v: int, num_warps: int, programs: int, ignore_index: int,
+    reduction: str, chunk_rows: int, block_v: int, num_warps: int, ignore_index: int,
     label_smoothing: float, softcap: float, z_loss: float, class_offset: int, n_classes: int, sharded: bool,
     target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -5113,7 +5076,7 @@ def _lce_forward(
     path, else (BT,) float32; on the "sharded" path each row's linear terms), each row's
     log-sum-exp, and on the "scalar" path the wanted gradients for an upstream gradient of 1
     (empty where not wanted)."""
-    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, programs, ignore_index, label_smoothing,
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
                                   softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
                                   grad_x, grad_W, grad_bias)
     BT, V = x.shape[0], W.shape[0]
@@ -5148,12 +5111,12 @@ def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, *plan_fields):
 def _lce_backward(
     x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
     lse: torch.Tensor, dloss: torch.Tensor, reduction: str, chunk_rows: int, block_v: int, num_warps: int,
-    programs: int, ignore_index: int, label_smoothing: float, softcap: float, z_loss: float, class_offset: int,
+    ignore_index: int, label_smoothing: float, softcap: float, z_loss: float, class_offset: int,
     n_classes: int, sharded: bool, target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dx, dW, db) for the per-row upstream gradient dloss ((BT,) any stride, or 0-d): the
     chunks' logits recomputed, their gradient from the given log-sum-exps (empty where not wanted)."""
-    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, programs, ignore_index, label_smoothing,
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
                                   softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
                                   grad_x, grad_W, grad_bias)
     dx = x.new_empty(tuple(x.shape) if grad_x else (0,))
@@ -5236,7 +5199,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     row's loss and gradient are NaN instead). Precision and memory: outputs/README.md, design
     notes: Linear cross-entropy.
     """
-    x2, W, bias, t = _lce_inputs(x, W, target, bias, weight)
+    x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)
     grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
     plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
@@ -5250,10 +5213,9 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
 
 
 # Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
-# hold it. No rank holds more than its (chunk_rows, V / world) logits: each row's log-sum-exp is
-# merged across ranks from the shards' own, and its linear terms summed over them. The gradient
-# needs the whole vocabulary's log-sum-exp, known only after the forward's collectives, so the
-# backward recomputes each shard's logits; dx is all-reduced, dW and the bias's gradient stay local.
+# hold it. Each row's log-sum-exp is merged over the ranks from the shards' own and its linear
+# terms summed; the gradient needs that log-sum-exp, known only after the forward's collectives,
+# so the backward recomputes each shard's logits.
 def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple:
     """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
     all-gather of an integer, read back)."""
@@ -5357,7 +5319,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                            "group (torch.distributed.init_process_group)")
     if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
         vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
-    x2, W_shard, bias, t = _lce_inputs(x, W_shard, target, bias, weight, n_classes)
+    x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes)
     plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      vocab_start=vocab_start, n_classes=n_classes)

@@ -37,7 +37,7 @@ from test_linear_cross_entropy import linear_cross_entropy_inputs
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "softcap", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+    columns=("BT", "H", "V", "softcap", "dtype", "impl", "chunk_rows", "block_v", "num_warps",
              "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "pct_of_gemm_floor", "loss_rel_error",
              "grad_rel_error"),
     case=("BT", "H", "V", "softcap", "dtype", "mode"),
@@ -175,7 +175,7 @@ def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
     if impl in CALLER_FORMS and (BT, H, V, softcap, dtype) != CALLER_CASE:
         pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
-    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
+    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None)
     if impl == "triton":
         launch = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype]).launch
         launch_columns = dataclasses.asdict(launch)
