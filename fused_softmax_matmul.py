@@ -4389,21 +4389,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
 # ==============================================================================================
 # Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T + bias, target), fused
 # ==============================================================================================
-# x: (BT, H) hidden states (leading dimensions flattened into BT), W: (V, H) the LM head as
-# nn.Linear stores it, target: (BT,) int64. PyTorch writes the (BT, V) logits; here rows go
-# through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits (with the
-# bias, addmm), a Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times
-# the row's factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and "sum" the factor is
-# known in the forward, so the gradients are made there and the backward scales them (three
-# products); for "none" the backward recomputes the logits (four). Memory and chunk sizes:
-# outputs/README.md, "Design notes". The options (soft-capping, label smoothing, class weights,
-# z-loss, a vocabulary shard) are constexpr switches of the row kernel: off, it compiles to the
-# kernel without them, so the default call runs the same launches at the same speed.
+# x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear holds it, target: (BT,) int64.
+# Rows go through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits, a
+# Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times the row's
+# factor), cuBLAS dx = G @ W and dW += G^T @ x. The options are constexpr switches of the row
+# kernel: off, they compile away. See outputs/README.md, design notes: Linear cross-entropy.
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
-
-# Rows per chunk: from ~520 bf16 rows the dW update is compute bound, 1024 keeps all three products
-# so; the (rows, V) buffer is also capped at a quarter of dW (rows <= H / 4), down to 512 rows.
+_INT64 = torch.iinfo(torch.int64)
+# Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
+# capped at a quarter of dW (rows <= H / 4) down to the minimum (design notes: Linear cross-entropy).
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
@@ -4415,13 +4410,10 @@ def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Ten
                              label_smoothing: float = 0.0, softcap: float | None = None, z_loss: float = 0.0,
                              weight: torch.Tensor | None = None, logits_dtype: torch.dtype | None = None
                              ) -> torch.Tensor:
-    """What ``linear_cross_entropy`` must equal, in plain PyTorch: ``F.cross_entropy`` (with its
-    ``weight`` and ``label_smoothing``) of the logits upcast to float32 (the logits of x's dtype,
-    as language-model code upcasts them; float64 inputs stay float64; ``logits_dtype`` picks
-    another), soft-capped first as Gemma 2 does, plus ``z_loss * logsumexp(logits) ** 2`` on each
-    row not ignored. "mean" divides the sum of every row's loss, z-loss included, by
-    F.cross_entropy's own denominator: the rows not ignored, or with ``weight`` the sum of their
-    targets' weights."""
+    """What ``linear_cross_entropy`` must equal: ``F.cross_entropy`` of the logits upcast to
+    float32 (float64 stays float64; ``logits_dtype`` picks another), soft-capped first, plus
+    ``z_loss * logsumexp(logits) ** 2`` on each row not ignored; "mean" divides by
+    F.cross_entropy's own denominator (the rows not ignored, or their targets' weights)."""
     logits = F.linear(x, W, bias)
     wide = torch.promote_types(logits.dtype, torch.float32) if logits_dtype is None else logits_dtype
     logits = logits.to(wide).reshape(-1, W.shape[0])
@@ -4450,37 +4442,56 @@ def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -
 
 @dataclass(frozen=True)
 class LinearCrossEntropyLaunch:
-    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps,
-    and its programs: 0 for one per row, n for n programs taking every n-th row (fewer rows in
-    flight, so a row's second read is likelier to find it in L2)."""
+    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps."""
 
     chunk_rows: int
     block_v: int
     num_warps: int
-    programs: int = 0
 
     def check(self) -> None:
-        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
-            raise ValueError(f"launch.chunk_rows must be a positive int, got {self.chunk_rows!r}")
+        check_int("launch.chunk_rows", self.chunk_rows, 1, _INT64.max)
         check_block("launch.block_v", self.block_v, 16, 16384)
         check_block("launch.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.programs, bool) or not isinstance(self.programs, int) or self.programs < 0:
-            raise ValueError(f"launch.programs must be an int >= 0 (0: one per row), got {self.programs!r}")
 
 
-def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
-    """Rows per chunk; the row kernel streams 8 KiB tiles of a row.
+@dataclass(frozen=True)
+class LinearCrossEntropyPlan:
+    """What a call runs; its fields are the custom ops' arguments, in order (``args``). sharded: W
+    holds the classes class_offset ... class_offset + V - 1 of n_classes. target_apart: the
+    gradient's target term is added in float32 (``_add_target_term``). round_bf16: the kernel
+    rounds its bfloat16 stores itself, as the interpreter's casts truncate. grad_*: the
+    gradients wanted."""
 
-    H / 4 rows (the buffer, rows x V, is then a quarter of dW, V x H), within [LCE_MIN_ROWS,
-    LCE_MAX_ROWS] (see above: enough depth for dW's update, no more than the products need), in
-    multiples of LCE_ROW_MULTIPLE; never more than BT. A few integer operations, so not cached
-    (torch.compile traces them as constants).
-    """
-    element_size = dtype.itemsize
-    rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
-    rows = max(1, min(BT, rows))
-    block_v = min(next_power_of_2(V), 8192 // element_size)
-    return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
+    reduction: str
+    chunk_rows: int
+    block_v: int
+    num_warps: int
+    ignore_index: int
+    label_smoothing: float
+    softcap: float  # 0.0: none
+    z_loss: float
+    class_offset: int
+    n_classes: int
+    sharded: bool
+    target_apart: bool
+    round_bf16: bool
+    grad_x: bool = False
+    grad_W: bool = False
+    grad_bias: bool = False
+
+    @property
+    def path(self) -> str:
+        """ "scalar" ("mean" / "sum": the gradients are made in the forward, three products, and the
+        backward scales them), "rows" ("none": the backward recomputes the logits, four products)
+        or "sharded" (vocab_parallel_linear_cross_entropy: the backward recomputes)."""
+        return "sharded" if self.sharded else "rows" if self.reduction == "none" else "scalar"
+
+    @property
+    def launch(self) -> LinearCrossEntropyLaunch:
+        return LinearCrossEntropyLaunch(self.chunk_rows, self.block_v, self.num_warps)
+
+    def args(self) -> tuple:
+        return tuple(getattr(self, f.name) for f in fields(self))
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf"), low_open: bool = False) -> None:
@@ -4491,10 +4502,51 @@ def _check_number(name: str, value, low: float, high: float = float("inf"), low_
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 
-def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias=None, weight=None,
-                                      label_smoothing=0.0, softcap=None, z_loss=0.0, n_classes=None) -> None:
-    """x (..., H), W (V, H), target x.shape[:-1] int64, the options; n_classes: the classes of the
-    whole vocabulary when W is a shard of it (weight has that many entries), else V."""
+def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduction: str = "mean", *,
+                              ignore_index: int = -100, label_smoothing: float = 0.0, softcap: float | None = None,
+                              z_loss: float = 0.0, launch: LinearCrossEntropyLaunch | None = None,
+                              vocab_start: int | None = None, n_classes: int | None = None,
+                              grads: tuple = (False, False, False), interpret: bool = INTERPRET
+                              ) -> LinearCrossEntropyPlan:
+    """The plan of a call with x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within
+    [LCE_MIN_ROWS, LCE_MAX_ROWS] in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer grows
+    with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is that
+    shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError / ValueError
+    naming a bad option or launch."""
+    check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
+    if reduction not in LCE_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
+    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
+    if softcap is not None:
+        _check_number("softcap", softcap, 0.0, low_open=True)
+    _check_number("z_loss", z_loss, 0.0)
+    if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
+        check_int("n_classes", n_classes, V, _INT64.max)
+        check_int("vocab_start", vocab_start, 0, n_classes - V)
+    if launch is None:
+        rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
+        block_v = min(next_power_of_2(V), 8192 // dtype.itemsize)
+        launch = LinearCrossEntropyLaunch(max(1, min(BT, rows)), max(block_v, 16), 8 if block_v >= 2048 else 4)
+    elif not isinstance(launch, LinearCrossEntropyLaunch):
+        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
+    else:
+        launch.check()
+    softcap = 0.0 if softcap is None else float(softcap)
+    return LinearCrossEntropyPlan(
+        reduction, launch.chunk_rows, launch.block_v, launch.num_warps, ignore_index,
+        float(label_smoothing), softcap, float(z_loss), vocab_start or 0, V if n_classes is None else n_classes,
+        vocab_start is not None, label_smoothing > 0 and softcap == 0.0, interpret and dtype == torch.bfloat16,
+        *grads)
+
+
+def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> tuple:
+    """(x, W, bias, target) as autocast casts the first three, checked, x and target flattened
+    to (BT, H) and (BT,) (views where the strides allow). x (..., H), W (V, H), target
+    x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's when
+    W is a shard of it, else V); no dual tensors nor torch.func transforms' tensors."""
+    x, W = autocast_operands(x, W)
+    if bias is not None:
+        _, bias = autocast_operands(x, bias)
     check_tensor("x", x, range(1, 64))
     check_tensor("W", W, 2)
     check_same("x", x, "W", W)
@@ -4512,10 +4564,6 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bia
                          f"got {tuple(target.shape)}")
     if target.device != x.device:
         raise ValueError(f"target is on {target.device} but x is on {x.device}: they must be on one device")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in LCE_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
     V = W.shape[0]
     if bias is not None:
         check_tensor("bias", bias, 1)
@@ -4531,23 +4579,20 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bia
             raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
         if weight.device != x.device:
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}: they must be on one device")
-    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
-    if softcap is not None:
-        _check_number("softcap", softcap, 0.0, low_open=True)
-    _check_number("z_loss", z_loss, 0.0)
-
-
-def _may_sync(t: torch.Tensor) -> bool:
-    """Whether reading a value of t back to the host is allowed now: not while torch.compile
-    traces or a CUDA graph is being captured, nor from a FakeTensor (shape propagation), which
-    has none."""
-    if torch.compiler.is_compiling() or is_fake(t):
-        return False
-    return t.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if transformed(x, W, bias):  # a custom op has no forward-mode formula nor torch.func rules
+        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
+                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
+                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
+    return x.reshape(-1, x.shape[-1]), W, bias, target.reshape(-1)
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
-    """ValueError naming the first class index outside [0, V) that is not ignore_index (one host sync)."""
+    """ValueError naming the first class index outside [0, V) that is not ignore_index: one host
+    sync, skipped where nothing may be read back (a trace, a CUDA-graph capture, a FakeTensor)."""
+    if torch.compiler.is_compiling() or is_fake(target):
+        return
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     if bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0])
@@ -4555,37 +4600,13 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
                          f"[0, {V}) (V = W.shape[0]) nor ignore_index = {ignore_index}")
 
 
-def round_bf16_by_hand(dtype: torch.dtype) -> bool:
-    """In the interpreter, a float32 -> bfloat16 cast truncates (compiled Triton rounds to nearest
-    even): there the kernel rounds its bfloat16 stores itself, so the interpreter's errors are
-    the GPU's. Truncation doubled the gradient's rounding error there (seen in the tests)."""
-    return INTERPRET and dtype == torch.bfloat16
-
-
-@dataclass(frozen=True)
-class LinearCrossEntropyRows:
-    """What the row kernel needs beyond the logits: the options (softcap 0.0 for none; weight a
-    float32 (n_classes,) tensor or None, weight_sum its sum as a 0-d tensor) and, for a shard of
-    the vocabulary, the global class index of its first column and the vocabulary's size."""
-
-    ignore_index: int = -100
-    label_smoothing: float = 0.0
-    softcap: float = 0.0
-    z_loss: float = 0.0
-    weight: torch.Tensor | None = None
-    weight_sum: torch.Tensor | None = None
-    class_offset: int = 0
-    n_classes: int | None = None
-    sharded: bool = False
-
-
 @triton.jit
 def _bf16_nearest_even(t):
     """float32 t rounded to the nearest bfloat16 (ties to even), still as float32; inf and NaN kept.
 
-    Adding 0x7FFF plus the lowest kept bit to the bits carries into the kept 16 exactly when the
-    dropped half is above half a unit, or at half with the kept part odd; clearing the dropped
-    half then leaves the rounded value, which a truncating cast keeps exactly.
+    Adding 0x7FFF plus the lowest kept bit carries into the kept 16 bits exactly when the dropped
+    half is above half a unit, or at half with the kept part odd; clearing the dropped half then
+    leaves the rounded value, which a truncating cast keeps exactly.
     """
     bits = t.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
@@ -4594,10 +4615,10 @@ def _bf16_nearest_even(t):
 
 @triton.jit
 def _tanh(u):
-    """tanh of float32 u (libdevice's tanh does not run in the interpreter). Where |u| < 0.3, the
-    odd Taylor series to u^11 (the next term is 2e-9 of tanh there), since 1 - e^(-2|u|) below
-    would cancel; elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within 3 ulp of float32 over
-    [-20, 20] in the interpreter (torch's: 0.5), far below the bfloat16 logits' own rounding."""
+    """tanh of float32 u (libdevice's tanh does not run in the interpreter): where |u| < 0.3 the
+    odd Taylor series to u^11 (1 - e^(-2|u|) would cancel there; the next term is 2e-9 of tanh),
+    elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within a few float32 ulp, far below the 16-bit
+    logits' own rounding."""
     a = tl.abs(u)
     e = tl.math.exp2(a * (-2.0 * LOG2_E))
     far = (1.0 - e) / (1.0 + e)
@@ -4609,12 +4630,23 @@ def _tanh(u):
 
 
 @triton.jit
-def _lce_row(
-    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+def linear_cross_entropy_rows_kernel(
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
     V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
+    TARGET_APART: tl.constexpr,
 ):
+    """One program per row of the chunk's logits (rows, V).
+
+    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
+    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
+    gradient times factor[row]. An ignored row has loss and gradient 0; a target outside [0,
+    n_classes) gives NaN in both, never a plausible number. SHARDED: the logits are the columns
+    class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets this shard's
+    linear terms alone. The other switches are the plan's options.
+    """
+    row = tl.program_id(0)
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
     ignored = target == ignore_index
@@ -4701,7 +4733,9 @@ def _lce_row(
                 capped = _tanh(z / softcap)
                 z = softcap * capped
             p = tl.math.exp2((z - lse) * LOG2_E)
-            if WEIGHT or SMOOTH or Z_LOSS:
+            if TARGET_APART:
+                g = p * p_coef  # the caller adds the target's term in float32
+            elif WEIGHT or SMOOTH or Z_LOSS:
                 g = p * p_coef - tl.where(offs == local, t_coef, 0.0)
             else:
                 g = p - tl.where(offs == local, 1.0, 0.0)
@@ -4718,76 +4752,35 @@ def _lce_row(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-@triton.jit
-def linear_cross_entropy_rows_kernel(
-    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-    n_rows, V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
-    SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
-):
-    """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
-
-    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
-    gradient times factor[row]. A row whose target is ignore_index has loss and gradient 0; one
-    whose target is outside [0, n_classes) gets NaN in both, so a bad class index can never give
-    a plausible number (the wrapper raises on it first wherever it may read the targets back).
-    SOFTCAP, WEIGHT, SMOOTH and Z_LOSS switch the options on (linear_cross_entropy's); SHARDED:
-    the logits are the columns class_offset ... class_offset + V - 1 of n_classes, and the loss
-    slot gets this shard's linear terms alone (the caller reduces over the shards).
-    """
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-                 V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED)
-
-
-def _lce_rows_options(V: int, ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
-                      weight: torch.Tensor | None, class_offset: int = 0, n_classes: int | None = None,
-                      sharded: bool = False) -> LinearCrossEntropyRows:
+def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
+    """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
+    given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
+    None for the loss alone; dx, dW: where the gradients go, or None; db: a float32 (V,) sum or None."""
+    BT, V = x.shape[0], W.shape[0]
     weight32 = weight.float() if weight is not None else None
-    return LinearCrossEntropyRows(ignore_index, float(label_smoothing), float(softcap), float(z_loss), weight32,
-                                  weight32.sum() if weight32 is not None and label_smoothing else None,
-                                  class_offset, V if n_classes is None else n_classes, sharded)
-
-
-def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, block_v, num_warps, programs, lse,
-                loss_rows, factor, dx, dW, db, lse_given: bool):
-    """The chunk loop shared by the forward and the recomputing backward.
-
-    factor: a float32 tensor of the gradient's per-row factor (0-d: one for all rows), or None
-    for the loss alone. loss_rows: where each row's loss goes, None when lse_given (the
-    backward). dx / dW: where the gradients go, or None where not wanted; db: a float32 (V,)
-    buffer the bias's gradient is added to, or None.
-    """
-    BT = x.shape[0]
-    V = W.shape[0]
-    grad = factor is not None
-    buffer = torch.empty((min(chunk_rows, BT), V), dtype=x.dtype, device=x.device)
+    weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
+    apart = factor is not None and plan.target_apart
+    slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
+    buffer = torch.empty((min(plan.chunk_rows, BT), V), dtype=x.dtype, device=x.device)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
-    for start in range(0, BT, chunk_rows):
-        end = min(start + chunk_rows, BT)
-        x_c = x[start:end]
-        logits = buffer[: end - start]
+    for start in range(0, BT, plan.chunk_rows):
+        end = min(start + plan.chunk_rows, BT)
+        x_c, target_c, logits = x[start:end], target[start:end], buffer[: end - start]
         if bias is None:
             torch.mm(x_c, W.t(), out=logits)
         else:
             torch.addmm(bias, x_c, W.t(), out=logits)
-        target_c = target[start:end]
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice (torch.compile tracks each written tensor).
         chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
-        chunk_loss = target_c if lse_given else loss_rows[start:end]
-        grid = (min(programs, end - start) if programs else end - start,)
-        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
-            logits, target_c, chunk_factor, chunk_loss, lse[start:end],
-            target_c if rows.weight is None else rows.weight,
-            target_c if rows.weight_sum is None else rows.weight_sum,
-            end - start, V, rows.ignore_index, rows.class_offset, rows.n_classes, rows.softcap,
-            rows.label_smoothing, rows.z_loss, logits.stride(0), target.stride(0), factor_stride,
-            BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
-            SOFTCAP=rows.softcap > 0, WEIGHT=rows.weight is not None, SMOOTH=rows.label_smoothing > 0,
-            Z_LOSS=rows.z_loss > 0, SHARDED=rows.sharded, num_warps=num_warps,
+        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
+            logits, target_c, chunk_factor, target_c if loss_rows is None else loss_rows[start:end], lse[start:end],
+            target_c if weight32 is None else weight32, target_c if weight_sum is None else weight_sum,
+            V, plan.ignore_index, plan.class_offset, plan.n_classes, plan.softcap, plan.label_smoothing,
+            plan.z_loss, logits.stride(0), target.stride(0), factor_stride,
+            BLOCK_V=plan.block_v, LSE_GIVEN=loss_rows is None, GRAD=factor is not None, ROUND_BF16=plan.round_bf16,
+            SOFTCAP=plan.softcap > 0, WEIGHT=weight is not None, SMOOTH=plan.label_smoothing > 0,
+            Z_LOSS=plan.z_loss > 0, SHARDED=plan.sharded, TARGET_APART=apart, num_warps=plan.num_warps,
         )
         if dx is not None:
             torch.mm(logits, W, out=dx[start:end])
@@ -4798,18 +4791,48 @@ def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, bl
                 dW.addmm_(logits.t(), x_c)
         if db is not None:
             db.add_(logits.sum(0, dtype=torch.float32))
+        if apart:
+            _add_target_term(x_c, W, target_c, chunk_factor, weight, plan, None if dx is None else dx[start:end],
+                             dW, db, slots)
     if dW is not None and BT == 0:
         dW.zero_()
 
 
-def _mean_denominator(target: torch.Tensor, rows: LinearCrossEntropyRows) -> torch.Tensor:
+def _add_target_term(x_c, W, target_c, factor, weight, plan: LinearCrossEntropyPlan, dx_c, dW, db, slots) -> None:
+    """Adds the chunk's target terms -c_r onehot(target_r), c_r = t_coef * factor, in float32:
+    dx_r -= c_r W[target_r], dW[target_r] -= c_r x_r (a class's rows summed in float32, then each
+    touched row of dW rounded once), db[target_r] -= c_r. With label smoothing and no softcap
+    this term is one constant in every row: rounded in the 16-bit tile, its one error would
+    repeat in every row of dx and dW, a bias that does not average out (design notes: Label
+    smoothing's target term). slots: a (V,) int64 scratch."""
+    local = target_c - plan.class_offset
+    here = (local >= 0) & (local < W.shape[0]) & (target_c != plan.ignore_index)
+    t = torch.where(here, local, 0)
+    coef = (plan.label_smoothing - 1.0) * factor
+    if weight is not None:
+        coef = coef * weight[torch.where(here, target_c, 0)].float()
+    coef = torch.where(here, coef, 0.0)
+    if dx_c is not None:
+        dx_c.copy_(torch.addcmul(dx_c.float(), coef[:, None], W[t].float()))
+    if dW is not None:
+        n = t.shape[0]
+        # Each row's slot: the first row of the chunk with its class, so equal classes sum in one float32 row.
+        slot = slots.fill_(n).scatter_reduce_(0, t, torch.arange(n, device=t.device), "amin")[t]
+        total = torch.zeros((n, x_c.shape[1]), dtype=torch.float32, device=x_c.device)
+        total.index_add_(0, slot, coef[:, None] * x_c.float())
+        dW[t] = (dW[t].float() + total[slot]).to(dW.dtype)  # a class's rows all write the same value
+    if db is not None:
+        db.index_add_(0, t, coef)
+
+
+def _mean_denominator(target: torch.Tensor, weight: torch.Tensor | None, plan: LinearCrossEntropyPlan):
     """F.cross_entropy's "mean" denominator, float32 0-d: the rows not ignored, or with class
     weights the sum of their targets' weights (a bad target counts 0: its row's loss is NaN)."""
-    kept = target != rows.ignore_index
-    if rows.weight is None:
+    kept = target != plan.ignore_index
+    if weight is None:
         return kept.sum().to(torch.float32)
-    in_range = kept & (target >= 0) & (target < rows.n_classes)
-    return torch.where(in_range, rows.weight[torch.where(in_range, target, 0)], 0.0).sum()
+    in_range = kept & (target >= 0) & (target < plan.n_classes)
+    return torch.where(in_range, weight[torch.where(in_range, target, 0)].float(), 0.0).sum()
 
 
 def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Tensor | None) -> torch.Tensor:
@@ -4820,96 +4843,90 @@ def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Ten
     return loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
 
 
-def _lce_forward_fake(x, W, target, bias, weight, ignore_index: int, reduction: str, label_smoothing: float,
-                      softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                      grad_x: bool, grad_W: bool, grad_bias: bool):
-    BT = x.shape[0]
-    scalar = reduction != "none"
-    loss = x.new_empty(() if scalar else (BT,), dtype=torch.float32)
+def _lce_forward_fake(x, W, target, bias, weight, *plan_fields):
+    plan = LinearCrossEntropyPlan(*plan_fields)
+    scalar = plan.path == "scalar"
+    return (x.new_empty(() if scalar else (x.shape[0],), dtype=torch.float32),
+            x.new_empty((x.shape[0],), dtype=torch.float32),
+            x.new_empty(tuple(x.shape) if scalar and plan.grad_x else (0,)),
+            W.new_empty(tuple(W.shape) if scalar and plan.grad_W else (0,)),
+            W.new_empty((W.shape[0],) if scalar and plan.grad_bias else (0,)))
+
+
+def _lce_forward(
+    x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
+    reduction: str, chunk_rows: int, block_v: int, num_warps: int, ignore_index: int,
+    label_smoothing: float, softcap: float, z_loss: float, class_offset: int, n_classes: int, sharded: bool,
+    target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, dx, dW, db) of the plan given field by field: the loss (0-d on the "scalar"
+    path, else (BT,) float32; on the "sharded" path each row's linear terms), each row's
+    log-sum-exp, and on the "scalar" path the wanted gradients for an upstream gradient of 1
+    (empty where not wanted)."""
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
+                                  softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
+                                  grad_x, grad_W, grad_bias)
+    BT, V = x.shape[0], W.shape[0]
+    scalar = plan.path == "scalar"
+    gx, gW, gb = scalar and grad_x, scalar and grad_W, scalar and grad_bias
+    loss_rows = x.new_empty((BT,), dtype=torch.float32)
     lse = x.new_empty((BT,), dtype=torch.float32)
-    dx = x.new_empty((BT, x.shape[1]) if scalar and grad_x else (0,))
-    dW = W.new_empty(tuple(W.shape) if scalar and grad_W else (0,))
-    db = W.new_empty((W.shape[0],) if scalar and grad_bias else (0,))
-    return loss, lse, dx, dW, db
-
-
-def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                 weight: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
-                 softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                 grad_x: bool, grad_W: bool, grad_bias: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse, dx, dW, db): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
-    row's log-sum-exp, and for a scalar loss its gradients for an upstream gradient of 1 (empty
-    where not asked for, and always for "none"). softcap 0.0: none."""
-    BT, H = x.shape
-    V = W.shape[0]
-    scalar = reduction != "none"
-    rows = _lce_rows_options(V, ignore_index, label_smoothing, softcap, z_loss, weight)
-    loss_rows = torch.empty((BT,), dtype=torch.float32, device=x.device)
-    lse = torch.empty((BT,), dtype=torch.float32, device=x.device)
-    denominator = _mean_denominator(target, rows) if reduction == "mean" else None
-    want_x, want_W, want_b = scalar and grad_x, scalar and grad_W, scalar and grad_bias and bias is not None
-    dx = torch.empty((BT, H) if want_x else (0,), dtype=x.dtype, device=x.device)
-    dW = torch.empty(tuple(W.shape) if want_W else (0,), dtype=W.dtype, device=W.device)
-    db32 = torch.zeros((V,), dtype=torch.float32, device=x.device) if want_b else None
+    denominator = _mean_denominator(target, weight, plan) if scalar and reduction == "mean" else None
+    dx = x.new_empty((BT, x.shape[1]) if gx else (0,))
+    dW = W.new_empty(tuple(W.shape) if gW else (0,))
+    db = torch.zeros((V,), dtype=torch.float32, device=x.device) if gb else None
     factor = None
-    if want_x or want_W or want_b:
-        # 1 / the mean's denominator; with every row ignored it is inf, but every row's factor is then masked to 0
-        factor = denominator.reciprocal() if denominator is not None \
-            else torch.ones((), dtype=torch.float32, device=x.device)
-    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
-                dx if want_x else None, dW if want_W else None, db32, lse_given=False)
-    db = db32.to(W.dtype) if want_b else W.new_empty((0,))
-    return _reduce_rows(loss_rows, reduction, denominator), lse, dx, dW, db
+    if gx or gW or gb:
+        # With every row ignored the mean's 1 / denominator is inf, but every row's factor is masked to 0.
+        factor = denominator.reciprocal() if denominator is not None else x.new_ones((), dtype=torch.float32)
+    _lce_chunks(x, W, bias, target, weight, plan, lse, loss_rows, factor, dx if gx else None, dW if gW else None, db)
+    loss = _reduce_rows(loss_rows, reduction, denominator) if scalar else loss_rows
+    return loss, lse, dx, dW, db.to(W.dtype) if gb else W.new_empty((0,))
 
 
-# The op autograd and torch.compile see; eager calls that record no gradient launch directly.
 # Opaque to torch.compile: traced, the chunk loop's writes into views of its reused buffer became
-# copies (dW once a chunk), and a model step crashed with an illegal memory access (outputs/README.md,
-# "Design notes"). Opaque, the compiled graph calls the eager body: the same launches as eager.
-linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake,
-                                         opaque=True)(_lce_forward)
+# copies and a model step crashed (design notes: linear_cross_entropy is opaque to torch.compile).
+linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake, opaque=True)(_lce_forward)
 
 
-def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, ignore_index: int, label_smoothing: float,
-                       softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                       grad_x: bool, grad_W: bool, grad_bias: bool):
-    return (x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,)),
-            W.new_empty((W.shape[0],) if grad_bias else (0,)))
+def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, *plan_fields):
+    plan = LinearCrossEntropyPlan(*plan_fields)
+    return (x.new_empty(tuple(x.shape) if plan.grad_x else (0,)), W.new_empty(tuple(W.shape) if plan.grad_W else (0,)),
+            W.new_empty((W.shape[0],) if plan.grad_bias else (0,)))
 
 
-@kernel_op("linear_cross_entropy_backward", _lce_backward_fake, opaque=True)
-def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                                  weight: torch.Tensor | None, lse: torch.Tensor, dloss: torch.Tensor,
-                                  ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
-                                  chunk_rows: int, block_v: int, num_warps: int, programs: int, grad_x: bool,
-                                  grad_W: bool, grad_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dW, db) of reduction "none" for the upstream gradient dloss (BT,), any stride: the
-    chunks' logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
-    rows = _lce_rows_options(W.shape[0], ignore_index, label_smoothing, softcap, z_loss, weight)
-    dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
-    dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
-    db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
-    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
-                dx if grad_x else None, dW if grad_W else None, db32, lse_given=True)
-    return dx, dW, db32.to(W.dtype) if grad_bias else W.new_empty((0,))
+def _lce_backward(
+    x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
+    lse: torch.Tensor, dloss: torch.Tensor, reduction: str, chunk_rows: int, block_v: int, num_warps: int,
+    ignore_index: int, label_smoothing: float, softcap: float, z_loss: float, class_offset: int,
+    n_classes: int, sharded: bool, target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dW, db) for the per-row upstream gradient dloss ((BT,) any stride, or 0-d): the
+    chunks' logits recomputed, their gradient from the given log-sum-exps (empty where not wanted)."""
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
+                                  softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
+                                  grad_x, grad_W, grad_bias)
+    dx = x.new_empty(tuple(x.shape) if grad_x else (0,))
+    dW = W.new_empty(tuple(W.shape) if grad_W else (0,))
+    db = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
+    _lce_chunks(x, W, bias, target, weight, plan, lse, None, dloss.float(), dx if grad_x else None,
+                dW if grad_W else None, db)
+    return dx, dW, db.to(W.dtype) if grad_bias else W.new_empty((0,))
 
 
-_LCE_FORWARD_ARGS = 17  # linear_cross_entropy_forward's arguments, one gradient slot each
+linear_cross_entropy_backward = kernel_op("linear_cross_entropy_backward", _lce_backward_fake,
+                                          opaque=True)(_lce_backward)
 
 
 def _lce_setup_context(ctx, inputs, output):
-    (x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, chunk_rows, block_v,
-     num_warps, programs, grad_x, grad_W, grad_bias) = inputs
+    x, W, target, bias, weight, *plan_fields = inputs
     loss, lse, dx, dW, db = output
     ctx.mark_non_differentiable(lse, dx, dW, db)
-    # Autograd would otherwise hand the backward a zero-filled gradient for each output above:
-    # a dW-sized and a dx-sized tensor more at the peak (1 GB at V = 128256, H = 4096 in bfloat16).
+    # Materialised, each output above would get a zero-filled gradient: a dx and a dW more at the peak.
     ctx.set_materialize_grads(False)
-    ctx.reduction = reduction
-    ctx.grads = (grad_x, grad_W, grad_bias and bias is not None)
-    ctx.args = (ignore_index, label_smoothing, softcap, z_loss, chunk_rows, block_v, num_warps, programs)
-    if reduction == "none":
+    ctx.plan = LinearCrossEntropyPlan(*plan_fields)
+    ctx.n_inputs = len(inputs)
+    if ctx.plan.path == "rows":
         ctx.save_for_backward(x, W, target, bias, weight, lse)
     else:
         ctx.save_for_backward(dx, dW, db)
@@ -4918,63 +4935,30 @@ def _lce_setup_context(ctx, inputs, output):
 def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
     if torch.is_grad_enabled():
         raise no_double_backward("linear_cross_entropy")
+    plan = ctx.plan
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
-        return (None,) * _LCE_FORWARD_ARGS
-    if ctx.reduction == "none":
+        return (None,) * ctx.n_inputs
+    if plan.path == "rows":
         if transformed(dloss):
             raise NotImplementedError("linear_cross_entropy (reduction 'none') differentiates by backward only: "
                                       "its gradient of the losses must not be a dual tensor (forward-mode AD) nor "
                                       "a torch.func transform's tensor")
-        x, W, target, bias, weight, lse = ctx.saved_tensors
-        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(
-            x, W, target, bias, weight, lse, dloss, *ctx.args, *ctx.grads)
+        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(*ctx.saved_tensors, dloss, *plan.args())
+    elif torch.compiler.is_compiling():
+        dx, dW, db = (g * dloss for g in ctx.saved_tensors)
     else:
-        if torch.compiler.is_compiling():
-            dx, dW, db = ctx.saved_tensors
-            dx, dW, db = dx * dloss, dW * dloss, db * dloss
-        else:
-            # In place: dW is as large as W, and a copy would double the peak memory. A second
-            # backward through the same graph (retain_graph=True) would scale them twice.
-            if getattr(ctx, "gradients_returned", False):
-                raise RuntimeError("linear_cross_entropy (reduction 'mean' / 'sum') computes its gradients in the "
-                                   "forward and hands them out once: a second backward through the same graph "
-                                   "(retain_graph=True) is not supported; call it again instead")
-            ctx.gradients_returned = True
-            dx, dW, db = ctx.saved_tensors
-            dx, dW, db = dx.mul_(dloss), dW.mul_(dloss), db.mul_(dloss)
-    grad_x, grad_W, grad_bias = ctx.grads
-    return (dx if grad_x else None, dW if grad_W else None, None, db if grad_bias else None,
-            *([None] * (_LCE_FORWARD_ARGS - 4)))
+        # In place: dW is as large as W, and a copy would double the peak memory.
+        if getattr(ctx, "gradients_returned", False):
+            raise RuntimeError("linear_cross_entropy (reduction 'mean' / 'sum') computes its gradients in the "
+                               "forward and hands them out once: a second backward through the same graph "
+                               "(retain_graph=True) is not supported; call it again instead")
+        ctx.gradients_returned = True
+        dx, dW, db = (g.mul_(dloss) for g in ctx.saved_tensors)
+    return (dx if plan.grad_x else None, dW if plan.grad_W else None, None, db if plan.grad_bias else None,
+            *([None] * (ctx.n_inputs - 4)))
 
 
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
-
-
-def _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, launch,
-                 n_classes=None):
-    """The public entry points' common part: autocast, checks, the refusal of transforms, the
-    launch, and x and target flattened to (BT, H) and (BT,) (views where the strides allow)."""
-    x, W = autocast_operands(x, W)
-    if bias is not None:
-        _, bias = autocast_operands(x, bias)
-    check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias, weight, label_smoothing,
-                                      softcap, z_loss, n_classes)
-    if transformed(x, W, bias):
-        # Its custom op has no forward-mode formula and no torch.func rules: it would drop a
-        # tangent or fail inside torch.
-        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
-                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
-                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
-    x2 = x.reshape(-1, x.shape[-1])
-    target1 = target.reshape(-1)
-    BT, V = x2.shape[0], W.shape[0]
-    if launch is None:
-        launch = linear_cross_entropy_launch(BT, V, x2.shape[1], x2.dtype)
-    elif not isinstance(launch, LinearCrossEntropyLaunch):
-        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
-    else:
-        launch.check()
-    return x2, W, bias, target1, launch
 
 
 @on_input_device
@@ -4984,80 +4968,42 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
                          return_lse: bool = False, launch: LinearCrossEntropyLaunch | None = None):
     """``F.cross_entropy(F.linear(x, W, bias), target, ...)`` without the (BT, V) logits.
 
-    x: (..., H), any leading dimensions (flattened, in place where their strides allow), W: (V, H)
-    (nn.Linear's weight), bias: (V,) or None, float32 / float16 / bfloat16, one dtype (under
-    autocast all are cast to its dtype, as F.linear casts them: ``autocast_operands``); target:
-    x.shape[:-1], int64. For a causal LM the caller shifts: ``linear_cross_entropy(h[:, :-1],
-    W, tokens[:, 1:])``. Returns the loss in float32 (0-d, or target's shape for reduction
-    "none"), as PyTorch gives it on float32 logits; differentiable in x, W and bias.
+    x: (..., H), W: (V, H) (nn.Linear's weight), bias: (V,) or None, one of float32 / float16 /
+    bfloat16 (under autocast cast as F.linear casts them); target: x.shape[:-1] int64 (a causal
+    LM shifts: ``linear_cross_entropy(h[:, :-1], W, tokens[:, 1:])``). Returns the float32 loss,
+    0-d or target's shape for reduction "none", and with ``return_lse`` each row's float32
+    log-sum-exp (detached). Differentiable in x, W and bias by backward (not forward-mode AD nor
+    torch.func); "mean" and "sum" hand their gradients out once (no retain_graph).
 
-    Options, each off by default (and then free: the row kernel compiles without it):
-    ``weight`` (V,) class weights and ``label_smoothing`` as ``F.cross_entropy`` defines them
-    (with both, the smoothing term is weighted too; "mean" divides by the sum of the targets'
-    weights over the rows not ignored). ``softcap``: the logits (after the bias) become
-    ``softcap * tanh(logits / softcap)`` before the softmax, as Gemma 2 caps them. ``z_loss``:
-    ``z_loss * lse ** 2`` is added to each row not ignored (lse the log-sum-exp of its capped
-    logits), so "none" returns it in each row's loss, "sum" adds it up, and "mean" divides it by
-    the same denominator as the cross-entropy (the rows not ignored, or their targets' weights).
-    ``return_lse``: returns ``(loss, lse)``, lse the float32 log-sum-exp per row (target's
-    shape; 0 gradient flows through it: it is returned detached). ignore_index and reduction
-    stay positional as well, for callers of the two-option form.
+    Options, off by default and then compiled away: ``weight`` (V,) and ``label_smoothing`` as
+    F.cross_entropy defines them; ``softcap``: logits become softcap * tanh(logits / softcap)
+    first, as Gemma 2 caps them; ``z_loss``: z_loss * lse ** 2 added to each row not ignored
+    ("mean" divides it by the cross-entropy's denominator). ``launch`` overrides the plan's chunk
+    and tile (``linear_cross_entropy_plan``).
 
-    What runs where. The three products (logits, dx, dW; 2 BT V H flops each, nearly all the
-    work) are ``torch.mm`` / ``addmm``, i.e. cuBLAS: at these shapes it runs near the tensor
-    cores' peak, and the dx product (K = V, a short output) and dW's in-place accumulation
-    (beta = 1) are shapes this project's Triton matmul does not cover. The softmax, loss and
-    gradient (the part PyTorch spends several passes over the logits on) are the Triton kernel
-    ``linear_cross_entropy_rows_kernel``, one pass to read and one to read and write a chunk.
-    The bias's gradient is the column sum of each chunk's gradient, accumulated in float32.
-
-    Precision. Logits and their gradient are held in x's dtype, as PyTorch holds them; the
-    kernel computes in float32. dW accumulates over chunks in W's dtype: each chunk's product
-    accumulates in float32 inside cuBLAS and is added to dW with one rounding, so a bfloat16 dW
-    is rounded once per chunk (about BT / chunk_rows times, 8 at the largest benchmark) rather
-    than once; a float32 accumulator instead would be a (V, H) float32 buffer, twice dW itself
-    (2 GB at V = 128256, H = 4096). The tests bound the resulting error by PyTorch's own at the
-    same precision. In float16 the gradient of a mean over many rows underflows where PyTorch's
-    does (its entries are softmax / rows).
-
-    Bad targets. A class index outside [0, V) that is not ignore_index raises ValueError in
-    eager calls, at the cost of one host synchronisation (a small reduction over target, read
-    back before the products start). Under torch.compile or CUDA-graph capture nothing may be
-    read back: there such a row's loss and gradient are NaN (the kernel checks each target for
-    free), so the loss is NaN, never a plausible number.
-
-    ``launch`` replaces ``linear_cross_entropy_launch``'s choice (rows per chunk, the row
-    kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
-    chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
-    ``vocab_parallel_linear_cross_entropy`` takes W sharded by rows over a process group.
+    Raises TypeError / ValueError naming a bad argument, and ValueError for a target outside [0,
+    V) that is not ignore_index (one host sync; under torch.compile or CUDA-graph capture that
+    row's loss and gradient are NaN instead). Precision and memory: outputs/README.md, design
+    notes: Linear cross-entropy.
     """
-    shape = target.shape if isinstance(target, torch.Tensor) else None
-    x, W, bias, target, launch = _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing,
-                                              softcap, z_loss, launch)
-    if _may_sync(target):
-        check_targets(target.reshape(shape), W.shape[0], ignore_index)
-    recording = torch.is_grad_enabled()
-    grads = tuple(recording and t is not None and t.requires_grad for t in (x, W, bias))
-    args = (x, W, target, bias, weight, ignore_index, reduction, float(label_smoothing),
-            0.0 if softcap is None else float(softcap), float(z_loss), launch.chunk_rows, launch.block_v,
-            launch.num_warps, launch.programs, *grads)
-    if needs_op(x, W, bias):
-        loss, lse = torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[:2]
-    else:
-        loss, lse = _lce_forward(*args)[:2]
+    x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)
+    grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
+    plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
+                                     label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
+                                     grads=grads)
+    check_targets(target, W.shape[0], ignore_index)
+    run = torch.ops.softmax_kernels.linear_cross_entropy_forward if needs_op(x2, W, bias) else _lce_forward
+    loss, lse = run(x2, W, t, bias, weight, *plan.args())[:2]
     if reduction == "none":
-        loss = loss.reshape(shape)
-    return (loss, lse.reshape(shape)) if return_lse else loss
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
 # Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
-# hold it. No rank holds more than its (chunk_rows, V / world) logits: each row's log-sum-exp is
-# merged across ranks from the shards' own (an all-reduce of the maximum, then of the rescaled
-# sums), and its target logit (and label smoothing's weighted sum) from the shard holding it (an
-# all-reduce of the sums). The gradient needs the whole vocabulary's log-sum-exp, known only after
-# the forward's collectives, so the backward recomputes each shard's logits (four products, as
-# reduction "none" takes unsharded) and all-reduces dx; dW and the bias's gradient stay local.
-def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple[int, int]:
+# hold it. Each row's log-sum-exp is merged over the ranks from the shards' own and its linear
+# terms summed; the gradient needs that log-sum-exp, known only after the forward's collectives,
+# so the backward recomputes each shard's logits.
+def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple:
     """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
     all-gather of an integer, read back)."""
     import torch.distributed as dist
@@ -5065,20 +5011,12 @@ def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int |
     if (vocab_start is None) != (n_classes is None):
         raise ValueError("vocab_start and n_classes go together: pass both (this shard's first class and the "
                          "vocabulary's size) or neither (shards in rank order, their sizes gathered)")
-    if vocab_start is None:
-        sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
-        mine = torch.full((1,), V_local, dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(sizes, mine, group=group)
-        sizes = sizes.tolist()
-        rank = dist.get_rank(group)
-        return sum(sizes[:rank]), sum(sizes)
-    for name, value in (("vocab_start", vocab_start), ("n_classes", n_classes)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if vocab_start < 0 or vocab_start + V_local > n_classes:
-        raise ValueError(f"this shard's classes [vocab_start, vocab_start + W_shard.shape[0]) = [{vocab_start}, "
-                         f"{vocab_start + V_local}) must lie in [0, n_classes = {n_classes})")
-    return vocab_start, n_classes
+    if vocab_start is not None:
+        return vocab_start, n_classes
+    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, torch.full((1,), V_local, dtype=torch.int64, device=device), group=group)
+    sizes = sizes.tolist()
+    return sum(sizes[:dist.get_rank(group)]), sum(sizes)
 
 
 def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
@@ -5093,46 +5031,39 @@ def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
     return top + torch.log(total)
 
 
-def _sharded_row_loss(lse: torch.Tensor, linear: torch.Tensor, target: torch.Tensor,
-                      rows: LinearCrossEntropyRows) -> torch.Tensor:
+def _sharded_row_loss(lse, linear, target, weight, plan: LinearCrossEntropyPlan) -> torch.Tensor:
     """Each row's loss from the vocabulary's log-sum-exp and its summed linear terms: the row
     kernel's formula (p_coef lse - linear + z_loss lse^2), NaN for a bad class, 0 where ignored."""
-    in_range = (target >= 0) & (target < rows.n_classes)
-    p_coef = rows.weight[torch.where(in_range, target, 0)] if rows.weight is not None else torch.ones_like(lse)
-    if rows.label_smoothing:
-        total = rows.weight_sum if rows.weight is not None else rows.n_classes
-        p_coef = p_coef * (1.0 - rows.label_smoothing) + rows.label_smoothing / rows.n_classes * total
+    in_range = (target >= 0) & (target < plan.n_classes)
+    p_coef = weight[torch.where(in_range, target, 0)].float() if weight is not None else torch.ones_like(lse)
+    if plan.label_smoothing:
+        total = weight.float().sum() if weight is not None else plan.n_classes
+        p_coef = p_coef * (1.0 - plan.label_smoothing) + plan.label_smoothing / plan.n_classes * total
     loss = p_coef * lse - linear
-    if rows.z_loss:
-        loss = loss + rows.z_loss * lse * lse
+    if plan.z_loss:
+        loss = loss + plan.z_loss * lse * lse
     loss = torch.where(in_range, loss, float("nan"))
-    return torch.where(target == rows.ignore_index, 0.0, loss)
+    return torch.where(target == plan.ignore_index, 0.0, loss)
 
 
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
-    """Forward: the shard's log-sum-exp and linear terms, reduced over the group, then the loss.
-    Backward: the shard's logits again, their gradient from the group's log-sum-exp; dx summed
-    over the group."""
+    """The op pair's bodies with the group's collectives between them (a custom op cannot take a
+    process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
+    merged over the group; the backward recomputes the shard's gradients and sums dx."""
 
     @staticmethod
-    def forward(ctx, x, W, bias, target, group, rows: LinearCrossEntropyRows, reduction: str,
-                launch: LinearCrossEntropyLaunch):
+    def forward(ctx, x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
         import torch.distributed as dist
 
-        BT = x.shape[0]
-        lse_local = torch.empty((BT,), dtype=torch.float32, device=x.device)
-        linear = torch.empty((BT,), dtype=torch.float32, device=x.device)
-        _lce_chunks(x, W, bias, target, rows, launch.chunk_rows, launch.block_v, launch.num_warps, launch.programs,
-                    lse_local, linear, None, None, None, None, lse_given=False)
+        linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
         lse = _group_logsumexp(lse_local, group)
         dist.all_reduce(linear, group=group)
-        loss_rows = _sharded_row_loss(lse, linear, target, rows)
-        denominator = _mean_denominator(target, rows) if reduction == "mean" else None
-        loss = _reduce_rows(loss_rows, reduction, denominator)
+        denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
+        loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
-        ctx.group, ctx.rows, ctx.reduction, ctx.launch = group, rows, reduction, launch
-        ctx.save_for_backward(x, W, bias, target, lse, denominator)
+        ctx.group, ctx.plan = group, plan
+        ctx.save_for_backward(x, W, bias, target, weight, lse, denominator)
         return loss, lse
 
     @staticmethod
@@ -5140,21 +5071,15 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         import torch.distributed as dist
 
         if dloss is None:
-            return (None,) * 8
-        x, W, bias, target, lse, denominator = ctx.saved_tensors
+            return (None,) * 7
+        x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
         grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
-        factor = dloss.float()
-        if ctx.reduction == "mean":
-            factor = factor / denominator
-        launch = ctx.launch
-        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else None
-        dW = torch.empty_like(W, memory_format=torch.contiguous_format) if grad_W else None
-        db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
-        _lce_chunks(x, W, bias, target, ctx.rows, launch.chunk_rows, launch.block_v, launch.num_warps,
-                    launch.programs, lse, None, factor, dx, dW, db32, lse_given=True)
+        factor = dloss.float() if denominator is None else dloss.float() / denominator
+        plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
+        dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
         if grad_x:
             dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
-        return dx, dW, db32.to(W.dtype) if grad_bias else None, None, None, None, None, None
+        return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
 
 
 @on_input_device
@@ -5165,42 +5090,31 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                                         softcap: float | None = None, z_loss: float = 0.0,
                                         weight: torch.Tensor | None = None, return_lse: bool = False,
                                         launch: LinearCrossEntropyLaunch | None = None):
-    """``linear_cross_entropy`` with W sharded by rows (classes) over the process group ``group``
-    (None: the default group): every rank passes the same x (..., H) and target, and its own
-    W_shard (V_r, H) (and bias shard (V_r,)), the classes vocab_start ... vocab_start + V_r - 1
-    of n_classes. Without vocab_start and n_classes the shards are taken in rank order, sizes
-    possibly uneven (gathered: one small collective and a host sync per call). Every option of
-    ``linear_cross_entropy`` applies (weight: all n_classes of it on every rank); the loss and
-    lse are the group's, the same on every rank, and equal the unsharded call's up to the order
-    of the sums. Gradients: dx the group's (all-reduced, in x's dtype), dW_shard and the bias
-    shard's this rank's. Memory per rank: the (chunk_rows, V_r) buffer, dx and dW_shard; no rank
-    holds more than its shard's logits.
-
-    Cost: four products instead of three (the backward recomputes the shard's logits: the
-    gradient needs the group's log-sum-exp, which the forward's collectives give only after
-    every chunk), each 1 / world of the unsharded one's, and per call three all-reduces of BT
-    floats in the forward and one of dx in the backward. Eager only: the collectives are
-    torch.distributed's, which torch.compile(fullgraph=True) does not trace (``torch.compile``
-    without fullgraph breaks the graph around the call).
+    """``linear_cross_entropy`` with W sharded by rows over the process group ``group`` (None: the
+    default group). Every rank passes the same x (..., H) and target, and its own W_shard (V_r, H)
+    (and bias shard (V_r,)): the classes vocab_start ... vocab_start + V_r - 1 of n_classes, or
+    without them the shards in rank order, sizes possibly uneven (gathered: a collective and a
+    host sync per call). Every option applies (weight: all n_classes of it on every rank). The
+    loss and lse are the group's, the same on every rank; dx is the group's, dW_shard and the
+    bias shard's gradient this rank's. Four products instead of three, each 1 / world of the
+    unsharded one's. Eager only: torch.compile(fullgraph=True) does not trace the collectives.
     """
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialised torch.distributed process "
                            "group (torch.distributed.init_process_group)")
-    shape = target.shape if isinstance(target, torch.Tensor) else None
     if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
         vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
-    x, W_shard, bias, target, launch = _lce_prepare(x, W_shard, target, bias, weight, ignore_index, reduction,
-                                                    label_smoothing, softcap, z_loss, launch, n_classes)
-    if _may_sync(target):
-        check_targets(target.reshape(shape), n_classes, ignore_index)
-    rows = _lce_rows_options(W_shard.shape[0], ignore_index, label_smoothing, 0.0 if softcap is None else softcap,
-                             z_loss, weight, vocab_start, n_classes, sharded=True)
-    loss, lse = _VocabParallelLinearCrossEntropy.apply(x, W_shard, bias, target, group, rows, reduction, launch)
+    x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes)
+    plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
+                                     label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
+                                     vocab_start=vocab_start, n_classes=n_classes)
+    check_targets(target, n_classes, ignore_index)
+    loss, lse = _VocabParallelLinearCrossEntropy.apply(x2, W_shard, bias, t, weight, group, plan)
     if reduction == "none":
-        loss = loss.reshape(shape)
-    return (loss, lse.reshape(shape)) if return_lse else loss
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
 # ----------------------------------------------------------------------------------------------
