@@ -4481,9 +4481,9 @@ class LinearCrossEntropyPlan:
 
     @property
     def path(self) -> str:
-        """ "scalar" ("mean" / "sum": the gradients are made in the forward, three products, and the
-        backward scales them), "rows" ("none": the backward recomputes the logits, four products)
-        or "sharded" (vocab_parallel_linear_cross_entropy: the backward recomputes)."""
+        """The route: "scalar" ("mean" / "sum": the gradients are made in the forward, three
+        products, and the backward scales them), "rows" ("none": the backward recomputes the
+        logits, four products) or "sharded" (vocab_parallel_linear_cross_entropy, recomputing)."""
         return "sharded" if self.sharded else "rows" if self.reduction == "none" else "scalar"
 
     @property
@@ -4491,7 +4491,7 @@ class LinearCrossEntropyPlan:
         return LinearCrossEntropyLaunch(self.chunk_rows, self.block_v, self.num_warps)
 
     def args(self) -> tuple:
-        return tuple(getattr(self, f.name) for f in fields(self))
+        return tuple(getattr(self, name) for name in self.__dataclass_fields__)
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf"), low_open: bool = False) -> None:

@@ -694,10 +694,10 @@ def test_options_bfloat16_against_float32(option, reduction):
 
 
 @needs_gpu
-@pytest.mark.parametrize("option", ["none", "all"])
+@pytest.mark.parametrize("option", ["none", "all", "weight_smoothing"])  # the last: the target's term apart
 def test_compiles_on_gpu(option):
     x, W, target = linear_cross_entropy_inputs(512, 256, 5000, torch.bfloat16)
-    options = option_tensors(OPTIONS["all"], 5000, torch.bfloat16) if option == "all" else {}
+    options = option_tensors(OPTIONS[option], 5000, torch.bfloat16) if option != "none" else {}
 
     def f(x, W, target, **options):
         return linear_cross_entropy(x, W, target, **options)
@@ -730,12 +730,14 @@ def test_cuda_graph_capture():
 
 
 @needs_gpu
+@pytest.mark.parametrize("option", ["all", "weight_smoothing"])  # the last: the target's term apart
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_cuda_graph_capture_with_every_option(reduction):
+def test_cuda_graph_capture_with_every_option(reduction, option):
     """Every option captured (the class weights' sums and the mean's denominator on the device,
     nothing read back), replayed on new targets: the eager call's results."""
     x, W, target = linear_cross_entropy_inputs(512, 256, 5000, torch.bfloat16)
-    options = option_tensors(OPTIONS["all"], 5000, torch.bfloat16)
+    options = {"bias": True, **OPTIONS[option]}
+    options = option_tensors(options, 5000, torch.bfloat16)
     xl, Wl, bl = x.clone().requires_grad_(), W.clone().requires_grad_(), options["bias"].clone().requires_grad_()
     static_target = target.clone()
     upstream = upstream_for(reduction, 512)
