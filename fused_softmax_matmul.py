@@ -162,11 +162,11 @@ def _backward_fake(x, W, *rest):
 # ----------------------------------------------------------------------------------------------
 # Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
 # Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
-# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dP = dO @ V^T
-# a tile at a time and dx = P * (dP - rowsum(dO * O)) (with TF32 products rowsum(P * dP), from
-# a first pass over dP: see the kernel); ``fused_softmax_backward_dv_kernel``
-# sums dV = P^T @ dO over row tiles. Both are custom ops (``kernel_op``); the backward op has no
-# autograd of its own, so a second derivative raises.
+# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dx = P * (dP -
+# delta) a tile at a time, ``fused_softmax_backward_dv_kernel`` sums dV = P^T @ dO over row tiles.
+# A call: checks, then ``fused_softmax_plan`` (a pure function of shapes, dtype, device and
+# options), then ``_run_fused_softmax`` runs it: a direct launch (kept for the next call), the
+# autograd Function or the custom op.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Reference: the softmax of x, written to memory, then multiplied by V.
 
@@ -224,90 +224,82 @@ class FusedLaunch:
         check_flag("launch.transposed", self.transposed)
 
 
-# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
-# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
-# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
-# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
-# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
-# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
+# The fastest launch per (tl.dot precision, BLOCK_1) at the spec shape on an H100; "ieee" is
+# 16-bit operands (see outputs/README.md, design notes: fused launches).
 _FUSED_LAUNCHES = {
     ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
     ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
     ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
     ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
-    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
-    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
+    ("ieee", 16): FusedLaunch(512, 4, 3), ("ieee", 32): FusedLaunch(512, 4, 3, transposed=True),
+    ("ieee", 64): FusedLaunch(512, 8, 3, transposed=True),
 }
-# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
-# to 221 KiB of staged tiles, e.g. bf16 BLOCK_1 = 64: 3 x (64 x 64 + 64 x 512) x 2 bytes).
+# Shared memory a launch may plan for: an H100 block can have 227 KiB.
 _SHARED_MEMORY_BUDGET = 227 * 1024
+# Past this many columns of V the products dominate and the softmax is faster materialised for
+# 16-bit and TF32 products (see outputs/README.md, design notes: materialized path).
+FUSED_MAX_D3 = 128
+# TF32 at 64 < d3 <= 128: with fewer fused programs a SM than this the materialised pair wins.
+TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
+# Where the Gluon kernel beat the path before it on an H100 (see outputs/README.md, design
+# notes: Gluon route): one d3 tile (d3 <= 256) from these d2 with programs for 7 in 10 SMs; two
+# tiles (d3 384 to 512) from d2 3000 with programs for 96 in 100; float32 from d2 1024, or
+# under TF32 from d2 2048 with programs for 48 in 100. Wider d3 was not measured.
+GLUON_FUSED_MAX_D3 = 512
+GLUON_FUSED_MIN_D2 = 512  # 16-bit, d3 <= FUSED_MAX_D3
+GLUON_FUSED_WIDE_MIN_D2 = 1024  # 16-bit, FUSED_MAX_D3 < d3 <= 256
+GLUON_FLOAT32_MIN_D2 = 1024  # below, a kept float32 launch's host time passes its GPU time
+GLUON_FUSED_MIN_SM_SHARE = 0.7
+GLUON_FUSED_TWO_TILES_MIN_D3 = 384
+GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
+GLUON_FUSED_TWO_TILES_MIN_SM_SHARE = 0.96
+GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
+GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE = 0.48
 
 
-def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True) -> int:
+def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True, precision: str | None = None) -> int:
     """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3); ``aligned``:
-    x's batch and row strides are multiples of 16 bytes (``vector_strides``).
-
-    Measured on an H100 with triton.testing.do_bench (outputs/profiles/fused_block_sweep.txt,
-    fused_stride_probe.txt), d2 1000 to 8192, d3 64 to 512: from d2 = 256 on, 16-bit inputs run
-    fastest at 64 (1.03-1.3x faster than 32). Float32 turns on the product and d3: tf32x3
-    ('highest') at 32 for d3 <= 64 (1.25-1.45x faster than 64) and at 64 above (1.07-1.2x);
-    TF32 ('high') the other way round: 64 for d3 <= 64 (1.2-1.45x), 32 above (tied at d3 96 and
-    128, 1.3-1.5x faster at 512). Below d2 = 256, 32 (by 1.1-1.2x in float32 'highest'). Rows
-    whose stride is no multiple of 16 bytes load an element at a time: there smaller tiles win
-    (d2 1000 and 3000 unpadded, before ``vector_strides``: float32 at 16, 1.5-2x faster than 64;
-    16-bit at 32).
-    """
+    x's batch and row strides are multiples of 16 bytes; ``precision``: tl.dot's (default
+    ``dot_precision(dtype)``). The fastest on an H100 (see outputs/README.md, design notes:
+    fused blocks): 32 for short rows, smaller tiles for unaligned rows, 64 for 16-bit, and for
+    float32 by the product and d3."""
     if d2 < 256:
         return 32
     if not aligned:
         return 16 if dtype == torch.float32 else 32
     if dtype != torch.float32:
         return 64
-    narrow = d3 <= 64
-    return 64 if narrow == (dot_precision(dtype) == "tf32") else 32
+    return 64 if (d3 <= 64) == ((precision or dot_precision(dtype)) == "tf32") else 32
 
 
-def default_block(x: torch.Tensor, V: torch.Tensor) -> int:
-    """``fused_blocks`` for these inputs: their d2, d3 and dtype, and whether x's batch and row
-    strides are multiples of 16 bytes."""
-    aligned = not any(v * x.element_size() % 16 for v in x.stride()[:2])
-    return fused_blocks(int(x.shape[-1]), int(V.shape[-1]), x.dtype, aligned)
-
-
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
-    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
-
-    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
-    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
-    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
-    """
-    block_2 = block_1 if block_2 is None else block_2
-    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    return _fused_launch(d3, block_1, block_2, dtype, kind)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
-    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
-    block_3 = max(16, min(launch.block_3, next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, precision: str) -> FusedLaunch:
+    """The wrapper's ``FusedLaunch``: the swept one for BLOCK_1, block_3 cut to d3 (at least 16,
+    tl.dot's least), and its stages cut until the staged x and V tiles fit in shared memory."""
+    launch = _FUSED_LAUNCHES.get((precision, block_1), FusedLaunch(64, 8, 2))
+    block_3 = max(16, min(launch.block_3, next_power_of_2(d3)))
     per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
     if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
         raise KernelCapacityError(
             f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
             f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
-    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
-    return replace(launch, block_3=block_3, num_stages=stages)
+    return replace(launch, block_3=block_3, num_stages=max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage)))
 
 
-def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
-    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
-    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
+def _round_v(rounded: bool, block_1: int, transposed: bool) -> bool:
+    """V's tiles through registers, rounded to TF32, before a rounded "tf32" product that runs as
+    a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64): fed from shared
+    memory as they arrive they were much slower (see outputs/README.md, design notes)."""
+    return rounded and (transposed or block_1 >= 64)
 
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
-    fed as they are they were much slower than through registers, where rounding is nearly free
-    (outputs/README.md, "Design notes"). The older MMA (BLOCK_1 < 64) reads V from shared memory.
-    """
-    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
+
+@functools.lru_cache(maxsize=4096)
+def _fused_constants(dtype: torch.dtype, precision: str, BLOCK_1: int, BLOCK_2: int, BLOCK_3: int, num_warps: int,
+                     num_stages: int, lazy_rescale: bool, transposed: bool) -> dict:
+    """``fused_softmax_kernel``'s constexpr keywords for these tiles and launch (not to be mutated)."""
+    rounded = not INTERPRET and precision == "tf32"  # round_to_tf32 under this precision
+    return dict(BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=BLOCK_3, PRECISION=precision, UPCAST=upcast_dot_operands(dtype),
+                LAZY_RESCALE=lazy_rescale, TRANSPOSED=transposed, ROUND_TF32=rounded,
+                ROUND_V=_round_v(rounded, BLOCK_1, transposed), num_warps=num_warps, num_stages=num_stages)
 
 
 def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
@@ -315,6 +307,132 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
     columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
     float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
     return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, next_power_of_2(d3)))
+
+
+@dataclass(frozen=True)
+class FusedSoftmaxPlan:
+    """What a ``fused_softmax`` call runs (``fused_softmax_plan``).
+
+    path: "gluon" (``fused_softmax_gluon_kernel``), "fused" (``fused_softmax_kernel``) or
+    "materialized" (``row_softmax``, then ``torch.bmm``). call: "eager" (direct launches, kept),
+    "autograd" (``_EagerFusedSoftmax``: autograd records, or a torch.func transform) or "op" (the
+    custom op: torch.compile, tensor subclasses). BLOCK_1 x BLOCK_2: the Triton tiles (the
+    backward's on every kernel path); launch: the forward kernel's, a ``FusedLaunch`` or a
+    ``GluonSoftmaxLaunch``; precision: tl.dot's.
+    """
+
+    path: str
+    call: str = "eager"
+    BLOCK_1: int = 0
+    BLOCK_2: int = 0
+    launch: FusedLaunch | GluonSoftmaxLaunch | None = None
+    precision: str = "ieee"
+
+    @property
+    def op_args(self) -> tuple:
+        """The custom op's arguments after x and V: the tiles and the FusedLaunch's fields."""
+        launch = self.launch
+        return (self.BLOCK_1, self.BLOCK_2, launch.block_3, launch.num_warps, launch.num_stages, launch.lazy_rescale,
+                launch.transposed)
+
+
+def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, *, x_aligned: bool = True,
+                       tma: str | None = None, sms: int | None = None, capability: tuple[int, int] | None = None,
+                       setting: str = "highest", BLOCK_1=None, BLOCK_2=None, launch=None, materialize=None,
+                       call: str = "eager") -> FusedSoftmaxPlan:
+    """The plan of ``fused_softmax`` for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``.
+
+    Facts: ``x_aligned`` (x's batch and row strides are multiples of 16 bytes), ``tma`` (why TMA
+    cannot read x and V, None where it can), the GPU's ``sms`` and ``capability`` (None where no
+    Gluon kernel compiles: the interpreter, a CPU), torch's float32 matmul ``setting``. Options:
+    fused_softmax's, and ``call`` (see ``FusedSoftmaxPlan``). The path: a GluonSoftmaxLaunch asks
+    for "gluon", ``materialize`` or the Triton kernel's parameters for the Triton paths; else
+    "gluon" in eager calls where the Gluon kernel is faster, "materialized" where that is, and
+    "fused" otherwise. Raises TypeError or ValueError naming a bad option, KernelCapacityError
+    for tiles past shared memory.
+    """
+    gluon_launch = isinstance(launch, GluonSoftmaxLaunch)
+    if not (launch is None or gluon_launch or isinstance(launch, FusedLaunch)):
+        raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
+    if materialize is not None and not isinstance(materialize, bool):
+        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
+    tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
+    if materialize and tuned:
+        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernels, which "
+                         "materialize=True does not run: give one or the other")
+    if materialize is False and gluon_launch:
+        raise ValueError("materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch: "
+                         "give one or the other")
+    precision = "ieee" if dtype != torch.float32 else "tf32x3" if setting == "highest" else "tf32"
+    block = fused_blocks(d2, d3, dtype, x_aligned, precision)
+    unfit = _gluon_unfit(batch, d1, d2, d3, tma, capability)
+    if gluon_launch:
+        if call == "op":
+            raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
+                             "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
+        if unfit is not None:
+            raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {unfit}")
+        path = "gluon"
+    elif materialize is not None or tuned:
+        path = "materialized" if materialize else "fused"
+    elif call == "eager" and unfit is None and sms is not None and _gluon_wins(batch, d1, d2, d3, dtype, precision, sms):
+        path = "gluon"
+    elif precision != "tf32x3" and (d3 > FUSED_MAX_D3 or precision == "tf32" and d3 > 64 and sms is not None
+                                    and batch * cdiv(d1, block) < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms):
+        path = "materialized"
+    else:
+        path = "fused"
+    if path == "materialized":
+        return FusedSoftmaxPlan(path, call)
+    BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
+    BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
+    check_block("BLOCK_1", BLOCK_1, 16, 256)
+    check_block("BLOCK_2", BLOCK_2, 16, 256)
+    if path == "gluon":
+        launch = launch or gluon_softmax_launch(d2, d3, dtype, precision)
+        launch.check(dtype, precision)
+        return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
+    if launch is None:
+        launch = _fused_launch(d3, BLOCK_1, BLOCK_2, dtype, precision)
+    launch.check()
+    return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
+
+
+# Plans are pure: a call whose facts and options were seen takes the plan made for them (typed:
+# 16 and 16.0 or True are different options; launch overrides are not cached, as FusedLaunch(lazy_rescale=1)
+# equals its valid form).
+_cached_plan = functools.lru_cache(maxsize=4096, typed=True)(fused_softmax_plan)
+
+
+def _gluon_unfit(batch: int, d1: int, d2: int, d3: int, tma: str | None, capability) -> str | None:
+    """Why the Gluon kernel cannot take inputs of this shape, which TMA reads unless ``tma`` says
+    why not, on a GPU of ``capability`` (None: no Gluon kernel compiles here); None where it can."""
+    if capability is None:
+        return GLUON_UNAVAILABLE or "x and V must be on one CUDA device"
+    if tuple(capability) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{capability[0]}{capability[1]}"
+    if min(batch, d1, d2, d3) == 0:
+        return "empty inputs have no TMA descriptor (fused_softmax handles them)"
+    if batch > 65535:
+        return f"a batch of {batch} is past the 65535 programs a grid's second axis can have"
+    return tma
+
+
+def _gluon_wins(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, precision: str, sms: int) -> bool:
+    """Whether the Gluon kernel is the faster softmax(x) @ V at this shape on ``sms`` SMs (the
+    thresholds above); its programs: 128 rows of x and a d3 tile each."""
+    if d3 > GLUON_FUSED_MAX_D3:
+        return False
+    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype, precision).block_d3)
+    if precision != "ieee":
+        return d2 >= GLUON_FLOAT32_MIN_D2 and (programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
+            precision == "tf32" and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
+            and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms))
+    if d3 > 256:  # two d3 tiles of 256, each repeating its rows' softmax
+        return (d3 >= GLUON_FUSED_TWO_TILES_MIN_D3 and d2 >= GLUON_FUSED_TWO_TILES_MIN_D2
+                and programs >= GLUON_FUSED_TWO_TILES_MIN_SM_SHARE * sms)
+    return (d2 >= (GLUON_FUSED_MIN_D2 if d3 <= FUSED_MAX_D3 else GLUON_FUSED_WIDE_MIN_D2)
+            and programs >= GLUON_FUSED_MIN_SM_SHARE * sms)
 
 
 @triton.jit
@@ -342,14 +460,13 @@ def fused_softmax_kernel(
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
-    The grid is one axis of batch x n_tiles programs (axis 0 takes 2^31 - 1; the others only
-    65535, fewer than a batch may be). Programs that share rows of x differ only in their d3 tile
-    and are numbered consecutively, so they run together and all but the first read x from L2.
+    The grid is one axis of batch x n_tiles programs (the others take only 65535). Programs that
+    share rows of x differ only in their d3 tile and are numbered consecutively, so they run
+    together and all but the first read x from L2.
 
-    TRANSPOSED computes the same tile as out^T = V^T @ softmax(x)^T: the product's M dimension is
-    then BLOCK_3 (64 to 512) instead of BLOCK_1, tall enough for Hopper's warpgroup MMA even when
-    the user's BLOCK_1 is 16 or 32. Row statistics then run along axis 0 of the (BLOCK_2,
-    BLOCK_1) tile of x^T, and the accumulator is (BLOCK_3, BLOCK_1).
+    TRANSPOSED computes out^T = V^T @ softmax(x)^T: the product's M dimension is then BLOCK_3
+    instead of BLOCK_1, tall enough for Hopper's warpgroup MMA when BLOCK_1 is 16 or 32; the row
+    statistics run along axis 0 of x^T's tile, and the accumulator is (BLOCK_3, BLOCK_1).
 
     STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
     float32, from which the backward recomputes the softmax.
@@ -394,10 +511,9 @@ def fused_softmax_kernel(
             v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             m_new = tl.maximum(m, tl.max(x, axis=1))
         if LAZY_RESCALE:
-            # Rescale acc and l only when some row's max grew by more than 8 (a factor e^8 ~ 3e3):
-            # until then exp(x - m) against the stale m stays below e^8, far inside every
-            # dtype's range, and the final division uses the same m, so the result is unchanged.
-            # (x > -inf) = (-inf > -inf + 8) is false, so rows of only -inf keep m = -inf.
+            # Rescale acc and l only when some row's max grew by more than 8: until then exp(x -
+            # m) against the stale m stays below e^8, far inside every dtype's range, and the
+            # final division uses the same m. Rows of only -inf keep m = -inf (-inf > -inf + 8 is false).
             if tl.max((m_new > m + 8.0).to(tl.int32), axis=0) > 0:
                 # A row still at -inf keeps alpha = 1 (exp(-inf - -inf) would be NaN).
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m - m_new), 1.0)
@@ -486,8 +602,7 @@ def fused_softmax_backward_dx_kernel(
     pass over d2 that repeats the products. dP then carries errors of a TF32 unit (2^-11
     relative), and only a delta made of the same dP cancels them where it matters: a row whose
     softmax is nearly one-hot has dx_j = P_j (dP_j - delta) with delta ~ dP_j, so the two errors
-    in dP_j cancel as they do in torch's formula. rowsum(dO * O) has O's independent errors
-    instead: on an H100 (4 x 512 x 1024 x 96, logits of size 4) that gave 2.7 x torch's error.
+    in dP_j cancel as they do in torch's formula; rowsum(dO * O) has O's independent errors.
 
     X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these, d2 by K_ALIGN
     (``vector_strides``, ``vector_align``).
@@ -585,24 +700,27 @@ def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: _empty_like_contiguous
 
 
-def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
-                           store_lse: bool, wrap: bool, keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None);
-    ``keep`` receives the launch as a Replay of (x, V, out, out), with store_lse of (x, V, out,
-    lse) (see ``launch_and_keep``)."""
+def _fused_lse(x: torch.Tensor) -> torch.Tensor:
+    """The rows' log-sum-exp a forward saves for the backward: (batch, d1) float32."""
+    return torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
+
+
+def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, constants: dict, store_lse: bool, wrap: bool,
+                           keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(softmax(x) @ V, with store_lse its per-row log-sum-exp, else None) by ``fused_softmax_kernel``
+    with ``constants`` (``_fused_constants``); ``keep`` receives the launch as a Replay of (x, V,
+    out, lse or out) (see ``launch_and_keep``)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     out = _fused_output(x, V)
-    lse = torch.empty((batch, d1), dtype=torch.float32, device=x.device) if store_lse else None
+    lse = _fused_lse(x) if store_lse else None
     if out.numel() == 0 and (lse is None or lse.numel() == 0):
         return out, lse
     if d2 == 0:
         # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
         return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
-    # int(): traced with dynamic shapes d3 is symbolic; the launch is chosen for (so specialises on) its value.
-    block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
-    n_tiles_3 = cdiv(max(d3, 1), block_3)
-    n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
+    n_tiles_3 = cdiv(max(d3, 1), constants["BLOCK_3"])
+    n_tiles = cdiv(d1, constants["BLOCK_1"]) * n_tiles_3
     x_strides, x_align = vector_strides(x)
     v_strides, v_align = vector_strides(V)
     k_align = vector_align((d2,), x.element_size())
@@ -612,19 +730,6 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK
                     dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
                     keep, 4)
     return out, lse
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_plan(d3: int, BLOCK_1: int, BLOCK_2: int, dtype: torch.dtype, setting: str,
-                launch: FusedLaunch | None) -> tuple[int, dict]:
-    """block_3 and the kernel's constant keywords, once per shape, dtype, float32 matmul setting
-    (read by ``dot_precision``; a key here) and override: a call then only looks them up."""
-    launch = launch or fused_launch(d3, BLOCK_1, dtype, BLOCK_2)
-    return launch.block_3, dict(
-        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
-        PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype), LAZY_RESCALE=launch.lazy_rescale,
-        ROUND_TF32=round_to_tf32(dtype), ROUND_V=_round_v(dtype, BLOCK_1, launch.transposed),
-        TRANSPOSED=launch.transposed, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool,
@@ -672,12 +777,13 @@ def _launch_fields(launch) -> list[int]:
     return [] if launch is None else [int(getattr(launch, f.name)) for f in fields(launch)]
 
 
-@kernel_op("fused_softmax", lambda x, V, BLOCK_1, BLOCK_2, launch: (
+@kernel_op("fused_softmax", lambda x, V, *plan: (
     x.new_empty((x.shape[0], x.shape[1], V.shape[2])), x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32)))
-def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                      launch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    fused = FusedLaunch(*launch[:3], *map(bool, launch[3:])) if launch else None
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
+def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, block_3: int, num_warps: int,
+                      num_stages: int, lazy_rescale: bool, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    constants = _fused_constants(x.dtype, dot_precision(x.dtype), BLOCK_1, BLOCK_2, block_3, num_warps, num_stages,
+                                 lazy_rescale, transposed)
+    return _fused_softmax_forward(x, V, constants, store_lse=True, wrap=True)
 
 
 @kernel_op("fused_softmax_backward", _backward_fake)
@@ -689,99 +795,63 @@ def _fused_softmax_backward_op(x: torch.Tensor, V: torch.Tensor, out: torch.Tens
 refuse_second_derivative(_fused_softmax_backward_op, "fused_softmax")  # raises, instead of a silent zero
 
 
-def _fused_softmax_setup(ctx, inputs, output):
-    x, V, BLOCK_1, BLOCK_2, _ = inputs
+def _fused_softmax_save(ctx, x, V, output, BLOCK_1: int, BLOCK_2: int) -> None:
     ctx.save_for_backward(x, V, *output)
+    ctx.mark_non_differentiable(output[1])
     ctx.blocks = (BLOCK_1, BLOCK_2)
 
 
-def _fused_softmax_grad(ctx, dout, _dlse):
+def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
+    """(dx, dV), None where not needed, from the saved (x, V, out, lse). ``through_op`` (the op's
+    own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or one
+    with a tangent: torch's ops in float32, which the transforms see through; else the backward
+    kernels launched directly."""
     x, V, out, lse = ctx.saved_tensors
     need_x, need_V = ctx.needs_input_grad[:2]
-    dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
-    return dx if need_x else None, dV if need_V else None, None, None, None
+    if not through_op and transformed(x, V, dout):
+        P = torch.softmax(x.float(), dim=-1)
+        dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
+        dV = (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
+    elif through_op or backward_through_op(dout):
+        dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+    else:
+        dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
+    return (dx if need_x else None), (dV if need_V else None)
 
 
-_fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
+_fused_softmax_op.register_autograd(
+    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, True), *[None] * 7),
+    setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
 
 class _EagerFusedSoftmax(torch.autograd.Function):
-    """``fused_softmax`` called eagerly with autograd recording: the fused kernel and its backward
-    launched directly, not through the custom op and its registered backward, which paid the
-    dispatcher each time (on an H100, 4 x 256 x 256 x 64 bf16: 348 us of host time a forward
-    with grad recorded, 36 without; outputs/profiles/grad_host_probe.txt). A backward that records
-    a graph (create_graph), one traced and a batch of gradients go through the backward op
-    (``backward_through_op``), which refuses a second derivative as before."""
+    """``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
+    (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
+    directly, without the dispatcher's host time (its launch kept beside the plain calls'), the
+    backward likewise where it may; jvp and vmap for the transforms."""
 
     @staticmethod
-    def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
-        out, lse = _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
-        ctx.save_for_backward(x, V, out, lse)
-        ctx.blocks = (BLOCK_1, BLOCK_2)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, V, out, lse = ctx.saved_tensors
-        need_x, need_V = ctx.needs_input_grad[:2]
-        if transformed(x, V, dout):
-            # A transform's gradient, or one with a tangent: torch's ops, in float32, which the
-            # transforms see through (as ``_FusedSoftmaxTransforms.jvp``'s).
-            P = torch.softmax(x.float(), dim=-1)
-            dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
-            dV = (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
-        elif backward_through_op(dout):
-            dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
-        else:
-            dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
-        return (dx if need_x else None), (dV if need_V else None), None, None, None
-
-
-def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                            launch: FusedLaunch | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(softmax(x) @ V, the rows' log-sum-exp) for the eager Functions: the launch that also stores
-    the log-sum-exp, kept apart from fused_softmax's (grad is off and the inputs plain there, so
-    they have a key)."""
-    if isinstance(launch, GluonSoftmaxLaunch):  # the Gluon kernel, not kept (a large call: its host time is small beside it)
-        out = _fused_output(x, V)
-        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-        _gluon_fused_forward(x, V, out, lse, launch)
-        return out, lse
-    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
-    replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
-    if replay is not None:
-        out = _fused_output(x, V)
-        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-        if replay(x, V, out, lse):
-            return out, lse
-    keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
-
-
-class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
-    """``_EagerFusedSoftmax`` for calls that carry a tangent or a transform's wrapper
-    (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``softmax_transforms``'s). The log-sum-exp is a second output, not differentiable; the
-    backward is ``_EagerFusedSoftmax``'s."""
-
-    @staticmethod
-    def forward(x, V, BLOCK_1, BLOCK_2, launch):
-        return _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
+    def forward(x, V, plan):
+        key = replay_key((x, V), ((plan, "lse"),))
+        replay = None if key is None else _FUSED_REPLAYS.get(key)
+        if replay is not None:
+            out, lse = _fused_output(x, V), _fused_lse(x)
+            if replay(x, V, out, lse):
+                return out, lse
+        return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, V, BLOCK_1, BLOCK_2, _ = inputs
-        ctx.save_for_backward(x, V, *output)
+        x, V, plan = inputs
+        _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
         ctx.save_for_forward(x, V)
-        ctx.mark_non_differentiable(output[1])
-        ctx.blocks = (BLOCK_1, BLOCK_2)
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        return _EagerFusedSoftmax.backward(ctx, dout)
+        return *_fused_softmax_grad(ctx, dout, False), None
 
     @staticmethod
-    def jvp(ctx, dx, dV, *_):
+    def jvp(ctx, dx, dV, _):
         x, V = ctx.saved_tensors
         P = torch.softmax(x.float(), dim=-1)
         tangent = 0
@@ -792,107 +862,93 @@ class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
         return tangent.to(x.dtype), None
 
     @staticmethod
-    def vmap(info, in_dims, x, V, BLOCK_1, BLOCK_2, launch):
+    def vmap(info, in_dims, x, V, plan):
         x_dim, v_dim = in_dims[:2]
         if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
             x = x.movedim(x_dim, 1)
-            out, lse = _FusedSoftmaxTransforms.apply(x.flatten(1, 2), V, BLOCK_1, BLOCK_2, launch)
+            out, lse = _EagerFusedSoftmax.apply(x.flatten(1, 2), V, plan)
             return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
         # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
         x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
         V = batch_first(V, v_dim)
-        out, lse = _FusedSoftmaxTransforms.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
+        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
         return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
 
     @staticmethod
-    def reference(x, V, BLOCK_1, BLOCK_2, launch):
+    def reference(x, V, plan):
         """What forward gives, in torch's ops (see ``apply_transforms``)."""
         x32 = x.float()
         return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
 
 
-# Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
-# kernel, do_bench on an H100 (outputs/profiles/grid_probe.txt: the 192 cases of issue 17's grid
-# and 36 off it, batch 8, d1 1000 to 4096, d2 1000 to 8192): past d3 = 128 the materialised
-# pair was the faster one in 16-bit (1.04-1.43x at d3 192 to 384 but one tie, 1.19-1.34x at 512
-# but two small cases) and in TF32 ('high'; 1.12-1.53x at d3 192 to 512 but the smallest case).
-# There the products dominate (2 d3 flops a value of x), and cuBLAS's run at nearly twice the
-# fused kernel's rate while the softmax pass costs a few reads of x. In tf32x3 ('highest', three
-# products a step) the fused kernel was 1.3-2.9x faster everywhere, and in 16-bit at d3 <= 128
-# 1.05-4x but three cases at d1 = 1000 (two ties within 5 %, and fp16 (1000, 3000, 128), where
-# the fused kernel took twice its bf16 time: an outlier, 2.1x torch in the grid's own run).
-# TF32 at d3 96 and 128 turned on d1: at 1000 rows the materialised pair was 1.12-1.22x faster,
-# at 2048 and 4096 the fused kernel 1.27-1.37x. Its programs (32 rows, all of d3, each)
-# were 1.9 a SM at 1000 rows, 3.9 and more at 2048: fewer than TF32_FUSED_MIN_PROGRAMS_PER_SM a SM
-# materialise (nothing was measured in between; at d3 64, 64-row programs, the two were within
-# 10 % at 1000 rows).
-FUSED_MAX_D3 = 128
-TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
+def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, store_lse: bool,
+                          keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward of a kernel path launched directly: (out, with store_lse the rows' log-sum-exp);
+    ``keep`` receives the launch as a replay of (x, V, out, lse or out)."""
+    if plan.path == "fused":
+        constants = _fused_constants(x.dtype, plan.precision, *plan.op_args)
+        return _fused_softmax_forward(x, V, constants, store_lse, wrap=False, keep=keep)
+    out, lse = _fused_output(x, V), _fused_lse(x) if store_lse else None
+    _gluon_fused_forward(x, V, out, lse, plan.launch, keep)
+    return out, lse
 
 
-def materialized_wins(d3: int, dtype: torch.dtype, programs: int | None = None, sms: int | None = None) -> bool:
-    """Whether softmax(x) @ V is faster materialised than fused (the measurements above), for d3
-    columns of V in ``dtype`` under the float32 matmul setting; ``programs``: the fused kernel's
-    programs, ``sms``: the GPU's SMs (None where unknown: the interpreter)."""
-    products = dot_precision(dtype) if dtype == torch.float32 else "16-bit"
-    if products == "tf32x3":
-        return False
-    if d3 > FUSED_MAX_D3:
-        return True
-    return (products == "tf32" and d3 > 64 and programs is not None and sms is not None
-            and programs < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms)
+def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, keep=None) -> torch.Tensor:
+    """softmax(x) @ V as ``plan`` says: materialised, or its kernel launched directly (``keep``
+    receives the launch), through the autograd Function or through the custom op."""
+    if plan.path == "materialized":
+        return torch.bmm(row_softmax(x), V)
+    if plan.call == "eager":
+        return _launch_fused_softmax(x, V, plan, False, keep)[0]
+    if plan.call == "autograd":
+        return (apply_transforms if transformed(x, V) else eager_apply)(_EagerFusedSoftmax, x, V, plan)[0]
+    return _fused_softmax_op(x, V, *plan.op_args)[0]
 
 
-def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False,
-                       launch=None) -> str:
-    """What ``fused_softmax(x, V, ...)`` runs: "gluon" (``fused_softmax_gluon_kernel``), "fused"
-    (``fused_softmax_kernel``) or "materialized" (``row_softmax``, then ``torch.bmm``).
-    ``materialize`` True or False forces one of the last two; a ``GluonSoftmaxLaunch`` as
-    ``launch`` forces "gluon"; ``tuned`` (BLOCK_1, BLOCK_2 or a launch given: parameters of the
-    Triton kernel) means "fused". Else "gluon" where ``gluon_fused_wins`` and the call may take
-    it (``gluon_fused_route``), and otherwise ``materialized_wins`` decides, for the wrapper's
-    tiles (``default_block``: one program per BLOCK_1 rows of a batch element; a d3 tile each
-    where d3 <= 128)."""
-    if materialize is not None:
-        if not isinstance(materialize, bool):
-            raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
-        return "materialized" if materialize else "fused"
-    if isinstance(launch, GluonSoftmaxLaunch):
-        return "gluon"
-    if tuned:
-        return "fused"
-    batch, d1 = int(x.shape[0]), int(x.shape[1])
-    d3 = int(V.shape[-1])
-    if x.is_cuda and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device), x.dtype) and gluon_fused_route(x, V):
-        return "gluon"
-    programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
-    return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
+def _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize) -> FusedSoftmaxPlan:
+    """``fused_softmax_plan`` for a call on (x, V), after the input checks: the facts read from the
+    inputs and their device (TMA's only where a Gluon launch may follow)."""
+    check_softmax_matmul_inputs(x, V)
+    call = "eager" if not needs_op(x, V) else "autograd" if eager_autograd(x, V) else "op"
+    capability = None
+    if x.is_cuda and call != "op" and GLUON_UNAVAILABLE is None:
+        capability = _device_capability(_device_index(x.device))
+    gluon = capability is not None and (call == "eager" or isinstance(launch, GluonSoftmaxLaunch))
+    facts = (int(x.shape[0]), int(x.shape[1]), int(x.shape[2]), int(V.shape[2]), x.dtype)
+    options = dict(x_aligned=not any(s * x.element_size() % 16 for s in x.stride()[:2]),
+                   tma=_tma_reason(x, V) if gluon else None, sms=_sm_count(x.device) if x.is_cuda else None,
+                   capability=capability, setting=_float32_matmul_precision(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
+                   launch=launch, materialize=materialize, call=call)
+    if launch is None and not torch.compiler.is_compiling():  # a trace plans once, in its own cache
+        try:
+            return _cached_plan(*facts, **options)
+        except TypeError:  # an option that cannot be a key: the plan names it
+            pass
+    return fused_softmax_plan(*facts, **options)
+
+
+def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
+                       launch=None, materialize: bool | None = None) -> str:
+    """What ``fused_softmax(x, V, ...)`` runs here and now: "gluon", "fused" or "materialized"
+    (``fused_softmax_plan``)."""
+    return _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize).path
 
 
 @on_input_device
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
-                  launch: FusedLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
-    """softmax(x, dim=-1) @ V, the fused kernel storing no softmax; differentiable in x and V.
+                  launch: FusedLaunch | GluonSoftmaxLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V, with no softmax in memory where a fused kernel runs; differentiable in x and V.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
-    BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
-    ``tl.dot`` takes) to 256, or None for the wrapper's (``fused_blocks``). Strided and
-    transposed inputs are read in place. ``launch`` (a ``FusedLaunch``) overrides the wrapper's
-    choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
-    per-row log-sum-exp the forward saves.
-
-    Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products;
-    TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
-    materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
-    cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
-    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows, of d3 384 to 512 from
-    d2 3000; float32 where its
-    programs fill the GPU from d2 1024, or TF32 from d2 2048; d3 <= 512) in plain eager calls without autograd
-    recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
-    ``materialize``: None for that choice, True or False to force one of the Triton paths; the
-    Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
-    ``GluonSoftmaxLaunch`` for the Gluon kernel. The materialised path is differentiable twice;
-    the fused kernels' backward is not (a second derivative raises).
+    float16, bfloat16 or float32 (products as torch's float32 matmul setting says). Strided
+    inputs are read in place. ``fused_softmax_path`` says what runs (``fused_softmax_plan``):
+    the Gluon kernel on Hopper where it is faster (plain eager calls), the softmax materialised
+    (``row_softmax``, then ``torch.bmm``) where the products dominate, else the Triton kernel.
+    BLOCK_1 and BLOCK_2 (powers of two from 16 to 256) or a ``FusedLaunch`` ask for the Triton
+    kernel with these tiles, a ``GluonSoftmaxLaunch`` for the Gluon one; ``materialize`` True or
+    False for either Triton path. The kernels' backward recomputes the softmax from x and the
+    rows' log-sum-exp; it is not differentiable (a second derivative raises), the materialised
+    path's is. Raises TypeError/ValueError naming a bad argument.
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -901,147 +957,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
             out = _fused_output(x, V)
             if replay(x, V, out, out):
                 return out
-    check_softmax_matmul_inputs(x, V)
-    tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
-    path = fused_softmax_path(x, V, materialize, tuned, launch)  # checks materialize's type
-    if materialize and tuned:
-        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernels, which "
-                         "materialize=True does not run: give one or the other")
-    if materialize is False and isinstance(launch, GluonSoftmaxLaunch):
-        raise ValueError("materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch: "
-                         "give one or the other")
-    if path == "materialized":
-        return torch.bmm(row_softmax(x), V)
-    if BLOCK_1 is None or BLOCK_2 is None:
-        block = default_block(x, V)
-        BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
-        BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
-    check_block("BLOCK_1", BLOCK_1, 16, 256)
-    check_block("BLOCK_2", BLOCK_2, 16, 256)
-    if path == "gluon":
-        return _gluon_fused_softmax(x, V, BLOCK_1, BLOCK_2, launch, None if key is None else _FUSED_REPLAYS.keeper(key))
-    if launch is not None:
-        if not isinstance(launch, FusedLaunch):
-            raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
-        launch.check()
-    if needs_op(x, V):
-        if eager_autograd(x, V):
-            if transformed(x, V):
-                return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-            return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
-        return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
-    keep = None if key is None else _FUSED_REPLAYS.keeper(key)
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
+    plan = _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize)
+    return _run_fused_softmax(x, V, plan, None if key is None else _FUSED_REPLAYS.keeper(key))
 
 
-# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and options; those
-# that also store the log-sum-exp (``_EagerFusedSoftmax``) apart.
+# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
+# or of the plan for those that also store the log-sum-exp (``_EagerFusedSoftmax``).
 _FUSED_REPLAYS = Replays()
-_FUSED_LSE_REPLAYS = Replays()
-
-
-# The Gluon kernel against what fused_softmax ran before it (the Triton kernel to d3 = 128,
-# row_softmax + torch.bmm above), 16-bit, from CUDA graphs on an H100
-# (outputs/profiles/gluon_fused_sweep.txt: batch 8 x d1 1000, 16 x 2048 and 8 x 4096; d2 256 to
-# 8192; d3 64 to 512), with its 128-wide steps of d2: 1.24-1.62x faster from d2 = 1024 at d3 64
-# to 256, and 1.07-1.15x at d2 = 512 for d3 <= 128 (0.98-0.99x at d3 256); at d2 = 256 0.79-1.01x.
-# At d3 = 512 it runs two d3 tiles, each repeating the softmax, and tied cuBLAS's product after
-# row_softmax (0.83-1.05x) until 6eb4090 (below). Its programs (128 rows each) against the SMs
-# (gluon_fused_sweep_programs.txt, d2 1000 and 4096, d3 64 to 256): 96 and 128 programs on 132
-# SMs 1.17-1.63x (d3 256 at d2 1000: 0.94x), 192 (a wave and a half) 0.96-1.28x; 64 (batch 8 x
-# 1000 rows, above) 0.58-1.14x, behind at d3 >= 128 but for d2 8192.
-#
-# float32 (TF32 products; outputs/profiles/gluon_tf32_sweep.txt, CUDA graphs, batch 8 x d1 1000
-# and 16 x 2048, d2 256 / 1024 / 8192, d3 64 to 512, V's TF32 parts made in each call): with
-# programs for 256 and more SMs' worth (16 x 2048) the Gluon kernel ran 1.03-2.43x as fast as
-# the path before it under 'high' and 1.06-1.56x under 'highest', d3 512 and d2 256 included. With
-# 64 (8 x 1000 at d3 <= 128, and d3 256 under 'high'): 'high' 1.17-1.54x from d2 1024, 0.87-0.96x
-# at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
-# 1.16-1.34x at d3 256 and 512 (128 and 256 programs). As a user calls it, eagerly
-# (gluon_tf32_user.txt), the kept float32 launch (V's parts into a fresh operand, then the
-# kernel) costs 45-97 us of host time against the path before it's 17-87: more than the GPU time
-# at d2 256 (31-35 us at (16, 2048, 256, 64)) and at (8, 1000, 1024, 64) (34 us, host 64). So
-# float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and under 'high' with
-# fewer, down to the 64 measured on 132 SMs, from d2 2048 (between the host-bound 1024 and 3000,
-# where the float32 grid at eefcaa8, shape_grid_softmax_matmul_float32_eefcaa8.csv, timed (8,
-# 1000, 3000, d3 64 to 512) at 0.075-0.144 ms against 41-70 us of host time, 1.52-1.90x torch).
-# No float32 shape past d3 512 was measured: those keep the Triton paths.
-#
-# Two d3 tiles (16-bit, d3 384 and 512; outputs/profiles/gluon_fused_d512_probe.txt, CUDA graphs,
-# at 6eb4090, where a step's products no longer stay in flight across the loop's back edge): from
-# d2 3000 with 128 to 512 programs 1.08-1.22x row_softmax + torch.bmm, at d2 1000-1024 0.83-0.92x,
-# with 64 programs (batch 4 x 1000; d2 2048 and 8192) 0.63-0.71x. Not measured, so left to the
-# materialised path: d3 257-383 (the second tile part-empty, its softmax repeated in full: the
-# materialised path's product shrinks with d3, the kernel's time does not), 65-127 programs, and
-# d2 between 1024 and 3000 with more than 64 programs.
-GLUON_FUSED_MAX_D3 = 512
-GLUON_FUSED_TWO_TILES_MIN_D3 = 384
-GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
-GLUON_FUSED_TWO_TILES_MIN_SM_SHARE = 0.96  # 128 programs on 132 SMs
-GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
-GLUON_TF32_MIN_D2 = 1024
-GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
-GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE = 0.48  # 64 programs on 132 SMs
-GLUON_TF32_MAX_D3 = 512
-
-
-def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
-                     dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape and dtype (float32: under
-    the float32 matmul setting) on a GPU of ``sms`` SMs (the measurements above); it must also
-    take the inputs (``gluon_softmax_applies``)."""
-    if dtype == torch.float32:
-        if sms is None or d2 < GLUON_TF32_MIN_D2 or d3 > GLUON_TF32_MAX_D3:
-            return False
-        launch = gluon_softmax_launch(d2, d3, dtype)
-        programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
-        return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
-            gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
-            and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms)
-    if sms is None or d3 > GLUON_FUSED_MAX_D3:
-        return False
-    if d3 > 256:  # two d3 tiles of 256
-        return (d3 >= GLUON_FUSED_TWO_TILES_MIN_D3 and d2 >= GLUON_FUSED_TWO_TILES_MIN_D2
-                and batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * 2 >= GLUON_FUSED_TWO_TILES_MIN_SM_SHARE * sms)
-    if d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
-        return False
-    return batch * cdiv(d1, GLUON_SOFTMAX_ROWS) >= GLUON_FUSED_MIN_SM_SHARE * sms  # one d3 tile
-
-
-def gluon_fused_route(x: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether a ``fused_softmax`` call may run the Gluon kernel: the kernel takes the inputs
-    (``gluon_softmax_applies``), and the call is a plain eager one (``needs_op`` false: not
-    traced, no autograd recording, plain tensors, no tangent or transform; the Gluon launch is no
-    op torch.compile or torch.func can see). With autograd recording at d3 <= 128, a training
-    step through the Gluon forward (which saves the log-sum-exp for the Triton backward) ran
-    0.70-0.88x as fast as one through the Triton kernel, do_bench on an H100
-    (outputs/profiles/gluon_fused_user_probe.txt): its launch is not kept, and the eager step is
-    host-bound at those sizes. A ``GluonSoftmaxLaunch`` still asks for it there."""
-    return not needs_op(x, V) and gluon_softmax_applies(x, V)
-
-
-def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                         launch: GluonSoftmaxLaunch | None, keep=None) -> torch.Tensor:
-    """``fused_softmax`` on its "gluon" path: the Gluon forward, through ``_EagerFusedSoftmax`` (the
-    log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records;
-    else launched directly and kept (``keep``: the call's keeper in ``_FUSED_REPLAYS``)."""
-    op = needs_op(x, V)
-    if launch is not None:
-        launch.check(x.dtype)
-        if op and not eager_autograd(x, V):
-            raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
-                             "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
-    reason = gluon_softmax_unsupported(x, V)
-    if reason is not None:
-        raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {reason}")
-    launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2], x.dtype)
-    if op:
-        if transformed(x, V):
-            return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-        return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
-    out = _fused_output(x, V)
-    _gluon_fused_forward(x, V, out, None, launch, keep)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -5126,8 +5048,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
 # tile into a ring by TMA, and each consumer warpgroup issues its products of step i - 1, runs
 # the online softmax of its 64 rows of step i, then waits for them. The two consumers share every
 # V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax runs
-# under the other's products; under its own too as written, but ptxas places the wait before most
-# of the softmax (``gluon_softmax_launch``). BLOCK_M = 64 is one warpgroup MMA's height.
+# under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
 GLUON_BLOCK_M = 64
 GLUON_SOFTMAX_CONSUMERS = 2
 GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
@@ -5137,10 +5058,8 @@ GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows
 GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
-# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products,
-# _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; at 256 columns ptxas
-# spilled 2456 bytes a thread with 32-wide d2 steps, 4012 from 6eb4090
-# (outputs/profiles/gluon_sm90_compile.txt, in git at each commit).
+# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products):
+# 2 x 64 x 128 is 128 of its registers; 256 columns spill.
 GLUON_TF32X3_MAX_D3 = 128
 
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
@@ -5174,41 +5093,28 @@ if _GLUON is not None:
 
 
 def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can.
-
-    It needs an sm_90 GPU with Gluon, float16, bfloat16 or float32, non-empty inputs and what
-    TMA needs: a contiguous last dimension, 16-byte aligned base addresses and other strides (of
-    x alone in float32: V is copied into its TF32 parts first, ``gluon_softmax_v_operand``).
-    """
+    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can: an sm_90 GPU with
+    Gluon, float16, bfloat16 or float32, non-empty inputs and what TMA needs (``_tma_reason``)."""
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
     if not (isinstance(x, torch.Tensor) and isinstance(V, torch.Tensor)) or x.dim() != 3 or V.dim() != 3:
         return "x and V must be 3-D tensors"
     if x.device.type != "cuda" or V.device != x.device:
         return "x and V must be on one CUDA device"
-    major, minor = _device_capability(_device_index(x.device))
-    if (major, minor) != (9, 0):
-        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if x.dtype not in _GLUON_SOFTMAX_DTYPES or V.dtype != x.dtype:
         return f"x and V must both be float16, bfloat16 or float32, got {x.dtype} and {V.dtype}"
     if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
         return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
-    if x.numel() == 0 or V.numel() == 0:
-        return "empty inputs have no TMA descriptor (fused_softmax handles them)"
-    if x.shape[0] > 65535:
-        return f"a batch of {x.shape[0]} is past the 65535 programs a grid's second axis can have"
-    for name, t in (("x", x), ("V", V))[:1 if x.dtype == torch.float32 else 2]:
-        if t.stride(2) != 1:
-            return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
-        if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
-            return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
-                    f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
-    return None
+    return _gluon_unfit(*x.shape, V.shape[2], _tma_reason(x, V), _device_capability(_device_index(x.device)))
 
 
-def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether ``fused_softmax_gluon`` takes these inputs (the reason when not: ``gluon_softmax_unsupported``)."""
-    return gluon_softmax_unsupported(x, V) is None
+def _tma_reason(x: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why TMA cannot read x and V (x alone in float32, whose V is copied into its TF32 parts
+    first: ``gluon_softmax_v_operand``), or None where it can (``tma_unreadable``)."""
+    try:
+        return tma_unreadable("x", x) or (None if x.dtype == torch.float32 else tma_unreadable("V", V))
+    except RuntimeError:  # no storage to read (a torch.func transform's tensor)
+        return "x and V hold no storage TMA can read"
 
 
 @dataclass(frozen=True)
@@ -5230,9 +5136,9 @@ class GluonSoftmaxLaunch:
     lazy_rescale: bool = True
     p_smem: bool = False
 
-    def check(self, dtype: torch.dtype = torch.bfloat16) -> None:
-        """The fields' types and ranges, and the ring's shared memory for inputs of ``dtype``
-        (under the float32 matmul setting)."""
+    def check(self, dtype: torch.dtype = torch.bfloat16, precision: str | None = None) -> None:
+        """The fields' types and ranges, and the ring's shared memory and the accumulators'
+        registers for inputs of ``dtype`` under tl.dot's ``precision`` (``dot_precision``'s)."""
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         check_int("stages", self.stages, 2, 8)
@@ -5241,13 +5147,15 @@ class GluonSoftmaxLaunch:
         check_flag("p_smem", self.p_smem)
         if self.p_smem and dtype == torch.float32:
             raise ValueError("p_smem is for 16-bit inputs: float32's TF32 weights stay in registers")
-        parts = gluon_softmax_v_parts(dtype)
+        parts = _gluon_v_parts(dtype, precision)
         if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
             raise KernelCapacityError(
                 f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
                 f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
                 f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
-        ring = gluon_softmax_ring_bytes(self, dtype)
+        # The ring: each slot's x and V tiles and its barriers; p_smem: the consumers' weights.
+        weights = GLUON_SOFTMAX_ROWS * self.block_n * dtype.itemsize if self.p_smem else 0
+        ring = self.stages * ((GLUON_SOFTMAX_ROWS + parts * self.block_d3) * self.block_n * dtype.itemsize + 32) + weights
         if ring > _SHARED_MEMORY_BUDGET:
             weights = f" and the weights' {GLUON_SOFTMAX_ROWS} x {self.block_n}" if self.p_smem else ""
             raise KernelCapacityError(
@@ -5256,10 +5164,10 @@ class GluonSoftmaxLaunch:
                 f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
-def gluon_softmax_v_parts(dtype: torch.dtype) -> int:
-    """V's tiles a ring slot holds: 2 for float32 under 'highest' (tf32x3: V's TF32 value and the
-    rest, each a TF32 product's operand), else 1."""
-    return 2 if dtype == torch.float32 and dot_precision(dtype) == "tf32x3" else 1
+def _gluon_v_parts(dtype: torch.dtype, precision: str | None = None) -> int:
+    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest, each a
+    TF32 product's operand), else 1."""
+    return 2 if dtype == torch.float32 and (precision or dot_precision(dtype)) == "tf32x3" else 1
 
 
 def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
@@ -5288,42 +5196,17 @@ def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> t
     return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
 
 
-def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, their
-    barriers, and (p_smem) the consumers' weights."""
-    v_tiles = gluon_softmax_v_parts(dtype) * launch.block_n * launch.block_d3
-    weights = GLUON_SOFTMAX_ROWS * launch.block_n * dtype.itemsize if launch.p_smem else 0
-    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8) + weights
-
-
-def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) -> GluonSoftmaxLaunch:
-    """d3 in tiles of up to 256 (the widest MMA: each tile repeats the softmax of its rows, so the
-    fewer the better), d2 in steps of up to 128 through 2 slots, the lazy rescale; narrower only
-    where d2 or d3 is smaller. 16 is the least: the MMA's K step for 16-bit operands, and 32 bytes
-    of a TMA box row. On an H100 (outputs/profiles/gluon_fused_sweep.txt, gluon_check.txt) 128-wide
-    steps through 2 slots ran 1.03-1.12x faster than 64-wide ones through 4 at d2 >= 1024; the
-    lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
-    differ (0.69-0.74 ms either way).
-
-    bfloat16 weights reach the products through shared memory where one d3 tile of more than 64
-    columns covers d3 (64 < d3 <= 256). As the register operand, bfloat16 weights take more byte
-    permutes on their way from the logits' layout than float16 ones (524 PRMT against 332 in a
-    128 x 128 launch's SASS, outputs/profiles/gluon_sass_waits.txt), and the two 16-bit types'
-    times differ by up to 1.12x there. On an H100, against the register operand: the
-    16-bit grid at 354d63f (shape_grid_softmax_matmul_16bit_354d63f.csv, where every 16-bit
-    launch at d3 <= 256 went through shared memory) against the one at 057f8d7: bfloat16 at d3
-    96 and 128 1.05-1.12x faster from d2 4096 (0.98-1.01x at 1000 and 3000), at d3 64
-    0.95-1.00x; float16 0.87-1.01x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt:
-    bfloat16 d3 256 1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192 (its d3 64 row, 1.15x, is
-    against a register time 1.19x the grid's for that shape). Either way ptxas places each step's
-    wait for its products before most of the step's softmax (gluon_sass_waits.txt), so a consumer's softmax
-    runs under the other consumer's products, not under its own; through shared memory the
-    weights free 32 registers a thread (the 128 x 256 launch no longer spills).
-
-    float32 steps are 64 wide (256 bytes of a row, as 128 16-bit values); under tf32x3 d3 comes
-    in tiles of up to GLUON_TF32X3_MAX_D3 (a consumer holds two accumulators)."""
+def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16,
+                         precision: str | None = None) -> GluonSoftmaxLaunch:
+    """The default tiles for d2 and d3 in ``dtype`` under tl.dot's ``precision``: d3 in tiles of up
+    to 256 (the widest MMA; each tile repeats its rows' softmax), d2 in steps of up to 128 (64 in
+    float32: 256 bytes of a row) through 2 slots, the lazy rescale; narrower only where d2 or d3
+    is; 16 is the least (the MMA's K step for 16-bit operands, 32 bytes of a TMA box row). Under
+    tf32x3 d3 tiles of up to GLUON_TF32X3_MAX_D3. bfloat16 weights go through shared memory where
+    one d3 tile of 65 to 256 columns covers d3: as the register operand they take more byte
+    permutes than float16's. The choices and their figures: outputs/README.md, design notes: Gluon tiles."""
     if dtype == torch.float32:
-        widest_d3 = GLUON_TF32X3_MAX_D3 if gluon_softmax_v_parts(dtype) == 2 else 256
+        widest_d3 = GLUON_TF32X3_MAX_D3 if _gluon_v_parts(dtype, precision) == 2 else 256
         return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
                                   block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
@@ -5407,11 +5290,9 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_softmax_products_done(acc, part, p, q, PARTS: gl.constexpr):
         """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
-        accumulator, part, added to acc here in float32 registers. Accumulated in the tensor core
-        across the steps, three products every 8 columns of d2 erred 35x PyTorch's error at the
-        issue's shape (16, 2048, 8192, 512) on an H100, where this erred 0.2x
-        (outputs/profiles/gluon_tf32_spec.txt): the tensor core's accumulation does not round as
-        float32 arithmetic does."""
+        accumulator, part, added to acc here in float32 registers: the tensor core's accumulation
+        does not round as float32 arithmetic does, and across the steps it erred many times
+        PyTorch's error (see outputs/README.md, design notes: Gluon tf32x3)."""
         if PARTS == 2:
             part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
             acc = acc + part
@@ -5448,8 +5329,8 @@ if _GLUON is not None:
         """Step i of one consumer: step i - 1's products issued asynchronously (not FIRST), the
         online softmax of its rows' x tile while they run, then the wait for them, acc's rescale,
         and step i's weights as the next products' operands. The products issued in a step are
-        waited for in it: with an MMA in flight across the loop's back edge ptxas serialised
-        every warpgroup MMA (its C7512, "insufficient register resources").
+        waited for in it: with an MMA in flight across the loop's back edge ptxas serialises
+        every warpgroup MMA (its warning C7512).
         MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
@@ -5654,6 +5535,7 @@ if _GLUON is not None:
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
+
 @on_input_device
 def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
@@ -5662,7 +5544,7 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     x's dtype, accumulated in float32; float32 products follow torch's float32 matmul setting
     (TF32 under 'high' and 'medium', tf32x3 under 'highest'), with V first copied into its TF32
     parts, d3 by d2 (``gluon_softmax_v_operand``: an allocation the size of V, or twice that under
-    'highest'). Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
+    'highest'). Only where ``gluon_softmax_unsupported(x, V)`` is None; otherwise a ValueError
     says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
     an input that requires grad is refused (``fused_softmax`` has the backward).
     """
@@ -5695,7 +5577,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
     x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
-    parts = gluon_softmax_v_parts(x.dtype)
+    parts = _gluon_v_parts(x.dtype)
     kept = []
     if x.dtype == torch.float32:
         # TF32 products take V K-major from shared memory: its parts first, d3 by d2.

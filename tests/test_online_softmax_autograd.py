@@ -320,7 +320,7 @@ def _eager_cases():
            lambda a: osm._online_softmax_op(a, 16, 16), (x3,))
     xv, v = randn((2, 20, 40), torch.float32, seed=71), randn((2, 40, 24), torch.float32, seed=72)
     yield ("fused_softmax", "_EagerFusedSoftmax", lambda a, b: fsm.fused_softmax(a, b, 16, 16),
-           lambda a, b: fsm._fused_softmax_op(a, b, 16, 16, [])[0], (xv, v))
+           lambda a, b: fsm._fused_softmax_op(a, b, *fsm._plan_call(a, b, 16, 16, None, None).op_args)[0], (xv, v))
     xw, w = randn((20, 48), torch.float32, seed=73), randn((48, 30), torch.float32, seed=74)
     for name in ("matmul_softmax_fused_tiled", "matmul"):
         op = fsm._MATMUL_OPS[name]
