@@ -160,13 +160,9 @@ def _backward_fake(x, W, *rest):
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
-# Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
-# Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
-# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dx = P * (dP -
-# delta) a tile at a time, ``fused_softmax_backward_dv_kernel`` sums dV = P^T @ dO over row tiles.
-# A call: checks, then ``fused_softmax_plan`` (a pure function of shapes, dtype, device and
-# options), then ``_run_fused_softmax`` runs it: a direct launch (kept for the next call), the
-# autograd Function or the custom op.
+# ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row; the
+# backward recomputes the softmax from x and the rows' log-sum-exp the forward saved. A call:
+# checks, ``fused_softmax_plan`` (pure), then ``_run_fused_softmax``.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Reference: the softmax of x, written to memory, then multiplied by V.
 
@@ -224,8 +220,8 @@ class FusedLaunch:
         check_flag("launch.transposed", self.transposed)
 
 
-# The fastest launch per (tl.dot precision, BLOCK_1) at the spec shape on an H100; "ieee" is
-# 16-bit operands (see outputs/README.md, design notes: fused launches).
+# The fastest launch per (tl.dot precision, "ieee" for 16-bit operands; BLOCK_1) at the spec
+# shape on an H100 (see outputs/README.md, design notes: fused launches).
 _FUSED_LAUNCHES = {
     ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
     ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
@@ -236,33 +232,25 @@ _FUSED_LAUNCHES = {
 }
 # Shared memory a launch may plan for: an H100 block can have 227 KiB.
 _SHARED_MEMORY_BUDGET = 227 * 1024
-# Past this many columns of V the products dominate and the softmax is faster materialised for
-# 16-bit and TF32 products (see outputs/README.md, design notes: materialized path).
+# Past this many columns of V the products dominate: 16-bit and TF32 products are faster with
+# the softmax materialised, and TF32 ones from 64 columns where the fused kernel has fewer than
+# TF32_FUSED_MIN_PROGRAMS_PER_SM programs a SM (see outputs/README.md, design notes: materialized path).
 FUSED_MAX_D3 = 128
-# TF32 at 64 < d3 <= 128: with fewer fused programs a SM than this the materialised pair wins.
 TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
-# Where the Gluon kernel beat the path before it on an H100 (see outputs/README.md, design
-# notes: Gluon route): one d3 tile (d3 <= 256) from these d2 with programs for 7 in 10 SMs; two
-# tiles (d3 384 to 512) from d2 3000 with programs for 96 in 100; float32 from d2 1024, or
-# under TF32 from d2 2048 with programs for 48 in 100. Wider d3 was not measured.
-GLUON_FUSED_MAX_D3 = 512
-GLUON_FUSED_MIN_D2 = 512  # 16-bit, d3 <= FUSED_MAX_D3
-GLUON_FUSED_WIDE_MIN_D2 = 1024  # 16-bit, FUSED_MAX_D3 < d3 <= 256
-GLUON_FLOAT32_MIN_D2 = 1024  # below, a kept float32 launch's host time passes its GPU time
-GLUON_FUSED_MIN_SM_SHARE = 0.7
-GLUON_FUSED_TWO_TILES_MIN_D3 = 384
-GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
-GLUON_FUSED_TWO_TILES_MIN_SM_SHARE = 0.96
-GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
-GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE = 0.48
+# Where the Gluon kernel beat the path before it on an H100: (tl.dot precision, d3 from, d3 to,
+# least d2, least programs a SM), its programs 128 rows of x and a d3 tile each. Wider d3, and
+# 16-bit d3 257-383 (a part-empty second tile), were not measured (see outputs/README.md,
+# design notes: Gluon route).
+GLUON_FUSED_WINS = (
+    ("ieee", 1, 128, 512, 0.7), ("ieee", 129, 256, 1024, 0.7), ("ieee", 384, 512, 3000, 0.96),
+    ("tf32x3", 1, 512, 1024, 0.7), ("tf32", 1, 512, 1024, 0.7), ("tf32", 1, 512, 2048, 0.48),
+)
 
 
 def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True, precision: str | None = None) -> int:
-    """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3); ``aligned``:
-    x's batch and row strides are multiples of 16 bytes; ``precision``: tl.dot's (default
-    ``dot_precision(dtype)``). The fastest on an H100 (see outputs/README.md, design notes:
-    fused blocks): 32 for short rows, smaller tiles for unaligned rows, 64 for 16-bit, and for
-    float32 by the product and d3."""
+    """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3), x's batch and
+    row strides ``aligned`` to 16 bytes, under tl.dot's ``precision`` (``dot_precision``'s): the
+    fastest on an H100 (see outputs/README.md, design notes: fused blocks)."""
     if d2 < 256:
         return 32
     if not aligned:
@@ -286,9 +274,9 @@ def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, preci
 
 
 def _round_v(rounded: bool, block_1: int, transposed: bool) -> bool:
-    """V's tiles through registers, rounded to TF32, before a rounded "tf32" product that runs as
-    a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64): fed from shared
-    memory as they arrive they were much slower (see outputs/README.md, design notes)."""
+    """V's tiles through registers, rounded, before a rounded TF32 product on Hopper's warpgroup
+    MMA (M = block_3 transposed, else BLOCK_1 >= 64): faster than from shared memory (see
+    outputs/README.md, design notes: V through registers)."""
     return rounded and (transposed or block_1 >= 64)
 
 
@@ -311,15 +299,10 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
 
 @dataclass(frozen=True)
 class FusedSoftmaxPlan:
-    """What a ``fused_softmax`` call runs (``fused_softmax_plan``).
-
-    path: "gluon" (``fused_softmax_gluon_kernel``), "fused" (``fused_softmax_kernel``) or
-    "materialized" (``row_softmax``, then ``torch.bmm``). call: "eager" (direct launches, kept),
-    "autograd" (``_EagerFusedSoftmax``: autograd records, or a torch.func transform) or "op" (the
-    custom op: torch.compile, tensor subclasses). BLOCK_1 x BLOCK_2: the Triton tiles (the
-    backward's on every kernel path); launch: the forward kernel's, a ``FusedLaunch`` or a
-    ``GluonSoftmaxLaunch``; precision: tl.dot's.
-    """
+    """What a ``fused_softmax`` call runs: path "gluon", "fused" (the Triton kernel) or
+    "materialized" (``row_softmax``, then ``torch.bmm``); call "eager" (direct launches), "autograd"
+    (``_EagerFusedSoftmax``) or "op" (the custom op); the Triton tiles (the backward's too), the
+    forward kernel's launch (a ``FusedLaunch`` or a ``GluonSoftmaxLaunch``), tl.dot's precision."""
 
     path: str
     call: str = "eager"
@@ -340,17 +323,15 @@ def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype
                        tma: str | None = None, sms: int | None = None, capability: tuple[int, int] | None = None,
                        setting: str = "highest", BLOCK_1=None, BLOCK_2=None, launch=None, materialize=None,
                        call: str = "eager") -> FusedSoftmaxPlan:
-    """The plan of ``fused_softmax`` for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``.
+    """``fused_softmax``'s plan for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``; facts:
+    x's batch and row strides multiples of 16 bytes (``x_aligned``), why TMA cannot read x and V
+    (``tma``), the GPU's ``sms`` and ``capability`` (None where no Gluon kernel compiles), torch's
+    float32 matmul ``setting``; options: fused_softmax's and ``call`` (``FusedSoftmaxPlan``).
 
-    Facts: ``x_aligned`` (x's batch and row strides are multiples of 16 bytes), ``tma`` (why TMA
-    cannot read x and V, None where it can), the GPU's ``sms`` and ``capability`` (None where no
-    Gluon kernel compiles: the interpreter, a CPU), torch's float32 matmul ``setting``. Options:
-    fused_softmax's, and ``call`` (see ``FusedSoftmaxPlan``). The path: a GluonSoftmaxLaunch asks
-    for "gluon", ``materialize`` or the Triton kernel's parameters for the Triton paths; else
-    "gluon" in eager calls where the Gluon kernel is faster, "materialized" where that is, and
-    "fused" otherwise. Raises TypeError or ValueError naming a bad option, KernelCapacityError
-    for tiles past shared memory.
-    """
+    A GluonSoftmaxLaunch asks for "gluon", ``materialize`` or the Triton kernel's parameters for a
+    Triton path; else the fastest where measured (GLUON_FUSED_WINS in eager calls, FUSED_MAX_D3),
+    else "fused". Raises TypeError or ValueError naming a bad option, KernelCapacityError past
+    shared memory."""
     gluon_launch = isinstance(launch, GluonSoftmaxLaunch)
     if not (launch is None or gluon_launch or isinstance(launch, FusedLaunch)):
         raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
@@ -398,9 +379,8 @@ def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype
     return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
 
 
-# Plans are pure: a call whose facts and options were seen takes the plan made for them (typed:
-# 16 and 16.0 or True are different options; launch overrides are not cached, as FusedLaunch(lazy_rescale=1)
-# equals its valid form).
+# A call whose facts and options were seen takes their plan. typed: 16, 16.0 and True differ;
+# launch overrides are not kept (FusedLaunch(lazy_rescale=1) equals its valid form).
 _cached_plan = functools.lru_cache(maxsize=4096, typed=True)(fused_softmax_plan)
 
 
@@ -419,20 +399,10 @@ def _gluon_unfit(batch: int, d1: int, d2: int, d3: int, tma: str | None, capabil
 
 
 def _gluon_wins(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, precision: str, sms: int) -> bool:
-    """Whether the Gluon kernel is the faster softmax(x) @ V at this shape on ``sms`` SMs (the
-    thresholds above); its programs: 128 rows of x and a d3 tile each."""
-    if d3 > GLUON_FUSED_MAX_D3:
-        return False
+    """Whether the Gluon kernel is the faster softmax(x) @ V at this shape on ``sms`` SMs (GLUON_FUSED_WINS)."""
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype, precision).block_d3)
-    if precision != "ieee":
-        return d2 >= GLUON_FLOAT32_MIN_D2 and (programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
-            precision == "tf32" and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
-            and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms))
-    if d3 > 256:  # two d3 tiles of 256, each repeating its rows' softmax
-        return (d3 >= GLUON_FUSED_TWO_TILES_MIN_D3 and d2 >= GLUON_FUSED_TWO_TILES_MIN_D2
-                and programs >= GLUON_FUSED_TWO_TILES_MIN_SM_SHARE * sms)
-    return (d2 >= (GLUON_FUSED_MIN_D2 if d3 <= FUSED_MAX_D3 else GLUON_FUSED_WIDE_MIN_D2)
-            and programs >= GLUON_FUSED_MIN_SM_SHARE * sms)
+    return any(kind == precision and low <= d3 <= high and d2 >= min_d2 and programs >= share * sms
+               for kind, low, high, min_d2, share in GLUON_FUSED_WINS)
 
 
 @triton.jit
@@ -5292,7 +5262,7 @@ if _GLUON is not None:
         """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
         accumulator, part, added to acc here in float32 registers: the tensor core's accumulation
         does not round as float32 arithmetic does, and across the steps it erred many times
-        PyTorch's error (see outputs/README.md, design notes: Gluon tf32x3)."""
+        PyTorch's error (see outputs/README.md, design notes: tf32x3 products)."""
         if PARTS == 2:
             part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
             acc = acc + part
@@ -5533,7 +5503,6 @@ if _GLUON is not None:
             (_gluon_softmax_loader, (x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                                      batch, off_m, off_d3, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
-
 
 
 @on_input_device

@@ -449,7 +449,7 @@ def test_gradients_under_a_gluon_launch_at_a_wide_d3():
 @pytest.mark.parametrize("d3", [64, 256])
 def test_calls_that_record_autograd_keep_the_triton_paths(d3):
     """The rule's Gluon kernel serves calls without autograd recording only: with grad the path
-    is the Triton kernel's (d3 <= 128) or the materialised one, as the rule of materialized_wins says."""
+    is the Triton kernel's (d3 <= 128) or the materialised one, as the plan's rule says."""
     x, V = softmax_matmul_inputs(*_ruled_shape(d3), torch.bfloat16)
     assert fused_softmax_path(x, V) == "gluon"
     x.requires_grad_()
