@@ -166,6 +166,10 @@ class Unavailable(RuntimeError):
     reason, as for a configuration that does not fit."""
 
 
+# A failure row whose reason starts with one of these names is a case this machine cannot run, not a fault.
+NOT_RUN = frozenset(("Unavailable", "KernelCapacityError", "OutOfMemoryError", "OutOfResources"))
+
+
 class WrongAnswer(AssertionError):
     """A benchmarked case whose error against float64 is over its bound: the test fails, its row
     is a failure with the two numbers, and it is never timed."""
@@ -506,6 +510,11 @@ def pytest_collection_finish(session):
     out = outputs_dir(config)
     hold_dirs(config, *run_dirs(out))
     config.bench_run = RunRecord(out, config)
+    reporter = config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        _PROGRESS.update({"cases": {i.nodeid for i in _bench_items(session)}, "done": 0,
+                          "started": time.time(), "shown": time.time(),
+                          "write": lambda line: reporter.write_line(line)})
 
 
 # ----------------------------------------------------------------------------------------------
@@ -600,6 +609,26 @@ class WorkerRows:
 def pytest_runtest_setup(item):
     if isinstance(item.config.bench_run, WorkerRows):
         item.config.bench_run.node = item
+
+
+PROGRESS_EVERY_S = 30.0  # a line of progress at most this often: a long run says where it is, a short one stays quiet
+_PROGRESS: dict = {}  # the timed run's cases, how many are done, and where the lines go (pytest_collection_finish)
+
+
+def pytest_runtest_logreport(report):
+    """Every PROGRESS_EVERY_S of a timed run: cases done of all, and the time left at the pace so far."""
+    progress = _PROGRESS
+    if report.when != "teardown" or report.nodeid not in progress.get("cases", ()):
+        return
+    progress["done"] += 1
+    now = time.time()
+    if now - progress["shown"] < PROGRESS_EVERY_S and progress["done"] < len(progress["cases"]):
+        return
+    progress["shown"] = now
+    elapsed = now - progress["started"]
+    left = elapsed / progress["done"] * (len(progress["cases"]) - progress["done"])
+    progress["write"](f"progress: {progress['done']}/{len(progress['cases'])} cases, {elapsed / 60:.1f} min so far, "
+                      f"about {left / 60:.1f} min left")
 
 
 class WorkerRowsMerger:
@@ -894,7 +923,8 @@ def pytest_benchmark_update_json(config, benchmarks, output_json):  # noqa: ARG0
     output_json["ceilings"] = CEILINGS.as_dict()
     output_json["failed_cases"] = list(run.failed) if run else []
     output_json["bench_groups"] = dict(run.groups) if run else {}
-    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config)}
+    output_json["bench_run"] = {**run_info(config), "complete": run_complete(config), **wall_time(config),
+                                "command": " ".join(("pytest", *config.invocation_params.args))}
     merger = config.pluginmanager.get_plugin("softmax-kernels-worker-rows")
     if merger is not None:
         output_json["bench_run"]["workers"] = dict(sorted(merger.workers.items()))
@@ -1273,6 +1303,8 @@ def bench(benchmark, request):
             raise
         if timing_on(config):  # not with --benchmark-disable, nor untimed under xdist: the case ran once, no numbers
             record_rounds(config, benchmark, group, row, timing, {**extra, "bytes_moved": bytes_moved, "flops": flops})
+        elif benchmark.disabled:  # the case ran once, untimed: the fixture was used (no warning that it was not)
+            benchmark.pedantic(lambda: None)
         _free_memory()
 
     return run
@@ -1731,7 +1763,10 @@ def pytest_terminal_summary(terminalreporter, config):
             for _, r in df.iterrows():
                 keys = ", ".join(f"{c}={r[c]}" for c in (*group.case, "impl") if c in r and not _isnan(r[c]))
                 if not _isnan(r["failure"]):
-                    tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
+                    if str(r["failure"]).partition(":")[0] in NOT_RUN:  # cannot run here: no failure
+                        tr.write_line(f"not run: {keys}: {r['failure'].partition(': ')[2]}")
+                    else:
+                        tr.write_line(f"FAILED CONFIG {keys}: {r['failure']}", red=True)
                 elif note := remeasure_note(r):
                     tr.write_line(f"{keys}: {note}", yellow=True)
 
@@ -1846,6 +1881,157 @@ def comparison_report(record: dict, one_name: str) -> str:
     return "\n".join(lines)
 
 
+
+# ----------------------------------------------------------------------------------------------
+# The record's headline, targets and regression gate: figures read from a run's JSON, never typed in
+# ----------------------------------------------------------------------------------------------
+
+
+def record_json() -> Path:
+    """The committed record: the reference GPU's (outputs/benchmark.json), else the one another GPU kind made."""
+    reference = ROOT / "outputs" / RUN_JSON
+    others = sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))
+    return reference if reference.exists() or not others else others[0]
+
+
+# (group, what the README calls it, the project's impl as a user calls it, the baselines it is set against:
+# a case's baseline time is the fastest of them that ran it)
+HEADLINE = (
+    ("softmax", "row softmax", "triton_row", ("torch",)),
+    ("softmax_matmul", "softmax(x) @ V", "triton", ("torch",)),
+    ("softmax_matmul_precision", "softmax(x) @ V, float32 settings", "triton", ("torch",)),
+    ("matmul_softmax", "softmax(x @ W)", "triton_fused_tiled", ("torch",)),
+    ("flash_attention", "FlashAttentionTriton (batch, n, d)", "flash_triton", ("sdpa",)),
+    ("attention_models", "flash_attention (models' shapes)", "triton", ("sdpa", "flex_compile")),
+    ("linear_cross_entropy", "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce")),
+    ("model_step", "a GPT-2 training step", "project", ("torch",)),
+    ("shape_grid", "shape grid, every workload", "triton", ("torch", "compile", "sdpa_cudnn", "sdpa_flash", "sdpa_efficient")),
+)
+CASE_FREE_KEYS = frozenset(("impl", "role", "path"))  # row keys that name no case
+
+
+def case_ratios(data: dict, group: str, ours: str, baselines: tuple, where=None) -> list[tuple[str, float]]:
+    """(case, fastest baseline's median over ours) for each case of ``group`` both ran; ``where(extra_info)``
+    narrows the cases. A case is its row's case columns (the group's layout)."""
+    layout = (data.get("bench_groups") or {}).get(group) or {}
+    columns = tuple(layout.get("case") or ())
+    times: dict[tuple, dict[str, float]] = {}
+    for b in data.get("benchmarks", []):
+        extra = b.get("extra_info") or {}
+        if b.get("group") != group or (where is not None and not where(extra)):
+            continue
+        key = tuple(str(extra.get(c)) for c in columns)
+        times.setdefault(key, {})[extra.get("impl")] = b["stats"]["median"]
+    out = []
+    for key, by_impl in sorted(times.items()):
+        base = [by_impl[i] for i in baselines if i in by_impl]
+        if ours in by_impl and base:
+            out.append((" ".join(key), min(base) / by_impl[ours]))
+    return out
+
+
+def geomean(values) -> float:
+    values = list(values)
+    return math.exp(sum(math.log(v) for v in values) / len(values))
+
+
+def headline_markdown(data: dict) -> str:
+    """The README's table: per group of the record, the project's op against its baselines, case by case."""
+    gpu, commit = (data.get("machine_info") or {}).get("gpu") or {}, (data.get("commit_info") or {}).get("id", "?")
+    lines = ["| op (benchmark group) | cases | speed-up, geomean | slowest case | fastest case | against |",
+             "| --- | ---: | ---: | ---: | ---: | --- |"]
+    for group, label, ours, baselines in HEADLINE:
+        ratios = [r for _, r in case_ratios(data, group, ours, baselines)]
+        if ratios:
+            lines.append(f"| {label} (`{group}`) | {len(ratios)} | {geomean(ratios):.2f}x | {min(ratios):.2f}x | "
+                         f"{max(ratios):.2f}x | the fastest of {', '.join(baselines)} |")
+    versions = ", ".join(f"{k} {gpu[k].split('+')[0]}" for k in ("torch", "triton") if gpu.get(k))
+    lines.append("")
+    where = record_json().relative_to(ROOT).as_posix()
+    lines.append(f"Medians of GPU time per call on an {gpu.get('name', '?')} ({versions}), from the record "
+                 f"[{where}]({where}) at commit {commit[:7]}; a speed-up is the baseline's time "
+                 "over the project's on the same case. Written by `python3 conftest.py headline`.")
+    return "\n".join(lines)
+
+
+def _mode(suffix: str):
+    return lambda extra: str(extra.get("workload", extra.get("mode", ""))).endswith(suffix)
+
+
+# (issue, target, group, ours, baselines, where, statistic, threshold): met when statistic(ratios) >= threshold
+TARGETS = (
+    ("45", "flash_attention forward, geomean >= 1.05x the best peer", "attention_models", "triton",
+     ("sdpa", "flex_compile"), _mode("_fwd"), "geomean", 1.05),
+    ("45", "flash_attention forward + backward, geomean >= 0.95x", "attention_models", "triton",
+     ("sdpa", "flex_compile"), _mode("_fwd_bwd"), "geomean", 0.95),
+    ("45", "flash_attention, no case below 0.8x", "attention_models", "triton", ("sdpa", "flex_compile"), None, "min", 0.8),
+    ("46", "linear_cross_entropy faster than torch, torch.compile, Liger and CCE at every size",
+     "linear_cross_entropy", "triton", ("torch", "compile", "liger", "cce"), None, "min", 1.0),
+    ("47", "GPT-2 step compiled >= 1.05x torch's compiled step", "model_step", "project", ("torch",),
+     lambda e: e.get("compiled") == "compile", "min", 1.05),
+    ("47", "GPT-2 step eager >= 1.15x torch's eager step", "model_step", "project", ("torch",),
+     lambda e: e.get("compiled") == "eager", "min", 1.15),
+)
+
+
+def targets_markdown(data: dict) -> str:
+    """outputs/README.md's table: each target the record measures, its figure, met or missed."""
+    lines = ["| issue | target | measured | |", "| --- | --- | ---: | --- |"]
+    for issue, text, group, ours, baselines, where, statistic, threshold in TARGETS:
+        ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
+        if not ratios:
+            lines.append(f"| {issue} | {text} | not in the record | |")
+            continue
+        value = geomean(ratios) if statistic == "geomean" else min(ratios)
+        lines.append(f"| {issue} | {text} | {statistic} {value:.2f}x over {len(ratios)} cases | "
+                     f"{'met' if value >= threshold else 'missed'} |")
+    return "\n".join(lines)
+
+
+GENERATED = {  # file -> (marker, what writes the block)
+    ROOT / "README.md": ("headline", headline_markdown),
+    ROOT / "outputs" / "README.md": ("targets", targets_markdown),
+}
+
+
+def with_block(text: str, marker: str, body: str) -> str:
+    """text with the block between <!-- marker:begin --> and <!-- marker:end --> replaced by body."""
+    begin, end = f"<!-- {marker}:begin -->", f"<!-- {marker}:end -->"
+    head, found, rest = text.partition(begin)
+    _, found_end, tail = rest.partition(end)
+    if not found or not found_end:
+        raise ValueError(f"no {begin} ... {end} block")
+    return f"{head}{begin}\n{body}\n{end}{tail}"
+
+
+def stale_blocks(data: dict, write: bool = False) -> list[str]:
+    """The generated blocks that differ from what ``data`` gives (each file written anew with ``write``)."""
+    stale = []
+    for path, (marker, make) in GENERATED.items():
+        text = path.read_text(encoding="utf-8")
+        fresh = with_block(text, marker, make(data))
+        if fresh != text:
+            stale.append(f"{path.relative_to(ROOT)} ({marker})")
+            if write:
+                path.write_text(fresh, encoding="utf-8")
+    return stale
+
+
+def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
+    """A run's medians against the record's, case by case: lines for the cases slower by more than
+    ``max_slowdown`` (a fraction), and how many cases both measured."""
+    old = {b["fullname"]: b["stats"]["median"] for b in record.get("benchmarks", [])}
+    slower, shared = [], 0
+    for b in run.get("benchmarks", []):
+        if b["fullname"] in old:
+            shared += 1
+            ratio = b["stats"]["median"] / old[b["fullname"]]
+            if ratio > 1 + max_slowdown:
+                slower.append(f"SLOWER {b['fullname']}: {b['stats']['median'] * 1e3:.4g} ms against the record's "
+                              f"{old[b['fullname']] * 1e3:.4g} ms ({ratio - 1:+.1%})")
+    return slower, shared
+
+
 # ----------------------------------------------------------------------------------------------
 # Command line: python conftest.py rebuild JSON [--outputs-dir DIR] [--plot GROUP=KIND:METRIC] [--committed]
 #               python conftest.py merge JSON [JSON...] --output JSON [--against JSON] [--committed]
@@ -1878,7 +2064,17 @@ def main(argv=None) -> int:
     for command in (rebuild, merge):
         command.add_argument("--committed", action="store_true",
                              help="allow writing into the committed outputs/ (replacing its tables)")
+    headline = sub.add_parser("headline", help="write README.md's headline and outputs/README.md's targets from the record")
+    headline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs from the record")
+    gate = sub.add_parser("gate", help="a run's medians against the record's: exit 1 if a case is slower than allowed")
+    gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json of its --outputs-dir)")
+    gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
+    for command in (headline, gate):
+        command.add_argument("--record", type=Path, default=None,
+                             help="default: the committed record (outputs/benchmark.json, or outputs/<GPU>/benchmark.json)")
     args = parser.parse_args(argv)
+    if args.command in ("headline", "gate"):
+        return record_command(args)
 
     def refuse(message: str) -> int:
         print(f"python conftest.py {args.command}: {message}", file=sys.stderr)
@@ -1949,6 +2145,27 @@ def main(argv=None) -> int:
         release_lock(dest, fd)
     compared = merged.get("compared_with_one_gpu") if args.command == "merge" else None
     return 1 if compared and (compared["differing"] or compared["failed_in_one"]) else 0
+
+
+
+def record_command(args) -> int:
+    """``headline`` and ``gate``: both read the committed record."""
+    try:
+        args.record = args.record or record_json()
+        record = load_run(args.record)
+        run = load_run(args.json) if args.command == "gate" else None
+    except BadRun as bad:
+        print(f"python conftest.py {args.command}: {bad}", file=sys.stderr)
+        return 2
+    if args.command == "gate":
+        slower, shared = gate_report(run, record, args.max_slowdown / 100)
+        print("\n".join(slower + [f"{shared} cases compared with {args.record}, {len(slower)} slower by more than "
+                                   f"{args.max_slowdown:g} %"]))
+        return 1 if slower or not shared else 0
+    stale = stale_blocks(record, write=not args.check)
+    for block in stale:
+        print(f"{'differs from the record' if args.check else 'written'}: {block}")
+    return 1 if stale and args.check else 0
 
 
 if __name__ == "__main__":
