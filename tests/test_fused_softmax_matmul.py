@@ -15,7 +15,6 @@ there (``upcast_dot_operands``); the bfloat16 tensor-core path is tested on a GP
 from __future__ import annotations
 
 import csv
-import functools
 import re
 from pathlib import Path
 
