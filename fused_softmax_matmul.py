@@ -51,11 +51,11 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
-    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
+    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, _empty_like_contiguous,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -69,7 +69,7 @@ __all__ = [
     "matmul_softmax_tiled_bytes", "matmul_softmax_flops",
     # attention: the course's classes, and the op as models call it
     "attention_reference", "FlashAttentionPytorch", "FlashAttentionTriton", "FlashLaunch", "attention_flops",
-    "flash_attention_bytes", "flash_attention_reference", "flash_attention", "flash_attention_gluon",
+    "flash_attention_bytes", "flash_attention_reference", "flash_attention", "AttentionPlan", "attention_plan", "flash_attention_gluon",
     "flash_attention_flops", "flash_attention_io_bytes",
     # linear cross-entropy
     "linear_cross_entropy_ref", "linear_cross_entropy", "vocab_parallel_linear_cross_entropy",
@@ -667,7 +667,7 @@ def fused_softmax_backward_dv_kernel(
 
 def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
-    return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: _empty_like_contiguous
+    return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: empty_like_contiguous
 
 
 def _fused_lse(x: torch.Tensor) -> torch.Tensor:
@@ -694,7 +694,7 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, constants: dict, st
     x_strides, x_align = vector_strides(x)
     v_strides, v_align = vector_strides(V)
     k_align = vector_align((d2,), x.element_size())
-    launch_and_keep(_jit(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
+    launch_and_keep(jit_kernel(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
                     (x, V, out, out if lse is None else lse, d1, d2 // k_align, d3, *x_strides, *v_strides,
                      *out.stride(), n_tiles, n_tiles_3),
                     dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
@@ -729,14 +729,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
         dx_strides, dx_align = vector_strides(dx)
-        _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
+        jit_kernel(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
             x, V, out, dout, lse, dx, d1, d2 // k_align, d3, *x_strides, *V.stride(), *out.stride(),
             *dout.stride(), *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision,
             DELTA_FROM_DP=delta_from_dp, X_ALIGN=x_align, D_ALIGN=dx_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
-        _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
+        jit_kernel(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
             x, dout, lse, dV, d1, d2 // k_align, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     return dx, dV
@@ -1960,7 +1960,7 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
 
     def run(kernel, grid, indices, rest, options):
         keep_step = None if keep is None else (lambda replay: steps.append((replay, indices)))
-        launch_and_keep(_jit(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
+        launch_and_keep(jit_kernel(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
                         len(indices))
 
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
@@ -2068,7 +2068,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     kept = []
     keep_step = None if keep is None else kept.append
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
+    launch_and_keep(jit_kernel(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
                     (x, W, out, parts, counts, stats, *args, n_splits, k_slice, n_tiles_c),
                     dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, **vectors),
                     keep_step, 6)
@@ -2099,7 +2099,7 @@ def _concrete(*sizes) -> tuple[int, ...]:
 
 
 def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[0], W.shape[1]))  # less host time: _empty_like_contiguous
+    return x.new_empty((x.shape[0], W.shape[1]))  # less host time: empty_like_contiguous
 
 
 def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
@@ -2116,14 +2116,14 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
     descriptors = _tma_operands(x, W, launch, wrap)
     if descriptors is not None:
-        kernel = _jit(matmul_tma_kernel, wrap)
+        kernel = jit_kernel(matmul_tma_kernel, wrap)
         args, options = _tma_args(x, W, out, launch)
         args = (*descriptors, out, *args, n_tiles_b, n_tiles_c)
         kernel[grid](*args, **options)
         _keep_tma_launch(kernel, grid, args, options, descriptors, 3, keep)
         return out
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
+    launch_and_keep(jit_kernel(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
                     dict(_constants(launch, x.dtype), **vectors), keep, 3)
     return out
 
@@ -2135,7 +2135,7 @@ def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | No
         return row_softmax(_matmul_forward(x, W, launch, wrap))
     kept = []
     logits = _matmul_forward(x, W, launch, wrap, keep=kept.append)
-    out = _row_forward(logits, 0, traced=False, keep=kept.append)
+    out = row_forward(logits, 0, traced=False, keep=kept.append)
     if len(kept) == 2:
         shape, dtype, device = logits.shape, logits.dtype, logits.device
         keep(ReplayChain((lambda x, W, out: torch.empty(shape, dtype=dtype, device=device),),
@@ -2149,7 +2149,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
+    launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
                     (x, W, out, *args), dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
     return out
 
@@ -2169,7 +2169,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     args, vectors = _matmul_args(x, W, out)
     if n_tiles_c == 1:
-        launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
+        launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
                         dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
         return out
     stats_shape = (2, B, n_tiles_c)
@@ -2178,13 +2178,13 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     keep_step = None if keep is None else kept.append
     descriptors = _tma_operands(x, W, launch, wrap)
     if descriptors is not None:
-        kernel = _jit(matmul_softmax_tma_tile_kernel, wrap)
+        kernel = jit_kernel(matmul_softmax_tma_tile_kernel, wrap)
         args, options = _tma_args(x, W, out, launch)
         args = (*descriptors, out, stats, *args, n_tiles_b, n_tiles_c)
         kernel[grid](*args, **options)
         _keep_tma_launch(kernel, grid, args, options, descriptors, 4, keep_step)
     else:
-        launch_and_keep(_jit(matmul_softmax_tile_kernel, wrap), grid,
+        launch_and_keep(jit_kernel(matmul_softmax_tile_kernel, wrap), grid,
                         (x, W, out, stats, *args, n_tiles_b, n_tiles_c), dict(_constants(launch, x.dtype), **vectors),
                         keep_step, 4)
     _launch_rescale(out, stats, launch, keep_step, wrap)
@@ -2216,7 +2216,7 @@ def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch
     shift = rescale_shift(out)
     stride_ob, stride_oc = out.stride()  # no int(): see vector_strides
     vec = 1 if shift > 1 else vector_align((stride_ob, C), out.element_size())
-    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
+    launch_and_keep(jit_kernel(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
                     (out, stats, B, C // vec, n_tiles_c, per_program, stride_ob // vec, stride_oc),
                     dict(BLOCK_C=launch.block_c, TILES=tiles, MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE),
                          VEC=vec, SHIFT=shift, num_warps=4), keep, 2)
@@ -2250,7 +2250,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if dz.numel():
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
-        _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
+        jit_kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
             BLOCK_C=min(1024, next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
@@ -3271,7 +3271,7 @@ def flash_attention_backward_dq_kernel(
 def _flash_kernel(kernel):
     """The kernel as launched: itself under torch.compile (Dynamo traces a JIT function's launch)
     and in the interpreter, else its ``DirectLauncher`` (less host time; the launch can be kept)."""
-    return kernel if torch.compiler.is_compiling() else _jit(kernel, traced=False)
+    return kernel if torch.compiler.is_compiling() else jit_kernel(kernel, traced=False)
 
 
 def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
@@ -3393,12 +3393,12 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
     (None: none), else checks, plan and launch (kept under ``key``)."""
     kept = _FLASH_REPLAYS.get(key) if key is not None else None
     if kept is not None:
-        O, L = _empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+        O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
         if kept[0](Q, K, V, O, L):
             return O, L, kept[1]
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     plan = flash_plan_of(Q, K, V, is_causal, launches)
-    O, L = _empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+    O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
     check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
     if _through_ops(Q, launches):
         return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
@@ -4151,7 +4151,7 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         return q.new_empty(out_shape), lse[0]
     qk_scale, cap2 = _attention_scalars(scale, softcap)
     grid = one_axis_grid(splits * batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
-    _jit(attention_forward_kernel, traced=True)[grid](
+    jit_kernel(attention_forward_kernel, traced=True)[grid](
         q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
         split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
         **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
@@ -4190,12 +4190,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     delta = torch.empty((batch, heads, n_queries), dtype=torch.float32, device=q.device)
     head = (batch, heads, group, n_queries, n_keys, scale, qk_scale, cap2, lo, hi)
     grid = one_axis_grid(batch * heads * cdiv(n_queries, dq_launch[0]), "the attention backward's dq")
-    _jit(attention_backward_dq_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dq_kernel, traced=True)[grid](
         q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch))
     grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
-    _jit(attention_backward_dkdv_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dkdv_kernel, traced=True)[grid](
         q, k, v, dout, lse, delta, dk, dv, *head,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch))
@@ -5149,7 +5149,7 @@ def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Ten
     out = _gluon_v_operand_buffer(V.shape, parts, V.device)
     block = 64
     grid = (cdiv(d2, block) * cdiv(d3, block), batch)
-    kernel = _jit(tf32_transposed_parts_kernel, traced=False)
+    kernel = jit_kernel(tf32_transposed_parts_kernel, traced=False)
     args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
     options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
     kernel[grid](*args, **options)
@@ -5557,7 +5557,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
         descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
-    kernel = _jit(fused_softmax_gluon_kernel, traced=False)
+    kernel = jit_kernel(fused_softmax_gluon_kernel, traced=False)
     lse_strides = (0, 0) if lse is None else lse.stride()
     args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
@@ -6337,7 +6337,7 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
     args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong)
-    _launch_flash(_jit(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))
+    _launch_flash(jit_kernel(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))
 
 
 def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: torch.Tensor, L: torch.Tensor,
@@ -6355,7 +6355,7 @@ def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: tor
     args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS)
-    _launch_flash(_jit(flash_attention_backward_dkdv_gluon_kernel, traced=False), grid, args, options, 8, kept,
+    _launch_flash(jit_kernel(flash_attention_backward_dkdv_gluon_kernel, traced=False), grid, args, options, 8, kept,
                   tuple(descs))
 
 
@@ -6376,5 +6376,5 @@ def _gluon_flash_dq(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     args = (*descs, L, delta, dQ, O, *L.stride(), *delta.stride(), *dQ.stride(), *O.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS)
-    _launch_flash(_jit(flash_attention_backward_dq_gluon_kernel, traced=False), grid, args, options, 8, kept,
+    _launch_flash(jit_kernel(flash_attention_backward_dq_gluon_kernel, traced=False), grid, args, options, 8, kept,
                   tuple(descs))

@@ -2120,7 +2120,3 @@ def _row_grad(ctx, dy):
 
 
 _ROW_AUTOGRAD = softmax_spec("row_softmax", row_softmax, _row_grad)
-
-
-# The former private names, while code elsewhere still imports them.
-_jit, _row_forward, _empty_like_contiguous = jit_kernel, row_forward, empty_like_contiguous
