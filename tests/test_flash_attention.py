@@ -1014,7 +1014,7 @@ def test_plans_give_the_recorded_paths(pattern):
     its case gives that path."""
     import pandas as pd
 
-    files = sorted(OUTPUTS.glob(pattern))
+    files = sorted(OUTPUTS.rglob(pattern))  # outputs/<GPU>/: each GPU kind's record
     if not files:
         pytest.skip(f"outputs/{pattern}: no such file")
     tables = [pd.read_csv(f).assign(file=f.name) for f in files]

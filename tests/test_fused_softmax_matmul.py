@@ -29,7 +29,7 @@ from fused_softmax_matmul import (
 from online_softmax import INTERPRET, KernelCapacityError
 import support
 from support import (
-    DTYPES, INF, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
+    DEVICE, DTYPES, INF, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
     softmax_matmul_inputs,
 )
 
@@ -760,7 +760,7 @@ def test_default_block_reads_the_alignment_of_the_inputs(d2, dtype, aligned):
     Triton already knows of them (8192 columns: strides passed whole)."""
     from fused_softmax_matmul import fused_blocks
 
-    x, V = torch.empty(2, 16, d2, dtype=dtype), torch.empty(2, d2, 64, dtype=dtype)
+    x, V = torch.empty(2, 16, d2, dtype=dtype, device=DEVICE), torch.empty(2, d2, 64, dtype=dtype, device=DEVICE)
     assert fsm._plan_call(x, V, None, None, None, False).BLOCK_1 == fused_blocks(d2, 64, dtype, aligned)
     sliced = fsm._plan_call(x[:, :, : d2 - 1], V[:, : d2 - 1], None, None, None, False)
     assert sliced.BLOCK_1 == fused_blocks(d2 - 1, 64, dtype, aligned)
@@ -856,8 +856,8 @@ def _recorded_paths() -> list:
     outputs = Path(__file__).resolve().parent.parent / "outputs"
     rows = []
     for name in RECORDS:
-        if (outputs / name).exists():
-            with open(outputs / name, newline="") as f:
+        for found in sorted(outputs.rglob(name)):  # outputs/<GPU>/: each GPU kind's record
+            with open(found, newline="") as f:
                 rows += [(name, row["case"], row["path"]) for row in csv.DictReader(f)
                          if row.get("workload") == "softmax_matmul" and row.get("path")]
     return rows
