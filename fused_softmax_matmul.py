@@ -51,13 +51,30 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, _jit, check_block, check_dense, check_flag, check_int, check_same,
+    INTERPRET, OP_NAMESPACE, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
-    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, _row_forward,
+    next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, _empty_like_contiguous,
+    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
 )
 from torch._subclasses.fake_tensor import is_fake
+
+__all__ = [
+    # softmax(x) @ V
+    "softmax_mult", "fused_softmax", "fused_softmax_gluon", "FusedLaunch", "GluonSoftmaxLaunch",
+    "softmax_mult_bytes", "fused_softmax_bytes", "softmax_matmul_flops",
+    # softmax(x @ W) and the plain product
+    "matmul_softmax_ref", "matmul", "matmul_softmax_unfused", "matmul_softmax_fused_simple",
+    "matmul_softmax_fused_tiled", "MatmulLaunch", "matmul_softmax_unfused_bytes", "matmul_softmax_fused_bytes",
+    "matmul_softmax_tiled_bytes", "matmul_softmax_flops",
+    # attention: the course's classes, and the op as models call it
+    "attention_reference", "FlashAttentionPytorch", "FlashAttentionTriton", "FlashLaunch", "attention_flops",
+    "flash_attention_bytes", "flash_attention_reference", "flash_attention", "AttentionPlan", "attention_plan", "flash_attention_gluon",
+    "flash_attention_flops", "flash_attention_io_bytes",
+    # linear cross-entropy
+    "linear_cross_entropy_ref", "linear_cross_entropy", "vocab_parallel_linear_cross_entropy",
+    "LinearCrossEntropyLaunch", "linear_cross_entropy_flops",
+]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -143,13 +160,9 @@ def _backward_fake(x, W, *rest):
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
-# Forward: ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row.
-# Backward: the softmax is recomputed from x and the per-row log-sum-exp the forward saved (4
-# bytes a row instead of a (d1, d2) P): ``fused_softmax_backward_dx_kernel`` forms dP = dO @ V^T
-# a tile at a time and dx = P * (dP - rowsum(dO * O)) (with TF32 products rowsum(P * dP), from
-# a first pass over dP: see the kernel); ``fused_softmax_backward_dv_kernel``
-# sums dV = P^T @ dO over row tiles. Both are custom ops (``kernel_op``); the backward op has no
-# autograd of its own, so a second derivative raises.
+# ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row; the
+# backward recomputes the softmax from x and the rows' log-sum-exp the forward saved. A call:
+# checks, ``fused_softmax_plan`` (pure), then ``_run_fused_softmax``.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
     """Reference: the softmax of x, written to memory, then multiplied by V.
 
@@ -207,90 +220,74 @@ class FusedLaunch:
         check_flag("launch.transposed", self.transposed)
 
 
-# The fastest launch per (dot input precision, BLOCK_1), from sweeps on an H100 at the spec shape
-# (batch 16, d1 2048, d2 8192, d3 512, BLOCK_1 = BLOCK_2): block_3 in {128, 256, 512}, warps {4,
-# 8}, stages {2, 3, 4}, lazy on/off, transposed on/off. Transposed (the product as V^T @ P^T, M =
-# block_3) wins wherever BLOCK_1 is too short for the warpgroup MMA. Plain "tf32" on the
-# warpgroup MMA needs V through registers (``_round_v``), so BLOCK_1 = 64 runs transposed there;
-# BLOCK_1 = 16 and 32 stay on the older MMA, reading V from shared memory.
+# The fastest launch per (tl.dot precision, "ieee" for 16-bit operands; BLOCK_1) at the spec
+# shape on an H100 (see outputs/README.md, design notes: fused launches).
 _FUSED_LAUNCHES = {
     ("tf32x3", 16): FusedLaunch(512, 4, 3), ("tf32x3", 32): FusedLaunch(128, 4, 3, transposed=True),
     ("tf32x3", 64): FusedLaunch(128, 8, 3, transposed=True),
     ("tf32", 16): FusedLaunch(512, 4, 3, lazy_rescale=True), ("tf32", 32): FusedLaunch(512, 4, 2, lazy_rescale=True),
     ("tf32", 64): FusedLaunch(128, 4, 2, lazy_rescale=True, transposed=True),
-    ("16bit", 16): FusedLaunch(512, 4, 3), ("16bit", 32): FusedLaunch(512, 4, 3, transposed=True),
-    ("16bit", 64): FusedLaunch(512, 8, 3, transposed=True),
+    ("ieee", 16): FusedLaunch(512, 4, 3), ("ieee", 32): FusedLaunch(512, 4, 3, transposed=True),
+    ("ieee", 64): FusedLaunch(512, 8, 3, transposed=True),
 }
-# Shared memory a launch may plan for: an H100 block can have 227 KiB (the swept launches use up
-# to 221 KiB of staged tiles, e.g. bf16 BLOCK_1 = 64: 3 x (64 x 64 + 64 x 512) x 2 bytes).
+# Shared memory a launch may plan for: an H100 block can have 227 KiB.
 _SHARED_MEMORY_BUDGET = 227 * 1024
+# Past this many columns of V the products dominate: 16-bit and TF32 products are faster with
+# the softmax materialised, and TF32 ones from 64 columns where the fused kernel has fewer than
+# TF32_FUSED_MIN_PROGRAMS_PER_SM programs a SM (see outputs/README.md, design notes: materialized path).
+FUSED_MAX_D3 = 128
+TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
+# Where the Gluon kernel beat the path before it on an H100: (tl.dot precision, d3 from, d3 to,
+# least d2, least programs a SM), its programs 128 rows of x and a d3 tile each. Wider d3, and
+# 16-bit d3 257-383 (a part-empty second tile), were not measured (see outputs/README.md,
+# design notes: Gluon route).
+GLUON_FUSED_WINS = (
+    ("ieee", 1, 128, 512, 0.7), ("ieee", 129, 256, 1024, 0.7), ("ieee", 384, 512, 3000, 0.96),
+    ("tf32x3", 1, 512, 1024, 0.7), ("tf32", 1, 512, 1024, 0.7), ("tf32", 1, 512, 2048, 0.48),
+)
 
 
-def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True) -> int:
-    """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3); ``aligned``:
-    x's batch and row strides are multiples of 16 bytes (``vector_strides``).
-
-    Measured on an H100 with triton.testing.do_bench (outputs/profiles/fused_block_sweep.txt,
-    fused_stride_probe.txt), d2 1000 to 8192, d3 64 to 512: from d2 = 256 on, 16-bit inputs run
-    fastest at 64 (1.03-1.3x faster than 32). Float32 turns on the product and d3: tf32x3
-    ('highest') at 32 for d3 <= 64 (1.25-1.45x faster than 64) and at 64 above (1.07-1.2x);
-    TF32 ('high') the other way round: 64 for d3 <= 64 (1.2-1.45x), 32 above (tied at d3 96 and
-    128, 1.3-1.5x faster at 512). Below d2 = 256, 32 (by 1.1-1.2x in float32 'highest'). Rows
-    whose stride is no multiple of 16 bytes load an element at a time: there smaller tiles win
-    (d2 1000 and 3000 unpadded, before ``vector_strides``: float32 at 16, 1.5-2x faster than 64;
-    16-bit at 32).
-    """
+def fused_blocks(d2: int, d3: int, dtype: torch.dtype, aligned: bool = True, precision: str | None = None) -> int:
+    """The wrapper's BLOCK_1 = BLOCK_2 for x of (.., d2) against V of (.., d2, d3), x's batch and
+    row strides ``aligned`` to 16 bytes, under tl.dot's ``precision`` (``dot_precision``'s): the
+    fastest on an H100 (see outputs/README.md, design notes: fused blocks)."""
     if d2 < 256:
         return 32
     if not aligned:
         return 16 if dtype == torch.float32 else 32
     if dtype != torch.float32:
         return 64
-    narrow = d3 <= 64
-    return 64 if narrow == (dot_precision(dtype) == "tf32") else 32
+    return 64 if (d3 <= 64) == ((precision or dot_precision(dtype)) == "tf32") else 32
 
 
-def default_block(x: torch.Tensor, V: torch.Tensor) -> int:
-    """``fused_blocks`` for these inputs: their d2, d3 and dtype, and whether x's batch and row
-    strides are multiples of 16 bytes."""
-    aligned = not any(v * x.element_size() % 16 for v in x.stride()[:2])
-    return fused_blocks(int(x.shape[-1]), int(V.shape[-1]), x.dtype, aligned)
-
-
-def fused_launch(d3: int, block_1: int, dtype: torch.dtype, block_2: int | None = None) -> FusedLaunch:
-    """The wrapper's ``FusedLaunch`` for d3 columns of V and BLOCK_1 x BLOCK_2 tiles of x (cached).
-
-    block_3 splits d3 over programs; the fp32 accumulator (BLOCK_1 x block_3) lives in
-    registers. Tile sizes BLOCK_1 of 128 and 256 were not swept: they get narrow d3 tiles. The
-    number of pipeline stages is cut until the staged x and V tiles fit in shared memory.
-    """
-    block_2 = block_1 if block_2 is None else block_2
-    kind = dot_precision(dtype) if dtype == torch.float32 else "16bit"
-    return _fused_launch(d3, block_1, block_2, dtype, kind)
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, kind: str) -> FusedLaunch:
-    launch = _FUSED_LAUNCHES.get((kind, block_1), FusedLaunch(64, 8, 2))
-    block_3 = max(16, min(launch.block_3, next_power_of_2(d3)))  # tl.dot needs every dimension >= 16
+def _fused_launch(d3: int, block_1: int, block_2: int, dtype: torch.dtype, precision: str) -> FusedLaunch:
+    """The wrapper's ``FusedLaunch``: the swept one for BLOCK_1, block_3 cut to d3 (at least 16,
+    tl.dot's least), and its stages cut until the staged x and V tiles fit in shared memory."""
+    launch = _FUSED_LAUNCHES.get((precision, block_1), FusedLaunch(64, 8, 2))
+    block_3 = max(16, min(launch.block_3, next_power_of_2(d3)))
     per_stage = (block_1 * block_2 + block_2 * block_3) * dtype.itemsize
     if per_stage > _SHARED_MEMORY_BUDGET and not INTERPRET:
         raise KernelCapacityError(
             f"BLOCK_1 x BLOCK_2 = {block_1} x {block_2} tiles of {dtype} need {per_stage // 1024} KiB of shared "
             f"memory with one d2 step staged, more than the {_SHARED_MEMORY_BUDGET // 1024} KiB a program can have")
-    stages = max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage))
-    return replace(launch, block_3=block_3, num_stages=stages)
+    return replace(launch, block_3=block_3, num_stages=max(1, min(launch.num_stages, _SHARED_MEMORY_BUDGET // per_stage)))
 
 
-def _round_v(dtype: torch.dtype, block_1: int, transposed: bool) -> bool:
-    """Pass V's tiles through registers, rounded to TF32, before a "tf32" product that runs
-    as a Hopper warpgroup MMA (M = block_3 when transposed, else BLOCK_1 >= 64).
+def _round_v(rounded: bool, block_1: int, transposed: bool) -> bool:
+    """V's tiles through registers, rounded, before a rounded TF32 product on Hopper's warpgroup
+    MMA (M = block_3 transposed, else BLOCK_1 >= 64): faster than from shared memory (see
+    outputs/README.md, design notes: V through registers)."""
+    return rounded and (transposed or block_1 >= 64)
 
-    That MMA wants fp32 operands in shared memory K-major; V's tiles arrive there d3-major, and
-    fed as they are they were much slower than through registers, where rounding is nearly free
-    (outputs/README.md, "Design notes"). The older MMA (BLOCK_1 < 64) reads V from shared memory.
-    """
-    return round_to_tf32(dtype) and (transposed or block_1 >= 64)
+
+@functools.lru_cache(maxsize=4096)
+def _fused_constants(dtype: torch.dtype, precision: str, BLOCK_1: int, BLOCK_2: int, BLOCK_3: int, num_warps: int,
+                     num_stages: int, lazy_rescale: bool, transposed: bool) -> dict:
+    """``fused_softmax_kernel``'s constexpr keywords for these tiles and launch (not to be mutated)."""
+    rounded = not INTERPRET and precision == "tf32"  # round_to_tf32 under this precision
+    return dict(BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=BLOCK_3, PRECISION=precision, UPCAST=upcast_dot_operands(dtype),
+                LAZY_RESCALE=lazy_rescale, TRANSPOSED=transposed, ROUND_TF32=rounded,
+                ROUND_V=_round_v(rounded, BLOCK_1, transposed), num_warps=num_warps, num_stages=num_stages)
 
 
 def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int]:
@@ -298,6 +295,114 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
     columns. Each backward product holds three such tiles (operands and accumulator): at 64 x 64
     float32 that is 48 KiB, which leaves room for two pipeline stages on any GPU Triton targets."""
     return min(BLOCK_1, 64), min(BLOCK_2, 64), max(16, min(64, next_power_of_2(d3)))
+
+
+@dataclass(frozen=True)
+class FusedSoftmaxPlan:
+    """What a ``fused_softmax`` call runs: path "gluon", "fused" (the Triton kernel) or
+    "materialized" (``row_softmax``, then ``torch.bmm``); call "eager" (direct launches), "autograd"
+    (``_EagerFusedSoftmax``) or "op" (the custom op); the Triton tiles (the backward's too), the
+    forward kernel's launch (a ``FusedLaunch`` or a ``GluonSoftmaxLaunch``), tl.dot's precision."""
+
+    path: str
+    call: str = "eager"
+    BLOCK_1: int = 0
+    BLOCK_2: int = 0
+    launch: FusedLaunch | GluonSoftmaxLaunch | None = None
+    precision: str = "ieee"
+
+    @property
+    def op_args(self) -> tuple:
+        """The custom op's arguments after x and V: the tiles and the FusedLaunch's fields."""
+        launch = self.launch
+        return (self.BLOCK_1, self.BLOCK_2, launch.block_3, launch.num_warps, launch.num_stages, launch.lazy_rescale,
+                launch.transposed)
+
+
+def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, *, x_aligned: bool = True,
+                       tma: str | None = None, sms: int | None = None, capability: tuple[int, int] | None = None,
+                       setting: str = "highest", BLOCK_1=None, BLOCK_2=None, launch=None, materialize=None,
+                       call: str = "eager") -> FusedSoftmaxPlan:
+    """``fused_softmax``'s plan for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``; facts:
+    x's batch and row strides multiples of 16 bytes (``x_aligned``), why TMA cannot read x and V
+    (``tma``), the GPU's ``sms`` and ``capability`` (None where no Gluon kernel compiles), torch's
+    float32 matmul ``setting``; options: fused_softmax's and ``call`` (``FusedSoftmaxPlan``).
+
+    A GluonSoftmaxLaunch asks for "gluon", ``materialize`` or the Triton kernel's parameters for a
+    Triton path; else the fastest where measured (GLUON_FUSED_WINS in eager calls, FUSED_MAX_D3),
+    else "fused". Raises TypeError or ValueError naming a bad option, KernelCapacityError past
+    shared memory."""
+    gluon_launch = isinstance(launch, GluonSoftmaxLaunch)
+    if not (launch is None or gluon_launch or isinstance(launch, FusedLaunch)):
+        raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
+    if materialize is not None and not isinstance(materialize, bool):
+        raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
+    tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
+    if materialize and tuned:
+        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernels, which "
+                         "materialize=True does not run: give one or the other")
+    if materialize is False and gluon_launch:
+        raise ValueError("materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch: "
+                         "give one or the other")
+    precision = "ieee" if dtype != torch.float32 else "tf32x3" if setting == "highest" else "tf32"
+    block = fused_blocks(d2, d3, dtype, x_aligned, precision)
+    unfit = _gluon_unfit(batch, d1, d2, d3, tma, capability)
+    if gluon_launch:
+        if call == "op":
+            raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
+                             "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
+        if unfit is not None:
+            raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {unfit}")
+        path = "gluon"
+    elif materialize is not None or tuned:
+        path = "materialized" if materialize else "fused"
+    elif call == "eager" and unfit is None and sms is not None and _gluon_wins(batch, d1, d2, d3, dtype, precision, sms):
+        path = "gluon"
+    elif precision != "tf32x3" and (d3 > FUSED_MAX_D3 or precision == "tf32" and d3 > 64 and sms is not None
+                                    and batch * cdiv(d1, block) < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms):
+        path = "materialized"
+    else:
+        path = "fused"
+    if path == "materialized":
+        return FusedSoftmaxPlan(path, call)
+    BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
+    BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
+    check_block("BLOCK_1", BLOCK_1, 16, 256)
+    check_block("BLOCK_2", BLOCK_2, 16, 256)
+    if path == "gluon":
+        launch = launch or gluon_softmax_launch(d2, d3, dtype, precision)
+        launch.check(dtype, precision)
+        return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
+    if launch is None:
+        launch = _fused_launch(d3, BLOCK_1, BLOCK_2, dtype, precision)
+    launch.check()
+    return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
+
+
+# A call whose facts and options were seen takes their plan. typed: 16, 16.0 and True differ;
+# launch overrides are not kept (FusedLaunch(lazy_rescale=1) equals its valid form).
+_cached_plan = functools.lru_cache(maxsize=4096, typed=True)(fused_softmax_plan)
+
+
+def _gluon_unfit(batch: int, d1: int, d2: int, d3: int, tma: str | None, capability) -> str | None:
+    """Why the Gluon kernel cannot take inputs of this shape, which TMA reads unless ``tma`` says
+    why not, on a GPU of ``capability`` (None: no Gluon kernel compiles here); None where it can."""
+    if capability is None:
+        return GLUON_UNAVAILABLE or "x and V must be on one CUDA device"
+    if tuple(capability) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{capability[0]}{capability[1]}"
+    if min(batch, d1, d2, d3) == 0:
+        return "empty inputs have no TMA descriptor (fused_softmax handles them)"
+    if batch > 65535:
+        return f"a batch of {batch} is past the 65535 programs a grid's second axis can have"
+    return tma
+
+
+def _gluon_wins(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, precision: str, sms: int) -> bool:
+    """Whether the Gluon kernel is the faster softmax(x) @ V at this shape on ``sms`` SMs (GLUON_FUSED_WINS)."""
+    programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype, precision).block_d3)
+    return any(kind == precision and low <= d3 <= high and d2 >= min_d2 and programs >= share * sms
+               for kind, low, high, min_d2, share in GLUON_FUSED_WINS)
 
 
 @triton.jit
@@ -325,14 +430,13 @@ def fused_softmax_kernel(
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
-    The grid is one axis of batch x n_tiles programs (axis 0 takes 2^31 - 1; the others only
-    65535, fewer than a batch may be). Programs that share rows of x differ only in their d3 tile
-    and are numbered consecutively, so they run together and all but the first read x from L2.
+    The grid is one axis of batch x n_tiles programs (the others take only 65535). Programs that
+    share rows of x differ only in their d3 tile and are numbered consecutively, so they run
+    together and all but the first read x from L2.
 
-    TRANSPOSED computes the same tile as out^T = V^T @ softmax(x)^T: the product's M dimension is
-    then BLOCK_3 (64 to 512) instead of BLOCK_1, tall enough for Hopper's warpgroup MMA even when
-    the user's BLOCK_1 is 16 or 32. Row statistics then run along axis 0 of the (BLOCK_2,
-    BLOCK_1) tile of x^T, and the accumulator is (BLOCK_3, BLOCK_1).
+    TRANSPOSED computes out^T = V^T @ softmax(x)^T: the product's M dimension is then BLOCK_3
+    instead of BLOCK_1, tall enough for Hopper's warpgroup MMA when BLOCK_1 is 16 or 32; the row
+    statistics run along axis 0 of x^T's tile, and the accumulator is (BLOCK_3, BLOCK_1).
 
     STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
     float32, from which the backward recomputes the softmax.
@@ -377,10 +481,9 @@ def fused_softmax_kernel(
             v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             m_new = tl.maximum(m, tl.max(x, axis=1))
         if LAZY_RESCALE:
-            # Rescale acc and l only when some row's max grew by more than 8 (a factor e^8 ~ 3e3):
-            # until then exp(x - m) against the stale m stays below e^8, far inside every
-            # dtype's range, and the final division uses the same m, so the result is unchanged.
-            # (x > -inf) = (-inf > -inf + 8) is false, so rows of only -inf keep m = -inf.
+            # Rescale acc and l only when some row's max grew by more than 8: until then exp(x -
+            # m) against the stale m stays below e^8, far inside every dtype's range, and the
+            # final division uses the same m. Rows of only -inf keep m = -inf (-inf > -inf + 8 is false).
             if tl.max((m_new > m + 8.0).to(tl.int32), axis=0) > 0:
                 # A row still at -inf keeps alpha = 1 (exp(-inf - -inf) would be NaN).
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m - m_new), 1.0)
@@ -469,8 +572,7 @@ def fused_softmax_backward_dx_kernel(
     pass over d2 that repeats the products. dP then carries errors of a TF32 unit (2^-11
     relative), and only a delta made of the same dP cancels them where it matters: a row whose
     softmax is nearly one-hot has dx_j = P_j (dP_j - delta) with delta ~ dP_j, so the two errors
-    in dP_j cancel as they do in torch's formula. rowsum(dO * O) has O's independent errors
-    instead: on an H100 (4 x 512 x 1024 x 96, logits of size 4) that gave 2.7 x torch's error.
+    in dP_j cancel as they do in torch's formula; rowsum(dO * O) has O's independent errors.
 
     X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these, d2 by K_ALIGN
     (``vector_strides``, ``vector_align``).
@@ -565,49 +667,39 @@ def fused_softmax_backward_dv_kernel(
 
 def _fused_output(x: torch.Tensor, V: torch.Tensor) -> torch.Tensor:
     """softmax(x) @ V's output: (batch, d1, d3) in x's dtype, contiguous."""
-    return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: _empty_like_contiguous
+    return x.new_empty((x.shape[0], x.shape[1], V.shape[2]))  # less host time: empty_like_contiguous
 
 
-def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, launch: FusedLaunch | None,
-                           store_lse: bool, wrap: bool, keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(softmax(x) @ V, with store_lse its per-row log-sum-exp (batch, d1) float32, else None);
-    ``keep`` receives the launch as a Replay of (x, V, out, out), with store_lse of (x, V, out,
-    lse) (see ``launch_and_keep``)."""
+def _fused_lse(x: torch.Tensor) -> torch.Tensor:
+    """The rows' log-sum-exp a forward saves for the backward: (batch, d1) float32."""
+    return torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
+
+
+def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, constants: dict, store_lse: bool, wrap: bool,
+                           keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """(softmax(x) @ V, with store_lse its per-row log-sum-exp, else None) by ``fused_softmax_kernel``
+    with ``constants`` (``_fused_constants``); ``keep`` receives the launch as a Replay of (x, V,
+    out, lse or out) (see ``launch_and_keep``)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     out = _fused_output(x, V)
-    lse = torch.empty((batch, d1), dtype=torch.float32, device=x.device) if store_lse else None
+    lse = _fused_lse(x) if store_lse else None
     if out.numel() == 0 and (lse is None or lse.numel() == 0):
         return out, lse
     if d2 == 0:
         # An empty softmax times an empty V: torch gives zeros; every row's log-sum-exp is log 0.
         return out.zero_(), None if lse is None else lse.fill_(float("-inf"))
-    # int(): traced with dynamic shapes d3 is symbolic; the launch is chosen for (so specialises on) its value.
-    block_3, constants = _fused_plan(int(max(d3, 1)), BLOCK_1, BLOCK_2, x.dtype, _float32_matmul_precision(), launch)
-    n_tiles_3 = cdiv(max(d3, 1), block_3)
-    n_tiles = cdiv(d1, BLOCK_1) * n_tiles_3
+    n_tiles_3 = cdiv(max(d3, 1), constants["BLOCK_3"])
+    n_tiles = cdiv(d1, constants["BLOCK_1"]) * n_tiles_3
     x_strides, x_align = vector_strides(x)
     v_strides, v_align = vector_strides(V)
     k_align = vector_align((d2,), x.element_size())
-    launch_and_keep(_jit(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
+    launch_and_keep(jit_kernel(fused_softmax_kernel, wrap), one_axis_grid(batch * n_tiles, fused_softmax_kernel.__name__),
                     (x, V, out, out if lse is None else lse, d1, d2 // k_align, d3, *x_strides, *v_strides,
                      *out.stride(), n_tiles, n_tiles_3),
                     dict(constants, STORE_LSE=store_lse, X_ALIGN=x_align, V_ALIGN=v_align, K_ALIGN=k_align),
                     keep, 4)
     return out, lse
-
-
-@functools.lru_cache(maxsize=4096)
-def _fused_plan(d3: int, BLOCK_1: int, BLOCK_2: int, dtype: torch.dtype, setting: str,
-                launch: FusedLaunch | None) -> tuple[int, dict]:
-    """block_3 and the kernel's constant keywords, once per shape, dtype, float32 matmul setting
-    (read by ``dot_precision``; a key here) and override: a call then only looks them up."""
-    launch = launch or fused_launch(d3, BLOCK_1, dtype, BLOCK_2)
-    return launch.block_3, dict(
-        BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, BLOCK_3=launch.block_3,
-        PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype), LAZY_RESCALE=launch.lazy_rescale,
-        ROUND_TF32=round_to_tf32(dtype), ROUND_V=_round_v(dtype, BLOCK_1, launch.transposed),
-        TRANSPOSED=launch.transposed, num_warps=launch.num_warps, num_stages=launch.num_stages)
 
 
 def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool,
@@ -637,14 +729,14 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     if dx.numel():
         n_tiles_1 = cdiv(d1, b1)
         dx_strides, dx_align = vector_strides(dx)
-        _jit(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
+        jit_kernel(fused_softmax_backward_dx_kernel, wrap)[one_axis_grid(batch * n_tiles_1, fused_softmax_backward_dx_kernel.__name__)](
             x, V, out, dout, lse, dx, d1, d2 // k_align, d3, *x_strides, *V.stride(), *out.stride(),
             *dout.stride(), *dx_strides, n_tiles_1, BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision,
             DELTA_FROM_DP=delta_from_dp, X_ALIGN=x_align, D_ALIGN=dx_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     if dV.numel():
         n_tiles_3 = cdiv(d3, b3)
         n_tiles = cdiv(d2, b2) * n_tiles_3
-        _jit(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
+        jit_kernel(fused_softmax_backward_dv_kernel, wrap)[one_axis_grid(batch * n_tiles, fused_softmax_backward_dv_kernel.__name__)](
             x, dout, lse, dV, d1, d2 // k_align, d3, *x_strides, *dout.stride(), *dV.stride(), n_tiles, n_tiles_3,
             BLOCK_1=b1, BLOCK_2=b2, BLOCK_3=b3, **precision, X_ALIGN=x_align, K_ALIGN=k_align, num_warps=4, num_stages=2)
     return dx, dV
@@ -655,12 +747,13 @@ def _launch_fields(launch) -> list[int]:
     return [] if launch is None else [int(getattr(launch, f.name)) for f in fields(launch)]
 
 
-@kernel_op("fused_softmax", lambda x, V, BLOCK_1, BLOCK_2, launch: (
+@kernel_op("fused_softmax", lambda x, V, *plan: (
     x.new_empty((x.shape[0], x.shape[1], V.shape[2])), x.new_empty((x.shape[0], x.shape[1]), dtype=torch.float32)))
-def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                      launch: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    fused = FusedLaunch(*launch[:3], *map(bool, launch[3:])) if launch else None
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, fused, store_lse=True, wrap=True)
+def _fused_softmax_op(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int, block_3: int, num_warps: int,
+                      num_stages: int, lazy_rescale: bool, transposed: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    constants = _fused_constants(x.dtype, dot_precision(x.dtype), BLOCK_1, BLOCK_2, block_3, num_warps, num_stages,
+                                 lazy_rescale, transposed)
+    return _fused_softmax_forward(x, V, constants, store_lse=True, wrap=True)
 
 
 @kernel_op("fused_softmax_backward", _backward_fake)
@@ -672,99 +765,63 @@ def _fused_softmax_backward_op(x: torch.Tensor, V: torch.Tensor, out: torch.Tens
 refuse_second_derivative(_fused_softmax_backward_op, "fused_softmax")  # raises, instead of a silent zero
 
 
-def _fused_softmax_setup(ctx, inputs, output):
-    x, V, BLOCK_1, BLOCK_2, _ = inputs
+def _fused_softmax_save(ctx, x, V, output, BLOCK_1: int, BLOCK_2: int) -> None:
     ctx.save_for_backward(x, V, *output)
+    ctx.mark_non_differentiable(output[1])
     ctx.blocks = (BLOCK_1, BLOCK_2)
 
 
-def _fused_softmax_grad(ctx, dout, _dlse):
+def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
+    """(dx, dV), None where not needed, from the saved (x, V, out, lse). ``through_op`` (the op's
+    own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or one
+    with a tangent: torch's ops in float32, which the transforms see through; else the backward
+    kernels launched directly."""
     x, V, out, lse = ctx.saved_tensors
     need_x, need_V = ctx.needs_input_grad[:2]
-    dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
-    return dx if need_x else None, dV if need_V else None, None, None, None
+    if not through_op and transformed(x, V, dout):
+        P = torch.softmax(x.float(), dim=-1)
+        dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
+        dV = (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
+    elif through_op or backward_through_op(dout):
+        dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
+    else:
+        dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
+    return (dx if need_x else None), (dV if need_V else None)
 
 
-_fused_softmax_op.register_autograd(_fused_softmax_grad, setup_context=_fused_softmax_setup)
+_fused_softmax_op.register_autograd(
+    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, True), *[None] * 7),
+    setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
 
 class _EagerFusedSoftmax(torch.autograd.Function):
-    """``fused_softmax`` called eagerly with autograd recording: the fused kernel and its backward
-    launched directly, not through the custom op and its registered backward, which paid the
-    dispatcher each time (on an H100, 4 x 256 x 256 x 64 bf16: 348 us of host time a forward
-    with grad recorded, 36 without; outputs/profiles/grad_host_probe.txt). A backward that records
-    a graph (create_graph), one traced and a batch of gradients go through the backward op
-    (``backward_through_op``), which refuses a second derivative as before."""
+    """``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
+    (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
+    directly, without the dispatcher's host time (its launch kept beside the plain calls'), the
+    backward likewise where it may; jvp and vmap for the transforms."""
 
     @staticmethod
-    def forward(ctx, x, V, BLOCK_1, BLOCK_2, launch):
-        out, lse = _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
-        ctx.save_for_backward(x, V, out, lse)
-        ctx.blocks = (BLOCK_1, BLOCK_2)
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, V, out, lse = ctx.saved_tensors
-        need_x, need_V = ctx.needs_input_grad[:2]
-        if transformed(x, V, dout):
-            # A transform's gradient, or one with a tangent: torch's ops, in float32, which the
-            # transforms see through (as ``_FusedSoftmaxTransforms.jvp``'s).
-            P = torch.softmax(x.float(), dim=-1)
-            dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
-            dV = (P.transpose(-1, -2) @ dout.float()).to(V.dtype)
-        elif backward_through_op(dout):
-            dx, dV = _fused_softmax_backward_op(x, V, out, lse, dout, *ctx.blocks, need_x, need_V)
-        else:
-            dx, dV = _fused_softmax_backward(x, V, out, lse, dout, *ctx.blocks, need_x, need_V, wrap=False)
-        return (dx if need_x else None), (dV if need_V else None), None, None, None
-
-
-def _fused_forward_with_lse(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                            launch: FusedLaunch | None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(softmax(x) @ V, the rows' log-sum-exp) for the eager Functions: the launch that also stores
-    the log-sum-exp, kept apart from fused_softmax's (grad is off and the inputs plain there, so
-    they have a key)."""
-    if isinstance(launch, GluonSoftmaxLaunch):  # the Gluon kernel, not kept (a large call: its host time is small beside it)
-        out = _fused_output(x, V)
-        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-        _gluon_fused_forward(x, V, out, lse, launch)
-        return out, lse
-    key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, "lse", _float32_matmul_precision()))
-    replay = None if key is None else _FUSED_LSE_REPLAYS.get(key)
-    if replay is not None:
-        out = _fused_output(x, V)
-        lse = torch.empty(tuple(x.shape[:2]), dtype=torch.float32, device=x.device)
-        if replay(x, V, out, lse):
-            return out, lse
-    keep = None if key is None else _FUSED_LSE_REPLAYS.keeper(key)
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=True, wrap=False, keep=keep)
-
-
-class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
-    """``_EagerFusedSoftmax`` for calls that carry a tangent or a transform's wrapper
-    (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``softmax_transforms``'s). The log-sum-exp is a second output, not differentiable; the
-    backward is ``_EagerFusedSoftmax``'s."""
-
-    @staticmethod
-    def forward(x, V, BLOCK_1, BLOCK_2, launch):
-        return _fused_forward_with_lse(x, V, BLOCK_1, BLOCK_2, launch)
+    def forward(x, V, plan):
+        key = replay_key((x, V), ((plan, "lse"),))
+        replay = None if key is None else _FUSED_REPLAYS.get(key)
+        if replay is not None:
+            out, lse = _fused_output(x, V), _fused_lse(x)
+            if replay(x, V, out, lse):
+                return out, lse
+        return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
     @staticmethod
     def setup_context(ctx, inputs, output):
-        x, V, BLOCK_1, BLOCK_2, _ = inputs
-        ctx.save_for_backward(x, V, *output)
+        x, V, plan = inputs
+        _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
         ctx.save_for_forward(x, V)
-        ctx.mark_non_differentiable(output[1])
-        ctx.blocks = (BLOCK_1, BLOCK_2)
 
     @staticmethod
     def backward(ctx, dout, _dlse):
-        return _EagerFusedSoftmax.backward(ctx, dout)
+        return *_fused_softmax_grad(ctx, dout, False), None
 
     @staticmethod
-    def jvp(ctx, dx, dV, *_):
+    def jvp(ctx, dx, dV, _):
         x, V = ctx.saved_tensors
         P = torch.softmax(x.float(), dim=-1)
         tangent = 0
@@ -775,107 +832,93 @@ class _FusedSoftmaxTransforms(_EagerFusedSoftmax):
         return tangent.to(x.dtype), None
 
     @staticmethod
-    def vmap(info, in_dims, x, V, BLOCK_1, BLOCK_2, launch):
+    def vmap(info, in_dims, x, V, plan):
         x_dim, v_dim = in_dims[:2]
         if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
             x = x.movedim(x_dim, 1)
-            out, lse = _FusedSoftmaxTransforms.apply(x.flatten(1, 2), V, BLOCK_1, BLOCK_2, launch)
+            out, lse = _EagerFusedSoftmax.apply(x.flatten(1, 2), V, plan)
             return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
         # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
         x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
         V = batch_first(V, v_dim)
-        out, lse = _FusedSoftmaxTransforms.apply(x.flatten(0, 1), V.flatten(0, 1), BLOCK_1, BLOCK_2, launch)
+        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
         return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
 
     @staticmethod
-    def reference(x, V, BLOCK_1, BLOCK_2, launch):
+    def reference(x, V, plan):
         """What forward gives, in torch's ops (see ``apply_transforms``)."""
         x32 = x.float()
         return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
 
 
-# Materialising the softmax (``row_softmax``, then torch's batched matmul) against the fused
-# kernel, do_bench on an H100 (outputs/profiles/grid_probe.txt: the 192 cases of issue 17's grid
-# and 36 off it, batch 8, d1 1000 to 4096, d2 1000 to 8192): past d3 = 128 the materialised
-# pair was the faster one in 16-bit (1.04-1.43x at d3 192 to 384 but one tie, 1.19-1.34x at 512
-# but two small cases) and in TF32 ('high'; 1.12-1.53x at d3 192 to 512 but the smallest case).
-# There the products dominate (2 d3 flops a value of x), and cuBLAS's run at nearly twice the
-# fused kernel's rate while the softmax pass costs a few reads of x. In tf32x3 ('highest', three
-# products a step) the fused kernel was 1.3-2.9x faster everywhere, and in 16-bit at d3 <= 128
-# 1.05-4x but three cases at d1 = 1000 (two ties within 5 %, and fp16 (1000, 3000, 128), where
-# the fused kernel took twice its bf16 time: an outlier, 2.1x torch in the grid's own run).
-# TF32 at d3 96 and 128 turned on d1: at 1000 rows the materialised pair was 1.12-1.22x faster,
-# at 2048 and 4096 the fused kernel 1.27-1.37x. Its programs (32 rows, all of d3, each)
-# were 1.9 a SM at 1000 rows, 3.9 and more at 2048: fewer than TF32_FUSED_MIN_PROGRAMS_PER_SM a SM
-# materialise (nothing was measured in between; at d3 64, 64-row programs, the two were within
-# 10 % at 1000 rows).
-FUSED_MAX_D3 = 128
-TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
+def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, store_lse: bool,
+                          keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The forward of a kernel path launched directly: (out, with store_lse the rows' log-sum-exp);
+    ``keep`` receives the launch as a replay of (x, V, out, lse or out)."""
+    if plan.path == "fused":
+        constants = _fused_constants(x.dtype, plan.precision, *plan.op_args)
+        return _fused_softmax_forward(x, V, constants, store_lse, wrap=False, keep=keep)
+    out, lse = _fused_output(x, V), _fused_lse(x) if store_lse else None
+    _gluon_fused_forward(x, V, out, lse, plan.launch, keep)
+    return out, lse
 
 
-def materialized_wins(d3: int, dtype: torch.dtype, programs: int | None = None, sms: int | None = None) -> bool:
-    """Whether softmax(x) @ V is faster materialised than fused (the measurements above), for d3
-    columns of V in ``dtype`` under the float32 matmul setting; ``programs``: the fused kernel's
-    programs, ``sms``: the GPU's SMs (None where unknown: the interpreter)."""
-    products = dot_precision(dtype) if dtype == torch.float32 else "16-bit"
-    if products == "tf32x3":
-        return False
-    if d3 > FUSED_MAX_D3:
-        return True
-    return (products == "tf32" and d3 > 64 and programs is not None and sms is not None
-            and programs < TF32_FUSED_MIN_PROGRAMS_PER_SM * sms)
+def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, keep=None) -> torch.Tensor:
+    """softmax(x) @ V as ``plan`` says: materialised, or its kernel launched directly (``keep``
+    receives the launch), through the autograd Function or through the custom op."""
+    if plan.path == "materialized":
+        return torch.bmm(row_softmax(x), V)
+    if plan.call == "eager":
+        return _launch_fused_softmax(x, V, plan, False, keep)[0]
+    if plan.call == "autograd":
+        return (apply_transforms if transformed(x, V) else eager_apply)(_EagerFusedSoftmax, x, V, plan)[0]
+    return _fused_softmax_op(x, V, *plan.op_args)[0]
 
 
-def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, materialize: bool | None = None, tuned: bool = False,
-                       launch=None) -> str:
-    """What ``fused_softmax(x, V, ...)`` runs: "gluon" (``fused_softmax_gluon_kernel``), "fused"
-    (``fused_softmax_kernel``) or "materialized" (``row_softmax``, then ``torch.bmm``).
-    ``materialize`` True or False forces one of the last two; a ``GluonSoftmaxLaunch`` as
-    ``launch`` forces "gluon"; ``tuned`` (BLOCK_1, BLOCK_2 or a launch given: parameters of the
-    Triton kernel) means "fused". Else "gluon" where ``gluon_fused_wins`` and the call may take
-    it (``gluon_fused_route``), and otherwise ``materialized_wins`` decides, for the wrapper's
-    tiles (``default_block``: one program per BLOCK_1 rows of a batch element; a d3 tile each
-    where d3 <= 128)."""
-    if materialize is not None:
-        if not isinstance(materialize, bool):
-            raise TypeError(f"materialize must be None, True or False, got {type(materialize).__qualname__}")
-        return "materialized" if materialize else "fused"
-    if isinstance(launch, GluonSoftmaxLaunch):
-        return "gluon"
-    if tuned:
-        return "fused"
-    batch, d1 = int(x.shape[0]), int(x.shape[1])
-    d3 = int(V.shape[-1])
-    if x.is_cuda and gluon_fused_wins(batch, d1, int(x.shape[2]), d3, _sm_count(x.device), x.dtype) and gluon_fused_route(x, V):
-        return "gluon"
-    programs = batch * cdiv(d1, default_block(x, V)) if d3 <= FUSED_MAX_D3 else None
-    return "materialized" if materialized_wins(d3, x.dtype, programs, _sm_count(x.device)) else "fused"
+def _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize) -> FusedSoftmaxPlan:
+    """``fused_softmax_plan`` for a call on (x, V), after the input checks: the facts read from the
+    inputs and their device (TMA's only where a Gluon launch may follow)."""
+    check_softmax_matmul_inputs(x, V)
+    call = "eager" if not needs_op(x, V) else "autograd" if eager_autograd(x, V) else "op"
+    capability = None
+    if x.is_cuda and call != "op" and GLUON_UNAVAILABLE is None:
+        capability = _device_capability(_device_index(x.device))
+    gluon = capability is not None and (call == "eager" or isinstance(launch, GluonSoftmaxLaunch))
+    facts = (int(x.shape[0]), int(x.shape[1]), int(x.shape[2]), int(V.shape[2]), x.dtype)
+    options = dict(x_aligned=not any(s * x.element_size() % 16 for s in x.stride()[:2]),
+                   tma=_tma_reason(x, V) if gluon else None, sms=_sm_count(x.device) if x.is_cuda else None,
+                   capability=capability, setting=_float32_matmul_precision(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
+                   launch=launch, materialize=materialize, call=call)
+    if launch is None and not torch.compiler.is_compiling():  # a trace plans once, in its own cache
+        try:
+            return _cached_plan(*facts, **options)
+        except TypeError:  # an option that cannot be a key: the plan names it
+            pass
+    return fused_softmax_plan(*facts, **options)
+
+
+def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
+                       launch=None, materialize: bool | None = None) -> str:
+    """What ``fused_softmax(x, V, ...)`` runs here and now: "gluon", "fused" or "materialized"
+    (``fused_softmax_plan``)."""
+    return _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize).path
 
 
 @on_input_device
 def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
-                  launch: FusedLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
-    """softmax(x, dim=-1) @ V, the fused kernel storing no softmax; differentiable in x and V.
+                  launch: FusedLaunch | GluonSoftmaxLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V, with no softmax in memory where a fused kernel runs; differentiable in x and V.
 
     x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
-    BLOCK_1 rows of x and BLOCK_2 of its columns per step: powers of two from 16 (the least
-    ``tl.dot`` takes) to 256, or None for the wrapper's (``fused_blocks``). Strided and
-    transposed inputs are read in place. ``launch`` (a ``FusedLaunch``) overrides the wrapper's
-    choice (``fused_launch``), for tuning. The backward recomputes the softmax from x and the
-    per-row log-sum-exp the forward saves.
-
-    Where the products dominate (V wider than ``FUSED_MAX_D3`` columns, 16-bit or TF32 products;
-    TF32 at 64 < d3 <= 128 where the fused kernel has few programs a SM) the softmax is faster
-    materialised: ``row_softmax(x)``, then ``torch.bmm`` with V, at the
-    cost of a (batch, d1, d2) buffer. On Hopper the warp-specialised Gluon kernel runs instead
-    where ``gluon_fused_wins`` (16-bit inputs of d3 <= 256 and long rows, of d3 384 to 512 from
-    d2 3000; float32 where its
-    programs fill the GPU from d2 1024, or TF32 from d2 2048; d3 <= 512) in plain eager calls without autograd
-    recording (``gluon_fused_route``); ``fused_softmax_path`` says which runs.
-    ``materialize``: None for that choice, True or False to force one of the Triton paths; the
-    Triton kernel's parameters (BLOCK_1, BLOCK_2, a ``FusedLaunch``) ask for it, a
-    ``GluonSoftmaxLaunch`` for the Gluon kernel. The materialised path is differentiable twice;
-    the fused kernels' backward is not (a second derivative raises).
+    float16, bfloat16 or float32 (products as torch's float32 matmul setting says). Strided
+    inputs are read in place. ``fused_softmax_path`` says what runs (``fused_softmax_plan``):
+    the Gluon kernel on Hopper where it is faster (plain eager calls), the softmax materialised
+    (``row_softmax``, then ``torch.bmm``) where the products dominate, else the Triton kernel.
+    BLOCK_1 and BLOCK_2 (powers of two from 16 to 256) or a ``FusedLaunch`` ask for the Triton
+    kernel with these tiles, a ``GluonSoftmaxLaunch`` for the Gluon one; ``materialize`` True or
+    False for either Triton path. The kernels' backward recomputes the softmax from x and the
+    rows' log-sum-exp; it is not differentiable (a second derivative raises), the materialised
+    path's is. Raises TypeError/ValueError naming a bad argument.
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -884,147 +927,13 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
             out = _fused_output(x, V)
             if replay(x, V, out, out):
                 return out
-    check_softmax_matmul_inputs(x, V)
-    tuned = BLOCK_1 is not None or BLOCK_2 is not None or launch is not None
-    path = fused_softmax_path(x, V, materialize, tuned, launch)  # checks materialize's type
-    if materialize and tuned:
-        raise ValueError("BLOCK_1, BLOCK_2 and launch are parameters of the fused kernels, which "
-                         "materialize=True does not run: give one or the other")
-    if materialize is False and isinstance(launch, GluonSoftmaxLaunch):
-        raise ValueError("materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch: "
-                         "give one or the other")
-    if path == "materialized":
-        return torch.bmm(row_softmax(x), V)
-    if BLOCK_1 is None or BLOCK_2 is None:
-        block = default_block(x, V)
-        BLOCK_1 = block if BLOCK_1 is None else BLOCK_1
-        BLOCK_2 = block if BLOCK_2 is None else BLOCK_2
-    check_block("BLOCK_1", BLOCK_1, 16, 256)
-    check_block("BLOCK_2", BLOCK_2, 16, 256)
-    if path == "gluon":
-        return _gluon_fused_softmax(x, V, BLOCK_1, BLOCK_2, launch, None if key is None else _FUSED_REPLAYS.keeper(key))
-    if launch is not None:
-        if not isinstance(launch, FusedLaunch):
-            raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
-        launch.check()
-    if needs_op(x, V):
-        if eager_autograd(x, V):
-            if transformed(x, V):
-                return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-            return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
-        return _fused_softmax_op(x, V, BLOCK_1, BLOCK_2, _launch_fields(launch))[0]
-    keep = None if key is None else _FUSED_REPLAYS.keeper(key)
-    return _fused_softmax_forward(x, V, BLOCK_1, BLOCK_2, launch, store_lse=False, wrap=False, keep=keep)[0]
+    plan = _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize)
+    return _run_fused_softmax(x, V, plan, None if key is None else _FUSED_REPLAYS.keeper(key))
 
 
-# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and options; those
-# that also store the log-sum-exp (``_EagerFusedSoftmax``) apart.
+# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
+# or of the plan for those that also store the log-sum-exp (``_EagerFusedSoftmax``).
 _FUSED_REPLAYS = Replays()
-_FUSED_LSE_REPLAYS = Replays()
-
-
-# The Gluon kernel against what fused_softmax ran before it (the Triton kernel to d3 = 128,
-# row_softmax + torch.bmm above), 16-bit, from CUDA graphs on an H100
-# (outputs/profiles/gluon_fused_sweep.txt: batch 8 x d1 1000, 16 x 2048 and 8 x 4096; d2 256 to
-# 8192; d3 64 to 512), with its 128-wide steps of d2: 1.24-1.62x faster from d2 = 1024 at d3 64
-# to 256, and 1.07-1.15x at d2 = 512 for d3 <= 128 (0.98-0.99x at d3 256); at d2 = 256 0.79-1.01x.
-# At d3 = 512 it runs two d3 tiles, each repeating the softmax, and tied cuBLAS's product after
-# row_softmax (0.83-1.05x) until 6eb4090 (below). Its programs (128 rows each) against the SMs
-# (gluon_fused_sweep_programs.txt, d2 1000 and 4096, d3 64 to 256): 96 and 128 programs on 132
-# SMs 1.17-1.63x (d3 256 at d2 1000: 0.94x), 192 (a wave and a half) 0.96-1.28x; 64 (batch 8 x
-# 1000 rows, above) 0.58-1.14x, behind at d3 >= 128 but for d2 8192.
-#
-# float32 (TF32 products; outputs/profiles/gluon_tf32_sweep.txt, CUDA graphs, batch 8 x d1 1000
-# and 16 x 2048, d2 256 / 1024 / 8192, d3 64 to 512, V's TF32 parts made in each call): with
-# programs for 256 and more SMs' worth (16 x 2048) the Gluon kernel ran 1.03-2.43x as fast as
-# the path before it under 'high' and 1.06-1.56x under 'highest', d3 512 and d2 256 included. With
-# 64 (8 x 1000 at d3 <= 128, and d3 256 under 'high'): 'high' 1.17-1.54x from d2 1024, 0.87-0.96x
-# at d2 256 (1.08x at d3 512, 128 programs); 'highest' (d3 tiles of 128) 0.73-0.92x at d3 <= 128,
-# 1.16-1.34x at d3 256 and 512 (128 and 256 programs). As a user calls it, eagerly
-# (gluon_tf32_user.txt), the kept float32 launch (V's parts into a fresh operand, then the
-# kernel) costs 45-97 us of host time against the path before it's 17-87: more than the GPU time
-# at d2 256 (31-35 us at (16, 2048, 256, 64)) and at (8, 1000, 1024, 64) (34 us, host 64). So
-# float32 takes the kernel from d2 1024 with programs for 7 in 10 SMs, and under 'high' with
-# fewer, down to the 64 measured on 132 SMs, from d2 2048 (between the host-bound 1024 and 3000,
-# where the float32 grid at eefcaa8, shape_grid_softmax_matmul_float32_eefcaa8.csv, timed (8,
-# 1000, 3000, d3 64 to 512) at 0.075-0.144 ms against 41-70 us of host time, 1.52-1.90x torch).
-# No float32 shape past d3 512 was measured: those keep the Triton paths.
-#
-# Two d3 tiles (16-bit, d3 384 and 512; outputs/profiles/gluon_fused_d512_probe.txt, CUDA graphs,
-# at 6eb4090, where a step's products no longer stay in flight across the loop's back edge): from
-# d2 3000 with 128 to 512 programs 1.08-1.22x row_softmax + torch.bmm, at d2 1000-1024 0.83-0.92x,
-# with 64 programs (batch 4 x 1000; d2 2048 and 8192) 0.63-0.71x. Not measured, so left to the
-# materialised path: d3 257-383 (the second tile part-empty, its softmax repeated in full: the
-# materialised path's product shrinks with d3, the kernel's time does not), 65-127 programs, and
-# d2 between 1024 and 3000 with more than 64 programs.
-GLUON_FUSED_MAX_D3 = 512
-GLUON_FUSED_TWO_TILES_MIN_D3 = 384
-GLUON_FUSED_TWO_TILES_MIN_D2 = 3000
-GLUON_FUSED_TWO_TILES_MIN_SM_SHARE = 0.96  # 128 programs on 132 SMs
-GLUON_FUSED_MIN_SM_SHARE = 0.7  # programs per SM
-GLUON_TF32_MIN_D2 = 1024
-GLUON_TF32_FEW_PROGRAMS_MIN_D2 = 2048
-GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE = 0.48  # 64 programs on 132 SMs
-GLUON_TF32_MAX_D3 = 512
-
-
-def gluon_fused_wins(batch: int, d1: int, d2: int, d3: int, sms: int | None,
-                     dtype: torch.dtype = torch.bfloat16) -> bool:
-    """Whether the Gluon kernel is the faster softmax(x) @ V for this shape and dtype (float32: under
-    the float32 matmul setting) on a GPU of ``sms`` SMs (the measurements above); it must also
-    take the inputs (``gluon_softmax_applies``)."""
-    if dtype == torch.float32:
-        if sms is None or d2 < GLUON_TF32_MIN_D2 or d3 > GLUON_TF32_MAX_D3:
-            return False
-        launch = gluon_softmax_launch(d2, d3, dtype)
-        programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, launch.block_d3)
-        return programs >= GLUON_FUSED_MIN_SM_SHARE * sms or (
-            gluon_softmax_v_parts(dtype) == 1 and d2 >= GLUON_TF32_FEW_PROGRAMS_MIN_D2
-            and programs >= GLUON_TF32_FEW_PROGRAMS_MIN_SM_SHARE * sms)
-    if sms is None or d3 > GLUON_FUSED_MAX_D3:
-        return False
-    if d3 > 256:  # two d3 tiles of 256
-        return (d3 >= GLUON_FUSED_TWO_TILES_MIN_D3 and d2 >= GLUON_FUSED_TWO_TILES_MIN_D2
-                and batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * 2 >= GLUON_FUSED_TWO_TILES_MIN_SM_SHARE * sms)
-    if d2 < (512 if d3 <= FUSED_MAX_D3 else 1024):
-        return False
-    return batch * cdiv(d1, GLUON_SOFTMAX_ROWS) >= GLUON_FUSED_MIN_SM_SHARE * sms  # one d3 tile
-
-
-def gluon_fused_route(x: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether a ``fused_softmax`` call may run the Gluon kernel: the kernel takes the inputs
-    (``gluon_softmax_applies``), and the call is a plain eager one (``needs_op`` false: not
-    traced, no autograd recording, plain tensors, no tangent or transform; the Gluon launch is no
-    op torch.compile or torch.func can see). With autograd recording at d3 <= 128, a training
-    step through the Gluon forward (which saves the log-sum-exp for the Triton backward) ran
-    0.70-0.88x as fast as one through the Triton kernel, do_bench on an H100
-    (outputs/profiles/gluon_fused_user_probe.txt): its launch is not kept, and the eager step is
-    host-bound at those sizes. A ``GluonSoftmaxLaunch`` still asks for it there."""
-    return not needs_op(x, V) and gluon_softmax_applies(x, V)
-
-
-def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2: int,
-                         launch: GluonSoftmaxLaunch | None, keep=None) -> torch.Tensor:
-    """``fused_softmax`` on its "gluon" path: the Gluon forward, through ``_EagerFusedSoftmax`` (the
-    log-sum-exp kept for the Triton backward, of BLOCK_1 x BLOCK_2 tiles) where autograd records;
-    else launched directly and kept (``keep``: the call's keeper in ``_FUSED_REPLAYS``)."""
-    op = needs_op(x, V)
-    if launch is not None:
-        launch.check(x.dtype)
-        if op and not eager_autograd(x, V):
-            raise ValueError("a GluonSoftmaxLaunch runs in eager calls only: under torch.compile, or on a tensor "
-                             "subclass, fused_softmax takes the Triton kernel (leave launch out, or give a FusedLaunch)")
-    reason = gluon_softmax_unsupported(x, V)
-    if reason is not None:
-        raise ValueError(f"launch is a GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs: {reason}")
-    launch = launch or gluon_softmax_launch(x.shape[2], V.shape[2], x.dtype)
-    if op:
-        if transformed(x, V):
-            return apply_transforms(_FusedSoftmaxTransforms, x, V, BLOCK_1, BLOCK_2, launch)[0]
-        return eager_apply(_EagerFusedSoftmax, x, V, BLOCK_1, BLOCK_2, launch)
-    out = _fused_output(x, V)
-    _gluon_fused_forward(x, V, out, None, launch, keep)
-    return out
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2051,7 +1960,7 @@ def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launc
 
     def run(kernel, grid, indices, rest, options):
         keep_step = None if keep is None else (lambda replay: steps.append((replay, indices)))
-        launch_and_keep(_jit(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
+        launch_and_keep(jit_kernel(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
                         len(indices))
 
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
@@ -2159,7 +2068,7 @@ def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch:
     kept = []
     keep_step = None if keep is None else kept.append
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
+    launch_and_keep(jit_kernel(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
                     (x, W, out, parts, counts, stats, *args, n_splits, k_slice, n_tiles_c),
                     dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, **vectors),
                     keep_step, 6)
@@ -2190,7 +2099,7 @@ def _concrete(*sizes) -> tuple[int, ...]:
 
 
 def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    return x.new_empty((x.shape[0], W.shape[1]))  # less host time: _empty_like_contiguous
+    return x.new_empty((x.shape[0], W.shape[1]))  # less host time: empty_like_contiguous
 
 
 def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
@@ -2207,14 +2116,14 @@ def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
     n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
     descriptors = _tma_operands(x, W, launch, wrap)
     if descriptors is not None:
-        kernel = _jit(matmul_tma_kernel, wrap)
+        kernel = jit_kernel(matmul_tma_kernel, wrap)
         args, options = _tma_args(x, W, out, launch)
         args = (*descriptors, out, *args, n_tiles_b, n_tiles_c)
         kernel[grid](*args, **options)
         _keep_tma_launch(kernel, grid, args, options, descriptors, 3, keep)
         return out
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
+    launch_and_keep(jit_kernel(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
                     dict(_constants(launch, x.dtype), **vectors), keep, 3)
     return out
 
@@ -2226,7 +2135,7 @@ def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | No
         return row_softmax(_matmul_forward(x, W, launch, wrap))
     kept = []
     logits = _matmul_forward(x, W, launch, wrap, keep=kept.append)
-    out = _row_forward(logits, 0, traced=False, keep=kept.append)
+    out = row_forward(logits, 0, traced=False, keep=kept.append)
     if len(kept) == 2:
         shape, dtype, device = logits.shape, logits.dtype, logits.device
         keep(ReplayChain((lambda x, W, out: torch.empty(shape, dtype=dtype, device=device),),
@@ -2240,7 +2149,7 @@ def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | Non
         return out
     launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
     args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
+    launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
                     (x, W, out, *args), dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
     return out
 
@@ -2260,7 +2169,7 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
     args, vectors = _matmul_args(x, W, out)
     if n_tiles_c == 1:
-        launch_and_keep(_jit(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
+        launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
                         dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
         return out
     stats_shape = (2, B, n_tiles_c)
@@ -2269,13 +2178,13 @@ def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None
     keep_step = None if keep is None else kept.append
     descriptors = _tma_operands(x, W, launch, wrap)
     if descriptors is not None:
-        kernel = _jit(matmul_softmax_tma_tile_kernel, wrap)
+        kernel = jit_kernel(matmul_softmax_tma_tile_kernel, wrap)
         args, options = _tma_args(x, W, out, launch)
         args = (*descriptors, out, stats, *args, n_tiles_b, n_tiles_c)
         kernel[grid](*args, **options)
         _keep_tma_launch(kernel, grid, args, options, descriptors, 4, keep_step)
     else:
-        launch_and_keep(_jit(matmul_softmax_tile_kernel, wrap), grid,
+        launch_and_keep(jit_kernel(matmul_softmax_tile_kernel, wrap), grid,
                         (x, W, out, stats, *args, n_tiles_b, n_tiles_c), dict(_constants(launch, x.dtype), **vectors),
                         keep_step, 4)
     _launch_rescale(out, stats, launch, keep_step, wrap)
@@ -2307,7 +2216,7 @@ def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch
     shift = rescale_shift(out)
     stride_ob, stride_oc = out.stride()  # no int(): see vector_strides
     vec = 1 if shift > 1 else vector_align((stride_ob, C), out.element_size())
-    launch_and_keep(_jit(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
+    launch_and_keep(jit_kernel(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
                     (out, stats, B, C // vec, n_tiles_c, per_program, stride_ob // vec, stride_oc),
                     dict(BLOCK_C=launch.block_c, TILES=tiles, MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE),
                          VEC=vec, SHIFT=shift, num_warps=4), keep, 2)
@@ -2341,7 +2250,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
     if dz.numel():
         # 1024 columns a step: 8 per thread over 4 warps, loads wide enough for any C.
-        _jit(softmax_grad_kernel, wrap)[(y.shape[0],)](
+        jit_kernel(softmax_grad_kernel, wrap)[(y.shape[0],)](
             y, dy, dz, y.shape[1], *y.stride(), *dy.stride(), *dz.stride(),
             BLOCK_C=min(1024, next_power_of_2(int(y.shape[1]))), num_warps=4)
     return dz
@@ -2629,32 +2538,26 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
 # Attention
 # ==============================================================================================
 # softmax(Q K^T / sqrt(d)) V: the softmax-matmul above with its logits computed on the fly from
-# Q and K. Materialised, it writes and reads an (n_queries, n_keys) matrix several times per
-# batch element, so its memory grows with the square of the sequence. FlashAttention-2 keeps one
-# tile of those logits on chip at a time: the forward saves only the output O and the row
+# Q and K. Materialised, it moves an (n_queries, n_keys) matrix several times per batch element;
+# FlashAttention-2 keeps one tile of it on chip at a time: the forward saves only O and the row
 # log-sum-exp L, and the backward recomputes each tile of the softmax from L.
 #
-# Causal masking is top-left aligned (query i sees keys j <= i), as in
-# ``torch.nn.functional.scaled_dot_product_attention(is_causal=True)``: with more queries than
-# keys, the queries past the last key see every key. Every query sees key 0, so masking alone
-# never leaves a row without a key; a row whose visible logits are all -inf (from -inf inputs)
-# gets output 0 and L = -inf, as SDPA gives. NaN or +inf among the logits a row sees make that
-# row NaN, as in SDPA. What a causal row cannot see never reaches it, except that 0 x NaN = NaN
-# when a V row it cannot see is NaN or infinite in a tile it partly sees (SDPA's backends differ
-# there too: its math backend makes every row NaN).
+# Causal masking is top-left aligned (query i sees keys j <= i), as SDPA's is_causal. A row whose
+# visible logits are all -inf gets output 0 and L = -inf; NaN or +inf among them make the row NaN,
+# as in SDPA. What a causal row cannot see never reaches it, except 0 x NaN where a hidden V row
+# is NaN or infinite in a tile the row partly sees (SDPA's backends differ there too).
 
-# Head dimensions the Triton kernels take: powers of two (tl.arange) from 16 (the least tl.dot
-# takes) to 128 (above that one program's Q, K and V tiles no longer fit in shared memory).
+# Head dims of the Triton kernels: powers of two (tl.arange) from 16 (tl.dot's least) to 128
+# (above it one program's Q, K and V tiles no longer fit in shared memory).
 FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def attention_reference(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """Materialised attention in Q's dtype (float64 included): the answer every kernel must give.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d).
-    Per batch element, in elements: S = Q K^T reads (nq + nk) d and writes nq nk; the softmax
-    reads S and writes P (2 nq nk, more for its steps); P V reads nq nk + nk d and writes nq d.
-    (A row whose logits are all -inf gives NaN here; SDPA and the flash versions give 0.)
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d). Per batch
+    element S = Q K^T writes nq nk elements, the softmax reads and writes them again, P V reads
+    them once more. (A row of only -inf logits gives NaN here; SDPA and the flash versions give 0.)
     """
     S = attention_logits(Q, K, is_causal)
     return torch.softmax(S, dim=-1) @ V
@@ -2681,25 +2584,15 @@ def causal_mask(n_queries: int, n_keys: int, device, query_start: int = 0, key_s
 
 
 def attention_flops(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, mode: str = "fwd") -> int:
-    """Matmul flops: Q K^T and P V are 2 nq nk d each; causal does half of them.
-
-    The backward does five such products (S again, dV, dP, dQ, dK): 2.5x the forward.
-    ``mode`` is "fwd" or "fwd_bwd" (forward then backward: 3.5x the forward).
-    """
+    """Matmul flops: Q K^T and P V are 2 nq nk d each, causal half of them; the backward's five
+    products (S again, dV, dP, dQ, dK) are 2.5x the forward. ``mode``: "fwd" or "fwd_bwd"."""
     forward = 4 * batch * n_queries * n_keys * d // (2 if is_causal else 1)
     return {"fwd": forward, "fwd_bwd": forward + 5 * forward // 2}[mode]
 
 
 def flash_attention_bytes(batch: int, n_queries: int, n_keys: int, d: int, element_size: int, mode: str = "fwd") -> int:
-    """The least a fused attention moves: no (nq, nk) tensor, each operand once.
-
-    Forward: Q, K, V in, O out, L (float32) out. Backward: Q, K, V, O, dO, L in, D = rowsum(dO O)
-    out and back in (float32), dQ, dK, dV out.
-    """
-    q, kv, rows = batch * n_queries * d, batch * n_keys * d, batch * n_queries
-    forward = (2 * q + 2 * kv) * element_size + 4 * rows
-    backward = (3 * q + 2 * kv + 2 * kv + q) * element_size + 3 * 4 * rows
-    return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
+    """The least a fused attention moves (no (nq, nk) tensor): ``flash_attention_io_bytes`` of one head."""
+    return flash_attention_io_bytes(batch, 1, 1, n_queries, n_keys, d, d, element_size, mode)
 
 
 def _type_name(value) -> str:
@@ -2723,7 +2616,6 @@ def causal_flag(is_causal) -> bool:
 FLASH_PYTORCH_DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
 
 
-
 def _check_any_device(name: str, t) -> None:
     """FlashAttentionPytorch's rule for one input: a dense 3-d floating tensor on any device."""
     if not isinstance(t, torch.Tensor):
@@ -2737,11 +2629,8 @@ def _check_any_device(name: str, t) -> None:
 
 def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     """The checks both flash attentions make before any work; returns is_causal as a bool.
-
-    ``kernels``: the inputs go to the Triton kernels, so they must be on the device Triton runs
-    on (CUDA compiled, CPU in the interpreter); otherwise (plain PyTorch) any one device will do.
-    Errors are TypeError/ValueError naming the argument.
-    """
+    ``kernels``: the inputs go to the Triton kernels (on Triton's device), else any one device.
+    Errors are TypeError/ValueError naming the argument."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if kernels:
             check_tensor(name, t, 3)
@@ -2764,31 +2653,24 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
 
 
 def _differentiates_twice() -> bool:
-    """Inside a backward: whether autograd records it (create_graph=True), i.e. a second
-    derivative may be taken through its result. A compiled backward never records (torch.compile
-    refuses double backward itself)."""
+    """Inside a backward: whether autograd records it (create_graph=True). A compiled backward
+    never does (torch.compile refuses double backward itself)."""
     return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in plain PyTorch
 # ----------------------------------------------------------------------------------------------
-# Key tiles of 128: each tile costs about a dozen PyTorch launches, so small tiles are slow;
-# the live (n_queries, 128) logits stay linear in the sequence length. Query tiles only decide
-# which queries a causal key tile can skip: 64 keeps that skipping fine-grained.
+# Key tiles of 128: each tile costs about a dozen PyTorch launches, and the live (n_queries, 128)
+# logits stay linear in the length. Query tiles of 64 only decide which queries a causal key tile skips.
 FLASH_PYTORCH_KEY_TILE = 128
 FLASH_PYTORCH_QUERY_TILE = 64
-
-
-def _causal_first_query(key_start: int, query_tile: int) -> int:
-    """The start of the first query tile that sees a key at or after key_start (earlier ones see none)."""
-    return key_start // query_tile * query_tile
 
 
 def _key_tiles(n_queries: int, n_keys: int, is_causal: bool, key_tile: int, query_tile: int):
     """(key start, key end, first query) of every key tile that some query sees."""
     for start in range(0, n_keys, key_tile):
-        first_query = _causal_first_query(start, query_tile) if is_causal else 0
+        first_query = start // query_tile * query_tile if is_causal else 0
         if first_query < n_queries:
             yield start, min(start + key_tile, n_keys), first_query
 
@@ -2800,11 +2682,9 @@ def _flash_work_dtype(dtype: torch.dtype) -> torch.dtype:
 def flash_pytorch_forward(q, k, v, is_causal: bool):
     """O and L of FlashAttention-2's tiling, in q's dtype. q: (batch, nq, d), k, v: (batch, nk, d).
 
-    The outer loop of FlashAttention-2 runs one program per query tile, each streaming the key
-    tiles with an online softmax. Those programs are independent, so here they run in lock-step:
-    each step takes one key tile against every query tile that sees it. Differentiable when
-    autograd records (the backward's second-derivative path recomputes O and L this way).
-    """
+    FlashAttention-2's programs (one a query tile, each streaming the key tiles) are independent,
+    so here they run in lock-step: each step takes one key tile against every query tile that
+    sees it. Differentiable where autograd records (the second-derivative path)."""
     batch, n_queries, d = q.shape
     n_keys = k.shape[1]
     scale = d ** -0.5
@@ -2816,11 +2696,10 @@ def flash_pytorch_forward(q, k, v, is_causal: bool):
         if is_causal:
             s.masked_fill_(causal_mask(n_queries - q0, ke - ks, q.device, q0, ks), float("-inf"))
         m_old = m[:, q0:]
-        # The running maximum only keeps exp() in range: O and L do not depend on it, so it
-        # carries no gradient (detached, the recorded graph stays free of in-place hazards).
+        # The running maximum only keeps exp() in range: O and L do not depend on it (detached,
+        # the recorded graph has no in-place hazard).
         m_new = torch.maximum(m_old, s.detach().amax(dim=-1))
-        # A row whose logits so far are all -inf (from -inf in the inputs) subtracts 0 instead:
-        # exp(-inf - 0) = 0, where exp(-inf - -inf) would be NaN.
+        # A row of only -inf logits so far subtracts 0: exp(-inf - 0) = 0, not NaN.
         m_sub = m_new.masked_fill(m_new == float("-inf"), 0.0)
         alpha = torch.exp(m_old - m_sub)
         p = torch.exp(s - m_sub[..., None])
@@ -2859,12 +2738,8 @@ def flash_pytorch_backward(q, k, v, O, L, do, is_causal: bool):
 
 
 def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
-    """dQ, dK, dV whose own derivatives are right (the backward under create_graph=True).
-
-    The O and L a forward saved were computed where autograd does not record, so a second
-    derivative through them would miss their dependence on Q, K and V. Here they are recomputed
-    (one more tiled forward) where autograd records, and the backward's arithmetic is recorded too.
-    """
+    """dQ, dK, dV whose own derivatives are right (a backward under create_graph=True): O and L
+    are recomputed where autograd records (the saved ones carry no history), then the backward."""
     work = _flash_work_dtype(Q.dtype)
     q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
     O, L = flash_pytorch_forward(q, k, v, is_causal)
@@ -2875,10 +2750,9 @@ def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
 class FlashAttentionPytorch(torch.autograd.Function):
     """``FlashAttentionPytorch.apply(Q, K, V, is_causal)``: FlashAttention-2 tiling in PyTorch.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any
-    device (one for all three), float32, float16, bfloat16 or float64. Saves Q, K, V, O and
-    L: (batch, n_queries); 16-bit inputs are computed in float32 (L too), float64 in float64.
-    Twice differentiable (``flash_pytorch_gradients_twice_differentiable``).
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any one
+    device, float32, float16, bfloat16 or float64 (computed in float32, float64 in float64).
+    Saves Q, K, V, O and L: (batch, n_queries). Twice differentiable.
     """
 
     @staticmethod
@@ -2906,28 +2780,19 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in Triton
 # ----------------------------------------------------------------------------------------------
-# Every kernel splits its stream of tiles in two: tiles that need no mask (all keys exist and,
-# when causal, every query of the program sees every key of the tile), then the few that do
-# (the causal diagonal and the ragged end). The mask costs a compare and a select per logit, so
-# keeping it off the bulk of the tiles matters on a GPU. Rows past the end of the queries are
-# never stored, so the forward and dQ let them compute on zeros; the dK/dV kernel sums over
-# queries, so it masks them in the ragged last query tile. Logits are kept in base-2 units
-# (scaled by log2(e)) so that each exponential is one exp2.
-#
-# Float scalar arguments are cast to float32 on entry: torch.compile's Inductor re-launches user
-# kernels with Python floats typed fp64, and an fp64 scale would make tl.dot's accumulator fp64.
-#
-# Grids are one axis of batch x tiles programs: CUDA caps grid axes 1 and 2 at 65535, which one
-# long sequence reaches (65535 query tiles of 64 are 4M queries); axis 0 takes 2^31 - 1.
+# Every kernel splits its stream of tiles in two: tiles that need no mask, then the few that do
+# (the causal diagonal, the ragged end): the mask's compare and select per logit stay off the
+# bulk. Rows past the last query are never stored, so the forward and dQ compute them on zeros;
+# dK/dV sums over queries, so it masks them. Logits are in base 2 (scaled by log2(e)): one exp2
+# each. Float scalars are cast to float32 on entry: Inductor re-launches user kernels with fp64
+# floats, which would make tl.dot's accumulator fp64.
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
-    """The grid of a flash kernel whose programs each own ``block`` of ``n_rows`` rows per batch element."""
+    """One grid axis of batch x tiles programs (CUDA caps axes 1 and 2 at 65535, axis 0 at 2^31 - 1)."""
     tiles = cdiv(n_rows, block)
     return one_axis_grid(batch * tiles, f"batch {batch} x {tiles} tiles of {block} rows (split the batch)")
 
 
-# Within one batch element the kernels address rows x row stride + columns x column stride in
-# 32 bits (Triton types sizes and strides below 2^31 as int32; the batch offset is 64-bit): one
-# batch element may span fewer than 2^31 elements, or the offsets would wrap.
+# Offsets within one batch element are 32-bit (Triton types sizes and strides below 2^31 as int32).
 FLASH_MAX_OFFSET = 2**31 - 1
 
 
@@ -2962,39 +2827,10 @@ FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
 def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """The wrapper's launch for each kernel on an H100, by head dimension, dtype, whether the
-    work has few query tiles (``few_query_tiles``) and causal masking; a fresh dict."""
-    return dict(_flash_launches(d, dtype, few_tiles, causal))
-
-
-# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
-# its time: (16, 3000, 64) bf16 runs 1.3x faster in 64-query tiles, (16, 8192, 64) 1.1x slower.
-FEW_TILES_PER_SM = 4
-
-
-def few_query_tiles(batch: int, n_queries: int, device: torch.device) -> bool:
-    sms = _sm_count(device)
-    return sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
-
-
-@functools.lru_cache(maxsize=None)
-def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """``flash_launches``, computed once per argument tuple: callers must not change the dict.
-
-    First choices argued from the hardware, then checked by sweeps on an H100 (bf16; the figures
-    are in outputs/README.md). Tune them with ``FlashAttentionTriton.apply(..., launches)``.
-    * 16-bit forward: 128 queries per program and 8 warps, two Hopper warpgroups of 64 rows, the
-      height of one wgmma; 128 queries also halve the K/V re-reads against 64. Key tiles of 128
-      while K and V are narrow (d <= 32), 64 from d = 64 on, so the fp32 logits (128 x 64 = 32
-      registers a thread) and the fp32 accumulator fit beside each other without spilling.
-      Three stages: K and V tiles of 64 x 128 x 2 bytes each, times three, sit well inside the
-      228 KB of shared memory. With few query tiles (d = 64): 64 queries and key tiles of 128.
-    * float32 forward: tf32x3 runs three products from split operands, and each operand tile is
-      twice the bytes: 64 queries (one warpgroup, 4 warps) and key tiles of 64, 32 at d = 128.
-    * dK/dV: a program holds K, V and two fp32 accumulators of block_n x d and streams query
-      tiles; at d = 128 tiles of 128 keys by 64 queries over 8 warps beat narrower ones by 1.6x.
-    * dQ: like the forward, but with dQ, Q, dO in registers the streamed key tile stays narrow.
-    """
+    """Each Triton kernel's launch on an H100 by head dim, dtype, few query tiles (``flash_plan``)
+    and causal masking. 16-bit forwards take 128 queries on 8 warps (two wgmma heights) and key
+    tiles of 64 from d = 64 (the fp32 logits beside the accumulator); float32 operands take twice
+    the bytes: half the tiles (see outputs/README.md, design notes: attention launches)."""
     if d not in FLASH_HEAD_DIMS:
         raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
     if dtype == torch.float32:
@@ -3007,9 +2843,7 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal:
         return {"forward": FlashLaunch(128, 128, 8, 3), "dkdv": FlashLaunch(32, 128, 8, 3),
                 "dq": FlashLaunch(128, 32, 8, 3)}
     if d == 64:
-        # Causal dK/dV runs three loops (diagonal, full, ragged tiles): with 128 keys over 4 warps
-        # it spills and takes 3x as long as with 64 keys, and 64 keys beat 32 x 128 tiles too;
-        # without the diagonal the wider tile wins.
+        # Causal dK/dV runs three loops: 128 keys on 4 warps spill there (3x slower than 64).
         causal_dkdv = FlashLaunch(64, 64, 4, 3)
         if few_tiles:
             return {"forward": FlashLaunch(64, 128, 4, 3), "dkdv": causal_dkdv if causal else FlashLaunch(32, 128, 4, 2),
@@ -3020,16 +2854,41 @@ def _flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal:
             "dq": FlashLaunch(64, 64, 4, 2)}
 
 
-def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
-                           few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """``flash_launches`` with any kernel's launch replaced by ``launches[kernel]`` (for tuning).
+# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
+# its time: 64-query tiles then (see outputs/README.md, design notes: few query tiles).
+FEW_TILES_PER_SM = 4
+# Where each Gluon kernel beat its Triton peer (``_gluon_faster``; see outputs/README.md, design
+# notes: Gluon attention routes): the forward at d = 128, at d = 64 past 1.5 waves of 128-query
+# tiles; dQ at d = 128 and at d = 64 from 2048 queries; dK/dV at d = 128 and on full attention at
+# d = 64 from 2048 queries.
+GLUON_FLASH_D64_MIN_WAVES = 1.5
+GLUON_DQ_D64_MIN_QUERIES = 2048
+GLUON_DKDV_D64_MIN_QUERIES = 2048
 
-    The dict returned is shared between calls when ``launches`` is None: read it, never change it.
-    """
-    if launches is None:
-        if torch.compiler.is_compiling():  # traced once per compile: the cache would only draw a warning
-            return _flash_launches.__wrapped__(d, dtype, few_tiles, causal)
-        return _flash_launches(d, dtype, few_tiles, causal)
+
+@dataclass(frozen=True)
+class FlashPlan:
+    """What FlashAttentionTriton launches: each kernel's Triton launch, and the kernels
+    ("forward", "dq", "dkdv") that run in Gluon instead."""
+
+    forward: FlashLaunch
+    dq: FlashLaunch
+    dkdv: FlashLaunch
+    gluon: tuple[str, ...] = ()
+
+    def path(self, kernel: str) -> str:
+        return "gluon" if kernel in self.gluon else "triton"
+
+
+def flash_plan(batch: int, n_queries: int, n_keys: int, d: int, dtype: torch.dtype, is_causal: bool, *,
+               sms: int | None = None, capability: tuple[int, int] | None = None, tma: bool = False,
+               launches: dict | None = None) -> FlashPlan:
+    """FlashAttentionTriton's kernels for this problem: a pure function. ``sms``: the GPU's SM
+    count (None: unknown); ``capability``: its (major, minor) where Gluon kernels may run (None: no
+    GPU, no Gluon, a trace); ``tma``: TMA can read the inputs (``tma_unreadable``); ``launches``:
+    kernel name -> FlashLaunch replacing a Triton launch (tuning: that kernel then runs in Triton).
+    TypeError/ValueError on a head dim the kernels lack or a bad launch."""
+    launches = {} if launches is None else launches
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
     for kernel, launch in launches.items():
@@ -3038,112 +2897,28 @@ def resolve_flash_launches(d: int, dtype: torch.dtype, launches: dict | None,
         if not isinstance(launch, FlashLaunch):
             raise TypeError(f"launches[{kernel!r}] must be a FlashLaunch, got {type(launch).__name__}")
         launch.check(f"launches[{kernel!r}]")
-    return {**_flash_launches(d, dtype, few_tiles, causal), **launches}
+    few = sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
+    chosen = {**flash_launches(d, dtype, few, is_causal), **launches}
+    if not (capability == (9, 0) and tma and sms and dtype in _GLUON_DTYPES and d in GLUON_FLASH_HEAD_DIMS
+            and batch * n_queries * n_keys > 0):
+        return FlashPlan(**chosen)
+    faster = _gluon_faster(batch, n_queries, d, is_causal, sms)
+    return FlashPlan(**chosen, gluon=tuple(kernel for kernel in faster if kernel not in launches))
 
 
-# FlashAttentionTriton's forward runs the Gluon kernel (``flash_attention_gluon``: two consumer
-# warpgroups of 64 queries fed by TMA, one 128-query tile a program or a persistent grid) where it
-# measured ahead of the Triton kernel on an H100: GPU time from CUDA graphs, bf16, 55 shapes, most
-# of them off the shape grid (outputs/profiles/gluon_path_probe.txt, its last part). Once its
-# launch is kept, an eager call's host time is within some 10 us of the Triton path's.
-# * d = 128: everywhere, 1.09x ((40, 512) causal) to 1.43x the Triton kernel's speed.
-# * d = 64: past 1.5 waves of 128-query tiles per SM, 1.02-1.19x but at (16, 4097) full 0.98x
-#   and (64, 512) causal 0.92x. With fewer tiles the Triton kernel runs 64-query tiles
-#   (few_query_tiles) that fill the GPU better: Gluon 0.77x at (4, 2048) full (half a wave),
-#   0.91-0.99x at 1-1.5 waves.
-GLUON_FLASH_D64_MIN_WAVES = 1.5
-
-
-def gluon_flash_forward_wins(batch: int, n_queries: int, n_keys: int, d: int, is_causal: bool, sms: int) -> bool:
-    """Whether the Gluon attention forward is the faster kernel for this shape on a GPU of
-    ``sms`` SMs (the rule above); it must also take the inputs (``gluon_flash_unsupported``).
-    n_keys and is_causal are not part of today's rule: the kernels' rates meet on the same side
-    of it whatever the length and mask, in the shapes measured."""
-    if d == 128:
-        return True
+def _gluon_faster(batch: int, n_queries: int, d: int, is_causal: bool, sms: int) -> tuple[str, ...]:
+    """The kernels whose Gluon version measured faster than the Triton one at this shape (d 64 or 128)."""
     waves = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) / sms
-    return d == 64 and waves > GLUON_FLASH_D64_MIN_WAVES
-
-
-def flash_forward_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                       launches: dict | None = None) -> str:
-    """Which kernel ``FlashAttentionTriton.apply(Q, K, V, is_causal, launches)`` runs forward:
-    "gluon" (Hopper, 16-bit, d 64 or 128, inputs TMA can read, where ``gluon_flash_forward_wins``)
-    or "triton" (everywhere else, under torch.compile, and where ``launches`` sets the forward's)."""
-    if (torch.compiler.is_compiling() or (launches is not None and "forward" in launches)
-            or gluon_flash_unsupported(Q, K, V) is not None):
-        return "triton"
-    batch, n_queries, d = Q.shape
-    wins = gluon_flash_forward_wins(batch, n_queries, K.shape[1], d, bool(is_causal), _sm_count(Q.device))
-    return "gluon" if wins else "triton"
-
-
-# The Gluon dK/dV kernel against the Triton one, forward + backward of bf16 attention from CUDA
-# graphs on an H100 (outputs/profiles/gluon_dkdv_probe.txt, 32 shapes from (32, 1000) to
-# (1, 32768), as many keys as queries, dQ the Triton kernel on both): at d = 128 1.02-1.15x
-# faster everywhere; at d = 64 1.03-1.14x on full attention at 3000 queries and more (0.99x at
-# 4097), 0.95-0.99x at 1000-1024, 0.91-1.00x on causal attention. Nothing was measured between
-# 1024 and 3000 queries (2048 splits them), nor with far fewer keys than queries.
-GLUON_DKDV_D64_MIN_QUERIES = 2048
-
-
-def gluon_dkdv_wins(n_queries: int, d: int, is_causal: bool) -> bool:
-    """Whether the Gluon dK/dV kernel is the faster one for this shape (the rule above); it must
-    also take the inputs (``gluon_flash_unsupported``)."""
-    return d == 128 or (d == 64 and not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)
-
-
-def _gluon_backward_may_run(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, kernel: str, launches: dict | None,
-                            dO: torch.Tensor | None) -> bool:
-    """Whether a Gluon backward kernel may stand in for the Triton one named ``kernel`` ("dkdv",
-    "dq"): not under torch.compile, no launch override for it, Hopper and inputs TMA can read
-    (``gluon_flash_unsupported``), dO too where given. A contiguous dO can still be unaligned:
-    a slice of a larger gradient."""
-    return not (torch.compiler.is_compiling() or (launches is not None and kernel in launches)
-                or gluon_flash_unsupported(Q, K, V) is not None
-                or (dO is not None and tma_unreadable("dO", dO) is not None))
-
-
-def flash_dkdv_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                    launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
-    """Which kernel makes dK and dV in ``FlashAttentionTriton``'s backward: "gluon" where it may
-    (``_gluon_backward_may_run``) and ``gluon_dkdv_wins``, else "triton"."""
-    if not _gluon_backward_may_run(Q, K, V, "dkdv", launches, dO):
-        return "triton"
-    return "gluon" if gluon_dkdv_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
-
-
-# The Gluon dQ kernel against the Triton one, forward + backward of bf16 attention from CUDA graphs
-# on an H100 (outputs/profiles/gluon_dq_probe.txt, 32 shapes from (32, 1000) to (1, 32768), dK/dV by
-# its own rule on both): at d = 128 1.00-1.11x faster everywhere; at d = 64 1.00-1.12x from 3000
-# queries, 0.98-1.00x at 1000-1024 (nothing measured in between: 2048 splits them, as for dK/dV).
-GLUON_DQ_D64_MIN_QUERIES = 2048
-
-
-def gluon_dq_wins(n_queries: int, d: int, is_causal: bool) -> bool:
-    """Whether the Gluon dQ kernel is the faster one for this shape (the rule above); it must
-    also take the inputs (``gluon_flash_unsupported``)."""
-    return d == 128 or (d == 64 and n_queries >= GLUON_DQ_D64_MIN_QUERIES)
-
-
-def flash_dq_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool,
-                  launches: dict | None = None, dO: torch.Tensor | None = None) -> str:
-    """Which kernel makes D and dQ in ``FlashAttentionTriton``'s backward: "gluon" where it may
-    (``_gluon_backward_may_run``) and ``gluon_dq_wins``, else "triton"."""
-    if not _gluon_backward_may_run(Q, K, V, "dq", launches, dO):
-        return "triton"
-    return "gluon" if gluon_dq_wins(Q.shape[1], Q.shape[2], bool(is_causal)) else "triton"
+    wins = {"forward": d == 128 or waves > GLUON_FLASH_D64_MIN_WAVES,
+            "dq": d == 128 or n_queries >= GLUON_DQ_D64_MIN_QUERIES,
+            "dkdv": d == 128 or (not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)}
+    return tuple(kernel for kernel in FLASH_KERNELS if wins[kernel])
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
-    """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need.
-
-    Without them its loop ran 7-26 % faster at d = 64 and 18 % at d = 128 on lengths no multiple
-    of 16 ((16, 3000, 128) full: 454 -> 373 us), where masks on such a length cost the most. At
-    d = 128 the kernel sits at 255 registers a thread: without masks it spilled more (112 -> 128
-    bytes, causal 88 -> 136) and ran 2 % slower on whole lengths, so it keeps them there, and
-    causal throughout (no faster without). H100, outputs/profiles/backward_kernel_times.txt.
-    """
+    """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need:
+    only at d = 128 on causal attention or whole lengths, where 255 registers a thread spill more
+    without them (see outputs/README.md, design notes: dK/dV row masks)."""
     return d > 64 and (is_causal or n_queries % 16 == 0)
 
 
@@ -3494,45 +3269,39 @@ def flash_attention_backward_dq_kernel(
 
 
 def _flash_kernel(kernel):
-    """The kernel as the Function launches it: itself under torch.compile (Dynamo traces a JIT
-    function's launch) and in the interpreter, else its ``DirectLauncher`` (less host time, and
-    the launch can be kept)."""
-    return kernel if torch.compiler.is_compiling() else _jit(kernel, traced=False)
+    """The kernel as launched: itself under torch.compile (Dynamo traces a JIT function's launch)
+    and in the interpreter, else its ``DirectLauncher`` (less host time; the launch can be kept)."""
+    return kernel if torch.compiler.is_compiling() else jit_kernel(kernel, traced=False)
 
 
-def _keep_flash_launch(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
-                       descriptors: tuple = ()) -> None:
-    """Append the launch just made to ``kept`` as a ``Replay`` of its first ``n_tensors`` arguments
-    (``DirectLauncher.replay``), or None where it cannot be kept. With ``descriptors`` (the
-    launch's leading TMA descriptors), a ``DescriptorReplay`` called with their tensors instead."""
+def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
+                  descriptors: tuple = ()) -> None:
+    """``kernel[grid](*args, **options)``; with ``kept`` (a list) appends the launch as a Replay of
+    its first n_tensors arguments (a DescriptorReplay where they start with TMA ``descriptors``),
+    or None where it cannot be kept."""
+    kernel[grid](*args, **options)
     if kept is not None:
         replay = kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None
         kept.append(DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay)
 
 
-def _flash_replay_key(tensors: tuple, is_causal, launches) -> tuple | None:
-    """The key a Function call's kept launches go under; None for a call with a launch override
-    (tuning) or one no kept launch may serve (``replay_key``)."""
-    return None if launches is not None else replay_key(tensors, (is_causal, _float32_matmul_precision()))
-
-
-def _triton_forward_launch(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
-                           is_causal: bool, fwd: FlashLaunch) -> tuple:
-    """(kernel, grid, arguments, constexprs) of the Triton forward into O and L."""
+def _triton_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                          is_causal: bool, launch: FlashLaunch, kept: list | None = None) -> None:
+    """The Triton forward into O and L; kept as a Replay of (Q, K, V, O, L)."""
     batch, n_queries, d = Q.shape
-    kernel, grid = _flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, fwd.block_m)
     args = (Q, K, V, O, L, batch, n_queries, K.shape[1], d ** -0.5 * LOG2_E.value,
             *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
-    options = dict(HEAD_DIM=d, BLOCK_M=fwd.block_m, BLOCK_N=fwd.block_n, IS_CAUSAL=is_causal,
-                   num_warps=fwd.num_warps, num_stages=fwd.num_stages, **_flash_kernel_args(Q.dtype))
-    return kernel, grid, args, options
+    options = dict(HEAD_DIM=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, IS_CAUSAL=is_causal,
+                   num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
+    _launch_flash(_flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, launch.block_m), args,
+                  options, 5, kept)
 
 
-def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
-                            L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple,
-                            is_causal: bool, launch: FlashLaunch) -> tuple:
-    """(kernel, grid, arguments, constexprs) of a Triton backward kernel: "dq" (outputs: (dQ,),
-    and D into delta) or "dkdv" (outputs: (dK, dV), reading D from delta)."""
+def _triton_flash_backward(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
+                           L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple, is_causal: bool,
+                           launch: FlashLaunch, kept: list | None = None) -> None:
+    """A Triton backward kernel: "dq" (outputs (dQ,); writes D into delta) or "dkdv" (outputs
+    (dK, dV); reads D); kept as a Replay of its first eight tensors."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     head = (Q, K, V, dO, L, delta)
@@ -3542,22 +3311,13 @@ def _triton_backward_launch(which: str, Q: torch.Tensor, K: torch.Tensor, V: tor
                    num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
     if which == "dq":
         (dQ,) = outputs
-        kernel, grid = _flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m)
-        return kernel, grid, (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options
+        _launch_flash(_flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m),
+                      (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options, 8, kept)
+        return
     dK, dV = outputs
-    kernel, grid = _flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n)
     options["FULL_TILE_MASKS"] = dkdv_full_tile_masks(d, is_causal, n_queries)
-    return kernel, grid, (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options
-
-
-def _keep_backward_chain(key, steps: list | None, Q: torch.Tensor) -> None:
-    """Keep a backward's two launches (dQ's, then dK and dV's) under ``key`` as one chain, where
-    both could be kept. Slots: Q K V O L dO dQ dK dV (the call's), then delta (made each call)."""
-    if steps and all(step is not None for step in steps):
-        batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
-        _FLASH_BACKWARDS.keeper(key)(ReplayChain(
-            (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
-            ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
+    _launch_flash(_flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n),
+                  (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options, 8, kept)
 
 
 @functools.lru_cache(maxsize=None)
@@ -3573,130 +3333,156 @@ def _device_is_hopper(index: int) -> bool:
 
 
 def _exporting() -> bool:
-    """Whether torch.export is tracing. Dynamo in torch 2.11 answers torch.compiler.is_exporting()
-    True inside every trace, torch.compile's too (later versions read the flag it returns); the
-    flag itself, read as a module global, tells the two apart in both."""
+    """Whether torch.export is tracing. torch 2.11's Dynamo answers torch.compiler.is_exporting()
+    True in torch.compile's traces too; the flag it reads tells the two apart."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
 def compiled_gluon_route(Q: torch.Tensor) -> bool:
-    """Whether a compiled FlashAttentionTriton call hands its kernels to the opaque ops
-    ``flash_forward_by_path`` and ``flash_backward_by_path``: under torch.compile, on Hopper with
-    Gluon, for 16-bit inputs of a head dimension the Gluon kernels take. Those ops choose each
-    kernel as an eager call does (Gluon or Triton, ``flash_forward_path`` and the backward's
-    rules), when they run: what TMA needs (aligned addresses) is not known to a trace. Elsewhere,
-    and under torch.export (whose programs must hold only traceable launches), a compiled call
-    traces the Triton kernels' launches."""
+    """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
+    ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
+    alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
+    traceable launches only) on Hopper with Gluon, 16-bit, at a head dim the Gluon kernels take
+    (see outputs/README.md, design notes: compiled attention route)."""
     return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
             and _device_is_hopper(_device_index(Q.device)))
 
 
-def _shape_only(t: torch.Tensor) -> bool:
-    """t is a FakeTensor outside a trace (shape propagation by FakeTensorMode): no launch can take
-    it, the opaque ops' fakes answer. (A trace cannot ask: it takes its own route.)"""
-    return not torch.compiler.is_compiling() and is_fake(t)
+def _through_ops(Q: torch.Tensor, launches: dict | None) -> bool:
+    """Whether FlashAttentionTriton hands its work to the opaque ops: ``compiled_gluon_route`` (no
+    launch override), or FakeTensors outside a trace (shape propagation: the ops' fakes answer)."""
+    return launches is None and compiled_gluon_route(Q) or (not torch.compiler.is_compiling() and is_fake(Q))
 
 
-@torch.library.custom_op(f"{OP_NAMESPACE}::flash_forward_by_path", mutates_args=())
-@on_input_device
-def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
-                          is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) of FlashAttentionTriton's forward by the kernel an eager call would choose
-    (``flash_forward_path``), as one opaque op: what compiled calls run (``compiled_gluon_route``)."""
+def _gluon_capability(device: torch.device) -> tuple[int, int] | None:
+    """The (major, minor) of the device where Gluon kernels may run there, else None."""
+    if GLUON_UNAVAILABLE is not None or device.type != "cuda":
+        return None
+    return _device_capability(_device_index(device))
+
+
+def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, launches: dict | None = None,
+                  dO: torch.Tensor | None = None) -> FlashPlan:
+    """``flash_plan`` for these tensors on their GPU (Gluon kernels only in eager calls on real
+    tensors, where TMA reads Q, K, V and dO: a contiguous dO can still be an unaligned slice)."""
     batch, n_queries, d = Q.shape
-    O = _empty_like_contiguous(Q)
-    L = Q.new_empty((batch, n_queries), dtype=torch.float32)
-    if O.numel() == 0:
-        return O, L
-    # The launches kept from an earlier call of the same key (an eager one's too) serve this one.
-    key = _flash_replay_key((Q, K, V), is_causal, None)
-    kept = _FLASH_FORWARDS.get(key) if key is not None else None
-    if kept is not None and kept[0](Q, K, V, O, L):
-        return O, L
+    capability = None if torch.compiler.is_compiling() or is_fake(Q) else _gluon_capability(Q.device)
+    tma = capability is not None and all(tma_unreadable(name, t) is None for name, t in
+                                         (("Q", Q), ("K", K), ("V", V), ("dO", dO)) if t is not None)
+    return flash_plan(batch, n_queries, K.shape[1], d, Q.dtype, is_causal, sms=_sm_count(Q.device),
+                      capability=capability, tma=tma, launches=launches)
+
+
+def _flash_key(tensors: tuple, is_causal) -> tuple | None:
+    """The key a call's kept launches go under (``replay_key``). Forward keys hold three tensors,
+    backward keys four or six: one cache holds both."""
+    return replay_key(tensors, (is_causal, _float32_matmul_precision()))
+
+
+# Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
+# halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
+_FLASH_REPLAYS = Replays()
+
+
+def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal, launches: dict | None,
+                   key) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(O, L, is_causal as a bool) of FlashAttentionTriton's forward: the launch kept under ``key``
+    (None: none), else checks, plan and launch (kept under ``key``)."""
+    kept = _FLASH_REPLAYS.get(key) if key is not None else None
+    if kept is not None:
+        O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+        if kept[0](Q, K, V, O, L):
+            return O, L, kept[1]
+    is_causal = check_attention_inputs(Q, K, V, is_causal)
+    plan = flash_plan_of(Q, K, V, is_causal, launches)
+    O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+    check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
+    if _through_ops(Q, launches):
+        return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
     steps = [] if key is not None else None
-    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
-    if flash_forward_path(Q, K, V, is_causal) == "gluon":
+    if O.numel() and plan.path("forward") == "gluon":
         _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
-    else:
-        kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, chosen["forward"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 5, steps)
+    elif O.numel():
+        _triton_flash_forward(Q, K, V, O, L, is_causal, plan.forward, steps)
     if steps and steps[0] is not None:
-        _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
-    return O, L
+        _FLASH_REPLAYS.keeper(key)((steps[0], is_causal))
+    return O, L, is_causal
 
 
-@flash_forward_by_path.register_fake
-def _(Q, K, V, is_causal):
-    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
-
-
-@torch.library.custom_op(f"{OP_NAMESPACE}::flash_backward_by_path", mutates_args=())
-@on_input_device
-def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
-                           dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of FlashAttentionTriton's backward by the kernels an eager call would choose
-    (``flash_dq_path``, ``flash_dkdv_path``), as one opaque op. The Function passes dO dense and
-    in Q's dtype, and its forward's O and L; the op does not check them."""
-    batch, n_queries, d = Q.shape
+def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                    dO: torch.Tensor, is_causal: bool, launches: dict | None,
+                    key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
+    Q's dtype: the chain kept under ``key``, else the plan's two kernels (kept as one chain)."""
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-    if Q.numel() == 0 or K.numel() == 0:
+    if Q.numel() == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
-    # O and L in the key too: the kept launches read them through their strides (the Function's
-    # own are fresh and contiguous; a direct call's need not be).
-    key = _flash_replay_key((Q, K, V, dO, O, L), is_causal, None)
-    chain = _FLASH_BACKWARDS.get(key) if key is not None else None
+    if _through_ops(Q, launches):
+        return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
+    chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
-    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
+    check_flash_offsets(dO=dO)
+    plan = flash_plan_of(Q, K, V, is_causal, launches, dO)
+    batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
+    delta = torch.empty((batch, n_queries), dtype=torch.float32, device=device)
     steps = [] if key is not None else None
-    chosen = resolve_flash_launches(d, Q.dtype, None, few_query_tiles(batch, n_queries, Q.device), is_causal)
-    if flash_dq_path(Q, K, V, is_causal, None, dO) == "gluon":
+    # dQ first: it writes D (delta), which the dK/dV kernel reads.
+    if plan.path("dq") == "gluon":
         _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, is_causal, kept=steps)
     else:
-        kernel, grid, args, options = _triton_backward_launch("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal,
-                                                              chosen["dq"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
-    if flash_dkdv_path(Q, K, V, is_causal, None, dO) == "gluon":
+        _triton_flash_backward("dq", Q, K, V, O, L, dO, delta, (dQ,), is_causal, plan.dq, steps)
+    if plan.path("dkdv") == "gluon":
         _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, is_causal, kept=steps)
     else:
-        kernel, grid, args, options = _triton_backward_launch("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal,
-                                                              chosen["dkdv"])
-        kernel[grid](*args, **options)
-        _keep_flash_launch(kernel, grid, args, options, 8, steps)
-    _keep_backward_chain(key, steps, Q)
+        _triton_flash_backward("dkdv", Q, K, V, O, L, dO, delta, (dK, dV), is_causal, plan.dkdv, steps)
+    if steps and all(step is not None for step in steps):  # slots: Q K V O L dO dQ dK dV, then delta
+        _FLASH_REPLAYS.keeper(key)(ReplayChain(
+            (lambda *tensors: torch.empty((batch, n_queries), dtype=torch.float32, device=device),),
+            ((steps[0], (0, 1, 2, 5, 4, 9, 6, 3)), (steps[1], (0, 1, 2, 5, 4, 9, 7, 8)))))
     return dQ, dK, dV
 
 
-@flash_backward_by_path.register_fake
-def _(Q, K, V, O, L, dO, is_causal):
+def _flash_forward_fake(Q, K, V, is_causal):
+    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+
+
+@kernel_op("flash_forward_by_path", _flash_forward_fake, opaque=True)
+def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
+                          is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs and sharing
+    eager calls' kept launches: what compiled calls run where ``compiled_gluon_route`` holds."""
+    O, L, _ = _flash_forward(Q, K, V, is_causal, None, _flash_key((Q, K, V), is_causal))
+    return O, L
+
+
+def _flash_backward_fake(Q, K, V, O, L, dO, is_causal):
     return torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+
+
+@kernel_op("flash_backward_by_path", _flash_backward_fake, opaque=True)
+def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
+                           dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
+    unchecked). O and L are in the key: a direct call's need not be fresh and contiguous."""
+    return _flash_backward(Q, K, V, O, L, dO, is_causal, None, _flash_key((Q, K, V, dO, O, L), is_causal))
 
 
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS`` -> O, in Q's
-    dtype. Saves Q, K, V, O and L: (batch, n_queries) float32; the backward is two kernels, dQ's
-    (which also makes D = rowsum(dO * O)) then dK and dV's. On Hopper the forward of 16-bit
-    problems at d = 128, and of long ones at d = 64, runs the Gluon kernel instead of the Triton
-    one (``flash_forward_path`` says which runs, ``gluon_flash_forward_wins`` why), and so do D and
-    dQ at d = 128 and on long inputs at d = 64 (``flash_dq_path``, ``gluon_dq_wins``), and dK and dV
-    at d = 128 and on long full attention at d = 64 (``flash_dkdv_path``, ``gluon_dkdv_wins``).
-    ``launches`` maps any of "forward", "dkdv", "dq" to a ``FlashLaunch`` replacing the wrapper's
-    choice (``flash_launches``), for tuning on a GPU. Both methods launch their kernels
-    themselves, with no host synchronisation, so torch.compile(fullgraph=True) traces them and a
-    CUDA graph captures them; compiled on Hopper with 16-bit inputs at d = 64 or 128 and no
-    ``launches``, they call instead two opaque ops that choose each kernel when they run, as an
-    eager call does (``compiled_gluon_route``). An eager call whose inputs match an earlier call's in everything the
-    launches depend on (``replay_key``) replays that call's kept launches and skips the checks
-    and launch choices (the host cost of small attention calls). A backward taken with
-    create_graph=True (for a second derivative) is computed by the recorded PyTorch tiling
-    (``flash_pytorch_gradients_twice_differentiable``): the kernels' gradients would carry no history.
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS``, float32,
+    float16 or bfloat16 -> O in Q's dtype. Saves Q, K, V, O and L: (batch, n_queries) float32;
+    the backward is dQ's kernel (which also makes D = rowsum(dO * O)), then dK and dV's.
+    ``flash_plan`` picks each kernel (Gluon on Hopper where it measured faster) and its launch;
+    ``launches`` maps "forward", "dkdv" or "dq" to a ``FlashLaunch`` of its Triton kernel (tuning).
+    No host synchronisation: torch.compile(fullgraph=True) traces it and CUDA graphs capture it
+    (compiled on Hopper, through the opaque ops of ``compiled_gluon_route``). An eager call with
+    an earlier call's key (``replay_key``) replays that call's kept launches. A backward under
+    create_graph=True runs the recorded PyTorch tiling (twice differentiable).
     """
 
     @staticmethod
@@ -3705,114 +3491,42 @@ class FlashAttentionTriton(torch.autograd.Function):
         if device is not None:  # Q's device current for the launches, as torch's ops run
             with torch.cuda.device(device):
                 return FlashAttentionTriton.forward(ctx, Q, K, V, is_causal, launches)
-        key = _flash_replay_key((Q, K, V), is_causal, launches)
-        kept = _FLASH_FORWARDS.get(key) if key is not None else None
-        if kept is not None:
-            replay, chosen, causal = kept
-            O = _empty_like_contiguous(Q)
-            L = Q.new_empty(Q.shape[:2], dtype=torch.float32)
-            if replay(Q, K, V, O, L):
-                ctx.save_for_backward(Q, K, V, O, L)
-                ctx.is_causal, ctx.launches, ctx.override = causal, chosen, None
-                return O
-        is_causal = check_attention_inputs(Q, K, V, is_causal)
-        batch, n_queries, d = Q.shape
-        chosen = resolve_flash_launches(d, Q.dtype, launches, few_query_tiles(batch, n_queries, Q.device), is_causal)
-        fwd = chosen["forward"]
-        O = torch.empty((batch, n_queries, d), dtype=Q.dtype, device=Q.device)
-        L = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-        check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
-        steps = [] if key is not None else None
-        if launches is None and compiled_gluon_route(Q) or _shape_only(Q):
-            O, L = flash_forward_by_path(Q, K, V, is_causal)
-        elif O.numel() > 0 and flash_forward_path(Q, K, V, is_causal, launches) == "gluon":
-            _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
-        elif O.numel() > 0:
-            kernel, grid, args, options = _triton_forward_launch(Q, K, V, O, L, is_causal, fwd)
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 5, steps)
-        if steps and steps[0] is not None:
-            _FLASH_FORWARDS.keeper(key)((steps[0], chosen, is_causal))
+        key = None if launches is not None else _flash_key((Q, K, V), is_causal)
+        O, L, is_causal = _flash_forward(Q, K, V, is_causal, launches, key)
         ctx.save_for_backward(Q, K, V, O, L)
         ctx.is_causal = is_causal
-        ctx.launches = chosen
-        ctx.override = launches  # a call with one keeps no backward launches either
+        ctx.launches = launches  # a call with an override keeps no launch, backward included
         return O
 
     @staticmethod
     def backward(ctx, dO):
         Q, K, V, O, L = ctx.saved_tensors
         if _differentiates_twice():
-            dQ, dK, dV = flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal)
-            return dQ, dK, dV, None, None
-        batch, n_queries, d = Q.shape
-        dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-        if batch == 0 or n_queries == 0:
-            return dQ.zero_(), dK.zero_(), dV.zero_(), None, None
-        # One operand type for the products, and dense rows: y.sum()'s gradient is an expanded,
-        # stride-0 tensor, which the kernels could read through its strides, but only one element
-        # at a time in every key or query tile they visit (no vector loads: contiguity cannot be
-        # proven), where one copy of dO costs a single pass over batch x n_queries x d values.
+            return (*flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal), None, None)
+        # One operand dtype, and dense rows: a stride-0 dO (y.sum()'s gradient) would be read an
+        # element at a time in every tile, where one copy costs one pass.
         dO = dO.to(Q.dtype).contiguous()
-        if ctx.override is None and compiled_gluon_route(Q) or _shape_only(Q):
-            return (*flash_backward_by_path(Q, K, V, O, L, dO, ctx.is_causal), None, None)
-        # O and L are the forward's own (contiguous, fresh): Q's shape and dtype decide theirs.
-        key = _flash_replay_key((Q, K, V, dO), ctx.is_causal, ctx.override)
-        chain = _FLASH_BACKWARDS.get(key) if key is not None else None
-        if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
-            return dQ, dK, dV, None, None
-        check_flash_offsets(dO=dO)
-        delta = torch.empty((batch, n_queries), dtype=torch.float32, device=Q.device)
-        steps = [] if key is not None else None
-        # dQ first: it writes D (delta), which the dK/dV kernel reads.
-        if flash_dq_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
-            _gluon_flash_dq(Q, K, V, O, dO, L, delta, dQ, ctx.is_causal, kept=steps)
-        else:
-            kernel, grid, args, options = _triton_backward_launch(
-                "dq", Q, K, V, O, L, dO, delta, (dQ,), ctx.is_causal, ctx.launches["dq"])
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        if flash_dkdv_path(Q, K, V, ctx.is_causal, ctx.override, dO) == "gluon":
-            _gluon_flash_dkdv(Q, K, V, dO, L, delta, dK, dV, ctx.is_causal, kept=steps)
-        else:
-            kernel, grid, args, options = _triton_backward_launch(
-                "dkdv", Q, K, V, O, L, dO, delta, (dK, dV), ctx.is_causal, ctx.launches["dkdv"])
-            kernel[grid](*args, **options)
-            _keep_flash_launch(kernel, grid, args, options, 8, steps)
-        _keep_backward_chain(key, steps, Q)
-        return dQ, dK, dV, None, None
-
-
-# Eager calls' kept launches: forwards as (Replay, launch choice, is_causal), backwards as chains.
-_FLASH_FORWARDS = Replays()
-_FLASH_BACKWARDS = Replays()
+        # O and L are the forward's own (fresh, contiguous): Q's shape and dtype decide theirs.
+        key = None if ctx.launches is not None else _flash_key((Q, K, V, dO), ctx.is_causal)
+        return (*_flash_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches, key), None, None)
 
 
 # ==============================================================================================
 # Attention as models call it: flash_attention (SDPA's layout, GQA, head dims to 256, window,
 # softcap, log-sum-exp)
 # ==============================================================================================
-# ``flash_attention(q, k, v, ...)`` takes what ``F.scaled_dot_product_attention`` takes: q of
-# (batch, query heads, n_queries, d), k of (batch, key/value heads, n_keys, d) and v of (batch,
-# key/value heads, n_keys, dv), in any strides, so the (B, N, H, D) view of a fused qkv projection
-# transposed to (B, H, N, D) is read where it lies. Its kernels are general where the course's are
-# tuned: four strides per tensor, a head-group index for grouped-query attention, d and dv padded
-# to a power of two with masked loads, and a mask given as two bounds on j - i (below).
-#
-# Masks. Query i sees key j when lo <= j - i <= hi; either bound may be absent. Causal masking is
-# hi = offset, a window (left, right) is lo = offset - left and hi = offset + right, where offset
-# is 0 for top-left alignment (SDPA's is_causal: query i sees keys 0..i) and n_keys - n_queries
-# for bottom-right alignment (the last query sees the last key: a decode step, or a chunk of new
-# queries appended to a cache). A query that sees no key (bottom-right with more queries than
-# keys, or a window past the keys) gets output 0, log-sum-exp -inf and zero gradients: what SDPA
-# gives for a row its boolean attn_mask hides entirely (its default CPU backend and its math
-# backend checked on torch 2.13; test_queries_that_see_no_key_match_sdpa checks the default).
-# Key tiles that the mask hides from a whole query tile are never visited (the loop bounds,
-# ``_attention_span``), and tiles it shows whole run without mask arithmetic, as the course's
-# kernels do for causal masking.
-#
-# Softcap (Gemma 2): the scaled logits s become softcap * tanh(s / softcap) before the softmax;
-# its derivative 1 - tanh^2 multiplies dS in the backward.
+# ``flash_attention(q, k, v, ...)`` takes what SDPA takes: q (batch, heads, n_queries, d), k and
+# v (batch, kv_heads, n_keys, d or dv), in any strides (a fused qkv projection's view is read
+# where it lies). Its kernels are general where the course's are tuned: four strides a tensor, a
+# head-group index for GQA, d and dv padded to a power of two with masked loads, and a mask as
+# two bounds on j - i: query i sees key j when lo <= j - i <= hi. Causal is hi = offset, a window
+# (left, right) lo = offset - left and hi = offset + right, offset 0 top-left (SDPA's) or
+# n_keys - n_queries bottom-right (the last query sees the last key: decode, or new queries over
+# a cache). A query that sees no key gets output 0, lse -inf and zero gradients, as SDPA gives a
+# row its boolean mask hides. Key tiles a mask hides from a whole query tile are never visited
+# (``_attention_span``); tiles it shows whole run unmasked. Softcap (Gemma 2): the scaled logits s
+# become softcap * tanh(s / softcap), whose derivative 1 - tanh^2 multiplies dS.
+
 
 ATTENTION_MAX_HEAD_DIM = 256
 # Head dims step by 8: 16-bit rows of 8 elements are 16-byte vectors, what every model's head has.
@@ -3960,9 +3674,10 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """What ``flash_attention`` launches: the head dims padded to powers of two (tl.arange's
-    lengths, at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), and
-    each kernel's tiles (``FlashLaunch``: queries x keys per tile, warps, stages)."""
+    """What ``flash_attention`` launches: ``path`` "course" (FlashAttentionTriton's kernels) or
+    "general"; for the general kernels the head dims padded to powers of two (tl.arange's lengths,
+    at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), each kernel's
+    tiles and the forward's key splits. A plan given to flash_attention runs the general kernels."""
 
     head_dim: int
     head_dim_v: int
@@ -3972,6 +3687,7 @@ class AttentionPlan:
     dq: FlashLaunch
     dkdv: FlashLaunch
     splits: int = 1  # the forward's key range in this many parts (``attention_splits``)
+    path: str = "general"
 
     def check(self) -> None:
         for kernel in FLASH_KERNELS:
@@ -3980,25 +3696,18 @@ class AttentionPlan:
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """Tiles by the widest padded head dim, before shrinking to short sequences.
-
-    Up to 128 the course's choices (``flash_launches``, argued there) for its head dims. At 256 a
-    program's tiles are halved: the forward's 64 x 256 Q and its K and V tiles of 64 x 256 in two
-    stages count 160 KB in 16 bits (an H100 block may take 227 KB), and its float32 accumulator
-    would be 128 registers a thread over 4 warps, so 8 warps; dK and dV hold two float32
-    accumulators of 32 x 256. float32 operands take twice the bytes again: 32-row tiles, one stage.
-    tests/compile_flash_kernels.py compiles each for sm_90 and checks the shared memory it takes.
-    """
+    """Tiles by the widest padded head dim: the course's up to 128; at 256 halved so that the
+    forward's Q, K and V tiles fit an H100 block's shared memory and its float32 accumulator
+    takes 8 warps, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
     if head_dim <= 128:
-        return _flash_launches.__wrapped__(head_dim, dtype)  # uncached: torch.compile traces it
+        return flash_launches(head_dim, dtype)
     if dtype == torch.float32:
         return {"forward": FlashLaunch(32, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1)}
     return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
 
 
-# Few query tiles over many keys (decode): each program streams its keys alone, and too few of
-# them leave SMs idle. Split the keys until some four waves of an H100's 132 SMs run, each split
-# streaming at least 1024 keys (16 tiles of 64), so that the merge's extra pass stays small.
+# Few query tiles over many keys (decode) leave SMs idle: the forward splits the keys until some
+# four waves of an H100's 132 SMs run, each split at least 1024 keys so the merge stays small.
 ATTENTION_SPLIT_PROGRAMS = 4 * 132
 ATTENTION_SPLIT_MIN_KEYS = 1024
 
@@ -4012,19 +3721,25 @@ def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int
 
 
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
-                   causal_align: str = "top_left", window: tuple | None = None,
-                   batch_heads: int = 1) -> AttentionPlan:
-    """The launch of ``flash_attention`` for these head dims, dtype, lengths, mask and batch x
-    query heads: a pure function (no device asked). Tiles are ``_attention_tiles``'s, shrunk to
-    the least power of two >= 16 that covers a short sequence (a decode step of 1 query runs
-    16-query tiles, not 128); the forward splits long key ranges of few query tiles."""
+                   causal_align: str = "top_left", window: tuple | None = None, batch_heads: int = 1,
+                   grouped: bool = False, scale: float | None = None, softcap: float | None = None,
+                   return_lse: bool = False) -> AttentionPlan:
+    """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads
+    and options: a pure function. Path "course" for what FlashAttentionTriton takes as it is (no
+    GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
+    window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
+    flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
+    >= 16 that covers a short sequence (a decode step runs 16-query tiles)."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
              for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     splits = attention_splits(batch_heads, n_queries, n_keys, tiles["forward"].block_m)
-    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits)
+    course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
+              and (scale is None or scale == d ** -0.5) and n_keys > 0
+              and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
+    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general")
 
 
 @triton.jit
@@ -4387,8 +4102,6 @@ def attention_backward_dkdv_kernel(
     _attention_store(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, keys, n_keys, stride_dvn, dims_v, stride_dvd, DV)
 
 
-# The custom ops carry the plan as plain values: the mask bounds as ints with flags (an absent
-# bound's int is unused), softcap 0.0 for none, a launch as [block_m, block_n, warps, stages].
 def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
     """(qk_scale, cap2) of ``_attention_logits``; (scale, 1.0) passed as sm_scale where needed."""
     if softcap:
@@ -4404,6 +4117,16 @@ def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, s
                 num_warps=launch[2], num_stages=launch[3], **_flash_kernel_args(q.dtype))
 
 
+def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:
+    """The custom ops' plain values for a plan: scale, the bounds as ints with flags (an absent
+    bound's int is unused), softcap (0.0: none), and each kernel's [block_m, block_n, warps,
+    stages] (forward, dq, dkdv) then the forward's key splits."""
+    launches = [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
+                for field in ("block_m", "block_n", "num_warps", "num_stages")]
+    return (scale, plan.lo or 0, plan.hi or 0, plan.lo is not None, plan.hi is not None, softcap or 0.0,
+            [*launches, plan.splits])
+
+
 def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
     batch, heads, n_queries, _ = q.shape
     return (q.new_empty((batch, heads, n_queries, v.shape[-1])),
@@ -4411,11 +4134,10 @@ def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, lau
 
 
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lo: int, hi: int,
-                      has_lo: bool, has_hi: bool, softcap: float,
-                      launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+                       has_lo: bool, has_hi: bool, softcap: float,
+                       launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
-    in q's dtype, lse (batch, heads, n_queries) float32. launches: the plan's forward, dq and dK/dV
-    launches, four ints each (the backward's ride along for autograd), then the forward's key splits."""
+    in q's dtype, lse (batch, heads, n_queries) float32 (``_attention_args`` for the rest)."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -4429,21 +4151,17 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         return q.new_empty(out_shape), lse[0]
     qk_scale, cap2 = _attention_scalars(scale, softcap)
     grid = one_axis_grid(splits * batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
-    _jit(attention_forward_kernel, traced=True)[grid](
+    jit_kernel(attention_forward_kernel, traced=True)[grid](
         q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
         split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
         **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
     if splits == 1:
         return out, lse[0]
-    return _merge_splits(out, lse, q.dtype)
-
-
-def _merge_splits(out: torch.Tensor, lse: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of the whole key range from each split's: lse = logsumexp of theirs, out their
-    sum weighted by exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf."""
+    # The whole key range's lse is the logsumexp of the splits'; out their sum weighted by
+    # exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf.
     total = torch.logsumexp(lse, dim=0)
     weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))
-    return (out * weights[..., None]).sum(dim=0).to(dtype), total
+    return (out * weights[..., None]).sum(dim=0).to(q.dtype), total
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
@@ -4472,12 +4190,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     delta = torch.empty((batch, heads, n_queries), dtype=torch.float32, device=q.device)
     head = (batch, heads, group, n_queries, n_keys, scale, qk_scale, cap2, lo, hi)
     grid = one_axis_grid(batch * heads * cdiv(n_queries, dq_launch[0]), "the attention backward's dq")
-    _jit(attention_backward_dq_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dq_kernel, traced=True)[grid](
         q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch))
     grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
-    _jit(attention_backward_dkdv_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dkdv_kernel, traced=True)[grid](
         q, k, v, dout, lse, delta, dk, dv, *head,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch))
@@ -4509,28 +4227,9 @@ def _attention_grad(ctx, dout, dlse):
 attention_forward.register_autograd(_attention_grad, setup_context=_attention_setup)
 
 
-def _launch_list(plan: AttentionPlan) -> list[int]:
-    return [*(getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
-              for field in ("block_m", "block_n", "num_warps", "num_stages")), plan.splits]
-
-
-def flash_attention_path(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict, return_lse: bool) -> str:
-    """Which kernels a ``flash_attention`` call with these (checked) options runs: "course" (those of
-    ``FlashAttentionTriton``, tuned for its plain problems) or "general" (the kernels above)."""
-    d, n_queries, n_keys = q.shape[-1], q.shape[2], k.shape[2]
-    plain = (not return_lse and options["window"] is None and options["softcap"] is None
-             and options["scale"] == d ** -0.5 and q.shape[1] == k.shape[1] and v.shape[-1] == d
-             and d in FLASH_HEAD_DIMS and n_keys > 0
-             and (not options["is_causal"] or options["causal_align"] == "top_left" or n_queries == n_keys))
-    # Heads that do not fold into the course's batch (a fused qkv projection's views) are copied:
-    # its backward, copies included, ran about 3x faster in a GPT-2 step than the general kernels'
-    # (outputs/README.md, "Design notes").
-    return "course" if plain else "general"
-
-
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the strides
-    allow, else copies), and back."""
+    """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the
+    strides allow, else copies), and back."""
     batch, heads, n_queries, d = q.shape
     out = FlashAttentionTriton.apply(*(t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)), is_causal)
     return out.view(batch, heads, n_queries, d)
@@ -4544,79 +4243,54 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     """Attention as ``F.scaled_dot_product_attention`` computes it, with what models add to it.
 
     q: (batch, heads, n_queries, d), k: (batch, kv_heads, n_keys, d), v: (batch, kv_heads,
-    n_keys, dv), any strides (a (B, N, H, D) tensor's ``.transpose(1, 2)`` is read in place);
-    float32, float16 or bfloat16, one dtype and device. d and dv are multiples of 8 up to 256 and
-    may differ. Returns out: (batch, heads, n_queries, dv) in q's dtype, contiguous, and with
-    ``return_lse`` also lse: (batch, heads, n_queries) float32, the natural log-sum-exp of each
-    query's logits (what split-KV and context-parallel callers merge partial results on).
+    n_keys, dv), any strides; float32, float16 or bfloat16, one dtype and device; d and dv
+    multiples of 8 up to 256. Returns out: (batch, heads, n_queries, dv) in q's dtype, and with
+    ``return_lse`` also lse: (batch, heads, n_queries) float32, each query's natural log-sum-exp.
 
-    * ``is_causal``, ``scale`` (default 1/sqrt(d)) and ``enable_gqa`` as in SDPA: with
-      enable_gqa, heads may be any multiple of kv_heads, query head h using key/value head
-      h // (heads // kv_heads); dk and dv sum over the query heads of their group.
-    * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (query i
-      sees keys j <= i + n_keys - n_queries: the last query sees every key, as a decode step or a
-      chunk of new queries over a cache needs). The window is aligned the same way.
-    * ``window=(left, right)``: query i (after alignment) sees keys i - left <= j <= i + right;
-      None on either side is unbounded. With is_causal too, right is at most 0.
+    * ``is_causal``, ``scale`` (default 1/sqrt(d)) and ``enable_gqa`` as in SDPA (query head h
+      uses key/value head h // (heads // kv_heads)).
+    * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (j <= i +
+      n_keys - n_queries: decode, or new queries over a cache); windows align the same way.
+    * ``window=(left, right)``: query i sees keys i - left <= j <= i + right (None: unbounded).
     * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2).
-    * A query that sees no key (bottom-right with n_queries > n_keys, or a window past the keys)
-      gets output 0, lse -inf and zero gradients, as SDPA gives for a fully masked row.
-    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s choice (tuning, tests); with
-      it the general kernels run.
+    * A query that sees no key gets output 0, lse -inf and zero gradients, as in SDPA.
+    * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s (tuning, tests): the general
+      kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
+      on Hopper; twice differentiable there); others the general kernels (no double backward).
 
-    A plain call, one that the course's ``FlashAttentionTriton`` can take as it is (the same number
-    of heads, d = dv in ``FLASH_HEAD_DIMS``, SDPA's scale, causal or not with no window, softcap or
-    lse, heads that flatten into its batch without a copy), runs that tuned path (its Gluon kernels
-    on Hopper): ``flash_attention_path`` says which runs. A backward with create_graph=True works
-    there (it has a recorded second derivative) and is refused by the general kernels.
-
-    Differentiable in q, k and v (through out, and lse too), once: no double backward. A torch
-    custom op (``softmax_kernels::attention_forward`` / ``attention_backward``): torch.compile
-    (fullgraph=True) traces into its Triton launches and CUDA graphs capture it (no host syncs).
+    Differentiable in q, k and v, through out and lse. The custom ops
+    ``softmax_kernels::attention_forward`` / ``attention_backward`` let torch.compile(fullgraph=True)
+    trace into the Triton launches and CUDA graphs capture them. Errors name the argument.
     """
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
-    if not isinstance(return_lse, bool):
-        raise TypeError(f"return_lse must be a bool, got {_type_name(return_lse)}")
-    n_queries, n_keys = q.shape[2], k.shape[2]
-    plan_given = plan
+    check_flag("return_lse", return_lse)
     if plan is None:
-        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, n_queries, n_keys, is_causal=options["is_causal"],
-                              causal_align=causal_align, window=options["window"],
-                              batch_heads=q.shape[0] * q.shape[1])
+        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
+                              batch_heads=q.shape[0] * q.shape[1], grouped=q.shape[1] != k.shape[1], **options)
+        if plan.path == "course":
+            return _course_attention(q, k, v, options["is_causal"])
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:
         plan.check()
-    if plan_given is None and flash_attention_path(q, k, v, options, return_lse) == "course":
-        return _course_attention(q, k, v, options["is_causal"])
-    lo, hi = plan.lo, plan.hi
-    args = (q, k, v, options["scale"], 0 if lo is None else lo, 0 if hi is None else hi, lo is not None,
-            hi is not None, options["softcap"] or 0.0, _launch_list(plan))
-    if needs_op(q, k, v):
-        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
-    else:
-        out, lse = _attention_forward(*args)
+    args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
+    out, lse = (torch.ops.softmax_kernels.attention_forward if needs_op(q, k, v) else _attention_forward)(*args)
     return (out, lse) if return_lse else out
 
 
 # ==============================================================================================
 # Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T + bias, target), fused
 # ==============================================================================================
-# x: (BT, H) hidden states (leading dimensions flattened into BT), W: (V, H) the LM head as
-# nn.Linear stores it, target: (BT,) int64. PyTorch writes the (BT, V) logits; here rows go
-# through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits (with the
-# bias, addmm), a Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times
-# the row's factor), cuBLAS dx = G @ W and dW += G^T @ x. For "mean" and "sum" the factor is
-# known in the forward, so the gradients are made there and the backward scales them (three
-# products); for "none" the backward recomputes the logits (four). Memory and chunk sizes:
-# outputs/README.md, "Design notes". The options (soft-capping, label smoothing, class weights,
-# z-loss, a vocabulary shard) are constexpr switches of the row kernel: off, it compiles to the
-# kernel without them, so the default call runs the same launches at the same speed.
+# x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear holds it, target: (BT,) int64.
+# Rows go through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits, a
+# Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times the row's
+# factor), cuBLAS dx = G @ W and dW += G^T @ x. The options are constexpr switches of the row
+# kernel: off, they compile away. See outputs/README.md, design notes: Linear cross-entropy.
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
-
-# Rows per chunk: from ~520 bf16 rows the dW update is compute bound, 1024 keeps all three products
-# so; the (rows, V) buffer is also capped at a quarter of dW (rows <= H / 4), down to 512 rows.
+_INT64 = torch.iinfo(torch.int64)
+# Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
+# capped at a quarter of dW (rows <= H / 4) down to the minimum (design notes: Linear cross-entropy).
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
@@ -4628,13 +4302,10 @@ def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Ten
                              label_smoothing: float = 0.0, softcap: float | None = None, z_loss: float = 0.0,
                              weight: torch.Tensor | None = None, logits_dtype: torch.dtype | None = None
                              ) -> torch.Tensor:
-    """What ``linear_cross_entropy`` must equal, in plain PyTorch: ``F.cross_entropy`` (with its
-    ``weight`` and ``label_smoothing``) of the logits upcast to float32 (the logits of x's dtype,
-    as language-model code upcasts them; float64 inputs stay float64; ``logits_dtype`` picks
-    another), soft-capped first as Gemma 2 does, plus ``z_loss * logsumexp(logits) ** 2`` on each
-    row not ignored. "mean" divides the sum of every row's loss, z-loss included, by
-    F.cross_entropy's own denominator: the rows not ignored, or with ``weight`` the sum of their
-    targets' weights."""
+    """What ``linear_cross_entropy`` must equal: ``F.cross_entropy`` of the logits upcast to
+    float32 (float64 stays float64; ``logits_dtype`` picks another), soft-capped first, plus
+    ``z_loss * logsumexp(logits) ** 2`` on each row not ignored; "mean" divides by
+    F.cross_entropy's own denominator (the rows not ignored, or their targets' weights)."""
     logits = F.linear(x, W, bias)
     wide = torch.promote_types(logits.dtype, torch.float32) if logits_dtype is None else logits_dtype
     logits = logits.to(wide).reshape(-1, W.shape[0])
@@ -4663,37 +4334,56 @@ def linear_cross_entropy_flops(BT: int, H: int, V: int, mode: str = "fwd_bwd") -
 
 @dataclass(frozen=True)
 class LinearCrossEntropyLaunch:
-    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps,
-    and its programs: 0 for one per row, n for n programs taking every n-th row (fewer rows in
-    flight, so a row's second read is likelier to find it in L2)."""
+    """Rows per chunk (the buffer is chunk_rows x V), the row kernel's vocabulary tile and warps."""
 
     chunk_rows: int
     block_v: int
     num_warps: int
-    programs: int = 0
 
     def check(self) -> None:
-        if isinstance(self.chunk_rows, bool) or not isinstance(self.chunk_rows, int) or self.chunk_rows < 1:
-            raise ValueError(f"launch.chunk_rows must be a positive int, got {self.chunk_rows!r}")
+        check_int("launch.chunk_rows", self.chunk_rows, 1, _INT64.max)
         check_block("launch.block_v", self.block_v, 16, 16384)
         check_block("launch.num_warps", self.num_warps, 1, 16)
-        if isinstance(self.programs, bool) or not isinstance(self.programs, int) or self.programs < 0:
-            raise ValueError(f"launch.programs must be an int >= 0 (0: one per row), got {self.programs!r}")
 
 
-def linear_cross_entropy_launch(BT: int, V: int, H: int, dtype: torch.dtype) -> LinearCrossEntropyLaunch:
-    """Rows per chunk; the row kernel streams 8 KiB tiles of a row.
+@dataclass(frozen=True)
+class LinearCrossEntropyPlan:
+    """What a call runs; its fields are the custom ops' arguments, in order (``args``). sharded: W
+    holds the classes class_offset ... class_offset + V - 1 of n_classes. target_apart: the
+    gradient's target term is added in float32 (``_add_target_term``). round_bf16: the kernel
+    rounds its bfloat16 stores itself, as the interpreter's casts truncate. grad_*: the
+    gradients wanted."""
 
-    H / 4 rows (the buffer, rows x V, is then a quarter of dW, V x H), within [LCE_MIN_ROWS,
-    LCE_MAX_ROWS] (see above: enough depth for dW's update, no more than the products need), in
-    multiples of LCE_ROW_MULTIPLE; never more than BT. A few integer operations, so not cached
-    (torch.compile traces them as constants).
-    """
-    element_size = dtype.itemsize
-    rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
-    rows = max(1, min(BT, rows))
-    block_v = min(next_power_of_2(V), 8192 // element_size)
-    return LinearCrossEntropyLaunch(rows, max(block_v, 16), 8 if block_v >= 2048 else 4)
+    reduction: str
+    chunk_rows: int
+    block_v: int
+    num_warps: int
+    ignore_index: int
+    label_smoothing: float
+    softcap: float  # 0.0: none
+    z_loss: float
+    class_offset: int
+    n_classes: int
+    sharded: bool
+    target_apart: bool
+    round_bf16: bool
+    grad_x: bool = False
+    grad_W: bool = False
+    grad_bias: bool = False
+
+    @property
+    def path(self) -> str:
+        """The route: "scalar" ("mean" / "sum": the gradients are made in the forward, three
+        products, and the backward scales them), "rows" ("none": the backward recomputes the
+        logits, four products) or "sharded" (vocab_parallel_linear_cross_entropy, recomputing)."""
+        return "sharded" if self.sharded else "rows" if self.reduction == "none" else "scalar"
+
+    @property
+    def launch(self) -> LinearCrossEntropyLaunch:
+        return LinearCrossEntropyLaunch(self.chunk_rows, self.block_v, self.num_warps)
+
+    def args(self) -> tuple:
+        return tuple(getattr(self, name) for name in self.__dataclass_fields__)
 
 
 def _check_number(name: str, value, low: float, high: float = float("inf"), low_open: bool = False) -> None:
@@ -4704,10 +4394,51 @@ def _check_number(name: str, value, low: float, high: float = float("inf"), low_
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 
-def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias=None, weight=None,
-                                      label_smoothing=0.0, softcap=None, z_loss=0.0, n_classes=None) -> None:
-    """x (..., H), W (V, H), target x.shape[:-1] int64, the options; n_classes: the classes of the
-    whole vocabulary when W is a shard of it (weight has that many entries), else V."""
+def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduction: str = "mean", *,
+                              ignore_index: int = -100, label_smoothing: float = 0.0, softcap: float | None = None,
+                              z_loss: float = 0.0, launch: LinearCrossEntropyLaunch | None = None,
+                              vocab_start: int | None = None, n_classes: int | None = None,
+                              grads: tuple = (False, False, False), interpret: bool = INTERPRET
+                              ) -> LinearCrossEntropyPlan:
+    """The plan of a call with x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within
+    [LCE_MIN_ROWS, LCE_MAX_ROWS] in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer grows
+    with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is that
+    shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError / ValueError
+    naming a bad option or launch."""
+    check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
+    if reduction not in LCE_REDUCTIONS:
+        raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
+    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
+    if softcap is not None:
+        _check_number("softcap", softcap, 0.0, low_open=True)
+    _check_number("z_loss", z_loss, 0.0)
+    if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
+        check_int("n_classes", n_classes, V, _INT64.max)
+        check_int("vocab_start", vocab_start, 0, n_classes - V)
+    if launch is None:
+        rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
+        block_v = min(next_power_of_2(V), 8192 // dtype.itemsize)
+        launch = LinearCrossEntropyLaunch(max(1, min(BT, rows)), max(block_v, 16), 8 if block_v >= 2048 else 4)
+    elif not isinstance(launch, LinearCrossEntropyLaunch):
+        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
+    else:
+        launch.check()
+    softcap = 0.0 if softcap is None else float(softcap)
+    return LinearCrossEntropyPlan(
+        reduction, launch.chunk_rows, launch.block_v, launch.num_warps, ignore_index,
+        float(label_smoothing), softcap, float(z_loss), vocab_start or 0, V if n_classes is None else n_classes,
+        vocab_start is not None, label_smoothing > 0 and softcap == 0.0, interpret and dtype == torch.bfloat16,
+        *grads)
+
+
+def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> tuple:
+    """(x, W, bias, target) as autocast casts the first three, checked, x and target flattened
+    to (BT, H) and (BT,) (views where the strides allow). x (..., H), W (V, H), target
+    x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's when
+    W is a shard of it, else V); no dual tensors nor torch.func transforms' tensors."""
+    x, W = autocast_operands(x, W)
+    if bias is not None:
+        _, bias = autocast_operands(x, bias)
     check_tensor("x", x, range(1, 64))
     check_tensor("W", W, 2)
     check_same("x", x, "W", W)
@@ -4725,10 +4456,6 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bia
                          f"got {tuple(target.shape)}")
     if target.device != x.device:
         raise ValueError(f"target is on {target.device} but x is on {x.device}: they must be on one device")
-    if isinstance(ignore_index, bool) or not isinstance(ignore_index, int):
-        raise TypeError(f"ignore_index must be an int, got {type(ignore_index).__name__}")
-    if reduction not in LCE_REDUCTIONS:
-        raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
     V = W.shape[0]
     if bias is not None:
         check_tensor("bias", bias, 1)
@@ -4744,23 +4471,20 @@ def check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bia
             raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
         if weight.device != x.device:
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}: they must be on one device")
-    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
-    if softcap is not None:
-        _check_number("softcap", softcap, 0.0, low_open=True)
-    _check_number("z_loss", z_loss, 0.0)
-
-
-def _may_sync(t: torch.Tensor) -> bool:
-    """Whether reading a value of t back to the host is allowed now: not while torch.compile
-    traces or a CUDA graph is being captured, nor from a FakeTensor (shape propagation), which
-    has none."""
-    if torch.compiler.is_compiling() or is_fake(t):
-        return False
-    return t.device.type != "cuda" or not torch.cuda.is_current_stream_capturing()
+    if transformed(x, W, bias):  # a custom op has no forward-mode formula nor torch.func rules
+        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
+                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
+                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
+    return x.reshape(-1, x.shape[-1]), W, bias, target.reshape(-1)
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
-    """ValueError naming the first class index outside [0, V) that is not ignore_index (one host sync)."""
+    """ValueError naming the first class index outside [0, V) that is not ignore_index: one host
+    sync, skipped where nothing may be read back (a trace, a CUDA-graph capture, a FakeTensor)."""
+    if torch.compiler.is_compiling() or is_fake(target):
+        return
+    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+        return
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     if bool(bad.any()):
         first = tuple(int(i) for i in bad.nonzero()[0])
@@ -4768,37 +4492,13 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
                          f"[0, {V}) (V = W.shape[0]) nor ignore_index = {ignore_index}")
 
 
-def round_bf16_by_hand(dtype: torch.dtype) -> bool:
-    """In the interpreter, a float32 -> bfloat16 cast truncates (compiled Triton rounds to nearest
-    even): there the kernel rounds its bfloat16 stores itself, so the interpreter's errors are
-    the GPU's. Truncation doubled the gradient's rounding error there (seen in the tests)."""
-    return INTERPRET and dtype == torch.bfloat16
-
-
-@dataclass(frozen=True)
-class LinearCrossEntropyRows:
-    """What the row kernel needs beyond the logits: the options (softcap 0.0 for none; weight a
-    float32 (n_classes,) tensor or None, weight_sum its sum as a 0-d tensor) and, for a shard of
-    the vocabulary, the global class index of its first column and the vocabulary's size."""
-
-    ignore_index: int = -100
-    label_smoothing: float = 0.0
-    softcap: float = 0.0
-    z_loss: float = 0.0
-    weight: torch.Tensor | None = None
-    weight_sum: torch.Tensor | None = None
-    class_offset: int = 0
-    n_classes: int | None = None
-    sharded: bool = False
-
-
 @triton.jit
 def _bf16_nearest_even(t):
     """float32 t rounded to the nearest bfloat16 (ties to even), still as float32; inf and NaN kept.
 
-    Adding 0x7FFF plus the lowest kept bit to the bits carries into the kept 16 exactly when the
-    dropped half is above half a unit, or at half with the kept part odd; clearing the dropped
-    half then leaves the rounded value, which a truncating cast keeps exactly.
+    Adding 0x7FFF plus the lowest kept bit carries into the kept 16 bits exactly when the dropped
+    half is above half a unit, or at half with the kept part odd; clearing the dropped half then
+    leaves the rounded value, which a truncating cast keeps exactly.
     """
     bits = t.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
@@ -4807,10 +4507,10 @@ def _bf16_nearest_even(t):
 
 @triton.jit
 def _tanh(u):
-    """tanh of float32 u (libdevice's tanh does not run in the interpreter). Where |u| < 0.3, the
-    odd Taylor series to u^11 (the next term is 2e-9 of tanh there), since 1 - e^(-2|u|) below
-    would cancel; elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within 3 ulp of float32 over
-    [-20, 20] in the interpreter (torch's: 0.5), far below the bfloat16 logits' own rounding."""
+    """tanh of float32 u (libdevice's tanh does not run in the interpreter): where |u| < 0.3 the
+    odd Taylor series to u^11 (1 - e^(-2|u|) would cancel there; the next term is 2e-9 of tanh),
+    elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within a few float32 ulp, far below the 16-bit
+    logits' own rounding."""
     a = tl.abs(u)
     e = tl.math.exp2(a * (-2.0 * LOG2_E))
     far = (1.0 - e) / (1.0 + e)
@@ -4822,12 +4522,23 @@ def _tanh(u):
 
 
 @triton.jit
-def _lce_row(
-    row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
+def linear_cross_entropy_rows_kernel(
+    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
     V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
     BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
+    TARGET_APART: tl.constexpr,
 ):
+    """One program per row of the chunk's logits (rows, V).
+
+    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
+    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
+    gradient times factor[row]. An ignored row has loss and gradient 0; a target outside [0,
+    n_classes) gives NaN in both, never a plausible number. SHARDED: the logits are the columns
+    class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets this shard's
+    linear terms alone. The other switches are the plan's options.
+    """
+    row = tl.program_id(0)
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
     target = tl.load(target_ptr + row * stride_t)
     ignored = target == ignore_index
@@ -4914,7 +4625,9 @@ def _lce_row(
                 capped = _tanh(z / softcap)
                 z = softcap * capped
             p = tl.math.exp2((z - lse) * LOG2_E)
-            if WEIGHT or SMOOTH or Z_LOSS:
+            if TARGET_APART:
+                g = p * p_coef  # the caller adds the target's term in float32
+            elif WEIGHT or SMOOTH or Z_LOSS:
                 g = p * p_coef - tl.where(offs == local, t_coef, 0.0)
             else:
                 g = p - tl.where(offs == local, 1.0, 0.0)
@@ -4931,76 +4644,35 @@ def _lce_row(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-@triton.jit
-def linear_cross_entropy_rows_kernel(
-    logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-    n_rows, V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-    BLOCK_V: tl.constexpr, LSE_GIVEN: tl.constexpr, GRAD: tl.constexpr, ROUND_BF16: tl.constexpr,
-    SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
-):
-    """Each program takes rows pid, pid + programs, ... of the chunk's logits (n_rows, V).
-
-    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
-    gradient times factor[row]. A row whose target is ignore_index has loss and gradient 0; one
-    whose target is outside [0, n_classes) gets NaN in both, so a bad class index can never give
-    a plausible number (the wrapper raises on it first wherever it may read the targets back).
-    SOFTCAP, WEIGHT, SMOOTH and Z_LOSS switch the options on (linear_cross_entropy's); SHARDED:
-    the logits are the columns class_offset ... class_offset + V - 1 of n_classes, and the loss
-    slot gets this shard's linear terms alone (the caller reduces over the shards).
-    """
-    for row in range(tl.program_id(0), n_rows, tl.num_programs(0)):
-        _lce_row(row, logits_ptr, target_ptr, factor_ptr, loss_ptr, lse_ptr, weight_ptr, weight_sum_ptr,
-                 V, ignore_index, class_offset, n_classes, softcap, smoothing, z_loss, stride_lr, stride_t, stride_f,
-                 BLOCK_V, LSE_GIVEN, GRAD, ROUND_BF16, SOFTCAP, WEIGHT, SMOOTH, Z_LOSS, SHARDED)
-
-
-def _lce_rows_options(V: int, ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
-                      weight: torch.Tensor | None, class_offset: int = 0, n_classes: int | None = None,
-                      sharded: bool = False) -> LinearCrossEntropyRows:
+def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
+    """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
+    given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
+    None for the loss alone; dx, dW: where the gradients go, or None; db: a float32 (V,) sum or None."""
+    BT, V = x.shape[0], W.shape[0]
     weight32 = weight.float() if weight is not None else None
-    return LinearCrossEntropyRows(ignore_index, float(label_smoothing), float(softcap), float(z_loss), weight32,
-                                  weight32.sum() if weight32 is not None and label_smoothing else None,
-                                  class_offset, V if n_classes is None else n_classes, sharded)
-
-
-def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, block_v, num_warps, programs, lse,
-                loss_rows, factor, dx, dW, db, lse_given: bool):
-    """The chunk loop shared by the forward and the recomputing backward.
-
-    factor: a float32 tensor of the gradient's per-row factor (0-d: one for all rows), or None
-    for the loss alone. loss_rows: where each row's loss goes, None when lse_given (the
-    backward). dx / dW: where the gradients go, or None where not wanted; db: a float32 (V,)
-    buffer the bias's gradient is added to, or None.
-    """
-    BT = x.shape[0]
-    V = W.shape[0]
-    grad = factor is not None
-    buffer = torch.empty((min(chunk_rows, BT), V), dtype=x.dtype, device=x.device)
+    weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
+    apart = factor is not None and plan.target_apart
+    slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
+    buffer = torch.empty((min(plan.chunk_rows, BT), V), dtype=x.dtype, device=x.device)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
-    for start in range(0, BT, chunk_rows):
-        end = min(start + chunk_rows, BT)
-        x_c = x[start:end]
-        logits = buffer[: end - start]
+    for start in range(0, BT, plan.chunk_rows):
+        end = min(start + plan.chunk_rows, BT)
+        x_c, target_c, logits = x[start:end], target[start:end], buffer[: end - start]
         if bias is None:
             torch.mm(x_c, W.t(), out=logits)
         else:
             torch.addmm(bias, x_c, W.t(), out=logits)
-        target_c = target[start:end]
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice (torch.compile tracks each written tensor).
         chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
-        chunk_loss = target_c if lse_given else loss_rows[start:end]
-        grid = (min(programs, end - start) if programs else end - start,)
-        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[grid](
-            logits, target_c, chunk_factor, chunk_loss, lse[start:end],
-            target_c if rows.weight is None else rows.weight,
-            target_c if rows.weight_sum is None else rows.weight_sum,
-            end - start, V, rows.ignore_index, rows.class_offset, rows.n_classes, rows.softcap,
-            rows.label_smoothing, rows.z_loss, logits.stride(0), target.stride(0), factor_stride,
-            BLOCK_V=block_v, LSE_GIVEN=lse_given, GRAD=grad, ROUND_BF16=round_bf16_by_hand(x.dtype),
-            SOFTCAP=rows.softcap > 0, WEIGHT=rows.weight is not None, SMOOTH=rows.label_smoothing > 0,
-            Z_LOSS=rows.z_loss > 0, SHARDED=rows.sharded, num_warps=num_warps,
+        torch.library.wrap_triton(linear_cross_entropy_rows_kernel)[(end - start,)](
+            logits, target_c, chunk_factor, target_c if loss_rows is None else loss_rows[start:end], lse[start:end],
+            target_c if weight32 is None else weight32, target_c if weight_sum is None else weight_sum,
+            V, plan.ignore_index, plan.class_offset, plan.n_classes, plan.softcap, plan.label_smoothing,
+            plan.z_loss, logits.stride(0), target.stride(0), factor_stride,
+            BLOCK_V=plan.block_v, LSE_GIVEN=loss_rows is None, GRAD=factor is not None, ROUND_BF16=plan.round_bf16,
+            SOFTCAP=plan.softcap > 0, WEIGHT=weight is not None, SMOOTH=plan.label_smoothing > 0,
+            Z_LOSS=plan.z_loss > 0, SHARDED=plan.sharded, TARGET_APART=apart, num_warps=plan.num_warps,
         )
         if dx is not None:
             torch.mm(logits, W, out=dx[start:end])
@@ -5011,18 +4683,48 @@ def _lce_chunks(x, W, bias, target, rows: LinearCrossEntropyRows, chunk_rows, bl
                 dW.addmm_(logits.t(), x_c)
         if db is not None:
             db.add_(logits.sum(0, dtype=torch.float32))
+        if apart:
+            _add_target_term(x_c, W, target_c, chunk_factor, weight, plan, None if dx is None else dx[start:end],
+                             dW, db, slots)
     if dW is not None and BT == 0:
         dW.zero_()
 
 
-def _mean_denominator(target: torch.Tensor, rows: LinearCrossEntropyRows) -> torch.Tensor:
+def _add_target_term(x_c, W, target_c, factor, weight, plan: LinearCrossEntropyPlan, dx_c, dW, db, slots) -> None:
+    """Adds the chunk's target terms -c_r onehot(target_r), c_r = t_coef * factor, in float32:
+    dx_r -= c_r W[target_r], dW[target_r] -= c_r x_r (a class's rows summed in float32, then each
+    touched row of dW rounded once), db[target_r] -= c_r. With label smoothing and no softcap
+    this term is one constant in every row: rounded in the 16-bit tile, its one error would
+    repeat in every row of dx and dW, a bias that does not average out (design notes: Label
+    smoothing's target term). slots: a (V,) int64 scratch."""
+    local = target_c - plan.class_offset
+    here = (local >= 0) & (local < W.shape[0]) & (target_c != plan.ignore_index)
+    t = torch.where(here, local, 0)
+    coef = (plan.label_smoothing - 1.0) * factor
+    if weight is not None:
+        coef = coef * weight[torch.where(here, target_c, 0)].float()
+    coef = torch.where(here, coef, 0.0)
+    if dx_c is not None:
+        dx_c.copy_(torch.addcmul(dx_c.float(), coef[:, None], W[t].float()))
+    if dW is not None:
+        n = t.shape[0]
+        # Each row's slot: the first row of the chunk with its class, so equal classes sum in one float32 row.
+        slot = slots.fill_(n).scatter_reduce_(0, t, torch.arange(n, device=t.device), "amin")[t]
+        total = torch.zeros((n, x_c.shape[1]), dtype=torch.float32, device=x_c.device)
+        total.index_add_(0, slot, coef[:, None] * x_c.float())
+        dW[t] = (dW[t].float() + total[slot]).to(dW.dtype)  # a class's rows all write the same value
+    if db is not None:
+        db.index_add_(0, t, coef)
+
+
+def _mean_denominator(target: torch.Tensor, weight: torch.Tensor | None, plan: LinearCrossEntropyPlan):
     """F.cross_entropy's "mean" denominator, float32 0-d: the rows not ignored, or with class
     weights the sum of their targets' weights (a bad target counts 0: its row's loss is NaN)."""
-    kept = target != rows.ignore_index
-    if rows.weight is None:
+    kept = target != plan.ignore_index
+    if weight is None:
         return kept.sum().to(torch.float32)
-    in_range = kept & (target >= 0) & (target < rows.n_classes)
-    return torch.where(in_range, rows.weight[torch.where(in_range, target, 0)], 0.0).sum()
+    in_range = kept & (target >= 0) & (target < plan.n_classes)
+    return torch.where(in_range, weight[torch.where(in_range, target, 0)].float(), 0.0).sum()
 
 
 def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Tensor | None) -> torch.Tensor:
@@ -5033,96 +4735,90 @@ def _reduce_rows(loss_rows: torch.Tensor, reduction: str, denominator: torch.Ten
     return loss_rows.sum() / denominator  # 0 / 0 = NaN when every target is ignored, as in PyTorch
 
 
-def _lce_forward_fake(x, W, target, bias, weight, ignore_index: int, reduction: str, label_smoothing: float,
-                      softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                      grad_x: bool, grad_W: bool, grad_bias: bool):
-    BT = x.shape[0]
-    scalar = reduction != "none"
-    loss = x.new_empty(() if scalar else (BT,), dtype=torch.float32)
+def _lce_forward_fake(x, W, target, bias, weight, *plan_fields):
+    plan = LinearCrossEntropyPlan(*plan_fields)
+    scalar = plan.path == "scalar"
+    return (x.new_empty(() if scalar else (x.shape[0],), dtype=torch.float32),
+            x.new_empty((x.shape[0],), dtype=torch.float32),
+            x.new_empty(tuple(x.shape) if scalar and plan.grad_x else (0,)),
+            W.new_empty(tuple(W.shape) if scalar and plan.grad_W else (0,)),
+            W.new_empty((W.shape[0],) if scalar and plan.grad_bias else (0,)))
+
+
+def _lce_forward(
+    x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
+    reduction: str, chunk_rows: int, block_v: int, num_warps: int, ignore_index: int,
+    label_smoothing: float, softcap: float, z_loss: float, class_offset: int, n_classes: int, sharded: bool,
+    target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(loss, lse, dx, dW, db) of the plan given field by field: the loss (0-d on the "scalar"
+    path, else (BT,) float32; on the "sharded" path each row's linear terms), each row's
+    log-sum-exp, and on the "scalar" path the wanted gradients for an upstream gradient of 1
+    (empty where not wanted)."""
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
+                                  softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
+                                  grad_x, grad_W, grad_bias)
+    BT, V = x.shape[0], W.shape[0]
+    scalar = plan.path == "scalar"
+    gx, gW, gb = scalar and grad_x, scalar and grad_W, scalar and grad_bias
+    loss_rows = x.new_empty((BT,), dtype=torch.float32)
     lse = x.new_empty((BT,), dtype=torch.float32)
-    dx = x.new_empty((BT, x.shape[1]) if scalar and grad_x else (0,))
-    dW = W.new_empty(tuple(W.shape) if scalar and grad_W else (0,))
-    db = W.new_empty((W.shape[0],) if scalar and grad_bias else (0,))
-    return loss, lse, dx, dW, db
-
-
-def _lce_forward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                 weight: torch.Tensor | None, ignore_index: int, reduction: str, label_smoothing: float,
-                 softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                 grad_x: bool, grad_W: bool, grad_bias: bool
-                 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse, dx, dW, db): the loss (0-d for "mean" / "sum", (BT,) for "none", float32), each
-    row's log-sum-exp, and for a scalar loss its gradients for an upstream gradient of 1 (empty
-    where not asked for, and always for "none"). softcap 0.0: none."""
-    BT, H = x.shape
-    V = W.shape[0]
-    scalar = reduction != "none"
-    rows = _lce_rows_options(V, ignore_index, label_smoothing, softcap, z_loss, weight)
-    loss_rows = torch.empty((BT,), dtype=torch.float32, device=x.device)
-    lse = torch.empty((BT,), dtype=torch.float32, device=x.device)
-    denominator = _mean_denominator(target, rows) if reduction == "mean" else None
-    want_x, want_W, want_b = scalar and grad_x, scalar and grad_W, scalar and grad_bias and bias is not None
-    dx = torch.empty((BT, H) if want_x else (0,), dtype=x.dtype, device=x.device)
-    dW = torch.empty(tuple(W.shape) if want_W else (0,), dtype=W.dtype, device=W.device)
-    db32 = torch.zeros((V,), dtype=torch.float32, device=x.device) if want_b else None
+    denominator = _mean_denominator(target, weight, plan) if scalar and reduction == "mean" else None
+    dx = x.new_empty((BT, x.shape[1]) if gx else (0,))
+    dW = W.new_empty(tuple(W.shape) if gW else (0,))
+    db = torch.zeros((V,), dtype=torch.float32, device=x.device) if gb else None
     factor = None
-    if want_x or want_W or want_b:
-        # 1 / the mean's denominator; with every row ignored it is inf, but every row's factor is then masked to 0
-        factor = denominator.reciprocal() if denominator is not None \
-            else torch.ones((), dtype=torch.float32, device=x.device)
-    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, loss_rows, factor,
-                dx if want_x else None, dW if want_W else None, db32, lse_given=False)
-    db = db32.to(W.dtype) if want_b else W.new_empty((0,))
-    return _reduce_rows(loss_rows, reduction, denominator), lse, dx, dW, db
+    if gx or gW or gb:
+        # With every row ignored the mean's 1 / denominator is inf, but every row's factor is masked to 0.
+        factor = denominator.reciprocal() if denominator is not None else x.new_ones((), dtype=torch.float32)
+    _lce_chunks(x, W, bias, target, weight, plan, lse, loss_rows, factor, dx if gx else None, dW if gW else None, db)
+    loss = _reduce_rows(loss_rows, reduction, denominator) if scalar else loss_rows
+    return loss, lse, dx, dW, db.to(W.dtype) if gb else W.new_empty((0,))
 
 
-# The op autograd and torch.compile see; eager calls that record no gradient launch directly.
 # Opaque to torch.compile: traced, the chunk loop's writes into views of its reused buffer became
-# copies (dW once a chunk), and a model step crashed with an illegal memory access (outputs/README.md,
-# "Design notes"). Opaque, the compiled graph calls the eager body: the same launches as eager.
-linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake,
-                                         opaque=True)(_lce_forward)
+# copies and a model step crashed (design notes: linear_cross_entropy is opaque to torch.compile).
+linear_cross_entropy_forward = kernel_op("linear_cross_entropy_forward", _lce_forward_fake, opaque=True)(_lce_forward)
 
 
-def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, ignore_index: int, label_smoothing: float,
-                       softcap: float, z_loss: float, chunk_rows: int, block_v: int, num_warps: int, programs: int,
-                       grad_x: bool, grad_W: bool, grad_bias: bool):
-    return (x.new_empty(tuple(x.shape) if grad_x else (0,)), W.new_empty(tuple(W.shape) if grad_W else (0,)),
-            W.new_empty((W.shape[0],) if grad_bias else (0,)))
+def _lce_backward_fake(x, W, target, bias, weight, lse, dloss, *plan_fields):
+    plan = LinearCrossEntropyPlan(*plan_fields)
+    return (x.new_empty(tuple(x.shape) if plan.grad_x else (0,)), W.new_empty(tuple(W.shape) if plan.grad_W else (0,)),
+            W.new_empty((W.shape[0],) if plan.grad_bias else (0,)))
 
 
-@kernel_op("linear_cross_entropy_backward", _lce_backward_fake, opaque=True)
-def linear_cross_entropy_backward(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None,
-                                  weight: torch.Tensor | None, lse: torch.Tensor, dloss: torch.Tensor,
-                                  ignore_index: int, label_smoothing: float, softcap: float, z_loss: float,
-                                  chunk_rows: int, block_v: int, num_warps: int, programs: int, grad_x: bool,
-                                  grad_W: bool, grad_bias: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dW, db) of reduction "none" for the upstream gradient dloss (BT,), any stride: the
-    chunks' logits recomputed, their gradient from the saved log-sum-exp (empty where not asked for)."""
-    rows = _lce_rows_options(W.shape[0], ignore_index, label_smoothing, softcap, z_loss, weight)
-    dx = torch.empty(tuple(x.shape) if grad_x else (0,), dtype=x.dtype, device=x.device)
-    dW = torch.empty(tuple(W.shape) if grad_W else (0,), dtype=W.dtype, device=W.device)
-    db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
-    _lce_chunks(x, W, bias, target, rows, chunk_rows, block_v, num_warps, programs, lse, None, dloss.float(),
-                dx if grad_x else None, dW if grad_W else None, db32, lse_given=True)
-    return dx, dW, db32.to(W.dtype) if grad_bias else W.new_empty((0,))
+def _lce_backward(
+    x: torch.Tensor, W: torch.Tensor, target: torch.Tensor, bias: torch.Tensor | None, weight: torch.Tensor | None,
+    lse: torch.Tensor, dloss: torch.Tensor, reduction: str, chunk_rows: int, block_v: int, num_warps: int,
+    ignore_index: int, label_smoothing: float, softcap: float, z_loss: float, class_offset: int,
+    n_classes: int, sharded: bool, target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dx, dW, db) for the per-row upstream gradient dloss ((BT,) any stride, or 0-d): the
+    chunks' logits recomputed, their gradient from the given log-sum-exps (empty where not wanted)."""
+    plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
+                                  softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
+                                  grad_x, grad_W, grad_bias)
+    dx = x.new_empty(tuple(x.shape) if grad_x else (0,))
+    dW = W.new_empty(tuple(W.shape) if grad_W else (0,))
+    db = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
+    _lce_chunks(x, W, bias, target, weight, plan, lse, None, dloss.float(), dx if grad_x else None,
+                dW if grad_W else None, db)
+    return dx, dW, db.to(W.dtype) if grad_bias else W.new_empty((0,))
 
 
-_LCE_FORWARD_ARGS = 17  # linear_cross_entropy_forward's arguments, one gradient slot each
+linear_cross_entropy_backward = kernel_op("linear_cross_entropy_backward", _lce_backward_fake,
+                                          opaque=True)(_lce_backward)
 
 
 def _lce_setup_context(ctx, inputs, output):
-    (x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, chunk_rows, block_v,
-     num_warps, programs, grad_x, grad_W, grad_bias) = inputs
+    x, W, target, bias, weight, *plan_fields = inputs
     loss, lse, dx, dW, db = output
     ctx.mark_non_differentiable(lse, dx, dW, db)
-    # Autograd would otherwise hand the backward a zero-filled gradient for each output above:
-    # a dW-sized and a dx-sized tensor more at the peak (1 GB at V = 128256, H = 4096 in bfloat16).
+    # Materialised, each output above would get a zero-filled gradient: a dx and a dW more at the peak.
     ctx.set_materialize_grads(False)
-    ctx.reduction = reduction
-    ctx.grads = (grad_x, grad_W, grad_bias and bias is not None)
-    ctx.args = (ignore_index, label_smoothing, softcap, z_loss, chunk_rows, block_v, num_warps, programs)
-    if reduction == "none":
+    ctx.plan = LinearCrossEntropyPlan(*plan_fields)
+    ctx.n_inputs = len(inputs)
+    if ctx.plan.path == "rows":
         ctx.save_for_backward(x, W, target, bias, weight, lse)
     else:
         ctx.save_for_backward(dx, dW, db)
@@ -5131,63 +4827,30 @@ def _lce_setup_context(ctx, inputs, output):
 def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
     if torch.is_grad_enabled():
         raise no_double_backward("linear_cross_entropy")
+    plan = ctx.plan
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
-        return (None,) * _LCE_FORWARD_ARGS
-    if ctx.reduction == "none":
+        return (None,) * ctx.n_inputs
+    if plan.path == "rows":
         if transformed(dloss):
             raise NotImplementedError("linear_cross_entropy (reduction 'none') differentiates by backward only: "
                                       "its gradient of the losses must not be a dual tensor (forward-mode AD) nor "
                                       "a torch.func transform's tensor")
-        x, W, target, bias, weight, lse = ctx.saved_tensors
-        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(
-            x, W, target, bias, weight, lse, dloss, *ctx.args, *ctx.grads)
+        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(*ctx.saved_tensors, dloss, *plan.args())
+    elif torch.compiler.is_compiling():
+        dx, dW, db = (g * dloss for g in ctx.saved_tensors)
     else:
-        if torch.compiler.is_compiling():
-            dx, dW, db = ctx.saved_tensors
-            dx, dW, db = dx * dloss, dW * dloss, db * dloss
-        else:
-            # In place: dW is as large as W, and a copy would double the peak memory. A second
-            # backward through the same graph (retain_graph=True) would scale them twice.
-            if getattr(ctx, "gradients_returned", False):
-                raise RuntimeError("linear_cross_entropy (reduction 'mean' / 'sum') computes its gradients in the "
-                                   "forward and hands them out once: a second backward through the same graph "
-                                   "(retain_graph=True) is not supported; call it again instead")
-            ctx.gradients_returned = True
-            dx, dW, db = ctx.saved_tensors
-            dx, dW, db = dx.mul_(dloss), dW.mul_(dloss), db.mul_(dloss)
-    grad_x, grad_W, grad_bias = ctx.grads
-    return (dx if grad_x else None, dW if grad_W else None, None, db if grad_bias else None,
-            *([None] * (_LCE_FORWARD_ARGS - 4)))
+        # In place: dW is as large as W, and a copy would double the peak memory.
+        if getattr(ctx, "gradients_returned", False):
+            raise RuntimeError("linear_cross_entropy (reduction 'mean' / 'sum') computes its gradients in the "
+                               "forward and hands them out once: a second backward through the same graph "
+                               "(retain_graph=True) is not supported; call it again instead")
+        ctx.gradients_returned = True
+        dx, dW, db = (g.mul_(dloss) for g in ctx.saved_tensors)
+    return (dx if plan.grad_x else None, dW if plan.grad_W else None, None, db if plan.grad_bias else None,
+            *([None] * (ctx.n_inputs - 4)))
 
 
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
-
-
-def _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing, softcap, z_loss, launch,
-                 n_classes=None):
-    """The public entry points' common part: autocast, checks, the refusal of transforms, the
-    launch, and x and target flattened to (BT, H) and (BT,) (views where the strides allow)."""
-    x, W = autocast_operands(x, W)
-    if bias is not None:
-        _, bias = autocast_operands(x, bias)
-    check_linear_cross_entropy_inputs(x, W, target, ignore_index, reduction, bias, weight, label_smoothing,
-                                      softcap, z_loss, n_classes)
-    if transformed(x, W, bias):
-        # Its custom op has no forward-mode formula and no torch.func rules: it would drop a
-        # tangent or fail inside torch.
-        raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
-                                  "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
-                                  "nor torch.func transforms' tensors (grad, jvp, vmap)")
-    x2 = x.reshape(-1, x.shape[-1])
-    target1 = target.reshape(-1)
-    BT, V = x2.shape[0], W.shape[0]
-    if launch is None:
-        launch = linear_cross_entropy_launch(BT, V, x2.shape[1], x2.dtype)
-    elif not isinstance(launch, LinearCrossEntropyLaunch):
-        raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
-    else:
-        launch.check()
-    return x2, W, bias, target1, launch
 
 
 @on_input_device
@@ -5197,80 +4860,42 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
                          return_lse: bool = False, launch: LinearCrossEntropyLaunch | None = None):
     """``F.cross_entropy(F.linear(x, W, bias), target, ...)`` without the (BT, V) logits.
 
-    x: (..., H), any leading dimensions (flattened, in place where their strides allow), W: (V, H)
-    (nn.Linear's weight), bias: (V,) or None, float32 / float16 / bfloat16, one dtype (under
-    autocast all are cast to its dtype, as F.linear casts them: ``autocast_operands``); target:
-    x.shape[:-1], int64. For a causal LM the caller shifts: ``linear_cross_entropy(h[:, :-1],
-    W, tokens[:, 1:])``. Returns the loss in float32 (0-d, or target's shape for reduction
-    "none"), as PyTorch gives it on float32 logits; differentiable in x, W and bias.
+    x: (..., H), W: (V, H) (nn.Linear's weight), bias: (V,) or None, one of float32 / float16 /
+    bfloat16 (under autocast cast as F.linear casts them); target: x.shape[:-1] int64 (a causal
+    LM shifts: ``linear_cross_entropy(h[:, :-1], W, tokens[:, 1:])``). Returns the float32 loss,
+    0-d or target's shape for reduction "none", and with ``return_lse`` each row's float32
+    log-sum-exp (detached). Differentiable in x, W and bias by backward (not forward-mode AD nor
+    torch.func); "mean" and "sum" hand their gradients out once (no retain_graph).
 
-    Options, each off by default (and then free: the row kernel compiles without it):
-    ``weight`` (V,) class weights and ``label_smoothing`` as ``F.cross_entropy`` defines them
-    (with both, the smoothing term is weighted too; "mean" divides by the sum of the targets'
-    weights over the rows not ignored). ``softcap``: the logits (after the bias) become
-    ``softcap * tanh(logits / softcap)`` before the softmax, as Gemma 2 caps them. ``z_loss``:
-    ``z_loss * lse ** 2`` is added to each row not ignored (lse the log-sum-exp of its capped
-    logits), so "none" returns it in each row's loss, "sum" adds it up, and "mean" divides it by
-    the same denominator as the cross-entropy (the rows not ignored, or their targets' weights).
-    ``return_lse``: returns ``(loss, lse)``, lse the float32 log-sum-exp per row (target's
-    shape; 0 gradient flows through it: it is returned detached). ignore_index and reduction
-    stay positional as well, for callers of the two-option form.
+    Options, off by default and then compiled away: ``weight`` (V,) and ``label_smoothing`` as
+    F.cross_entropy defines them; ``softcap``: logits become softcap * tanh(logits / softcap)
+    first, as Gemma 2 caps them; ``z_loss``: z_loss * lse ** 2 added to each row not ignored
+    ("mean" divides it by the cross-entropy's denominator). ``launch`` overrides the plan's chunk
+    and tile (``linear_cross_entropy_plan``).
 
-    What runs where. The three products (logits, dx, dW; 2 BT V H flops each, nearly all the
-    work) are ``torch.mm`` / ``addmm``, i.e. cuBLAS: at these shapes it runs near the tensor
-    cores' peak, and the dx product (K = V, a short output) and dW's in-place accumulation
-    (beta = 1) are shapes this project's Triton matmul does not cover. The softmax, loss and
-    gradient (the part PyTorch spends several passes over the logits on) are the Triton kernel
-    ``linear_cross_entropy_rows_kernel``, one pass to read and one to read and write a chunk.
-    The bias's gradient is the column sum of each chunk's gradient, accumulated in float32.
-
-    Precision. Logits and their gradient are held in x's dtype, as PyTorch holds them; the
-    kernel computes in float32. dW accumulates over chunks in W's dtype: each chunk's product
-    accumulates in float32 inside cuBLAS and is added to dW with one rounding, so a bfloat16 dW
-    is rounded once per chunk (about BT / chunk_rows times, 8 at the largest benchmark) rather
-    than once; a float32 accumulator instead would be a (V, H) float32 buffer, twice dW itself
-    (2 GB at V = 128256, H = 4096). The tests bound the resulting error by PyTorch's own at the
-    same precision. In float16 the gradient of a mean over many rows underflows where PyTorch's
-    does (its entries are softmax / rows).
-
-    Bad targets. A class index outside [0, V) that is not ignore_index raises ValueError in
-    eager calls, at the cost of one host synchronisation (a small reduction over target, read
-    back before the products start). Under torch.compile or CUDA-graph capture nothing may be
-    read back: there such a row's loss and gradient are NaN (the kernel checks each target for
-    free), so the loss is NaN, never a plausible number.
-
-    ``launch`` replaces ``linear_cross_entropy_launch``'s choice (rows per chunk, the row
-    kernel's tile, warps and programs), for tuning and for tests of several chunks. Smaller
-    chunks trade time for memory: the buffer is chunk_rows x V in x's dtype.
-    ``vocab_parallel_linear_cross_entropy`` takes W sharded by rows over a process group.
+    Raises TypeError / ValueError naming a bad argument, and ValueError for a target outside [0,
+    V) that is not ignore_index (one host sync; under torch.compile or CUDA-graph capture that
+    row's loss and gradient are NaN instead). Precision and memory: outputs/README.md, design
+    notes: Linear cross-entropy.
     """
-    shape = target.shape if isinstance(target, torch.Tensor) else None
-    x, W, bias, target, launch = _lce_prepare(x, W, target, bias, weight, ignore_index, reduction, label_smoothing,
-                                              softcap, z_loss, launch)
-    if _may_sync(target):
-        check_targets(target.reshape(shape), W.shape[0], ignore_index)
-    recording = torch.is_grad_enabled()
-    grads = tuple(recording and t is not None and t.requires_grad for t in (x, W, bias))
-    args = (x, W, target, bias, weight, ignore_index, reduction, float(label_smoothing),
-            0.0 if softcap is None else float(softcap), float(z_loss), launch.chunk_rows, launch.block_v,
-            launch.num_warps, launch.programs, *grads)
-    if needs_op(x, W, bias):
-        loss, lse = torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[:2]
-    else:
-        loss, lse = _lce_forward(*args)[:2]
+    x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)
+    grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
+    plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
+                                     label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
+                                     grads=grads)
+    check_targets(target, W.shape[0], ignore_index)
+    run = torch.ops.softmax_kernels.linear_cross_entropy_forward if needs_op(x2, W, bias) else _lce_forward
+    loss, lse = run(x2, W, t, bias, weight, *plan.args())[:2]
     if reduction == "none":
-        loss = loss.reshape(shape)
-    return (loss, lse.reshape(shape)) if return_lse else loss
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
 # Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
-# hold it. No rank holds more than its (chunk_rows, V / world) logits: each row's log-sum-exp is
-# merged across ranks from the shards' own (an all-reduce of the maximum, then of the rescaled
-# sums), and its target logit (and label smoothing's weighted sum) from the shard holding it (an
-# all-reduce of the sums). The gradient needs the whole vocabulary's log-sum-exp, known only after
-# the forward's collectives, so the backward recomputes each shard's logits (four products, as
-# reduction "none" takes unsharded) and all-reduces dx; dW and the bias's gradient stay local.
-def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple[int, int]:
+# hold it. Each row's log-sum-exp is merged over the ranks from the shards' own and its linear
+# terms summed; the gradient needs that log-sum-exp, known only after the forward's collectives,
+# so the backward recomputes each shard's logits.
+def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple:
     """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
     all-gather of an integer, read back)."""
     import torch.distributed as dist
@@ -5278,20 +4903,12 @@ def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int |
     if (vocab_start is None) != (n_classes is None):
         raise ValueError("vocab_start and n_classes go together: pass both (this shard's first class and the "
                          "vocabulary's size) or neither (shards in rank order, their sizes gathered)")
-    if vocab_start is None:
-        sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
-        mine = torch.full((1,), V_local, dtype=torch.int64, device=device)
-        dist.all_gather_into_tensor(sizes, mine, group=group)
-        sizes = sizes.tolist()
-        rank = dist.get_rank(group)
-        return sum(sizes[:rank]), sum(sizes)
-    for name, value in (("vocab_start", vocab_start), ("n_classes", n_classes)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"{name} must be an int, got {type(value).__name__}")
-    if vocab_start < 0 or vocab_start + V_local > n_classes:
-        raise ValueError(f"this shard's classes [vocab_start, vocab_start + W_shard.shape[0]) = [{vocab_start}, "
-                         f"{vocab_start + V_local}) must lie in [0, n_classes = {n_classes})")
-    return vocab_start, n_classes
+    if vocab_start is not None:
+        return vocab_start, n_classes
+    sizes = torch.zeros(dist.get_world_size(group), dtype=torch.int64, device=device)
+    dist.all_gather_into_tensor(sizes, torch.full((1,), V_local, dtype=torch.int64, device=device), group=group)
+    sizes = sizes.tolist()
+    return sum(sizes[:dist.get_rank(group)]), sum(sizes)
 
 
 def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
@@ -5306,46 +4923,39 @@ def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
     return top + torch.log(total)
 
 
-def _sharded_row_loss(lse: torch.Tensor, linear: torch.Tensor, target: torch.Tensor,
-                      rows: LinearCrossEntropyRows) -> torch.Tensor:
+def _sharded_row_loss(lse, linear, target, weight, plan: LinearCrossEntropyPlan) -> torch.Tensor:
     """Each row's loss from the vocabulary's log-sum-exp and its summed linear terms: the row
     kernel's formula (p_coef lse - linear + z_loss lse^2), NaN for a bad class, 0 where ignored."""
-    in_range = (target >= 0) & (target < rows.n_classes)
-    p_coef = rows.weight[torch.where(in_range, target, 0)] if rows.weight is not None else torch.ones_like(lse)
-    if rows.label_smoothing:
-        total = rows.weight_sum if rows.weight is not None else rows.n_classes
-        p_coef = p_coef * (1.0 - rows.label_smoothing) + rows.label_smoothing / rows.n_classes * total
+    in_range = (target >= 0) & (target < plan.n_classes)
+    p_coef = weight[torch.where(in_range, target, 0)].float() if weight is not None else torch.ones_like(lse)
+    if plan.label_smoothing:
+        total = weight.float().sum() if weight is not None else plan.n_classes
+        p_coef = p_coef * (1.0 - plan.label_smoothing) + plan.label_smoothing / plan.n_classes * total
     loss = p_coef * lse - linear
-    if rows.z_loss:
-        loss = loss + rows.z_loss * lse * lse
+    if plan.z_loss:
+        loss = loss + plan.z_loss * lse * lse
     loss = torch.where(in_range, loss, float("nan"))
-    return torch.where(target == rows.ignore_index, 0.0, loss)
+    return torch.where(target == plan.ignore_index, 0.0, loss)
 
 
 class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
-    """Forward: the shard's log-sum-exp and linear terms, reduced over the group, then the loss.
-    Backward: the shard's logits again, their gradient from the group's log-sum-exp; dx summed
-    over the group."""
+    """The op pair's bodies with the group's collectives between them (a custom op cannot take a
+    process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
+    merged over the group; the backward recomputes the shard's gradients and sums dx."""
 
     @staticmethod
-    def forward(ctx, x, W, bias, target, group, rows: LinearCrossEntropyRows, reduction: str,
-                launch: LinearCrossEntropyLaunch):
+    def forward(ctx, x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
         import torch.distributed as dist
 
-        BT = x.shape[0]
-        lse_local = torch.empty((BT,), dtype=torch.float32, device=x.device)
-        linear = torch.empty((BT,), dtype=torch.float32, device=x.device)
-        _lce_chunks(x, W, bias, target, rows, launch.chunk_rows, launch.block_v, launch.num_warps, launch.programs,
-                    lse_local, linear, None, None, None, None, lse_given=False)
+        linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
         lse = _group_logsumexp(lse_local, group)
         dist.all_reduce(linear, group=group)
-        loss_rows = _sharded_row_loss(lse, linear, target, rows)
-        denominator = _mean_denominator(target, rows) if reduction == "mean" else None
-        loss = _reduce_rows(loss_rows, reduction, denominator)
+        denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
+        loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
         ctx.mark_non_differentiable(lse)
         ctx.set_materialize_grads(False)
-        ctx.group, ctx.rows, ctx.reduction, ctx.launch = group, rows, reduction, launch
-        ctx.save_for_backward(x, W, bias, target, lse, denominator)
+        ctx.group, ctx.plan = group, plan
+        ctx.save_for_backward(x, W, bias, target, weight, lse, denominator)
         return loss, lse
 
     @staticmethod
@@ -5353,21 +4963,15 @@ class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
         import torch.distributed as dist
 
         if dloss is None:
-            return (None,) * 8
-        x, W, bias, target, lse, denominator = ctx.saved_tensors
+            return (None,) * 7
+        x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
         grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
-        factor = dloss.float()
-        if ctx.reduction == "mean":
-            factor = factor / denominator
-        launch = ctx.launch
-        dx = torch.empty_like(x, memory_format=torch.contiguous_format) if grad_x else None
-        dW = torch.empty_like(W, memory_format=torch.contiguous_format) if grad_W else None
-        db32 = torch.zeros((W.shape[0],), dtype=torch.float32, device=x.device) if grad_bias else None
-        _lce_chunks(x, W, bias, target, ctx.rows, launch.chunk_rows, launch.block_v, launch.num_warps,
-                    launch.programs, lse, None, factor, dx, dW, db32, lse_given=True)
+        factor = dloss.float() if denominator is None else dloss.float() / denominator
+        plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
+        dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
         if grad_x:
             dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
-        return dx, dW, db32.to(W.dtype) if grad_bias else None, None, None, None, None, None
+        return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
 
 
 @on_input_device
@@ -5378,42 +4982,31 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                                         softcap: float | None = None, z_loss: float = 0.0,
                                         weight: torch.Tensor | None = None, return_lse: bool = False,
                                         launch: LinearCrossEntropyLaunch | None = None):
-    """``linear_cross_entropy`` with W sharded by rows (classes) over the process group ``group``
-    (None: the default group): every rank passes the same x (..., H) and target, and its own
-    W_shard (V_r, H) (and bias shard (V_r,)), the classes vocab_start ... vocab_start + V_r - 1
-    of n_classes. Without vocab_start and n_classes the shards are taken in rank order, sizes
-    possibly uneven (gathered: one small collective and a host sync per call). Every option of
-    ``linear_cross_entropy`` applies (weight: all n_classes of it on every rank); the loss and
-    lse are the group's, the same on every rank, and equal the unsharded call's up to the order
-    of the sums. Gradients: dx the group's (all-reduced, in x's dtype), dW_shard and the bias
-    shard's this rank's. Memory per rank: the (chunk_rows, V_r) buffer, dx and dW_shard; no rank
-    holds more than its shard's logits.
-
-    Cost: four products instead of three (the backward recomputes the shard's logits: the
-    gradient needs the group's log-sum-exp, which the forward's collectives give only after
-    every chunk), each 1 / world of the unsharded one's, and per call three all-reduces of BT
-    floats in the forward and one of dx in the backward. Eager only: the collectives are
-    torch.distributed's, which torch.compile(fullgraph=True) does not trace (``torch.compile``
-    without fullgraph breaks the graph around the call).
+    """``linear_cross_entropy`` with W sharded by rows over the process group ``group`` (None: the
+    default group). Every rank passes the same x (..., H) and target, and its own W_shard (V_r, H)
+    (and bias shard (V_r,)): the classes vocab_start ... vocab_start + V_r - 1 of n_classes, or
+    without them the shards in rank order, sizes possibly uneven (gathered: a collective and a
+    host sync per call). Every option applies (weight: all n_classes of it on every rank). The
+    loss and lse are the group's, the same on every rank; dx is the group's, dW_shard and the
+    bias shard's gradient this rank's. Four products instead of three, each 1 / world of the
+    unsharded one's. Eager only: torch.compile(fullgraph=True) does not trace the collectives.
     """
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialised torch.distributed process "
                            "group (torch.distributed.init_process_group)")
-    shape = target.shape if isinstance(target, torch.Tensor) else None
     if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
         vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
-    x, W_shard, bias, target, launch = _lce_prepare(x, W_shard, target, bias, weight, ignore_index, reduction,
-                                                    label_smoothing, softcap, z_loss, launch, n_classes)
-    if _may_sync(target):
-        check_targets(target.reshape(shape), n_classes, ignore_index)
-    rows = _lce_rows_options(W_shard.shape[0], ignore_index, label_smoothing, 0.0 if softcap is None else softcap,
-                             z_loss, weight, vocab_start, n_classes, sharded=True)
-    loss, lse = _VocabParallelLinearCrossEntropy.apply(x, W_shard, bias, target, group, rows, reduction, launch)
+    x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes)
+    plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
+                                     label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
+                                     vocab_start=vocab_start, n_classes=n_classes)
+    check_targets(target, n_classes, ignore_index)
+    loss, lse = _VocabParallelLinearCrossEntropy.apply(x2, W_shard, bias, t, weight, group, plan)
     if reduction == "none":
-        loss = loss.reshape(shape)
-    return (loss, lse.reshape(shape)) if return_lse else loss
+        loss = loss.reshape(target.shape)
+    return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
 # ----------------------------------------------------------------------------------------------
@@ -5425,8 +5018,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
 # tile into a ring by TMA, and each consumer warpgroup issues its products of step i - 1, runs
 # the online softmax of its 64 rows of step i, then waits for them. The two consumers share every
 # V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax runs
-# under the other's products; under its own too as written, but ptxas places the wait before most
-# of the softmax (``gluon_softmax_launch``). BLOCK_M = 64 is one warpgroup MMA's height.
+# under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
 GLUON_BLOCK_M = 64
 GLUON_SOFTMAX_CONSUMERS = 2
 GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
@@ -5436,10 +5028,8 @@ GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows
 GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
-# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products,
-# _gluon_softmax_products_done): 2 x 64 x 128 is 128 of its registers; at 256 columns ptxas
-# spilled 2456 bytes a thread with 32-wide d2 steps, 4012 from 6eb4090
-# (outputs/profiles/gluon_sm90_compile.txt, in git at each commit).
+# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products):
+# 2 x 64 x 128 is 128 of its registers; 256 columns spill.
 GLUON_TF32X3_MAX_D3 = 128
 
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
@@ -5473,41 +5063,28 @@ if _GLUON is not None:
 
 
 def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can.
-
-    It needs an sm_90 GPU with Gluon, float16, bfloat16 or float32, non-empty inputs and what
-    TMA needs: a contiguous last dimension, 16-byte aligned base addresses and other strides (of
-    x alone in float32: V is copied into its TF32 parts first, ``gluon_softmax_v_operand``).
-    """
+    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can: an sm_90 GPU with
+    Gluon, float16, bfloat16 or float32, non-empty inputs and what TMA needs (``_tma_reason``)."""
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
     if not (isinstance(x, torch.Tensor) and isinstance(V, torch.Tensor)) or x.dim() != 3 or V.dim() != 3:
         return "x and V must be 3-D tensors"
     if x.device.type != "cuda" or V.device != x.device:
         return "x and V must be on one CUDA device"
-    major, minor = _device_capability(_device_index(x.device))
-    if (major, minor) != (9, 0):
-        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
     if x.dtype not in _GLUON_SOFTMAX_DTYPES or V.dtype != x.dtype:
         return f"x and V must both be float16, bfloat16 or float32, got {x.dtype} and {V.dtype}"
     if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
         return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
-    if x.numel() == 0 or V.numel() == 0:
-        return "empty inputs have no TMA descriptor (fused_softmax handles them)"
-    if x.shape[0] > 65535:
-        return f"a batch of {x.shape[0]} is past the 65535 programs a grid's second axis can have"
-    for name, t in (("x", x), ("V", V))[:1 if x.dtype == torch.float32 else 2]:
-        if t.stride(2) != 1:
-            return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
-        if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
-            return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
-                    f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
-    return None
+    return _gluon_unfit(*x.shape, V.shape[2], _tma_reason(x, V), _device_capability(_device_index(x.device)))
 
 
-def gluon_softmax_applies(x: torch.Tensor, V: torch.Tensor) -> bool:
-    """Whether ``fused_softmax_gluon`` takes these inputs (the reason when not: ``gluon_softmax_unsupported``)."""
-    return gluon_softmax_unsupported(x, V) is None
+def _tma_reason(x: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why TMA cannot read x and V (x alone in float32, whose V is copied into its TF32 parts
+    first: ``gluon_softmax_v_operand``), or None where it can (``tma_unreadable``)."""
+    try:
+        return tma_unreadable("x", x) or (None if x.dtype == torch.float32 else tma_unreadable("V", V))
+    except RuntimeError:  # no storage to read (a torch.func transform's tensor)
+        return "x and V hold no storage TMA can read"
 
 
 @dataclass(frozen=True)
@@ -5529,9 +5106,9 @@ class GluonSoftmaxLaunch:
     lazy_rescale: bool = True
     p_smem: bool = False
 
-    def check(self, dtype: torch.dtype = torch.bfloat16) -> None:
-        """The fields' types and ranges, and the ring's shared memory for inputs of ``dtype``
-        (under the float32 matmul setting)."""
+    def check(self, dtype: torch.dtype = torch.bfloat16, precision: str | None = None) -> None:
+        """The fields' types and ranges, and the ring's shared memory and the accumulators'
+        registers for inputs of ``dtype`` under tl.dot's ``precision`` (``dot_precision``'s)."""
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         check_int("stages", self.stages, 2, 8)
@@ -5540,13 +5117,15 @@ class GluonSoftmaxLaunch:
         check_flag("p_smem", self.p_smem)
         if self.p_smem and dtype == torch.float32:
             raise ValueError("p_smem is for 16-bit inputs: float32's TF32 weights stay in registers")
-        parts = gluon_softmax_v_parts(dtype)
+        parts = _gluon_v_parts(dtype, precision)
         if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
             raise KernelCapacityError(
                 f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
                 f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
                 f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
-        ring = gluon_softmax_ring_bytes(self, dtype)
+        # The ring: each slot's x and V tiles and its barriers; p_smem: the consumers' weights.
+        weights = GLUON_SOFTMAX_ROWS * self.block_n * dtype.itemsize if self.p_smem else 0
+        ring = self.stages * ((GLUON_SOFTMAX_ROWS + parts * self.block_d3) * self.block_n * dtype.itemsize + 32) + weights
         if ring > _SHARED_MEMORY_BUDGET:
             weights = f" and the weights' {GLUON_SOFTMAX_ROWS} x {self.block_n}" if self.p_smem else ""
             raise KernelCapacityError(
@@ -5555,10 +5134,10 @@ class GluonSoftmaxLaunch:
                 f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
 
 
-def gluon_softmax_v_parts(dtype: torch.dtype) -> int:
-    """V's tiles a ring slot holds: 2 for float32 under 'highest' (tf32x3: V's TF32 value and the
-    rest, each a TF32 product's operand), else 1."""
-    return 2 if dtype == torch.float32 and dot_precision(dtype) == "tf32x3" else 1
+def _gluon_v_parts(dtype: torch.dtype, precision: str | None = None) -> int:
+    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest, each a
+    TF32 product's operand), else 1."""
+    return 2 if dtype == torch.float32 and (precision or dot_precision(dtype)) == "tf32x3" else 1
 
 
 def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
@@ -5570,7 +5149,7 @@ def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Ten
     out = _gluon_v_operand_buffer(V.shape, parts, V.device)
     block = 64
     grid = (cdiv(d2, block) * cdiv(d3, block), batch)
-    kernel = _jit(tf32_transposed_parts_kernel, traced=False)
+    kernel = jit_kernel(tf32_transposed_parts_kernel, traced=False)
     args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
     options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
     kernel[grid](*args, **options)
@@ -5587,42 +5166,17 @@ def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> t
     return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
 
 
-def gluon_softmax_ring_bytes(launch: GluonSoftmaxLaunch, dtype: torch.dtype = torch.bfloat16) -> int:
-    """Shared memory of ``launch``'s ring for inputs of ``dtype``: its slots of x and V tiles, their
-    barriers, and (p_smem) the consumers' weights."""
-    v_tiles = gluon_softmax_v_parts(dtype) * launch.block_n * launch.block_d3
-    weights = GLUON_SOFTMAX_ROWS * launch.block_n * dtype.itemsize if launch.p_smem else 0
-    return launch.stages * ((GLUON_SOFTMAX_ROWS * launch.block_n + v_tiles) * dtype.itemsize + 4 * 8) + weights
-
-
-def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16) -> GluonSoftmaxLaunch:
-    """d3 in tiles of up to 256 (the widest MMA: each tile repeats the softmax of its rows, so the
-    fewer the better), d2 in steps of up to 128 through 2 slots, the lazy rescale; narrower only
-    where d2 or d3 is smaller. 16 is the least: the MMA's K step for 16-bit operands, and 32 bytes
-    of a TMA box row. On an H100 (outputs/profiles/gluon_fused_sweep.txt, gluon_check.txt) 128-wide
-    steps through 2 slots ran 1.03-1.12x faster than 64-wide ones through 4 at d2 >= 1024; the
-    lazy rescale and the consumers' turns (pingpong) moved the spec's shape by less than runs
-    differ (0.69-0.74 ms either way).
-
-    bfloat16 weights reach the products through shared memory where one d3 tile of more than 64
-    columns covers d3 (64 < d3 <= 256). As the register operand, bfloat16 weights take more byte
-    permutes on their way from the logits' layout than float16 ones (524 PRMT against 332 in a
-    128 x 128 launch's SASS, outputs/profiles/gluon_sass_waits.txt), and the two 16-bit types'
-    times differ by up to 1.12x there. On an H100, against the register operand: the
-    16-bit grid at 354d63f (shape_grid_softmax_matmul_16bit_354d63f.csv, where every 16-bit
-    launch at d3 <= 256 went through shared memory) against the one at 057f8d7: bfloat16 at d3
-    96 and 128 1.05-1.12x faster from d2 4096 (0.98-1.01x at 1000 and 3000), at d3 64
-    0.95-1.00x; float16 0.87-1.01x from d2 3000; outputs/profiles/gluon_fused_psmem_probe.txt:
-    bfloat16 d3 256 1.04-1.05x, d3 512 (two tiles) 0.92x at d2 8192 (its d3 64 row, 1.15x, is
-    against a register time 1.19x the grid's for that shape). Either way ptxas places each step's
-    wait for its products before most of the step's softmax (gluon_sass_waits.txt), so a consumer's softmax
-    runs under the other consumer's products, not under its own; through shared memory the
-    weights free 32 registers a thread (the 128 x 256 launch no longer spills).
-
-    float32 steps are 64 wide (256 bytes of a row, as 128 16-bit values); under tf32x3 d3 comes
-    in tiles of up to GLUON_TF32X3_MAX_D3 (a consumer holds two accumulators)."""
+def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16,
+                         precision: str | None = None) -> GluonSoftmaxLaunch:
+    """The default tiles for d2 and d3 in ``dtype`` under tl.dot's ``precision``: d3 in tiles of up
+    to 256 (the widest MMA; each tile repeats its rows' softmax), d2 in steps of up to 128 (64 in
+    float32: 256 bytes of a row) through 2 slots, the lazy rescale; narrower only where d2 or d3
+    is; 16 is the least (the MMA's K step for 16-bit operands, 32 bytes of a TMA box row). Under
+    tf32x3 d3 tiles of up to GLUON_TF32X3_MAX_D3. bfloat16 weights go through shared memory where
+    one d3 tile of 65 to 256 columns covers d3: as the register operand they take more byte
+    permutes than float16's. The choices and their figures: outputs/README.md, design notes: Gluon tiles."""
     if dtype == torch.float32:
-        widest_d3 = GLUON_TF32X3_MAX_D3 if gluon_softmax_v_parts(dtype) == 2 else 256
+        widest_d3 = GLUON_TF32X3_MAX_D3 if _gluon_v_parts(dtype, precision) == 2 else 256
         return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
                                   block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
     return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
@@ -5706,11 +5260,9 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_softmax_products_done(acc, part, p, q, PARTS: gl.constexpr):
         """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
-        accumulator, part, added to acc here in float32 registers. Accumulated in the tensor core
-        across the steps, three products every 8 columns of d2 erred 35x PyTorch's error at the
-        issue's shape (16, 2048, 8192, 512) on an H100, where this erred 0.2x
-        (outputs/profiles/gluon_tf32_spec.txt): the tensor core's accumulation does not round as
-        float32 arithmetic does."""
+        accumulator, part, added to acc here in float32 registers: the tensor core's accumulation
+        does not round as float32 arithmetic does, and across the steps it erred many times
+        PyTorch's error (see outputs/README.md, design notes: tf32x3 products)."""
         if PARTS == 2:
             part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
             acc = acc + part
@@ -5747,8 +5299,8 @@ if _GLUON is not None:
         """Step i of one consumer: step i - 1's products issued asynchronously (not FIRST), the
         online softmax of its rows' x tile while they run, then the wait for them, acc's rescale,
         and step i's weights as the next products' operands. The products issued in a step are
-        waited for in it: with an MMA in flight across the loop's back edge ptxas serialised
-        every warpgroup MMA (its C7512, "insufficient register resources").
+        waited for in it: with an MMA in flight across the loop's back edge ptxas serialises
+        every warpgroup MMA (its warning C7512).
         MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
@@ -5961,7 +5513,7 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
     x's dtype, accumulated in float32; float32 products follow torch's float32 matmul setting
     (TF32 under 'high' and 'medium', tf32x3 under 'highest'), with V first copied into its TF32
     parts, d3 by d2 (``gluon_softmax_v_operand``: an allocation the size of V, or twice that under
-    'highest'). Only where ``gluon_softmax_applies(x, V)``; otherwise a ValueError
+    'highest'). Only where ``gluon_softmax_unsupported(x, V)`` is None; otherwise a ValueError
     says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
     an input that requires grad is refused (``fused_softmax`` has the backward).
     """
@@ -5994,7 +5546,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
     x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
-    parts = gluon_softmax_v_parts(x.dtype)
+    parts = _gluon_v_parts(x.dtype)
     kept = []
     if x.dtype == torch.float32:
         # TF32 products take V K-major from shared memory: its parts first, d3 by d2.
@@ -6005,7 +5557,7 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
         descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
     n_tiles_d3 = cdiv(d3, launch.block_d3)
     grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
-    kernel = _jit(fused_softmax_gluon_kernel, traced=False)
+    kernel = jit_kernel(fused_softmax_gluon_kernel, traced=False)
     lse_strides = (0, 0) if lse is None else lse.stride()
     args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
@@ -6026,38 +5578,29 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
 
 
 # ----------------------------------------------------------------------------------------------
-# Gluon: FlashAttention forward on Hopper, warp-specialised
+# Gluon: FlashAttention on Hopper, warp-specialised (forward, dK/dV, dQ)
 # ----------------------------------------------------------------------------------------------
-# A tile: GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, GLUON_BLOCK_M for each
-# consumer warpgroup; a program runs one tile or, persistent (``gluon_flash_persistent``), one of
-# every so many. A loader warp brings each Q tile once, then K and V tiles of
-# GLUON_FLASH_BLOCK_N keys into a ring by TMA that both consumers read (a slot is refilled once
-# both have released it): one warpgroup's softmax can run under the other's products, where the
-# warp schedulers interleave them. Each consumer warpgroup issues S_i = Q K_i^T and
-# O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i only (MMAs finish in
-# issue order, so "all but one outstanding" is S_i), runs the online softmax of S_i while the
-# tensor cores still work on P_{i-1} V_{i-1}, then waits for that and rescales O. Steps whose keys
-# every query of the tile sees skip the mask. Forward only; masking, -inf rows and the saved
-# log-sum-exp as in flash_attention_forward_kernel.
+# Forward: a tile is GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, one
+# GLUON_BLOCK_M for each consumer warpgroup; a program runs one tile or, persistent, one of every
+# so many. A loader warp brings each Q tile once, then K and V tiles of GLUON_FLASH_BLOCK_N keys
+# into a TMA ring both consumers read (a slot is refilled once both released it). Each consumer
+# issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i
+# only (MMAs finish in issue order), runs the online softmax of S_i while the tensor cores work on
+# P_{i-1} V_{i-1}, then waits for that and rescales O. Steps every query of the tile sees whole
+# skip the mask. Masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
-# Consumer warpgroups per program, each with its own GLUON_BLOCK_M queries and sharing the K and
-# V ring, so a program keeps twice the products in flight (GLUON_FLASH_PINGPONG orders them).
+# Two consumers share the K and V ring: twice the products in flight a program.
 GLUON_FLASH_CONSUMERS = 2
-# setmaxnreg for the second consumer (a multiple of 8). The 1-warp loader is padded to a
-# warpgroup (40 registers); the default partition gets what is left of the 64K: with 232 here
-# both consumers get 232.
+# setmaxnreg for the second consumer (a multiple of 8): beside the loader's 40 (one warp padded
+# to a warpgroup), both consumers get 232 of the 64K.
 GLUON_FLASH_CONSUMER_REGISTERS = 232
-# Whether the two consumers take turns to issue their products (FlashAttention-3's ping-pong: one
-# warpgroup's softmax under the other's MMAs), ordered by a pair of barriers in shared memory.
+# The consumers take turns to issue their products (FlashAttention-3's ping-pong: one's softmax
+# under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
-# A program runs one tile (a grid of batch x query tiles, the heaviest causal tiles first), or,
-# persistent, one program an SM loops over the tiles: no program start or end lies between two
-# tiles, and the loader brings the next tile's Q, then its K and V, as soon as both consumers are
-# past their last Q K^T product, under their last P V product and O's store. On an H100 (outputs/profiles/gluon_persistent_probe.txt) persistence took full attention
-# 1.03-1.42x faster than one tile a program's c54c9fb kernel up to 4096 keys, but 2-6 % slower
-# past that, and causal tiles, whose lengths differ, balance better on the hardware's own
-# scheduling of one-tile programs taken heaviest first (0.98-1.41x; persistent 0.75-1.25x).
+# Persistent (one program an SM looping over the tiles, the next tile's loads under the last
+# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
+# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
 GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 
 
@@ -6067,6 +5610,30 @@ def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
 
 
 GLUON_FLASH_HEAD_DIMS = (64, 128)
+
+# dK and dV: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M keys, each consumer owning
+# GLUON_BLOCK_M of them and streaming 64-query tiles of Q and dO through a TMA ring. A step's four
+# products are asynchronous: S^T and dP^T together, P^T's exp under dP^T, dV's product while dS^T
+# is made, dK's last.
+GLUON_DKDV_STAGES = 2
+GLUON_DKDV_CONSUMER_REGISTERS = 232
+
+# dQ: a program a tile of the forward's queries (the heaviest causal ones first), each consumer
+# holding its Q and dO tiles and streaming K and V tiles of ``gluon_dq_block_n`` keys through a
+# TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
+# D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
+# Keys a step: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
+# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
+GLUON_DQ_WIDE_MIN_KEYS = 8192
+
+
+def gluon_dq_block_n(d: int, n_keys: int) -> int:
+    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
+    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
+
+
+GLUON_DQ_STAGES = 2
+GLUON_DQ_CONSUMER_REGISTERS = 232
 
 if _GLUON is not None:
 
@@ -6334,16 +5901,6 @@ if _GLUON is not None:
                                    v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
-
-# The attention backward's dK and dV on Hopper: one program a tile of GLUON_FLASH_CONSUMERS x
-# GLUON_BLOCK_M keys, each consumer warpgroup owning GLUON_BLOCK_M of them, streaming 64-query tiles of Q and dO
-# through a TMA ring. The four products of a step are issued asynchronously: S^T and dP^T
-# together, P^T's exp while dP^T runs, dV's product while dS^T is made, dK's last.
-GLUON_DKDV_STAGES = 2
-GLUON_DKDV_CONSUMER_REGISTERS = 232
-
-if _GLUON is not None:
-
     @gluon.jit
     def _gluon_backward_loader(held_a, held_b, streamed_a, streamed_b, held_a_bufs, held_b_bufs, a_bufs, b_bufs,
                                held_ready, ready, free, batch, held_start, stream_start, n_steps):
@@ -6539,30 +6096,6 @@ if _GLUON is not None:
                                       free, batch, key_start, query_start, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
-
-# The attention backward's dQ on Hopper: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M
-# queries (the forward's tiles, the heaviest causal ones first), each consumer warpgroup holding
-# its GLUON_BLOCK_M queries' Q and dO tiles and streaming K and V tiles (gluon_dq_block_n keys) through
-# a TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then
-# dS = P (dP - D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
-# Keys a step (gluon_dq_block_n): 128 at d = 64; at d = 128, 64 up to GLUON_DQ_WIDE_MIN_KEYS keys and
-# 128 from there. In the probe (outputs/profiles/gluon_dq_probe.txt) 128-key steps at d = 128 ran
-# 1.01-1.10x faster than 64-key ones from 8192 keys, 0.93-0.96x as fast at 4096-4097 and level at
-# 1000-3000; at d = 64, 64-key steps ran 0.88-1.00x as fast as 128-key ones. Three ring slots were at
-# best level with two.
-GLUON_DQ_WIDE_MIN_KEYS = 8192
-
-
-def gluon_dq_block_n(d: int, n_keys: int) -> int:
-    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
-    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
-
-
-GLUON_DQ_STAGES = 2
-GLUON_DQ_CONSUMER_REGISTERS = 232
-
-if _GLUON is not None:
-
     @gluon.jit
     def _gluon_dq_visible(rows, keys, n_keys, IS_CAUSAL: gl.constexpr):
         """Which (query, key) pairs of a step count: the key exists and, causal, the query sees it."""
@@ -6707,9 +6240,8 @@ def _gluon_descriptors(gl_dtype, *tiles) -> list:
 
 
 def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``flash_attention_gluon`` (and the Gluon dQ and dK/dV kernels) cannot take (Q, K, V), or None
-    when it can: an sm_90 GPU with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs,
-    and what TMA needs (``tma_unreadable``)."""
+    """Why the Gluon attention kernels cannot take (Q, K, V), or None when they can: an sm_90 GPU
+    with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs TMA reads (``tma_unreadable``)."""
     if GLUON_UNAVAILABLE is not None:
         return GLUON_UNAVAILABLE
     if Q.device.type != "cuda":
@@ -6731,9 +6263,8 @@ def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -
 
 
 def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
-    """Why a TMA descriptor cannot read the 3-D tensor t (named ``name``), or None when it can: a
-    contiguous last dimension, a 16-byte aligned address, and the first two strides positive
-    multiples of 16 bytes."""
+    """Why a TMA descriptor cannot read the 3-D tensor t, or None: it needs a contiguous last
+    dimension, a 16-byte aligned address and the first two strides positive multiples of 16 bytes."""
     if t.stride(2) != 1:
         return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
     if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
@@ -6750,11 +6281,10 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
     O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
-    Only where ``gluon_flash_unsupported`` says None (a ValueError says why otherwise). Forward
-    only: an input that requires grad is refused. ``stages``: K and V ring slots (3 fit in shared
-    memory beside the Q and O tiles at d = 64 only: KernelCapacityError at d = 128); ``pingpong``:
-    the consumers take turns to issue their products; ``persistent``: one program an SM looping
-    over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
+    ValueError where ``gluon_flash_unsupported`` says why not. Forward only: inputs that require
+    grad or carry a tangent are refused. ``stages``: K and V ring slots (3 fit at d = 64 only);
+    ``pingpong``: the consumers take turns to issue their products; ``persistent``: one program
+    an SM over the tiles, or one tile a program (None: ``gluon_flash_persistent``'s choice).
     """
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     if torch.is_grad_enabled() and any(t.requires_grad for t in (Q, K, V)):
@@ -6776,90 +6306,75 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     return O, L
 
 
+def _gluon_setup(Q: torch.Tensor, ring_bytes: int, what: str) -> tuple:
+    """(gl dtype, launch constexprs shared by the three kernels) after checking that ``what``
+    (``ring_bytes`` of tiles) fits a block's shared memory (KernelCapacityError if not)."""
+    if ring_bytes > _SHARED_MEMORY_BUDGET:
+        raise KernelCapacityError(f"{what} need {ring_bytes // 1024} KiB of shared memory, more than "
+                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    options = dict(CONSUMERS=GLUON_FLASH_CONSUMERS, LOADER_REGISTERS=GLUON_LOADER_REGISTERS,
+                   num_warps=GLUON_BLOCK_M // 16)
+    return gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16, options
+
+
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
                          L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
                          kept: list | None = None, persistent: bool | None = None,
                          programs: int | None = None) -> None:
-    """``flash_attention_gluon`` past its checks, into O (Q's shape and dtype) and L ((batch, n_queries) float32).
-    With ``kept`` (a list), appends the launch as a ``DescriptorReplay`` of (Q, K, V, O, L), or
-    None where it cannot be kept. ``persistent``: None takes ``gluon_flash_persistent``'s choice;
-    ``programs`` caps a persistent grid below the SM count (tests: several tiles a program on
-    small inputs)."""
+    """``flash_attention_gluon`` past its checks, into O and L; kept (``_launch_flash``) as a
+    DescriptorReplay of (Q, K, V, O, L). ``programs`` caps a persistent grid (tests)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
     ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
-                                  f"{GLUON_FLASH_CONSUMERS} Q and O tiles need "
-                                  f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+    gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
+                                              f"{GLUON_FLASH_CONSUMERS} Q and O tiles")
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
     descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))
     n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
     grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
-    kernel = _jit(flash_attention_gluon_kernel, traced=False)
     args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
-                   PINGPONG=pingpong, num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 5, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
+                   PINGPONG=pingpong)
+    _launch_flash(jit_kernel(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))
 
 
 def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: torch.Tensor, L: torch.Tensor,
                       delta: torch.Tensor, dK: torch.Tensor, dV: torch.Tensor, is_causal: bool,
                       stages: int = GLUON_DKDV_STAGES, kept: list | None = None) -> None:
-    """dK and dV (K's shape and dtype) by the Hopper kernel, from the forward's L and the dQ
-    kernel's delta (both (batch, n_queries) float32), where ``flash_dkdv_path`` takes (Q, K, V)
-    and dO (``gluon_flash_unsupported``, ``tma_unreadable``). With ``kept`` (a list), appends the launch as a
-    ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dK, dV), or None where it cannot be kept."""
+    """dK and dV by the Hopper kernel from L and the dQ kernel's delta; kept as a DescriptorReplay
+    of (Q, K, V, dO, L, delta, dK, dV)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    block = [1, GLUON_BLOCK_M, d]
     ring = (2 * GLUON_FLASH_CONSUMERS + 2 * stages) * GLUON_BLOCK_M * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and V tiles "
-                                  f"({GLUON_BLOCK_M} x {d}) need {ring // 1024} KiB of shared memory, more than "
-                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
-    descs = _gluon_descriptors(gl_dtype, *((t, block) for t in (Q, K, V, dO)))
+    gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and "
+                                              f"V tiles ({GLUON_BLOCK_M} x {d})")
+    descs = _gluon_descriptors(gl_dtype, *((t, [1, GLUON_BLOCK_M, d]) for t in (Q, K, V, dO)))
     grid = (batch * cdiv(n_keys, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    kernel = _jit(flash_attention_backward_dkdv_gluon_kernel, traced=False)
     args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS,
-                   num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS)
+    _launch_flash(jit_kernel(flash_attention_backward_dkdv_gluon_kernel, traced=False), grid, args, options, 8, kept,
+                  tuple(descs))
 
 
 def _gluon_flash_dq(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, dO: torch.Tensor,
                     L: torch.Tensor, delta: torch.Tensor, dQ: torch.Tensor, is_causal: bool,
                     stages: int = GLUON_DQ_STAGES, block_n: int | None = None, kept: list | None = None) -> None:
-    """D into delta ((batch, n_queries) float32) and dQ (Q's shape and dtype) by the Hopper
-    kernel, from the forward's O and L, where ``flash_dq_path`` takes (Q, K, V) and dO.
-    ``block_n``: keys a step (None: ``gluon_dq_block_n``'s). With ``kept`` (a list), appends the
-    launch as a ``DescriptorReplay`` of (Q, K, V, dO, L, delta, dQ, O), or None where it cannot be kept."""
+    """D into delta and dQ by the Hopper kernel from O and L; ``block_n``: keys a step (None:
+    ``gluon_dq_block_n``'s). Kept as a DescriptorReplay of (Q, K, V, dO, L, delta, dQ, O)."""
     batch, n_queries, d = Q.shape
     n_keys = K.shape[1]
     block_n = block_n or gluon_dq_block_n(d, n_keys)
-    gl_dtype = gl.bfloat16 if Q.dtype == torch.bfloat16 else gl.float16
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
     ring = (2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M + 2 * stages * block_n) * d * Q.element_size()
-    if ring > _SHARED_MEMORY_BUDGET:
-        raise KernelCapacityError(f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and V tiles "
-                                  f"({block_n} x {d}) need {ring // 1024} KiB of shared memory, more than "
-                                  f"{_SHARED_MEMORY_BUDGET // 1024} KiB")
+    gl_dtype, options = _gluon_setup(Q, ring, f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and "
+                                              f"V tiles ({block_n} x {d})")
+    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
     descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (dO, q_block))
     grid = (batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    kernel = _jit(flash_attention_backward_dq_gluon_kernel, traced=False)
     args = (*descs, L, delta, dQ, O, *L.stride(), *delta.stride(), *dQ.stride(), *O.stride(),
             batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
-    options = dict(IS_CAUSAL=is_causal, STAGES=stages, CONSUMERS=GLUON_FLASH_CONSUMERS,
-                   LOADER_REGISTERS=GLUON_LOADER_REGISTERS, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS,
-                   num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    _keep_flash_launch(kernel, grid, args, options, 8, kept, tuple(descs))
+    options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS)
+    _launch_flash(jit_kernel(flash_attention_backward_dq_gluon_kernel, traced=False), grid, args, options, 8, kept,
+                  tuple(descs))

@@ -25,11 +25,13 @@ row of only -inf, or holding a NaN or +inf, is NaN.
 Every public op is a torch custom op (``kernel_op``): torch.compile(fullgraph=True) traces it,
 CUDA graphs capture it, and autograd runs its Triton backward (``dx = y * (dy - sum(y * dy))``
 per row), itself differentiable for second-order gradients. A plain eager call launches its
-kernels directly, with the launch choices cached per shape, dtype and device; a repeated call
-of the same key replays the launches kept from the first (``Replay``, ``SplitRowReplay``).
+kernels directly and keeps the launch for the next call of the same key (``Replay``); an eager
+call autograd records runs the generic autograd Function (``KernelFunction``, configured per op
+by an ``AutogradSpec``).
 
-Sections: input checks, custom ops, references and bytes models, launch helpers, then the online
-softmax and the row softmax, each as launch chooser, kernels, wrappers and autograd.
+Sections: references and bytes models; the runtime every op shares (this module's and
+fused_softmax_matmul.py's: checks, routes, custom ops, autograd, launching, kept launches,
+device resources); what the two softmaxes share; the online softmax; the row softmax.
 """
 
 from __future__ import annotations
@@ -43,13 +45,19 @@ import os
 import threading
 import types
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import torch
 import torch.autograd.forward_ad as forward_ad
 import triton
 import triton.language as tl
 from torch._subclasses.fake_tensor import is_fake
+
+
+__all__ = [
+    "KernelCapacityError", "OnlineSoftmax", "naive_softmax", "naive_softmax_bytes", "online_softmax",
+    "online_softmax_backward", "online_softmax_tiles", "row_softmax", "softmax_bytes", "softmax_reference",
+]
 
 
 def interpreter_requested() -> bool:
@@ -63,12 +71,9 @@ def interpreter_requested() -> bool:
 
 # Triton reads TRITON_INTERPRET when a kernel is decorated, so this is the mode of this module.
 INTERPRET = interpreter_requested()
-# Compiled for an NVIDIA GPU, the row kernels take exp of each value as one ex2.approx.ftz
-# instruction. tl.exp compiles to six on sm_90 (the scaling by log2(e), then ex2 without .ftz
-# and its fix-up of results below 2^-126), which made 16-bit long rows compute-bound. .ftz
-# flushes an exp below 2^-126 to 0: a probability that small relative to the row's largest
-# (x - max < -87.3) comes out 0 instead of a float32 subnormal. The interpreter (and ROCm)
-# take tl.exp.
+# Compiled for an NVIDIA GPU, the row kernels take exp as one ex2.approx.ftz (tl.exp is six
+# instructions on sm_90, which made long 16-bit rows compute-bound): an exp below 2^-126 of the
+# row's largest flushes to 0 instead of a subnormal. Design notes: fast exp.
 FAST_EXP = tl.constexpr(not INTERPRET and torch.version.hip is None)
 LOG2_E = tl.constexpr(1.4426950408889634)
 
@@ -76,8 +81,47 @@ SUPPORTED_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
 
 # ----------------------------------------------------------------------------------------------
-# Input checks shared by every wrapper (fused_softmax_matmul.py uses them too)
+# References and bytes models
 # ----------------------------------------------------------------------------------------------
+def softmax_reference(x: torch.Tensor) -> torch.Tensor:
+    """What every kernel here must equal: ``torch.softmax`` over the last dimension."""
+    return torch.softmax(x, dim=-1)
+
+
+def naive_softmax(x: torch.Tensor) -> torch.Tensor:
+    """Softmax in five PyTorch steps; each launches its own kernel and goes through memory.
+
+    For x of M rows and N columns, counted in elements (see ``naive_softmax_bytes``):
+    """
+    x_max = x.max(dim=-1, keepdim=True).values  # read MN, write M
+    z = x - x_max  # read MN + M, write MN
+    numerator = torch.exp(z)  # read MN, write MN
+    denominator = numerator.sum(dim=-1, keepdim=True)  # read MN, write M
+    return numerator / denominator  # read MN + M, write MN
+
+
+def naive_softmax_bytes(M: int, N: int, element_size: int) -> int:
+    """Bytes ``naive_softmax`` moves: reads 5MN + 2M, writes 3MN + 2M elements.
+
+    (The course notes count 5MN + M reads; the division re-reads the M sums, hence 2M here.)
+    """
+    return (5 * M * N + 2 * M + 3 * M * N + 2 * M) * element_size
+
+
+def softmax_bytes(M: int, N: int, element_size: int) -> int:
+    """The least any softmax can move: read the input once, write the output once."""
+    return 2 * M * N * element_size
+
+
+# ----------------------------------------------------------------------------------------------
+# Runtime shared by every op here and in fused_softmax_matmul.py. A public op's call, top-down:
+# its checks; its route (``needs_op``): a kept launch, a direct launch, its custom op
+# (``kernel_op``) or, where autograd records it, the generic Function (``KernelFunction``); the
+# launch (``jit_kernel``); the launch kept for the next call of its key (``Replays``).
+# ----------------------------------------------------------------------------------------------
+
+
+# -- Checks: a wrong input gets an error naming the argument -----------------------------------
 class KernelCapacityError(ValueError):
     """A valid input this kernel cannot hold on this device (a size past what fits on chip)."""
 
@@ -120,15 +164,6 @@ def check_same(name_a: str, a: torch.Tensor, name_b: str, b: torch.Tensor) -> No
         raise ValueError(f"{name_b} is on {b.device} but {name_a} is on {a.device}: they must be on one device")
 
 
-def check_tiles(BLOCK_1, BLOCK_2) -> None:
-    """online_softmax's tiles: powers of two, BLOCK_2 up to 4096, and a tile Triton can hold."""
-    check_block("BLOCK_1", BLOCK_1, 1)
-    check_block("BLOCK_2", BLOCK_2, 1, 4096)
-    if BLOCK_1 * BLOCK_2 > tl.TRITON_MAX_TENSOR_NUMEL:
-        raise ValueError(f"BLOCK_1 * BLOCK_2 must be at most {tl.TRITON_MAX_TENSOR_NUMEL} elements (Triton's largest "
-                         f"block), got {BLOCK_1} * {BLOCK_2} = {BLOCK_1 * BLOCK_2}")
-
-
 def check_block(name: str, value, minimum: int, maximum: int = 1024) -> None:
     """A tile size must be a power of two in [minimum, maximum]."""
     if isinstance(value, bool) or not isinstance(value, int):
@@ -150,9 +185,110 @@ def check_flag(name: str, value) -> None:
         raise TypeError(f"{name} must be a bool, got {type(value).__name__}")
 
 
-# ----------------------------------------------------------------------------------------------
-# Custom ops: how every public op reaches torch.compile, CUDA graphs and autograd
-# ----------------------------------------------------------------------------------------------
+# -- Routes: which way a call goes (a direct launch, its custom op, or the autograd Function) ---
+# Tensors an eager call may hand to its launches directly (a subclass goes through the op).
+PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
+
+
+def needs_op(*tensors) -> bool:
+    """Whether a call must go through its custom op rather than launch its kernels directly.
+
+    Under torch.compile the op is what the compiler sees; with autograd recording, the op carries
+    the registered backward (eager calls on plain tensors take ``KernelFunction`` instead:
+    ``eager_autograd``); a tangent or a transform's wrapper (``transformed``) needs that Function;
+    a tensor subclass (a FakeTensor of shape propagation, say) needs the dispatcher, which hands
+    the op to the subclass (for a FakeTensor, the op's fake). A plain eager call skips torch's
+    dispatcher, whose cost per call is of the order of a kernel launch itself.
+    """
+    if torch.compiler.is_compiling():
+        return True
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (grad and t.requires_grad or type(t) not in PLAIN_TENSORS):
+            return True
+    return transformed(*tensors)
+
+
+def eager_autograd(*tensors) -> bool:
+    """Whether a call that autograd records (``needs_op``) takes ``KernelFunction``
+    (``AutogradSpec.run``), which launches directly, rather than its custom op and the dispatcher:
+    not traced, and plain tensors only; or a call that carries a tangent or a transform's wrapper
+    (``transformed``), which only the Function carries."""
+    return (not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
+            or transformed(*tensors))
+
+
+def transformed(*tensors) -> bool:
+    """Whether a tensor carries what a direct launch would drop without a word: a forward-mode
+    tangent (a dual tensor of ``torch.autograd.forward_ad``) or a ``torch.func`` transform's
+    wrapper (grad, vjp, jacrev, jvp, jacfwd, vmap). Such calls take ``KernelFunction``, whose
+    forward sees plain tensors and whose ``jvp`` and ``vmap`` carry the tangents and the batch. (A custom op has no forward-mode formula: where no input requires grad torch drops
+    its tangent without a word, else it raises.)
+
+    Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at.
+    A trace by torch.compile cannot look at one either: there every call while a dual level is
+    open counts, tangent or not (the compiled code is guarded on that level), and its Function
+    runs outside the trace (``apply_transforms``: a graph break, which fullgraph mode refuses)."""
+    if torch.compiler.is_compiling():
+        return _dual_level_open()
+    wrapped = torch._C._are_functorch_transforms_active()
+    dual = _dual_level_open()
+    if not (wrapped or dual):
+        return False
+    for t in tensors:
+        if isinstance(t, torch.Tensor) and (wrapped and torch._C._functorch.is_functorch_wrapped_tensor(t)
+                                            or dual and forward_ad.unpack_dual(t).tangent is not None):
+            return True
+    return False
+
+
+def _dual_level_open() -> bool:
+    # Without the attribute (another torch) assume a level is open: the tensors are then looked at.
+    return getattr(forward_ad, "_current_level", 0) >= 0
+
+
+def nested_tangents() -> bool:
+    """Whether two forward-mode levels are open (torch.func's jvp over jvp, jacfwd over jacfwd or
+    over hessian; a dual level around one): torch does not differentiate an autograd Function's
+    jvp at the outer level and gives zeros there without a word (pytorch issue 197867), so such
+    calls take torch's own ops (``AutogradSpec.reference``). Where torch.func's interpreters
+    cannot be listed, assumed."""
+    try:
+        from torch._C._functorch import TransformType
+        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
+        levels = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
+    except (ImportError, AttributeError):  # pragma: no cover - another torch
+        return True
+    return levels + _dual_level_open() > 1
+
+
+def other_device(t) -> int | None:
+    """The index of t's CUDA device where that is not the current device, else None (a CPU tensor,
+    a tensor subclass, a trace). Triton, the direct launches and the kept ones launch on the
+    current device: a call whose tensors live on another must first make theirs current."""
+    if type(t) not in PLAIN_TENSORS or torch.compiler.is_compiling():
+        return None
+    index = t.get_device()
+    return None if index < 0 or index == torch._C._cuda_getDevice() else index
+
+
+def on_input_device(fn):
+    """fn run with its first argument's CUDA device current (``other_device``), as torch's own ops
+    run: without, tensors on cuda:1 while cuda:0 is current were launched on cuda:0. The current
+    device is restored after. The first argument may come by position or by its name."""
+    first = next(iter(inspect.signature(fn).parameters))
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        index = other_device(args[0] if args else kwargs.get(first))
+        if index is None:
+            return fn(*args, **kwargs)
+        with torch.cuda.device(index):
+            return fn(*args, **kwargs)
+    return call
+
+
+# -- Custom ops: how every public op reaches torch.compile, CUDA graphs and autograd -----------
 OP_NAMESPACE = "softmax_kernels"
 
 
@@ -196,94 +332,123 @@ def refuse_second_derivative(op, public: str) -> None:
     op.register_autograd(second)
 
 
-def other_device(t) -> int | None:
-    """The index of t's CUDA device where that is not the current device, else None (a CPU tensor,
-    a tensor subclass, a trace). Triton, the direct launches and the kept ones launch on the
-    current device: a call whose tensors live on another must first make theirs current."""
-    if type(t) not in PLAIN_TENSORS or torch.compiler.is_compiling():
-        return None
-    index = t.get_device()
-    return None if index < 0 or index == torch._C._cuda_getDevice() else index
+# -- Autograd: one Function for every op, configured per op ------------------------------------
+@dataclass(frozen=True, slots=True)
+class AutogradSpec:
+    """One op's autograd, which the one Function (``KernelFunction``) runs. Fields:
 
+    name: the public op, for errors.
+    forward(*args): the op's eager call; run with grad off on plain tensors (so its kept launch).
+    setup(ctx, args, output): saves what backward and jvp read (``ctx.save_for_backward``,
+        ``ctx.save_for_forward``; options as ctx attributes).
+    backward(ctx, *grads): a gradient (or None) per arg. Where it launches itself it takes its
+        backward op under ``backward_through_op`` and torch's ops under ``transformed``.
+    non_differentiable: indices of outputs autograd leaves alone (a log-sum-exp, say).
+    jvp(ctx, *tangents): the outputs' tangents (forward mode, torch.func.jvp / jacfwd).
+    vmap(info, in_dims, *args): (outputs, out_dims): torch.func.vmap's rule.
+    reference(*args): forward in torch's ops, for two open forward-mode levels (``nested_tangents``);
+        None: the jvp there too.
+    An op without jvp or vmap refuses those transforms, naming itself.
 
-def on_input_device(fn):
-    """fn run with its first argument's CUDA device current (``other_device``), as torch's own ops
-    run: without, tensors on cuda:1 while cuda:0 is current were launched on cuda:0. The current
-    device is restored after. The first argument may come by position or by its name."""
-    first = next(iter(inspect.signature(fn).parameters))
-
-    @functools.wraps(fn)
-    def call(*args, **kwargs):
-        index = other_device(args[0] if args else kwargs.get(first))
-        if index is None:
-            return fn(*args, **kwargs)
-        with torch.cuda.device(index):
-            return fn(*args, **kwargs)
-    return call
-
-
-def needs_op(*tensors) -> bool:
-    """Whether a call must go through its custom op rather than launch its kernels directly.
-
-    Under torch.compile the op is what the compiler sees; with autograd recording, the op carries
-    the registered backward; a tangent or a transform's wrapper (``transformed``) needs the
-    autograd Functions, which ``eager_autograd`` then picks; a tensor subclass (a FakeTensor of
-    shape propagation, say) needs the dispatcher, which hands the op to the subclass (for a
-    FakeTensor, the op's fake). A plain eager call skips torch's dispatcher, whose cost per call
-    is of the order of a kernel launch itself, so small softmaxes stay as cheap to call as torch's.
+    An op's wrapper calls ``spec.run(*args)`` where autograd records an eager call
+    (``eager_autograd``), and its custom op otherwise (``needs_op``).
     """
+
+    name: str
+    forward: Callable
+    setup: Callable
+    backward: Callable
+    non_differentiable: tuple[int, ...] = ()
+    jvp: Callable | None = None
+    vmap: Callable | None = None
+    reference: Callable | None = None
+
+    def run(self, *args):
+        """The op's call that autograd records on plain tensors: by the C apply (``eager_apply``),
+        or where it carries a tangent or a transform's wrapper, by ``apply_transforms``."""
+        if transformed(*args):
+            return apply_transforms(self, *args)
+        return eager_apply(KernelFunction, self, *args)
+
+    def apply(self, *args):
+        """``KernelFunction.apply`` for this op (torch's apply: what a vmap rule calls again)."""
+        return KernelFunction.apply(self, *args)
+
+
+class KernelFunction(torch.autograd.Function):
+    """The autograd Function of every op, ``KernelFunction.apply(spec, *args)``: it runs what the
+    op's ``AutogradSpec`` says. In torch.func's form (``setup_context``), so grad, vjp, jacrev,
+    jvp, jacfwd and vmap take it; torch.compile never traces it (``apply_transforms``)."""
+
+    @staticmethod
+    def forward(spec, *args):
+        return spec.forward(*args)
+
+    @staticmethod
+    def setup_context(ctx, inputs, output):
+        spec = ctx.spec = inputs[0]
+        spec.setup(ctx, inputs[1:], output)
+        if spec.non_differentiable:
+            ctx.mark_non_differentiable(*(output[i] for i in spec.non_differentiable))
+
+    @staticmethod
+    def backward(ctx, *grads):
+        return None, *ctx.spec.backward(ctx, *grads)
+
+    @staticmethod
+    def jvp(ctx, _, *tangents):
+        if ctx.spec.jvp is None:
+            raise NotImplementedError(f"{ctx.spec.name}: forward-mode AD (jvp) is not supported")
+        return ctx.spec.jvp(ctx, *tangents)
+
+    @staticmethod
+    def vmap(info, in_dims, spec, *args):
+        if spec.vmap is None:
+            raise NotImplementedError(f"{spec.name}: torch.func.vmap is not supported")
+        return spec.vmap(info, in_dims[1:], *args)
+
+
+# The C half of torch.autograd.Function.apply: the Python half binds the arguments to forward's
+# signature, which costs more than the rest of an apply (design notes: C apply).
+_C_APPLY = getattr(torch._C, "_FunctionBase", object).__dict__.get("apply")
+
+
+def eager_apply(function, *args):
+    """``function.apply(*args)`` where no torch.func transform is active (``eager_autograd``): the
+    C apply, each tensor argument unwrapped if it is a dead transform's wrapper as Python's apply
+    does. Where a transform is active, or torch has no such C apply, ``function.apply``."""
+    if _C_APPLY is None or torch._C._are_functorch_transforms_active():
+        return function.apply(*args)
+    unwrap = torch._C._functorch.unwrap_if_dead
+    return _C_APPLY.__get__(None, function)(*[unwrap(a) if isinstance(a, torch.Tensor) else a for a in args])
+
+
+def apply_transforms(function, *args):
+    """``function.apply(*args)`` for a call that carries a tangent or a transform's wrapper
+    (``transformed``); ``function`` an ``AutogradSpec`` (or a Function in torch.func's form with
+    a ``reference``). In a trace by torch.compile (a dual level open) it runs outside the trace,
+    where the jvp carries the tangent that the traced op would drop; with two forward-mode levels
+    open, torch's ops (``function.reference``, see ``nested_tangents``)."""
     if torch.compiler.is_compiling():
-        return True
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and (grad and t.requires_grad or type(t) not in PLAIN_TENSORS):
-            return True
-    return transformed(*tensors)
+        return _untraced(apply_transforms, function, *args)
+    if function.reference is not None and nested_tangents():
+        return function.reference(*args)
+    return function.apply(*args)
 
 
-def transformed(*tensors) -> bool:
-    """Whether a tensor carries what a direct launch would drop without a word: a forward-mode
-    tangent (a dual tensor of ``torch.autograd.forward_ad``) or a ``torch.func`` transform's
-    wrapper (grad, vjp, jacrev, jvp, jacfwd, vmap). Such calls take the eager autograd Functions,
-    whose forward sees plain tensors and whose ``jvp`` and ``vmap`` carry the tangents and the
-    batch. (A custom op has no forward-mode formula: where no input requires grad torch drops
-    its tangent without a word, else it raises.)
-
-    Outside any transform and dual level (two flags read, about 0.1 us) no tensor is looked at.
-    A trace by torch.compile cannot look at one either: there every call while a dual level is
-    open counts, tangent or not (the compiled code is guarded on that level), and its Function
-    runs outside the trace (``apply_transforms``: a graph break, which fullgraph mode refuses)."""
-    if torch.compiler.is_compiling():
-        return _dual_level_open()
-    wrapped = torch._C._are_functorch_transforms_active()
-    dual = _dual_level_open()
-    if not (wrapped or dual):
-        return False
-    for t in tensors:
-        if isinstance(t, torch.Tensor) and (wrapped and torch._C._functorch.is_functorch_wrapped_tensor(t)
-                                            or dual and forward_ad.unpack_dual(t).tangent is not None):
-            return True
-    return False
+@torch.compiler.disable
+def _untraced(fn, *args):
+    return fn(*args)
 
 
-def _dual_level_open() -> bool:
-    # Without the attribute (another torch) assume a level is open: the tensors are then looked at.
-    return getattr(forward_ad, "_current_level", 0) >= 0
-
-
-def nested_tangents() -> bool:
-    """Whether two forward-mode levels are open (torch.func's jvp over jvp, jacfwd over jacfwd or
-    over hessian; a dual level around one): torch does not differentiate an autograd Function's
-    jvp at the outer level and gives zeros there without a word (pytorch issue 197867), so such
-    calls take torch's own ops (the Functions' ``reference``). Where torch.func's interpreters
-    cannot be listed, assumed."""
-    try:
-        from torch._C._functorch import TransformType
-        from torch._functorch.pyfunctorch import retrieve_all_functorch_interpreters
-        levels = sum(i.key() == TransformType.Jvp for i in retrieve_all_functorch_interpreters())
-    except (ImportError, AttributeError):  # pragma: no cover - another torch
-        return True
-    return levels + _dual_level_open() > 1
+def backward_through_op(grad: torch.Tensor) -> bool:
+    """Whether an eager Function's backward must call its backward op instead of launching: when
+    it records a graph (create_graph), is traced, or gets a gradient that holds no plain storage
+    (a batch of gradients from ``is_grads_batched`` or a vectorised jacobian: functorch's
+    wrappers, which the op's batching rule serves)."""
+    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or type(grad) not in PLAIN_TENSORS
+            or torch._C._functorch.is_legacy_batchedtensor(grad)
+            or torch._C._functorch.is_functorch_wrapped_tensor(grad))
 
 
 def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
@@ -298,42 +463,13 @@ def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (yf * (tf - (yf * tf).sum(-1, keepdim=True))).to(y.dtype)
 
 
-# ----------------------------------------------------------------------------------------------
-# References
-# ----------------------------------------------------------------------------------------------
-def softmax_reference(x: torch.Tensor) -> torch.Tensor:
-    """What every kernel here must equal: ``torch.softmax`` over the last dimension."""
-    return torch.softmax(x, dim=-1)
+def batch_first(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+    """A vmap rule's operand with its batch dimension (dim, None where unbatched) first: for a
+    softmax over the last dimension, rows like any others."""
+    return t if dim is None else t.movedim(dim, 0)
 
 
-def naive_softmax(x: torch.Tensor) -> torch.Tensor:
-    """Softmax in five PyTorch steps; each launches its own kernel and goes through memory.
-
-    For x of M rows and N columns, counted in elements (see ``naive_softmax_bytes``):
-    """
-    x_max = x.max(dim=-1, keepdim=True).values  # read MN, write M
-    z = x - x_max  # read MN + M, write MN
-    numerator = torch.exp(z)  # read MN, write MN
-    denominator = numerator.sum(dim=-1, keepdim=True)  # read MN, write M
-    return numerator / denominator  # read MN + M, write MN
-
-
-def naive_softmax_bytes(M: int, N: int, element_size: int) -> int:
-    """Bytes ``naive_softmax`` moves: reads 5MN + 2M, writes 3MN + 2M elements.
-
-    (The course notes count 5MN + M reads; the division re-reads the M sums, hence 2M here.)
-    """
-    return (5 * M * N + 2 * M + 3 * M * N + 2 * M) * element_size
-
-
-def softmax_bytes(M: int, N: int, element_size: int) -> int:
-    """The least any softmax can move: read the input once, write the output once."""
-    return 2 * M * N * element_size
-
-
-# ----------------------------------------------------------------------------------------------
-# Launch helpers shared by every kernel here
-# ----------------------------------------------------------------------------------------------
+# -- Launching: grids, and the kernel as launched ----------------------------------------------
 # CUDA's limit on grid axis 0. Every kernel here loops over its work items with a stride of the
 # grid, so a grid capped at this limit still covers any number of rows or tiles.
 GRID_0_LIMIT = 2**31 - 1
@@ -358,7 +494,7 @@ def next_power_of_2(n: int) -> int:
     return 1 << (n - 1).bit_length() if n > 0 else 0
 
 
-def _jit(kernel, traced: bool):
+def jit_kernel(kernel, traced: bool):
     """The kernel as launched: seen by torch.compile inside an op body, called directly otherwise.
 
     ``wrap_triton`` is what lets a triton_op's trace see the launch; outside a trace it only adds
@@ -374,8 +510,66 @@ def _jit(kernel, traced: bool):
         return torch.library.wrap_triton(kernel)
     launcher = _LAUNCHERS.get(kernel)
     if launcher is None:
-        launcher = _LAUNCHERS[kernel] = DirectLauncher(kernel)
+        launcher = _LAUNCHERS[kernel] = DirectLauncher(kernel) if direct_launches_supported() else kernel
     return launcher
+
+
+# The direct launch calls Triton's private launch internals (the compiled kernel's launcher, and
+# its C function), whose arguments change between versions: it runs on the version it was
+# measured on; any other launches by ``kernel[grid](...)``, Triton's public path.
+DIRECT_LAUNCH_TRITON = "3.6."
+
+
+def direct_launches_supported() -> bool:
+    """Whether this Triton is the one the direct launch was written and measured for."""
+    return triton.__version__.startswith(DIRECT_LAUNCH_TRITON)
+
+
+_LAUNCHERS: dict = {}
+
+
+_QUIET: dict = {}
+
+
+class QuietInterpreted:
+    """An interpreted kernel, launched with numpy's floating-point warnings off. The interpreter
+    computes every lane with numpy, masked ones too: a tile of only -inf gives -inf - -inf and
+    0 / 0 there, values the kernels discard by design. A user's ``-W error::RuntimeWarning``
+    would otherwise turn an ordinary call into an error."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def __getitem__(self, grid):
+        launch = self.kernel[grid]
+
+        def run(*args, **kwargs):
+            import numpy as np
+
+            with np.errstate(all="ignore"):
+                return launch(*args, **kwargs)
+        return run
+
+    def __getattr__(self, name):
+        return getattr(self.kernel, name)
+
+
+def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
+    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the kernel is launched
+    through a DirectLauncher, ``keep(replay)`` with its ``Replay`` (``DirectLauncher.replay``)
+    taking the first ``n_tensors`` arguments."""
+    kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, n_tensors)
+        if replay is not None:
+            keep(replay)
+
+
+def _launch_hooks() -> bool:
+    """Whether Triton's launch hooks are set (a profiler's): a plain function or a non-empty chain."""
+    runtime = triton.knobs.runtime
+    return any(hook is not None and getattr(hook, "calls", True) for hook in
+               (runtime.launch_enter_hook, runtime.launch_exit_hook))
 
 
 def _arg_class(a):
@@ -401,9 +595,9 @@ class DirectLauncher:
     """``launcher[grid](*args, **constexprs)`` as ``kernel[grid](...)``, with less host time.
 
     Triton's own launch re-derives, on every call, what the compiled kernel is specialised on,
-    looks it up and wraps the launch in hooks and checks: 20-30 us of host time a launch on an
-    H100 machine, where calling the compiled kernel's launcher takes about 8
-    (outputs/profiles/host_cost.txt). Here the first call of each argument
+    looks it up and wraps the launch in hooks and checks, several times the host time of calling
+    the compiled kernel's launcher (see outputs/README.md, design notes: direct launch). Here the
+    first call of each argument
     class (``_arg_class``: what Triton specialises on) goes through Triton, which compiles and
     returns the kernel; later calls of that class launch it directly on torch's current stream.
     Launch hooks (profilers), pre-run hooks, grids given as functions and constexprs passed by
@@ -415,12 +609,14 @@ class DirectLauncher:
 
     def __init__(self, kernel):
         self.kernel = kernel
-        self.names = tuple(kernel.arg_names)
-        self.defaults = {p.name: p.default for p in kernel.params if p.has_default}
-        # Constexprs are keyed by value, by keyword only: positional arguments are keyed by class.
-        self.first_constexpr = min((i for i, p in enumerate(kernel.params) if p.is_constexpr), default=len(self.names))
         self.compiled = {}
-        self.usable = hasattr(triton, "knobs")  # triton 3.4 on
+        # Another Triton: every launch is Triton's own (``direct_launches_supported``).
+        self.usable = direct_launches_supported()
+        params = getattr(kernel, "params", ()) if self.usable else ()
+        self.names = tuple(p.name for p in params)
+        self.defaults = {p.name: p.default for p in params if p.has_default}
+        # Constexprs are keyed by value, by keyword only: positional arguments are keyed by class.
+        self.first_constexpr = min((i for i, p in enumerate(params) if p.is_constexpr), default=len(self.names))
 
     def __getitem__(self, grid):
         return lambda *args, **kwargs: self.launch(grid, args, kwargs)
@@ -514,6 +710,7 @@ def _c_launch(run):
     return launch, (run.launch_cooperative_grid, run.launch_pdl, None, None)
 
 
+# -- Kept launches: one cache, a namespace per op ----------------------------------------------
 class Replay:
     """One compiled launch with everything but its leading tensors fixed (``DirectLauncher.replay``).
 
@@ -619,33 +816,6 @@ class ReplayChain:
         return all(replay.launch(*[slots[i] for i in indices]) for replay, indices in self.steps)
 
 
-_LAUNCHERS: dict = {}
-_QUIET: dict = {}
-
-
-class QuietInterpreted:
-    """An interpreted kernel, launched with numpy's floating-point warnings off. The interpreter
-    computes every lane with numpy, masked ones too: a tile of only -inf gives -inf - -inf and
-    0 / 0 there, values the kernels discard by design. A user's ``-W error::RuntimeWarning``
-    would otherwise turn an ordinary call into an error."""
-
-    def __init__(self, kernel):
-        self.kernel = kernel
-
-    def __getitem__(self, grid):
-        launch = self.kernel[grid]
-
-        def run(*args, **kwargs):
-            import numpy as np
-
-            with np.errstate(all="ignore"):
-                return launch(*args, **kwargs)
-        return run
-
-    def __getattr__(self, name):
-        return getattr(self.kernel, name)
-
-
 def replay_key(tensors: tuple, options: tuple):
     """The key a wrapper's replays are kept under for its input ``tensors``: all that decides its
     launch (each one's shape, strides, dtype, device and 16-byte alignment; the current CUDA
@@ -690,43 +860,56 @@ def option_key(value):
     return type(value), value
 
 
-class Replays(dict):
-    """A wrapper's replays by ``replay_key``, at most ``limit`` of them (emptied when full)."""
+# Launches kept before the store is emptied: bounds a process that meets ever new shapes; a
+# model's steps meet a few dozen keys.
+KEPT_LAUNCH_LIMIT = 16384
+# The one store of kept launches: op name -> its shelf (a ``Replays``), each by ``replay_key``.
+KEPT_LAUNCHES: dict = {}
 
-    def __init__(self, limit: int = 4096):
+
+class Replays(dict):
+    """Op ``name``'s shelf in the one store of kept launches (``KEPT_LAUNCHES``): a dict by
+    ``replay_key``, so a call's lookup stays one dict lookup. ``Replays(name)`` gives the same
+    shelf every time (no name: a shelf of its own). One size policy for all shelves
+    (``KEPT_LAUNCH_LIMIT``), one place to empty them (``forget_kept_launches``)."""
+
+    _unnamed = 0
+
+    def __new__(cls, name: str | None = None):
+        if name is None:
+            cls._unnamed += 1
+            name = f"<unnamed {cls._unnamed}>"
+        shelf = KEPT_LAUNCHES.get(name)
+        if shelf is None:
+            shelf = KEPT_LAUNCHES[name] = super().__new__(cls)
+            shelf.name = name
+        return shelf
+
+    def __init__(self, name: str | None = None):  # noqa: ARG002 - the shelf is kept, not emptied
         super().__init__()
-        self.limit = limit
 
     def keeper(self, key):
         """A function that keeps its one argument, a Replay or ReplayChain, under ``key``."""
         def keep(replay):
-            if len(self) >= self.limit:
-                self.clear()
+            if sum(map(len, KEPT_LAUNCHES.values())) >= KEPT_LAUNCH_LIMIT:
+                forget_kept_launches()
             self[key] = replay
         return keep
 
 
-_ROW_REPLAYS = Replays()
+def forget_kept_launches() -> None:
+    """Empty every op's shelf of kept launches: the next call of each key chooses afresh."""
+    for shelf in KEPT_LAUNCHES.values():
+        shelf.clear()
 
 
-def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
-    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the kernel is launched
-    through a DirectLauncher, ``keep(replay)`` with its ``Replay`` (``DirectLauncher.replay``)
-    taking the first ``n_tensors`` arguments."""
-    kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, n_tensors)
-        if replay is not None:
-            keep(replay)
+def empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
+    """A contiguous uninitialised tensor of t's shape, dtype and device: torch.empty_like, which
+    every call of every op pays, costs a fraction of torch.empty(shape, ...) (design notes: empty_like)."""
+    return torch.empty_like(t, memory_format=torch.contiguous_format)
 
 
-def _launch_hooks() -> bool:
-    """Whether Triton's launch hooks are set (a profiler's): a plain function or a non-empty chain."""
-    runtime = triton.knobs.runtime
-    return any(hook is not None and getattr(hook, "calls", True) for hook in
-               (runtime.launch_enter_hook, runtime.launch_exit_hook))
-
-
+# -- Device resources: occupancy, workspaces, vectorised strides -------------------------------
 @functools.lru_cache(maxsize=None)
 def _device_properties(index: int):
     return torch.cuda.get_device_properties(index)
@@ -734,6 +917,137 @@ def _device_properties(index: int):
 
 def _device_index(t: torch.Tensor) -> int:
     return -1 if t.device.type != "cuda" else (t.device.index if t.device.index is not None else 0)
+
+
+def kernel_registers(compiled) -> int:
+    """Registers a thread of a compiled kernel."""
+    if getattr(compiled, "n_regs", None) is None:
+        compiled._init_handles()  # triton 3.6 loads the binary (and learns n_regs) lazily
+    return compiled.n_regs
+
+
+def launch_options(warps: int, maxnreg: int | None) -> dict:
+    """A launch's num_warps, and its register cap where it has one."""
+    return dict(num_warps=warps) if maxnreg is None else dict(num_warps=warps, maxnreg=maxnreg)
+
+
+def resident_programs(compiled, num_warps: int, props) -> int:
+    """How many programs of a compiled kernel one SM holds at once (registers, shared memory, threads)."""
+    threads = num_warps * 32
+    # Registers go to warps in units of 256 (CUDA's occupancy calculator): 50 a thread hold 56.
+    warp_regs = cdiv(max(1, kernel_registers(compiled)) * 32, 256) * 256
+    by_regs = props.regs_per_multiprocessor // warp_regs // num_warps
+    shared = compiled.metadata.shared
+    by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
+    by_threads = props.max_threads_per_multi_processor // threads
+    return max(0, min(by_regs, by_smem, by_threads))
+
+
+def fresh_counters(t: torch.Tensor) -> bool:
+    """Whether a kernel's zeroed counters (and any workspace cached beside them) must be made
+    for this call, not taken from a cache: torch.compile is tracing (t is fake: a cached buffer
+    would enter the graph as a constant the kernel mutates), a CUDA graph is being captured (the
+    zero fill then becomes part of the graph, which replays it), or an opaque op's body runs
+    (``no_cached_buffers``)."""
+    return is_fake(t) or buffers_per_call(t)
+
+
+def buffers_per_call(t: torch.Tensor) -> bool:
+    """``fresh_counters`` for a tensor known not to be fake: inside ``no_cached_buffers``, or
+    while a CUDA graph is being captured."""
+    return _NO_CACHED_BUFFERS.depth > 0 or (t.is_cuda and torch.cuda.is_current_stream_capturing())
+
+
+class _Depth(threading.local):
+    depth = 0
+
+
+_NO_CACHED_BUFFERS = _Depth()
+
+
+@contextlib.contextmanager
+def no_cached_buffers():
+    """Inside: counters and workspaces are made per call. For the body of an op that
+    torch.compile calls as one opaque unit: under mode="reduce-overhead" its first runs allocate
+    from the CUDA graph's memory pool, which refuses to be captured while a buffer made there
+    outlives the call."""
+    _NO_CACHED_BUFFERS.depth += 1
+    try:
+        yield
+    finally:
+        _NO_CACHED_BUFFERS.depth -= 1
+
+
+def vector_align(strides, itemsize: int) -> int:
+    """The largest power of two of elements, up to 16 bytes, that divides every stride; 1 where
+    Triton knows as much already (every stride a multiple of 16 elements: what it specialises
+    on, so the compiled kernel stays the one it always was) or where any stride is 2^31 or more
+    (passed as a 64-bit int; divided, it would come as a 32-bit one and overflow when the
+    kernel multiplies it back)."""
+    if any(v >= 2**31 for v in strides) or not any(v % 16 for v in strides):
+        return 1
+    align = 16 // itemsize
+    while align > 1 and any(v % align for v in strides):
+        align //= 2
+    return align
+
+
+def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tuple[int, ...], int]:
+    """t's strides with those of ``dims`` divided by ``align`` (``vector_align`` of them), and
+    ``align``: for a kernel that multiplies them back by ``align`` as a constant. Compiled,
+    Triton only knows whether an int argument divides by 16; a row stride such as 1000 would
+    read as unaligned, and every row be loaded one element at a time and staged without
+    asynchronous copies (design notes: vector strides)."""
+    strides = tuple(t.stride())  # symbolic under torch.compile: no int(), which would pin the shape
+    align = vector_align([strides[d] for d in dims], t.element_size())
+    return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
+
+
+# ----------------------------------------------------------------------------------------------
+# Softmax over rows: what the online and the row kernels share
+# ----------------------------------------------------------------------------------------------
+
+
+def softmax_spec(name: str, softmax, backward) -> AutogradSpec:
+    """The ``AutogradSpec`` of a public softmax over the last dimension, ``softmax(x, *options)``:
+    its forward and its vmap (the batch as more rows) are that call, ``backward(ctx, dy)`` its
+    gradient (``softmax_backward``); its jvp and reference are softmax's own, in torch's ops."""
+    def vmap(info, in_dims, x, *options):  # noqa: ARG001 - torch.func's signature
+        return softmax(batch_first(x, in_dims[0]), *options), 0
+
+    return AutogradSpec(name, forward=softmax, setup=_save_softmax_output, backward=backward, jvp=_softmax_jvp,
+                        vmap=vmap, reference=_torch_softmax)
+
+
+def _save_softmax_output(ctx, inputs, output):
+    """A softmax spec's setup: y for the backward (and for the jvp where a tangent may come), the
+    options for the backward. Inline: every eager call that autograd records runs it."""
+    ctx.save_for_backward(output)
+    ctx.blocks = inputs[1:]
+    if torch._C._are_functorch_transforms_active() or getattr(forward_ad, "_current_level", 0) >= 0:
+        ctx.save_for_forward(output)
+
+
+def _softmax_jvp(ctx, dx, *_):
+    return softmax_tangent(ctx.saved_tensors[0], dx)
+
+
+def _torch_softmax(x, *options):  # noqa: ARG001 - a spec's reference takes the op's arguments
+    return torch.softmax(x, dim=-1)
+
+
+def softmax_backward(y, dy, options: tuple, backward_op, launch, replays: Replays) -> torch.Tensor:
+    """dx for y = softmax(x) and its gradient dy (one shape), as an eager softmax's autograd
+    computes it: torch's ops for a transform's gradient or one with a tangent (``softmax_tangent``);
+    ``backward_op(y, dy, *options)`` where a graph is recorded, in a trace or for a batch of
+    gradients (``backward_through_op``: differentiable again); else the launch kept in
+    ``replays``, or ``launch(y, dy, *options, traced=False, keep=...)``. No input checks:
+    autograd hands dy in y's shape, dtype and device."""
+    if transformed(y, dy):
+        return softmax_tangent(y, dy)
+    if backward_through_op(dy):
+        return backward_op(y, dy, *options)
+    return _eager_backward(replays, y, dy, options, lambda keep: launch(y, dy, *options, traced=False, keep=keep))
 
 
 def _softmax_double_backward(y, dy, ddx, backward):
@@ -750,6 +1064,16 @@ def _softmax_double_backward(y, dy, ddx, backward):
     return grad_y.to(y.dtype), grad_dy
 
 
+def _save_output_and_blocks(ctx, inputs, output):
+    ctx.save_for_backward(output)
+    ctx.blocks = tuple(inputs[1:])
+
+
+def _save_backward_inputs(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.blocks = tuple(inputs[2:])
+
+
 def _kept_softmax(replays: Replays, key, *inputs: torch.Tensor) -> torch.Tensor | None:
     """The softmax of x (or with inputs (y, dy) its gradient) by the launch kept in ``replays``
     under ``key`` (``replay_key``; None: no key), into a new contiguous output of the first
@@ -758,20 +1082,34 @@ def _kept_softmax(replays: Replays, key, *inputs: torch.Tensor) -> torch.Tensor 
     replay = None if key is None else replays.get(key)
     if replay is None:
         return None
-    out = _empty_like_contiguous(inputs[0])
+    out = empty_like_contiguous(inputs[0])
     return out if replay(*inputs, out) else None
 
 
-def _empty_like_contiguous(t: torch.Tensor) -> torch.Tensor:
-    """A contiguous uninitialised tensor of t's shape, dtype and device. torch.empty_like costs
-    less host time than torch.empty(t.shape, dtype=, device=): 2.2 against 7.9 us a call on an
-    H100 machine (outputs/profiles/replay_path_probe.txt), which every call of every op pays."""
-    return torch.empty_like(t, memory_format=torch.contiguous_format)
+def _eager_backward(replays: Replays, y: torch.Tensor, dy: torch.Tensor, options: tuple, launch):
+    """dx of an eager softmax backward (``backward_through_op`` False): the launch kept in
+    ``replays`` for (y, dy)'s key (``replay_key`` of them and ``options``), else ``launch(keep)``,
+    which computes dx and hands ``keep`` its launch as a Replay of (y, dy, dx). Kept, a training
+    step's backward skips the launch choice and Triton's argument keys (a few us of host time)."""
+    key = replay_key((y, dy), options)
+    dx = _kept_softmax(replays, key, y, dy)
+    if dx is not None:
+        return dx
+    return launch(None if key is None else replays.keeper(key))
+
+
+def _as_3d(x: torch.Tensor) -> torch.Tensor:
+    """(batch, d1, d2) view of x: leading dimensions folded into batch; 1-D and 2-D get batch 1."""
+    if x.dim() == 1:
+        return x.reshape(1, 1, x.shape[0])
+    return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
 
 
 # ----------------------------------------------------------------------------------------------
 # Online softmax: BLOCK_1 rows x BLOCK_2 columns per step, any row length
 # ----------------------------------------------------------------------------------------------
+
+
 def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, int]:
     """Tiles for ``online_softmax`` on rows of n_cols: about 4096 elements per step.
 
@@ -780,6 +1118,15 @@ def online_softmax_tiles(n_cols: int, BLOCK_2: int | None = None) -> tuple[int, 
     """
     block_2 = BLOCK_2 or min(next_power_of_2(n_cols), 4096)
     return max(1, 4096 // block_2), block_2
+
+
+def check_tiles(BLOCK_1, BLOCK_2) -> None:
+    """online_softmax's tiles: powers of two, BLOCK_2 up to 4096, and a tile Triton can hold."""
+    check_block("BLOCK_1", BLOCK_1, 1)
+    check_block("BLOCK_2", BLOCK_2, 1, 4096)
+    if BLOCK_1 * BLOCK_2 > tl.TRITON_MAX_TENSOR_NUMEL:
+        raise ValueError(f"BLOCK_1 * BLOCK_2 must be at most {tl.TRITON_MAX_TENSOR_NUMEL} elements (Triton's largest "
+                         f"block), got {BLOCK_1} * {BLOCK_2} = {BLOCK_1 * BLOCK_2}")
 
 
 @triton.jit
@@ -884,13 +1231,13 @@ def _online_launch(kernel, inputs, BLOCK_1: int, BLOCK_2: int, traced: bool, kee
     caller; each is read through its strides (autograd's gradient of a sum is a stride-0
     expansion). Returns the contiguous output, allocated here; ``keep`` receives the launch as
     a ``Replay`` of (*inputs, output)."""
-    out = _empty_like_contiguous(inputs[0])
+    out = empty_like_contiguous(inputs[0])
     if out.numel() == 0:
         return out
     batch, d1, d2 = out.shape
     n_row_tiles, n_tiles, grid = _online_grid(batch, d1, BLOCK_1)
     strides = [s for t in (*inputs, out) for s in t.stride()]
-    launch_and_keep(_jit(kernel, traced), grid, (*inputs, out, d1, d2, n_row_tiles, n_tiles, *strides),
+    launch_and_keep(jit_kernel(kernel, traced), grid, (*inputs, out, d1, d2, n_row_tiles, n_tiles, *strides),
                     dict(BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2, num_warps=_warps_for_tile(BLOCK_1 * BLOCK_2)),
                     keep, len(inputs) + 1)
     return out
@@ -906,7 +1253,7 @@ def _online_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: i
 
 
 def _online_fake(x, BLOCK_1, BLOCK_2):
-    return _empty_like_contiguous(x)
+    return empty_like_contiguous(x)
 
 
 @kernel_op("online_softmax", _online_fake)
@@ -915,17 +1262,12 @@ def _online_softmax_op(x: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Ten
 
 
 def _online_backward_fake(y, dy, BLOCK_1, BLOCK_2):
-    return _empty_like_contiguous(y)
+    return empty_like_contiguous(y)
 
 
 @kernel_op("online_softmax_backward", _online_backward_fake)
 def _online_softmax_backward_op(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
     return _online_backward(y, dy, BLOCK_1, BLOCK_2, traced=True)
-
-
-def _save_output_and_blocks(ctx, inputs, output):
-    ctx.save_for_backward(output)
-    ctx.blocks = tuple(inputs[1:])
 
 
 # The autograd formulas always call the ops: torch.compile traces a backward with fake tensors
@@ -935,11 +1277,6 @@ def _online_softmax_grad(ctx, dy):
     return _online_softmax_backward_op(y, dy, *ctx.blocks), None, None
 
 
-def _save_backward_inputs(ctx, inputs, output):
-    ctx.save_for_backward(inputs[0], inputs[1])
-    ctx.blocks = tuple(inputs[2:])
-
-
 def _online_softmax_backward_grad(ctx, ddx):
     y, dy = ctx.saved_tensors
     grad_y, grad_dy = _softmax_double_backward(y, dy, ddx, lambda y, g: _online_softmax_backward_op(y, g, *ctx.blocks))
@@ -947,6 +1284,8 @@ def _online_softmax_backward_grad(ctx, ddx):
 
 
 _online_softmax_op.register_autograd(_online_softmax_grad, setup_context=_save_output_and_blocks)
+
+
 _online_softmax_backward_op.register_autograd(_online_softmax_backward_grad, setup_context=_save_backward_inputs)
 
 
@@ -956,13 +1295,6 @@ def _online_backward_3d(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2
     if needs_op(y, dy):
         return _online_softmax_backward_op(y, dy, BLOCK_1, BLOCK_2)
     return _online_backward(y, dy, BLOCK_1, BLOCK_2, traced=False)
-
-
-def _as_3d(x: torch.Tensor) -> torch.Tensor:
-    """(batch, d1, d2) view of x: leading dimensions folded into batch; 1-D and 2-D get batch 1."""
-    if x.dim() == 1:
-        return x.reshape(1, 1, x.shape[0])
-    return x.reshape(math.prod(x.shape[:-2]), x.shape[-2], x.shape[-1])
 
 
 @on_input_device
@@ -984,11 +1316,7 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     check_tiles(BLOCK_1, BLOCK_2)
     x3 = _as_3d(x)
     if needs_op(x3):
-        if eager_autograd(x3):
-            y = (apply_transforms(_OnlineSoftmaxTransforms, x3, BLOCK_1, BLOCK_2) if transformed(x3)
-                 else eager_apply(OnlineSoftmax, x3, BLOCK_1, BLOCK_2))
-        else:
-            y = _online_softmax_op(x3, BLOCK_1, BLOCK_2)
+        y = _ONLINE_AUTOGRAD.run(x3, BLOCK_1, BLOCK_2) if eager_autograd(x3) else _online_softmax_op(x3, BLOCK_1, BLOCK_2)
     else:
         # Kept where the launch reads x itself: x3 a view of it (a reshape that copies is not).
         keep = None if key is None or x3.data_ptr() != x.data_ptr() else _ONLINE_REPLAYS.keeper(key)
@@ -996,7 +1324,10 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 16, BLOCK_2: int = 16) -> tor
     return y if y.shape == x.shape else y.reshape(x.shape)
 
 
-_ONLINE_REPLAYS = Replays()
+_ONLINE_REPLAYS = Replays("online_softmax")
+
+
+_ONLINE_BACKWARD_REPLAYS = Replays("online_softmax_backward")
 
 
 @on_input_device
@@ -1011,12 +1342,22 @@ def online_softmax_backward(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int = 16
     return _online_backward_3d(_as_3d(y), _as_3d(dy), BLOCK_1, BLOCK_2).reshape(y.shape)
 
 
+def _online_grad(ctx, dy):
+    """The backward of ``online_softmax`` and of ``OnlineSoftmax`` (whose y may have any rank)."""
+    (y,) = ctx.saved_tensors
+    dx = softmax_backward(_as_3d(y), _as_3d(dy), ctx.blocks, _online_softmax_backward_op, _online_backward,
+                          _ONLINE_BACKWARD_REPLAYS)
+    return dx.reshape(y.shape), None, None
+
+
+_ONLINE_AUTOGRAD = softmax_spec("online_softmax", online_softmax, _online_grad)
+
+
 class OnlineSoftmax(torch.autograd.Function):
     """``OnlineSoftmax.apply(x, BLOCK_1, BLOCK_2)``: online softmax with a Triton backward.
 
     The backward is differentiable itself (``create_graph=True`` gives correct second-order terms).
-    ``online_softmax`` called eagerly with autograd recording runs through it too: its kernels
-    launched directly, not through the custom op and the dispatcher (as ``_EagerRowSoftmax``).
+    ``online_softmax`` runs the same backward through ``KernelFunction`` (``_ONLINE_AUTOGRAD``).
     """
 
     @staticmethod
@@ -1028,92 +1369,36 @@ class OnlineSoftmax(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        if transformed(y, dy):  # a transform's gradient, or one with a tangent: see softmax_tangent
-            return softmax_tangent(y, dy), None, None
-        # No input checks: autograd hands dy in y's shape, dtype and device, and torch.compile
-        # refuses tensor-metadata queries such as .layout inside a traced backward. A graph
-        # recorded, a trace or a batch of gradients takes the backward op (``backward_through_op``).
-        y3, dy3 = _as_3d(y), _as_3d(dy)
-        if backward_through_op(dy):
-            dx = _online_softmax_backward_op(y3, dy3, *ctx.blocks)
-        else:
-            dx = _eager_backward(_ONLINE_BACKWARD_REPLAYS, y3, dy3, ctx.blocks,
-                                 lambda keep: _online_backward(y3, dy3, *ctx.blocks, traced=False, keep=keep))
-        return dx.reshape(y.shape), None, None
-
-
-def softmax_transforms(function, softmax):
-    """A subclass of the softmax's eager autograd Function ``function`` for the calls of the public
-    ``softmax`` (x, *tiles) that carry a tangent or a transform's wrapper (``transformed``): in the
-    form torch.func takes (``setup_context``), with forward mode (``jvp``) and a batching rule
-    (``vmap``); its backward is function's, ``reference`` torch's softmax (``apply_transforms``).
-
-    Apart from ``function`` because that form's apply costs about 16 us more host time a call
-    (torch binds the arguments to forward's signature), and because torch.compile refuses to
-    trace a Function with a jvp, where ``OnlineSoftmax.apply`` is traced (called itself with a
-    dual tensor, it gets torch's error asking for a jvp)."""
-
-    def forward(x, *tiles):
-        return softmax(x, *tiles)  # grad is off and x plain in here
-
-    def setup_context(ctx, inputs, output):
-        _save_output_and_blocks(ctx, inputs, output)
-        ctx.save_for_forward(output)
-
-    def jvp(ctx, dx, *_):
-        return softmax_tangent(ctx.saved_tensors[0], dx)
-
-    def vmap(info, in_dims, x, *tiles):
-        return softmax(batch_first(x, in_dims[0]), *tiles), 0
-
-    def reference(x, *tiles):
-        return torch.softmax(x, dim=-1)
-
-    methods = dict(forward=forward, setup_context=setup_context, jvp=jvp, vmap=vmap, reference=reference)
-    return type(f"{function.__name__.lstrip('_')}Transforms", (function,),
-                {name: staticmethod(method) for name, method in methods.items()})
-
-
-_OnlineSoftmaxTransforms = softmax_transforms(OnlineSoftmax, online_softmax)
-
-
-def batch_first(t: torch.Tensor, dim: int | None) -> torch.Tensor:
-    """A vmap rule's operand with its batch dimension (dim, None where unbatched) first: for a
-    softmax over the last dimension, rows like any others."""
-    return t if dim is None else t.movedim(dim, 0)
+        return _online_grad(ctx, dy)
 
 
 # ----------------------------------------------------------------------------------------------
 # Row softmax: one read, one write; rows that fit in one program, or split over resident programs
 # (float32, and 16-bit rows that fill its chunks; other long 16-bit rows are read twice, in online tiles)
 # ----------------------------------------------------------------------------------------------
+
+
 # Past this many bytes a row no longer fits in one program's registers without spilling
 # (32 warps x 32 threads x 32 fp32 values = 128 KiB of fp32 values).
 ROW_BYTES_ON_CHIP = 128 * 1024
+
+
 # The split kernel's columns a program: SPLIT_SHORT_COLUMNS while a row takes at most
-# SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS; 32 values a thread (4 or 8
-# warps). On an H100 (outputs/profiles/row_launch_probe.txt, 0.25-2 GiB, each chunk's
-# exponentials kept across the wait): float32 rows 86-96 % of copy at widths 50257 to 262144,
-# 16-bit rows read in whole vectors (``_split_vec``) 78-89 %. The other of the two sizes was as
-# fast or 1 to 14 points slower at each width but 50257 float32 (4-5 points faster in that run,
-# 4 slower in another the same day), and 16384 columns slower than the better of the two
-# everywhere. Wide rows in narrow chunks take many programs a row, each of which the row's wait
-# includes (262144 bf16 in 64 programs of 4096: 66 %, in 32 of 8192: 80 %); rows up to 65536
-# columns in wide chunks leave few programs a row to spread over the SMs (65536 bf16 in 8 of
-# 8192: 84 %, in 16 of 4096: 89 %). The online kernel in tiles of 8192 columns reaches 49-69 %
-# (outputs/profiles/shifted_split_probe.txt). With 16-bit rows prefetched into L2 (``split_prefetch``)
-# the rule held but at 100003 columns (25 programs of 4096: 85 %, 13 of 8192: 80 %): 4096 columns
-# at 50257 and 65536 (87-93 %; 8192: 78-92), 8192 at 128256 and past (87-91 %; 4096: 53-78;
-# outputs/profiles/split_l2_prefetch_probe.txt).
+# SPLIT_SHORT_PROGRAMS programs of them, else SPLIT_LONG_COLUMNS (32 values a thread): narrow
+# chunks of wide rows make each row's wait span many programs, wide chunks of shorter rows leave
+# few programs to spread (see outputs/README.md, design notes: split chunk sizes).
 SPLIT_SHORT_COLUMNS = 4096
 SPLIT_LONG_COLUMNS = 8192
 SPLIT_SHORT_PROGRAMS = 16
 # Rows of the split kernel laid from boundaries of this many bytes (``_split_frame``).
 SPLIT_FRAME_BYTES = 128
+
+
 # The split kernel's register cap (``split_registers``).
 SPLIT_REGISTER_CAP = 64
 SPLIT_REGISTER_SLACK = 8
+
+
 # 16-bit rows read element by element (x's and y's rows off 16 bytes by different amounts) take
 # the online kernel in tiles of 8192 columns. It reads x twice (about 2/3 of copy, unless the
 # second read hits L2).
@@ -1175,12 +1460,9 @@ ROW_BLOCK_VALUES = 2048
 
 
 def _row_grid(n_rows: int, rows: int = 1) -> int:
-    """Programs for the one-pass kernels: one a block of ``rows`` rows. On an H100 this beat a
-    persistent grid (the SMs' worth of programs looping over the rows) at every width tried,
-    512 to 4096 columns (92-96 % of copy looping, 98-101 % one a block: part 2 of
-    outputs/profiles/row_launch_probe.txt; an earlier sweep found the same, by 3 to 8 points, for
-    rows of 8 KiB and more): the hardware fills each SM as programs finish. In the interpreter a
-    few programs loop over the rows instead."""
+    """Programs for the one-pass kernels: one a block of ``rows`` rows, which beat a persistent
+    grid at every width measured: the hardware fills each SM as programs finish (design notes:
+    one block a program). In the interpreter a few programs loop over the rows instead."""
     blocks = cdiv(n_rows, rows)
     return min(blocks, 4) if INTERPRET else min(blocks, GRID_0_LIMIT)
 
@@ -1213,13 +1495,9 @@ def _row_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, dev
 
 def _fills_poorly(n_cols: int, dtype: torch.dtype) -> bool:
     """A 16-bit row in the one-pass kernel's widest block (ROW_BYTES_ON_CHIP of float32: 32768
-    columns over 32 warps, one program a SM) that fills less than 15/16 of it. The split kernel
-    reads those faster: on an H100 bf16 rows of 20000 and 24576 columns ran at 69 and 78 % of
-    copy in one pass, 73 and 80 % with ``row_prefetch`` (outputs/profiles/row_ahead_probe.txt),
-    and at 20000 to 28000 columns 88-92 % split (row_fill_probe.txt, as the rest); at 32000
-    columns the two were level (93-97 % against 94-96 %). Narrower blocks leave two or more
-    programs a SM, and there one pass won (12000 columns: 98 % against 90 %; 8500 to 11000:
-    81-93 % against 78-86 %), as it does for float32 rows (98-102 % against 93-97 %)."""
+    columns over 32 warps, one program a SM) that fills less than 15/16 of it: the split kernel
+    reads those faster; narrower blocks leave two or more programs a SM, and there one pass wins,
+    as for float32 rows (design notes: poorly filled blocks)."""
     full = next_power_of_2(n_cols)
     return dtype.itemsize < 4 and full * 4 == ROW_BYTES_ON_CHIP and n_cols * 16 < full * 15
 
@@ -1251,11 +1529,8 @@ def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, de
     """The one-pass kernel's AHEAD for rows a program (16-bit rows on Hopper, as ``split_prefetch``):
     the programs the device holds at once, the compiled kernel's residency times the SMs. A
     program asks L2 for the row that many on before it stores its own; the hardware starts the
-    program for that row about when this one ends, and finds it in L2. On an H100
-    (outputs/profiles/row_ahead_probe.txt, 0.25 and 2 GiB) bf16 rows of 32000 and 32768 columns
-    went from 91-92 % of copy to 93-97 %, 4096 to 16384 stayed at 99-101 %; float32 rows lost
-    up to 7 points (none asked). Half that many rows on lost up to 5 points, twice as many 10 to
-    28 (rows brought in too early leave L2 before use)."""
+    program for that row about when this one ends, and finds it in L2. Fewer rows ahead gain
+    less; more bring rows in too early, which leave L2 before use (design notes: row prefetch)."""
     vec = vector_align((n_cols, stride_x, n_cols), dtype.itemsize)
     ints = (n_rows, n_cols // vec, stride_x // vec, n_cols // vec)
     compiled = softmax_row_kernel.warmup(dtype, dtype, *map(_int_stand_in, ints), BLOCK_SIZE=block, VEC=vec, ROWS=1,
@@ -1266,9 +1541,8 @@ def row_prefetch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, de
 
 def _row_block_rows(n_rows: int, block: int, device_index: int) -> int:
     """Rows a program of the one-pass kernel: up to ROW_BLOCK_VALUES values, but on a GPU no
-    fewer programs than SMs where the rows allow (a power of two). Packing 256 rows of 50 into
-    8 programs ran the unfused softmax(x @ W) 256 x 512 x 50 0.7 us slower than 256 programs
-    (outputs/README.md); this bound is not yet timed."""
+    fewer programs than SMs where the rows allow (a power of two): packing narrow rows into a few
+    programs left SMs idle (design notes: rows a program)."""
     rows = min(ROW_BLOCK_VALUES // block, next_power_of_2(n_rows))
     if not INTERPRET:
         rows = min(rows, cdiv(n_rows, _device_properties(device_index).multi_processor_count))
@@ -1307,11 +1581,8 @@ def _split_shape(n_cols: int, chunk_bytes: int, dtype: torch.dtype) -> tuple[int
     chunk_bytes). 16-bit rows take as few programs as cover the row. float32 rows take a power
     of two of them where that leaves at most a quarter idle, else as few as cover the row:
     compiled for sm_90, a count that is no power of two costs the float32 kernel 8 to 10
-    registers a thread (fewer programs resident). Where a power of two leaves many idle that
-    costs less than they do: 441 x 151936 in 19 programs 94 % of copy, in 32 83 % (H100,
-    outputs/profiles/row_launch_probe.txt). Where it leaves few the two are close and two runs
-    the same day disagreed (1335 x 50257: 13 programs 87 % and 90 %, 16 programs 92 % and 87 %),
-    so the count with fewer registers stays."""
+    registers a thread (fewer programs resident), less than many idle programs cost (design
+    notes: split count)."""
     chunk = chunk_bytes // dtype.itemsize
     split = cdiv(n_cols, chunk)
     if dtype.itemsize >= 4 and next_power_of_2(split) * 3 <= split * 4:
@@ -1333,11 +1604,8 @@ def _split_vec(n_cols: int, stride_x: int, dtype: torch.dtype) -> int | None:
     elements in 16 bytes where not, but x's and y's rows start equally far past a 16-byte
     boundary (so one layout of chunks suits both; rows laid from the vector before them, their
     masks hold whole vectors); None where neither (their loads or stores go element by element).
-    A width on 16 bytes but no multiple of 16 values with VEC 1 was read value by value, in
-    half the programs: on an H100 bf16 rows of 20008 and 40008 columns (20480 and 40960 apart)
-    took 0.273 and 0.275 ms that way, 0.200 and 0.201 with VEC 8; float32 rows of 65540 and
-    100004 columns 0.236 and 0.255 ms, 0.218 and 0.204 with VEC 4
-    (outputs/profiles/split_vec_probe.txt)."""
+    A width on 16 bytes but no multiple of 16 values takes vectors too: with VEC 1 half the
+    programs read it value by value (design notes: split VEC)."""
     vector = 16 // dtype.itemsize
     if n_cols % 16 == 0 and stride_x % 16 == 0:
         return 1
@@ -1353,25 +1621,16 @@ def _split_suits_16bit(n_cols: int, stride_x: int, dtype: torch.dtype) -> bool:
 def split_prefetch(dtype: torch.dtype, props) -> bool:
     """Whether the split kernel's programs ask L2 for their chunk of the next row before each wait
     (PREFETCH): 16-bit rows on NVIDIA GPUs of compute capability 9 and later (the bulk prefetch
-    is sm_90's). On an H100 (outputs/profiles/split_l2_prefetch_probe.txt, tensors of 0.25 and
-    2 GiB) that took bf16 and fp16 rows of 50257 to 262144 columns from 78-90 % of copy to
-    87-93 %, the chunks being read from L2 after the wait. Asked right after the row's loads
-    instead, the prefetch gained less and lost at 65536 columns (it delays the loads the wait is
-    for); asked for the row after next, it lost everywhere (split_l2_prefetch_variants.txt there).
-    float32 rows, whose chunks hold twice the bytes already, went either way (90 -> 92 % at
-    50257 columns, 96 -> 84 % at 128256, 92 -> 84 % at 262144), and do without."""
+    is sm_90's): the chunks are then read from L2 after the wait. float32 rows, whose chunks hold
+    twice the bytes already, went either way and do without (design notes: split prefetch)."""
     return dtype.itemsize < 4 and torch.version.hip is None and props.major >= 9
 
 
 def split_registers(n_regs: int) -> int | None:
     """The split kernel's register cap (``maxnreg``) for a variant ptxas compiles to n_regs a
     thread uncapped: SPLIT_REGISTER_CAP where that is up to SPLIT_REGISTER_SLACK fewer, else
-    None. float32 rows off 16-byte boundaries (50257 columns: 4096 a program over 4 warps) take
-    70 registers, 7 programs a SM; capped at 64 (a few values spilled) 8 fit, and they ran at 86
-    and 85 % of copy uncapped, 90 and 89 % capped (H100, 0.25 and 2 GiB tensors,
-    outputs/profiles/split_registers_probe.txt). A cap below what ptxas picks on its own (55 at
-    65536 float32 columns) can raise the count it picks (to 64: a program fewer a SM), and a cap
-    of 48, two programs more for 16-bit rows, lost about as often as it won: neither is set."""
+    None: a few spilled values for a program more a SM. A cap below what ptxas picks on its own
+    can raise its count, so none is set there (design notes: split register cap)."""
     if SPLIT_REGISTER_CAP < n_regs <= SPLIT_REGISTER_CAP + SPLIT_REGISTER_SLACK:
         return SPLIT_REGISTER_CAP
     return None
@@ -1384,12 +1643,7 @@ def _split_frame(n_cols: int, stride_x: int, dtype: torch.dtype) -> int:
     Framed so, a warp's 512 bytes of a row span four 128-byte lines, not five, and a row whose
     width is no multiple of 16 values is read in vectors even where it starts on 16 bytes (laid
     from its own start, VEC 1, Triton cannot tell that its end falls on a vector, and loads it
-    value by value). On an H100 (outputs/profiles/row_frame_probe.txt) bf16 rows of 17000 and
-    45000 columns, that case, went from 71 and 76 % of copy (and 5 programs a SM, not 8) to 86
-    and 91 %; rows already read in vectors gained 0 to 2 points (50257 bf16 89 -> 90 % and
-    87 -> 88 %, 50257 float32 89 -> 91 % and 89 -> 90 %, 100003 float32 90 -> 92 %). (Since
-    then ``_split_vec`` gives such rows vectors by itself.) Frames are laid from x's data
-    pointer, which the launch is not keyed on: x's data on 16 bytes but not 128 puts them off
+    value by value; design notes: split frames). Frames are laid from x's data pointer, which the launch is not keyed on: x's data on 16 bytes but not 128 puts them off
     the lines, which costs time, not values (the masks hold offsets from each row's start).
     """
     frame = SPLIT_FRAME_BYTES // dtype.itemsize
@@ -1447,65 +1701,6 @@ def _split_launch(n_rows: int, n_cols: int, stride_x: int, dtype: torch.dtype, d
 # when that graph first replays, and another graph captured on the same stream would share it.
 # torch.compile's graphs make a workspace of their own per call too.
 _SPLIT_WORKSPACES: dict = {}
-
-
-def kernel_registers(compiled) -> int:
-    """Registers a thread of a compiled kernel."""
-    if getattr(compiled, "n_regs", None) is None:
-        compiled._init_handles()  # triton 3.6 loads the binary (and learns n_regs) lazily
-    return compiled.n_regs
-
-
-def launch_options(warps: int, maxnreg: int | None) -> dict:
-    """A launch's num_warps, and its register cap where it has one."""
-    return dict(num_warps=warps) if maxnreg is None else dict(num_warps=warps, maxnreg=maxnreg)
-
-
-def resident_programs(compiled, num_warps: int, props) -> int:
-    """How many programs of a compiled kernel one SM holds at once (registers, shared memory, threads)."""
-    threads = num_warps * 32
-    # Registers go to warps in units of 256 (CUDA's occupancy calculator): 50 a thread hold 56.
-    warp_regs = cdiv(max(1, kernel_registers(compiled)) * 32, 256) * 256
-    by_regs = props.regs_per_multiprocessor // warp_regs // num_warps
-    shared = compiled.metadata.shared
-    by_smem = props.shared_memory_per_multiprocessor // shared if shared else by_regs
-    by_threads = props.max_threads_per_multi_processor // threads
-    return max(0, min(by_regs, by_smem, by_threads))
-
-
-def fresh_counters(t: torch.Tensor) -> bool:
-    """Whether a kernel's zeroed counters (and any workspace cached beside them) must be made
-    for this call, not taken from a cache: torch.compile is tracing (t is fake: a cached buffer
-    would enter the graph as a constant the kernel mutates), a CUDA graph is being captured (the
-    zero fill then becomes part of the graph, which replays it), or an opaque op's body runs
-    (``no_cached_buffers``)."""
-    return is_fake(t) or buffers_per_call(t)
-
-
-def buffers_per_call(t: torch.Tensor) -> bool:
-    """``fresh_counters`` for a tensor known not to be fake: inside ``no_cached_buffers``, or
-    while a CUDA graph is being captured."""
-    return _NO_CACHED_BUFFERS.depth > 0 or (t.is_cuda and torch.cuda.is_current_stream_capturing())
-
-
-class _Depth(threading.local):
-    depth = 0
-
-
-_NO_CACHED_BUFFERS = _Depth()
-
-
-@contextlib.contextmanager
-def no_cached_buffers():
-    """Inside: counters and workspaces are made per call. For the body of an op that
-    torch.compile calls as one opaque unit: under mode="reduce-overhead" its first runs allocate
-    from the CUDA graph's memory pool, which refuses to be captured while a buffer made there
-    outlives the call."""
-    _NO_CACHED_BUFFERS.depth += 1
-    try:
-        yield
-    finally:
-        _NO_CACHED_BUFFERS.depth -= 1
 
 
 def _split_workspace(x: torch.Tensor, n_programs: int, n_groups: int, index: int,
@@ -1665,9 +1860,8 @@ def softmax_split_row_kernel(
     they load and store the row's whole vectors only, masked by vector; the frame's vectors
     before the row's are masked off, and the values of the vector the row starts in and of
     the one it ends in (up to VEC each) are the group's first program's, one small masked
-    load and store. No chunk tests its values one by one: a first version that did (which
-    columns are the row's) ran 2670 x 50257 bf16 at 32 % of copy on an H100, this one at 60 %
-    (outputs/profiles/shifted_split_probe.txt). The wrapper passes VEC only where x's and y's
+    load and store. No chunk tests its values one by one, which halved its speed (design notes:
+    whole-vector masks). The wrapper passes VEC only where x's and y's
     rows share their offset mod SPAN. The whole vectors end at ``last``, a multiple of VEC at
     most n_cols + shift < n_cols + SPAN, so at most the first multiple of VEC from
     n_cols + SPAN - VEC on, which SPLIT x CHUNK (a multiple of VEC) must reach: n_cols for
@@ -1729,12 +1923,9 @@ def softmax_split_row_kernel(
         # -inf logits weigh 0: a chunk of only -inf (masked past the row's end, or in the data)
         # has max -inf and is shifted by 0 instead, so it contributes sum 0 and no NaN, while a
         # NaN or +inf logit still makes the sum NaN, so its whole row comes out NaN as torch's
-        # does. One test per chunk, not per value: compared per value, the compiler kept each
-        # 16-bit value beside its float32 copy (111 registers a thread at 8192 bf16 columns over
-        # 8 warps, 64 this way; triton 3.6, ptxas for sm_90).
-        # The exponentials stay in registers (in x's place) until the row's max and sum are
-        # known, then one multiply per value rescales them: each exp costs six instructions on
-        # sm_90 (ex2 with its range fix-up), which a second pass over the chunk would pay again.
+        # does. One test per chunk: per value, the compiler kept each 16-bit value beside its
+        # float32 copy (design notes: whole-vector masks). The exponentials stay in registers
+        # until the row's max and sum are known, then one multiply per value rescales them.
         x = fast_exp(x - tl.where(m == float("-inf"), 0.0, m))
         s = tl.sum(x, axis=0)
         if VEC > 1:
@@ -1742,8 +1933,8 @@ def softmax_split_row_kernel(
             s += tl.sum(edge, axis=0)
         # This program's slot of the two it alternates between (``parity``): [group, part, parity]
         # of the workspace, with the group written as row % n_groups (the same number), worked out
-        # again each row: an address fixed for the whole loop held registers through it (7 more a
-        # thread at 65536 float32 columns, one program less a SM; triton 3.6, ptxas for sm_90).
+        # again each row: an address fixed for the whole loop holds registers through it (design
+        # notes: the wait).
         home = row % n_groups
         slot = stats_ptr + ((home * SPLIT + part) * 2 + parity) * 2
         tl.store(slot, m)
@@ -1751,12 +1942,8 @@ def softmax_split_row_kernel(
         # Every thread's stores are done before the release below publishes them.
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
-        # The wait is most of the time a program does not issue (an H100 profile: 36 % of its
-        # stalls at the barriers, 36 % on loads; outputs/profiles/ncu_row_50257_bfloat16.txt).
-        # Loading the next row's chunk into registers during it (tried at 71cac17) lost or tied
-        # at every width: 15 to 40 more registers a thread, fewer programs resident
-        # (outputs/profiles/split_prefetch_probe.txt). Bringing it into L2 (PREFETCH) holds no
-        # registers and keeps memory busy through the wait (``split_prefetch``).
+        # Through the wait, bringing the next row's chunk into L2 (PREFETCH) keeps memory busy
+        # and holds no registers, as loading it into registers would (design notes: the wait).
         if PREFETCH:
             _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
@@ -1784,39 +1971,13 @@ def softmax_split_row_kernel(
         tl.atomic_xchg(departed, 0, sem="relaxed")
 
 
-def vector_align(strides, itemsize: int) -> int:
-    """The largest power of two of elements, up to 16 bytes, that divides every stride; 1 where
-    Triton knows as much already (every stride a multiple of 16 elements: what it specialises
-    on, so the compiled kernel stays the one it always was) or where any stride is 2^31 or more
-    (passed as a 64-bit int; divided, it would come as a 32-bit one and overflow when the
-    kernel multiplies it back)."""
-    if any(v >= 2**31 for v in strides) or not any(v % 16 for v in strides):
-        return 1
-    align = 16 // itemsize
-    while align > 1 and any(v % align for v in strides):
-        align //= 2
-    return align
-
-
-def vector_strides(t: torch.Tensor, dims: tuple[int, ...] = (0, 1)) -> tuple[tuple[int, ...], int]:
-    """t's strides with those of ``dims`` divided by ``align`` (``vector_align`` of them), and
-    ``align``: for a kernel that multiplies them back by ``align`` as a constant. Compiled,
-    Triton only knows whether an int argument divides by 16; a row stride such as 1000 would
-    read as unaligned, and every row be loaded one element at a time and staged without
-    asynchronous copies (on an H100, softmax(x) @ V at (8, 2048, 1000, 64) in bfloat16 took
-    0.103 ms, 0.042 ms with x's rows 1024 apart: outputs/profiles/fused_stride_probe.txt)."""
-    strides = tuple(t.stride())  # symbolic under torch.compile: no int(), which would pin the shape
-    align = vector_align([strides[d] for d in dims], t.element_size())
-    return tuple(v // align if d in dims else v for d, v in enumerate(strides)), align
-
-
-def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> torch.Tensor:
+def row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> torch.Tensor:
     """Softmax of each row of a 2-D x2 whose column stride is 1; BLOCK_SIZE 0 lets the launch choose.
 
     ``keep``, if given, receives the launch as a function of (x2, y) that replays it (a
     ``Replay``, or for the split kernel a ``SplitRowReplay`` that takes its workspace).
     """
-    y = _empty_like_contiguous(x2)
+    y = empty_like_contiguous(x2)
     if y.numel() == 0:
         return y
     # int(): under torch.compile with dynamic shapes these are symbols; the launch is chosen for
@@ -1842,7 +2003,7 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
         index = _device_index(x2)
         stats, counters = _split_workspace(x2, launch.programs, n_groups, index)
         kept = []
-        launch_and_keep(_jit(softmax_split_row_kernel, traced), (launch.programs,),
+        launch_and_keep(jit_kernel(softmax_split_row_kernel, traced), (launch.programs,),
                         (x2, y, stats, counters, n_rows, n_cols, x2.stride(0), y.stride(0), n_groups),
                         dict(CHUNK=launch.block, SPLIT=launch.split, PARTS=next_power_of_2(launch.split), VEC=launch.vec,
                              PREFETCH=launch.prefetch, FRAME=launch.frame, **launch_options(launch.warps, launch.maxnreg)),
@@ -1851,11 +2012,9 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
             keep(SplitRowReplay(kept[0], launch.programs, n_groups, index))
         return y
     # The row strides and the width go divided by VEC, which the kernel multiplies back: its loads
-    # are then whole vectors. (Strides alone, without the width, lay values out for vectors
-    # the mask then splits into scalar loads: on an H100 at 67108 x 1000 float32 that ran
-    # 0.240 ms against 0.197.)
+    # are then whole vectors (the width too, or the mask splits them: design notes: vector strides).
     vec = vector_align((n_cols, x2.stride(0), y.stride(0)), x2.element_size())
-    launch_and_keep(_jit(softmax_row_kernel, traced), (launch.programs,),
+    launch_and_keep(jit_kernel(softmax_row_kernel, traced), (launch.programs,),
                     (x2, y, n_rows, n_cols // vec, x2.stride(0) // vec, y.stride(0) // vec),
                     dict(BLOCK_SIZE=launch.block, VEC=vec, ROWS=launch.rows, AHEAD=launch.ahead, num_warps=launch.warps),
                     keep, 2)
@@ -1865,31 +2024,31 @@ def _row_forward(x2: torch.Tensor, BLOCK_SIZE: int, traced: bool, keep=None) -> 
 def _row_backward(y2: torch.Tensor, dy2: torch.Tensor, traced: bool, keep=None) -> torch.Tensor:
     """dx for 2-D y2 (contiguous, row_softmax's output) and dy2 of its shape, any strides;
     ``keep``, if given, receives the launch as a ``Replay`` of (y2, dy2, dx)."""
-    dx = _empty_like_contiguous(y2)
+    dx = empty_like_contiguous(y2)
     if dx.numel() == 0:
         return dx
-    n_rows, n_cols = int(y2.shape[0]), int(y2.shape[1])  # plain ints for the cache (see _row_forward)
+    n_rows, n_cols = int(y2.shape[0]), int(y2.shape[1])  # plain ints for the cache (see row_forward)
     launch = _row_backward_launch(n_rows, n_cols, _device_index(y2))
     if launch.kernel == "online":
         # Its views of y2 and dy2 start where they do, with their strides: a replay of (y2, dy2, dx) launches the same.
         return _online_backward(y2.unsqueeze(0), dy2.unsqueeze(0), 1, launch.block, traced, keep).squeeze(0)
-    launch_and_keep(_jit(softmax_row_backward_kernel, traced), (launch.programs,),
+    launch_and_keep(jit_kernel(softmax_row_backward_kernel, traced), (launch.programs,),
                     (y2, dy2, dx, n_rows, n_cols, y2.stride(0), dy2.stride(0), dy2.stride(1), dx.stride(0)),
                     dict(BLOCK_SIZE=launch.block, num_warps=launch.warps), keep, 3)
     return dx
 
 
 def _row_fake(x2, BLOCK_SIZE):
-    return _empty_like_contiguous(x2)
+    return empty_like_contiguous(x2)
 
 
 @kernel_op("row_softmax", _row_fake)
 def _row_softmax_op(x2: torch.Tensor, BLOCK_SIZE: int) -> torch.Tensor:
-    return _row_forward(x2, BLOCK_SIZE, traced=True)
+    return row_forward(x2, BLOCK_SIZE, traced=True)
 
 
 def _row_backward_fake(y2, dy2):
-    return _empty_like_contiguous(y2)
+    return empty_like_contiguous(y2)
 
 
 @kernel_op("row_softmax_backward", _row_backward_fake)
@@ -1908,107 +2067,16 @@ def _row_softmax_backward_grad(ctx, ddx):
 
 
 _row_softmax_op.register_autograd(_row_softmax_grad, setup_context=_save_output_and_blocks)
+
+
 _row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_context=_save_backward_inputs)
 
-# Tensors an eager call may hand to its launches directly (a subclass goes through the op).
-PLAIN_TENSORS = (torch.Tensor, torch.nn.Parameter)
 
-
-def eager_autograd(*tensors) -> bool:
-    """Whether a call that autograd records (``needs_op``) may take its eager autograd Function,
-    which launches directly, rather than its custom op: not traced, and plain tensors only; or a
-    call that carries a tangent or a transform's wrapper (``transformed``), which only the
-    Function carries."""
-    return (not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
-            or transformed(*tensors))
-
-
-# The C half of torch.autograd.Function.apply. The Python half binds the arguments to forward's
-# signature for Functions with a setup_context (none of the eager ones here), maps functorch's
-# dead wrappers out of them and hands transforms on: 1.5 us of a 4 us apply on a CPU.
-_C_APPLY = getattr(torch._C, "_FunctionBase", object).__dict__.get("apply")
-
-
-def eager_apply(function, *args):
-    """``function.apply(*args)`` for this project's eager autograd Functions (forward(ctx, ...),
-    no setup_context), called where no torch.func transform is active (``eager_autograd``): the
-    C apply, each tensor argument unwrapped if it is a dead transform's wrapper as Python's apply
-    does. Where a transform is active, or torch has no such C apply, ``function.apply``."""
-    if _C_APPLY is None or torch._C._are_functorch_transforms_active():
-        return function.apply(*args)
-    unwrap = torch._C._functorch.unwrap_if_dead
-    return _C_APPLY.__get__(None, function)(*[unwrap(a) if isinstance(a, torch.Tensor) else a for a in args])
-
-
-def apply_transforms(function, *args):
-    """``function.apply(*args)`` for a call that carries a tangent or a transform's wrapper
-    (``transformed``), ``function`` one of the eager Functions' torch.func forms: in a trace by
-    torch.compile (a dual level open) run outside it, where the Function's jvp carries the
-    tangent that the traced op would drop; with two forward-mode levels open, torch's ops
-    (``function.reference``, see ``nested_tangents``)."""
-    if torch.compiler.is_compiling():
-        return _untraced(apply_transforms, function, *args)
-    if nested_tangents():
-        return function.reference(*args)
-    return function.apply(*args)
-
-
-@torch.compiler.disable
-def _untraced(fn, *args):
-    return fn(*args)
-
-
-def backward_through_op(grad: torch.Tensor) -> bool:
-    """Whether an eager Function's backward must call its backward op instead of launching: when
-    it records a graph (create_graph), is traced, or gets a gradient that holds no plain storage
-    (a batch of gradients from ``is_grads_batched`` or a vectorised jacobian: functorch's
-    wrappers, which the op's batching rule serves)."""
-    return (torch.is_grad_enabled() or torch.compiler.is_compiling() or type(grad) not in PLAIN_TENSORS
-            or torch._C._functorch.is_legacy_batchedtensor(grad)
-            or torch._C._functorch.is_functorch_wrapped_tensor(grad))
-
-
-def _eager_backward(replays: Replays, y: torch.Tensor, dy: torch.Tensor, options: tuple, launch):
-    """dx of an eager softmax backward (``backward_through_op`` False): the launch kept in
-    ``replays`` for (y, dy)'s key (``replay_key`` of them and ``options``), else ``launch(keep)``,
-    which computes dx and hands ``keep`` its launch as a Replay of (y, dy, dx). Kept, a training
-    step's backward skips the launch choice and Triton's argument keys (a few us of host time)."""
-    key = replay_key((y, dy), options)
-    dx = _kept_softmax(replays, key, y, dy)
-    if dx is not None:
-        return dx
-    return launch(None if key is None else replays.keeper(key))
+_ROW_REPLAYS = Replays("row_softmax")
 
 
 # Eager backwards' kept launches, by ``replay_key`` of (y, dy) and the tiles.
-_ROW_BACKWARD_REPLAYS = Replays()
-_ONLINE_BACKWARD_REPLAYS = Replays()
-
-
-class _EagerRowSoftmax(torch.autograd.Function):
-    """``row_softmax`` called eagerly with autograd recording, outside the dispatcher: the forward
-    replays its kept launch (``row_softmax`` without grad) and the backward launches
-    ``_row_backward`` directly, where the custom op and its registered backward paid the
-    dispatcher each time (on an H100, 64 x 1000 float32: 137 us of host time a forward with grad
-    recorded, 20-27 without; outputs/profiles/grad_host_probe.txt). A backward that records a
-    graph (create_graph), one traced and a batch of gradients go through the backward op
-    (``backward_through_op``): differentiable again."""
-
-    @staticmethod
-    def forward(ctx, x2, BLOCK_SIZE):
-        y = row_softmax(x2, BLOCK_SIZE)  # grad is off in here: the kept launch
-        ctx.save_for_backward(y)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy):
-        (y,) = ctx.saved_tensors
-        if transformed(y, dy):  # a transform's gradient, or one with a tangent: see softmax_tangent
-            return softmax_tangent(y, dy), None
-        if backward_through_op(dy):
-            return _row_softmax_backward_op(y, dy), None
-        return _eager_backward(_ROW_BACKWARD_REPLAYS, y, dy, (),
-                               lambda keep: _row_backward(y, dy, traced=False, keep=keep)), None
+_ROW_BACKWARD_REPLAYS = Replays("row_softmax_backward")
 
 
 @on_input_device
@@ -2038,22 +2106,17 @@ def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
     if x2.stride(-1) != 1:
         x2 = x2.contiguous()  # the row kernels assume unit column stride for wide vector loads
     if needs_op(x2):
-        if eager_autograd(x2):
-            y = (apply_transforms(_RowSoftmaxTransforms, x2, BLOCK_SIZE) if transformed(x2)
-                 else eager_apply(_EagerRowSoftmax, x2, BLOCK_SIZE))
-        else:
-            y = _row_softmax_op(x2, BLOCK_SIZE or 0)
+        y = _ROW_AUTOGRAD.run(x2, BLOCK_SIZE) if eager_autograd(x2) else _row_softmax_op(x2, BLOCK_SIZE or 0)
     else:
         # The launch takes x itself when x2 is x or a view of contiguous x with its row stride.
         keep = None if key is None or not (x2 is x or x.is_contiguous()) else _ROW_REPLAYS.keeper(key)
-        y = _row_forward(x2, BLOCK_SIZE or 0, traced=False, keep=keep)
+        y = row_forward(x2, BLOCK_SIZE or 0, traced=False, keep=keep)
     return y.reshape(x.shape) if flat else y
 
 
-_RowSoftmaxTransforms = softmax_transforms(_EagerRowSoftmax, row_softmax)
+def _row_grad(ctx, dy):
+    (y,) = ctx.saved_tensors
+    return softmax_backward(y, dy, (), _row_softmax_backward_op, _row_backward, _ROW_BACKWARD_REPLAYS), None
 
 
-__all__ = [
-    "INTERPRET", "KernelCapacityError", "OnlineSoftmax", "naive_softmax", "naive_softmax_bytes", "online_softmax", "online_softmax_tiles",
-    "online_softmax_backward", "row_softmax", "softmax_bytes", "softmax_reference",
-]
+_ROW_AUTOGRAD = softmax_spec("row_softmax", row_softmax, _row_grad)

@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from fused_softmax_matmul import (
     ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_mask_bounds, attention_plan, attention_visible_pairs,
-    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_path,
-    flash_attention_reference,
+    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
 from test_flash_attention import accumulation_error, recompute_error
@@ -231,14 +230,14 @@ def test_plain_calls_take_the_course_kernels(is_causal):
     option it lacks keeps the general ones."""
     q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
         randn((2, 3, 45, 32), torch.float32, 2)
-    options = check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)
-    assert flash_attention_path(q, k, v, options, return_lse=False) == "course"
-    assert flash_attention_path(q, k, v, options, return_lse=True) == "general"
-    assert flash_attention_path(q, k, v, {**options, "scale": 0.5}, return_lse=False) == "general"
-    assert flash_attention_path(q[:, :, :, :24], k[:, :, :, :24], v[:, :, :, :24],
-                                {**options, "scale": 24 ** -0.5}, return_lse=False) == "general"  # d 24: not its
+    assert check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)["scale"] == 32 ** -0.5
+    path = lambda d=32, dv=32, nq=37, nk=45, **o: attention_plan(d, dv, torch.float32, nq, nk, **o).path  # noqa: E731
+    assert path(is_causal=is_causal, scale=32 ** -0.5) == path(is_causal=is_causal) == "course"
+    assert path(nq=45, is_causal=True, causal_align="bottom_right") == "course"  # square: the same mask
+    general = [dict(return_lse=True), dict(scale=0.5), dict(d=24, dv=24), dict(dv=16), dict(grouped=True),
+               dict(window=(4, 0)), dict(softcap=5.0), dict(nk=0), dict(is_causal=True, causal_align="bottom_right")]
+    assert [path(**o) for o in general] == ["general"] * len(general)
     q = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view, copied
-    assert flash_attention_path(q, k, v, options, return_lse=False) == "course"
     dout = randn(q.shape, torch.float32, 4)
     zeros = torch.zeros(q.shape[:3], device=q.device)
     course = run_ours(q, k, v, dout, zeros, {"is_causal": is_causal},

@@ -29,7 +29,7 @@ import torch
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
-    linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_launch, linear_cross_entropy_ref,
+    linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
 from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, matmul_roundoff, relative_error
 from test_linear_cross_entropy import linear_cross_entropy_inputs
@@ -37,7 +37,7 @@ from test_linear_cross_entropy import linear_cross_entropy_inputs
 GROUP = BenchGroup(
     name="linear_cross_entropy",
     csv="linear_cross_entropy_benchmark.csv",
-    columns=("BT", "H", "V", "softcap", "dtype", "impl", "chunk_rows", "block_v", "num_warps", "programs",
+    columns=("BT", "H", "V", "softcap", "dtype", "impl", "chunk_rows", "block_v", "num_warps",
              "fwd_bwd_ms", "fwd_bwd_ms_std", "peak_MiB", "tflops", "pct_of_gemm_floor", "loss_rel_error",
              "grad_rel_error"),
     case=("BT", "H", "V", "softcap", "dtype", "mode"),
@@ -59,13 +59,14 @@ GROUP = BenchGroup(
     rounds=10,
 )
 
-if ON_GPU:
-    # (BT, H, V, softcap): GPT-2 (50257, and 50304 padded to a multiple of 64) at H 768; a 32k
-    # vocabulary; Llama 3 (128256); Qwen 2 (151936) at H 2048; Gemma 2 (256000) with its
-    # soft-capping of the final logits at 30.
-    CASES = [(2048, 768, 50257, None, "bfloat16"), (8192, 768, 50304, None, "bfloat16"),
+# (BT, H, V, softcap, dtype): GPT-2 (50257, and 50304 padded to a multiple of 64) at H 768; a 32k
+# vocabulary; Llama 3 (128256); Qwen 2 (151936) at H 2048; Gemma 2 (256000) with its soft-capping
+# of the final logits at 30.
+GPU_CASES = [(2048, 768, 50257, None, "bfloat16"), (8192, 768, 50304, None, "bfloat16"),
              (4096, 4096, 32768, None, "bfloat16"), (8192, 4096, 128256, None, "bfloat16"),
              (16384, 2048, 151936, None, "bfloat16"), (8192, 2304, 256000, 30.0, "bfloat16")]
+if ON_GPU:
+    CASES = GPU_CASES
     IMPL_NAMES = GROUP.impls
 else:
     # Interpreter smoke run: a ragged vocabulary, one chunk, with and without softcap. torch.compile
@@ -174,9 +175,9 @@ def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
     if impl in CALLER_FORMS and (BT, H, V, softcap, dtype) != CALLER_CASE:
         pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
-    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None, programs=None)
+    launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None)
     if impl == "triton":
-        launch = linear_cross_entropy_launch(BT, V, H, DTYPES[dtype])
+        launch = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype]).launch
         launch_columns = dataclasses.asdict(launch)
     # A string, "none" without: a case column must compare equal to itself (pandas makes None NaN)
     # and sort against its other values (no mix of str and float).

@@ -6,7 +6,7 @@ torch.compile, Liger-Kernel's softmax) and this project's public op as a user ca
 outputs/shape_grid_benchmark.csv has one row per (workload, case, impl); ``speedup`` on a Triton
 or peer row is the fastest baseline's time on that case over the row's own (conftest.py's
 ``BenchGroup.best_of``); ``path`` on a Triton row says what ran: for attention the kernel of its forward
-(``flash_forward_path``: "gluon" or "triton"), for softmax(x) @ V "gluon", "fused" or
+(``flash_plan_of``: "gluon" or "triton"), for softmax(x) @ V "gluon", "fused" or
 "materialized" (``fused_softmax_path``). A baseline that refuses a case (an SDPA backend, Liger's softmax on rows
 it does not take) or is not installed leaves an empty row with the reason, as does a case that
 runs out of memory.
@@ -45,7 +45,7 @@ import torch.nn.functional as F
 from conftest import BenchGroup, Unavailable, compiled, group_table, is_resource_limit
 from fused_softmax_matmul import (
     FlashAttentionTriton, attention_flops, attention_mask_bounds, attention_visible, check_flash_attention_inputs,
-    flash_attention, flash_attention_flops, flash_attention_io_bytes, flash_attention_path, flash_attention_reference, attention_reference, flash_attention_bytes, flash_forward_path, fused_softmax,
+    flash_attention, flash_attention_flops, flash_attention_io_bytes, attention_plan, flash_attention_reference, attention_reference, flash_attention_bytes, flash_plan_of, fused_softmax,
     fused_softmax_bytes, matmul_softmax_flops, matmul_softmax_fused_tiled,
     fused_softmax_path, matmul_softmax_ref, softmax_matmul_flops, softmax_mult, softmax_mult_bytes,
 )
@@ -243,7 +243,7 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
     def build():
         Q, K, V = attention_inputs(bh, n, n, d, torch_dtype)
         if impl == TRITON:  # which kernel its forward runs, known once the inputs exist
-            row["path"] = flash_forward_path(Q, K, V, is_causal)
+            row["path"] = flash_plan_of(Q, K, V, is_causal).path("forward")
         fn = attention_impl(impl, n, is_causal, heads)
         if mode == "fwd":
             call = lambda: fn(Q, K, V)  # noqa: E731
@@ -416,11 +416,12 @@ def test_attention_models(bench, mode, model, case, dtype, impl):
         fn = {"sdpa": sdpa_model_attention, "flex_compile": flex_model_attention,
               TRITON: lambda case: lambda q, k, v: flash_attention(q, k, v, **case.options)}[impl](case)
         dout = randn(q.shape, torch_dtype, 3)
-        if impl == TRITON:  # the course's tuned kernels or the general ones (flash_attention_path)
+        if impl == TRITON:  # the course's tuned kernels or the general ones (attention_plan)
             o = case.options
             checked = check_flash_attention_inputs(q, k, v, o["is_causal"], None, o["enable_gqa"],
                                                    o.get("causal_align", "top_left"), o.get("window"), o.get("softcap"))
-            row["path"] = flash_attention_path(q, k, v, checked, return_lse=False)
+            row["path"] = attention_plan(case.d, case.dv, torch_dtype, case.n_queries, case.n_keys,
+                                         grouped=case.heads != case.kv_heads, **checked).path
         if mode == "fwd":
             call = lambda: fn(q, k, v)  # noqa: E731
         else:

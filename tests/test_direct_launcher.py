@@ -63,8 +63,10 @@ DEVICE = {"index": 0}
 @pytest.fixture
 def cuda_state(monkeypatch):
     """The two CUDA queries the launcher makes, answered on a machine without CUDA: the current
-    device (DEVICE["index"]) and its raw stream (100 + the device)."""
+    device (DEVICE["index"]) and its raw stream (100 + the device); and Triton's version, the
+    one direct launches are made for (``direct_launches_supported``)."""
     DEVICE["index"] = 0
+    monkeypatch.setattr(triton, "__version__", "3.6.0")  # the Triton direct launches are made for
     monkeypatch.setattr(torch._C, "_cuda_getDevice", lambda: DEVICE["index"], raising=False)
     monkeypatch.setattr(torch._C, "_cuda_getCurrentRawStream", lambda device: 100 + device, raising=False)
 
@@ -125,6 +127,38 @@ def test_any_change_triton_specialises_on_compiles_again(change):
     assert kinds(kernel.log) == ["triton", "triton", "direct"]
     if change == "another device":
         assert kernel.log[-1][-1] == 101
+
+
+@pytest.mark.usefixtures("cuda_state")
+def test_another_triton_takes_the_public_launch_path(monkeypatch):
+    """Direct launches call Triton's private launch internals: on any version but the one they
+    are made for, every launch is ``kernel[grid](...)`` and nothing is kept; a kernel an eager
+    call launches (``jit_kernel``) is then the JIT function itself."""
+    monkeypatch.setattr(osm, "INTERPRET", False)  # as compiled: the gate itself
+    monkeypatch.setattr(osm, "_LAUNCHERS", {})
+    kernel = StandIn()
+    assert osm.direct_launches_supported() and isinstance(osm.jit_kernel(kernel, traced=False), osm.DirectLauncher)
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    monkeypatch.setattr(osm, "_LAUNCHERS", {})
+    assert not osm.direct_launches_supported() and osm.jit_kernel(kernel, traced=False) is kernel
+    launcher = osm.DirectLauncher(kernel)
+    x = torch.zeros(64)
+    for _ in range(3):
+        launcher[(1,)](x, 17, 32, 0.5, BLOCK=128)
+    assert kinds(kernel.log) == ["triton", "triton", "triton"] and not launcher.usable
+    assert launcher.replay((1,), (x, 17, 32, 0.5), dict(BLOCK=128), 1) is None
+
+
+def test_the_public_launch_path_runs_the_kernel(monkeypatch):
+    """A DirectLauncher on another Triton launches the real kernel through Triton (in the
+    interpreter on a CPU): the softmax of each row, as torch's."""
+    monkeypatch.setattr(triton, "__version__", "3.9.0")
+    launcher = osm.DirectLauncher(osm.softmax_row_kernel)
+    x = randn((5, 24), torch.float32, seed=2)
+    y = torch.empty_like(x)
+    launcher[(5,)](x, y, 5, 24, 24, 24, BLOCK_SIZE=32, VEC=1, ROWS=1, num_warps=1)
+    assert not launcher.usable
+    torch.testing.assert_close(y, torch.softmax(x, -1))
 
 
 def test_tensor_descriptors_are_keyed_by_what_their_kernel_depends_on():
@@ -341,11 +375,23 @@ def test_a_descriptor_replay_makes_each_call_s_descriptors_from_the_kept_ones_ov
     assert len(log) == 2
 
 
-def test_replays_are_emptied_when_full():
-    replays = osm.Replays(limit=2)
-    for key in "abc":
-        replays.keeper(key)(key.upper())
-    assert replays == {"c": "C"}
+def test_kept_launches_are_one_store_emptied_when_full(monkeypatch):
+    """Every op's shelf lives in one store (``KEPT_LAUNCHES``): one name gives one shelf, and the
+    size limit counts the launches of all shelves; past it every shelf is emptied."""
+    monkeypatch.setattr(osm, "KEPT_LAUNCHES", {})
+    monkeypatch.setattr(osm, "KEPT_LAUNCH_LIMIT", 3)
+    first, other = osm.Replays("first"), osm.Replays("other")
+    assert osm.Replays("first") is first and osm.Replays() is not osm.Replays()
+    first.keeper("a")("A")
+    assert osm.Replays("first") == {"a": "A"}  # asked again, the shelf keeps what it holds
+    other.keeper("a")("B")
+    first.keeper("b")("C")
+    assert (first, other) == ({"a": "A", "b": "C"}, {"a": "B"})
+    other.keeper("c")("D")  # a fourth launch: the store was full
+    assert (first, other) == ({}, {"c": "D"})
+    first.keeper("a")("A")
+    osm.forget_kept_launches()
+    assert all(not shelf for shelf in osm.KEPT_LAUNCHES.values())
 
 
 @pytest.mark.usefixtures("cuda_state")
@@ -639,27 +685,31 @@ def test_attention_function_replays_equal_the_checked_path(dtype):
 
     first = [randn((2, 300, 64), dtype, seed=s) for s in (40, 41, 42)]
     second = [randn((2, 300, 64), dtype, seed=s) for s in (43, 44, 45)]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept = fsm._FLASH_REPLAYS
+    kept.clear()
     run(*first)
-    assert len(fsm._FLASH_FORWARDS) == 1 and len(fsm._FLASH_BACKWARDS) == 1
-    (fkey,), (bkey,) = fsm._FLASH_FORWARDS, fsm._FLASH_BACKWARDS
-    forward, forward_uses = fsm._FLASH_FORWARDS[fkey][0], []
-    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: forward_uses.append(forward(*t)) or forward_uses[-1]),
-                                 *fsm._FLASH_FORWARDS[fkey][1:])
-    _, backward_uses = counting(fsm._FLASH_BACKWARDS, bkey)
+    (fkey,), (bkey,) = _flash_keys(kept)
+    forward, forward_uses = kept[fkey][0], []
+    kept[fkey] = ((lambda *t: forward_uses.append(forward(*t)) or forward_uses[-1]), *kept[fkey][1:])
+    _, backward_uses = counting(kept, bkey)
     again = run(*second)
     assert forward_uses == [True] and backward_uses == [True]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     checked = run(*second)
     for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
         assert torch.equal(got, want), name
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     run(*first, launches={"dq": fsm.flash_launches(64, dtype)["dq"]})
-    assert not fsm._FLASH_FORWARDS and not fsm._FLASH_BACKWARDS
+    assert not kept
     run(*first)
     strided = [randn((2, 600, 64), dtype, seed=s)[:, ::2] for s in (46, 47, 48)]  # row stride 128: another key
     run(*strided)
-    assert len(fsm._FLASH_FORWARDS) == 2 and len(fsm._FLASH_BACKWARDS) == 2
+    assert [len(keys) for keys in _flash_keys(kept)] == [2, 2]
+
+
+def _flash_keys(kept) -> tuple[list, list]:
+    """FlashAttentionTriton's kept keys: the forwards' (entries (Replay, is_causal)), the backwards' (chains)."""
+    return [k for k, v in kept.items() if isinstance(v, tuple)], [k for k, v in kept.items() if not isinstance(v, tuple)]
 
 
 @needs_gpu
@@ -672,7 +722,8 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
     probe = torch.empty((1, 8, 128), dtype=torch.bfloat16, device="cuda")
     if fsm.gluon_flash_unsupported(probe, probe, probe) is not None:
         pytest.skip(fsm.gluon_flash_unsupported(probe, probe, probe))
-    monkeypatch.setattr(fsm, "flash_forward_path", lambda *args: "gluon")
+    faster = fsm._gluon_faster
+    monkeypatch.setattr(fsm, "_gluon_faster", lambda *args: tuple({"forward", *faster(*args)}))
 
     def run(Q, K, V):
         leaves = [t.detach().requires_grad_() for t in (Q, K, V)]
@@ -681,19 +732,19 @@ def test_attention_gluon_forward_replays_equal_the_checked_path(monkeypatch, is_
 
     first = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (50, 51, 52)]
     second = [randn((2, 300, 128), torch.bfloat16, seed=s) for s in (53, 54, 55)]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept = fsm._FLASH_REPLAYS
+    kept.clear()
     run(*first)
-    (fkey,) = fsm._FLASH_FORWARDS
-    forward = fsm._FLASH_FORWARDS[fkey][0]
+    (fkey,), (bkey,) = _flash_keys(kept)
+    forward = kept[fkey][0]
     assert isinstance(forward, osm.DescriptorReplay)
     uses = []
-    fsm._FLASH_FORWARDS[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *fsm._FLASH_FORWARDS[fkey][1:])
-    (bkey,) = fsm._FLASH_BACKWARDS
-    dkdv = fsm._FLASH_BACKWARDS[bkey].steps[1][0]
+    kept[fkey] = ((lambda *t: uses.append(forward(*t)) or uses[-1]), *kept[fkey][1:])
+    dkdv = kept[bkey].steps[1][0]
     assert isinstance(dkdv, osm.DescriptorReplay), "dK and dV by the Gluon kernel at d = 128, kept as such"
     again = run(*second)
     assert uses == [True]
-    fsm._FLASH_FORWARDS.clear(); fsm._FLASH_BACKWARDS.clear()
+    kept.clear()
     checked = run(*second)
     for name, got, want in zip(("O", "dQ", "dK", "dV"), again, checked):
         assert torch.equal(got, want), name

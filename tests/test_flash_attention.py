@@ -11,6 +11,7 @@ sizes run.
 from __future__ import annotations
 
 import math
+import re
 import os
 import subprocess
 import sys
@@ -23,8 +24,8 @@ import torch.nn.functional as F
 
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import (
-    FlashAttentionPytorch, FlashAttentionTriton, FlashLaunch, attention_flops, attention_logsumexp,
-    attention_reference, flash_attention_bytes, flash_grid, flash_launches, resolve_flash_launches,
+    FlashAttentionPytorch, FlashAttentionTriton, FlashLaunch, FlashPlan, attention_flops, attention_logsumexp,
+    attention_reference, flash_attention_bytes, flash_grid, flash_launches, flash_plan, flash_plan_of,
 )
 from support import DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn
 
@@ -215,8 +216,13 @@ def _gluon_missing() -> str | None:
 
 def _forget_kept_launches():
     """A kept launch of an earlier test of the same key would skip the path choice a test forces."""
-    fsm._FLASH_FORWARDS.clear()
-    fsm._FLASH_BACKWARDS.clear()
+    fsm._FLASH_REPLAYS.clear()
+
+
+def _force_gluon(monkeypatch, kernel):
+    """The plan takes ``kernel``'s Gluon version wherever it takes the inputs (the others by their rule)."""
+    faster = fsm._gluon_faster
+    monkeypatch.setattr(fsm, "_gluon_faster", lambda *args: tuple({kernel, *faster(*args)}))
 
 
 @pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
@@ -228,10 +234,10 @@ def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, d, dty
     """Where the rule picks it (forced here for these small shapes), the Function's forward runs
     the Gluon kernel (its O and L then feed the Triton backward): the whole check against
     float64, as for the Triton path."""
-    monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
+    _force_gluon(monkeypatch, "forward")
     _forget_kept_launches()
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries, scale=scale)
-    assert fsm.flash_forward_path(Q, K, V, is_causal) == "gluon"
+    assert flash_plan_of(Q, K, V, is_causal).path("forward") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
 
 
@@ -250,10 +256,10 @@ def test_gluon_dkdv_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype,
     """Where the rule picks it (forced here for these small shapes), the Function's backward makes
     dK and dV by the Gluon kernel (dQ and D by the Triton one): all gradients against float64,
     as on the Triton path."""
-    monkeypatch.setattr(fsm, "gluon_dkdv_wins", lambda *args: True)
+    _force_gluon(monkeypatch, "dkdv")
     _forget_kept_launches()
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_keys, scale=scale)
-    assert fsm.flash_dkdv_path(Q, K, V, is_causal) == "gluon"
+    assert flash_plan_of(Q, K, V, is_causal).path("dkdv") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 9), is_causal, launches=None)
 
 
@@ -274,12 +280,12 @@ def test_gluon_dq_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype, i
     D and dQ by the Gluon kernel (dK and dV by the kernel its own rule picks): all gradients
     against float64, as on the Triton path. "other": the key step these shapes do not take by
     default (64 keys at d = 64: the first consumer's last causal step is all masked; 128 at d = 128)."""
-    monkeypatch.setattr(fsm, "gluon_dq_wins", lambda *args: True)
+    _force_gluon(monkeypatch, "dq")
     if step == "other":
         monkeypatch.setattr(fsm, "gluon_dq_block_n", lambda d, n_keys: 64 if d == 64 else 128)
     _forget_kept_launches()
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries + 1, scale=scale)
-    assert fsm.flash_dq_path(Q, K, V, is_causal) == "gluon"
+    assert flash_plan_of(Q, K, V, is_causal).path("dq") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 5), is_causal, launches=None)
     _forget_kept_launches()
 
@@ -295,68 +301,61 @@ def test_triton_kernel_at_d128(kernel, dtype, is_causal):
     _forget_kept_launches()
     override = {kernel: fsm.flash_launches(128, DTYPES[dtype])[kernel]}
     Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11 if kernel == "forward" else 12, scale=4.0)
-    path = {"forward": fsm.flash_forward_path, "dkdv": fsm.flash_dkdv_path, "dq": fsm.flash_dq_path}[kernel]
-    assert path(Q, K, V, is_causal, override) == "triton"
+    assert flash_plan_of(Q, K, V, is_causal, override).path(kernel) == "triton"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=override)
 
 
-def test_dkdv_path_rule(monkeypatch):
-    """Gluon's dK/dV where it measured faster: d = 128 everywhere, d = 64 on full attention from
-    2048 queries."""
-    wins = fsm.gluon_dkdv_wins
-    for n in (40, 1000, 4096, 32768):
-        assert wins(n, 128, False) and wins(n, 128, True)
-    assert not wins(2047, 64, False) and wins(2048, 64, False) and wins(32768, 64, False)
-    assert not wins(32768, 64, True) and not wins(4096, 32, False) and not wins(4096, 256, False)
-    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    d128, short, long = meta(2, 100, 128), meta(16, 1024, 64), meta(4, 4096, 64)
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    assert fsm.flash_dkdv_path(d128, d128, d128, True) == "gluon"
-    assert fsm.flash_dkdv_path(short, short, short, False) == "triton"
-    assert fsm.flash_dkdv_path(long, long, long, False) == "gluon" and fsm.flash_dkdv_path(long, long, long, True) == "triton"
+H100 = dict(sms=132, capability=(9, 0), tma=True)
 
 
-def test_dq_path_rule(monkeypatch):
-    """Gluon's dQ where it measured faster: d = 128 everywhere, d = 64 from 2048 queries, causal or
-    not. Its key step: 128 at d = 64, at d = 128 64 below 8192 keys."""
-    wins = fsm.gluon_dq_wins
-    for n in (40, 1000, 4096, 32768):
-        assert wins(n, 128, False) and wins(n, 128, True)
-    assert not wins(2047, 64, False) and wins(2048, 64, False) and wins(2048, 64, True)
-    assert not wins(4096, 32, False) and not wins(4096, 256, False)
-    assert fsm.gluon_dq_block_n(64, 100) == 128 and fsm.gluon_dq_block_n(64, 32768) == 128
-    assert fsm.gluon_dq_block_n(128, 8191) == 64 and fsm.gluon_dq_block_n(128, 8192) == 128
-    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    d128, short, long = meta(2, 100, 128), meta(16, 1024, 64), meta(4, 4096, 64)
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    assert fsm.flash_dq_path(d128, d128, d128, True) == "gluon"
-    assert fsm.flash_dq_path(short, short, short, False) == "triton"
-    assert fsm.flash_dq_path(long, long, long, False) == "gluon" and fsm.flash_dq_path(long, long, long, True) == "gluon"
+def _gluon_kernels(batch, n_queries, d, is_causal, dtype=torch.bfloat16, n_keys=None, **options):
+    plan = flash_plan(batch, n_queries, n_queries if n_keys is None else n_keys, d, dtype, is_causal, **{**H100, **options})
+    return set(plan.gluon)
 
 
-@pytest.mark.parametrize("kernel", ["dkdv", "dq"])
-def test_backward_path_gates(monkeypatch, kernel):
-    """A Gluon backward kernel that wins by its rule runs only where it takes the inputs, dO
-    included, and no launch is set for its Triton kernel (a launch for the other kernel is no bar)."""
-    path = {"dkdv": fsm.flash_dkdv_path, "dq": fsm.flash_dq_path}[kernel]
-    other = "dq" if kernel == "dkdv" else "dkdv"
-    monkeypatch.setattr(fsm, f"gluon_{kernel}_wins", lambda *args: True)
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    Q = torch.empty(2, 100, 128, dtype=torch.bfloat16, device="meta")
-    assert path(Q, Q, Q, False) == "gluon"
-    assert path(Q, Q, Q, False, {kernel: FlashLaunch(64, 64, 4, 2)}) == "triton"
-    assert path(Q, Q, Q, False, {other: FlashLaunch(64, 64, 4, 2)}) == "gluon"
-    # dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
-    # or a broadcast batch of one (stride 0).
+def test_plan_takes_gluon_where_it_measured_faster():
+    """Gluon's forward at d = 128 and at d = 64 past 1.5 waves of 128-query tiles (132 SMs); dQ at
+    d = 128 and from 2048 queries at d = 64; dK/dV at d = 128 and on full attention from 2048
+    queries at d = 64."""
+    for shape in ((64, 512), (1, 40), (8, 2048), (32, 1024), (1, 32768)):
+        assert _gluon_kernels(*shape, 128, False) == _gluon_kernels(*shape, 128, True) == {"forward", "dq", "dkdv"}
+    assert "forward" in _gluon_kernels(16, 2048, 64, False) and "forward" in _gluon_kernels(16, 2048, 64, True)
+    assert "forward" not in _gluon_kernels(8, 3000, 64, False) and "forward" in _gluon_kernels(9, 3000, 64, False)
+    assert "forward" not in _gluon_kernels(9, 3000, 64, False, sms=160)  # the same 216 tiles on more SMs
+    assert "forward" not in _gluon_kernels(1, 16384, 64, True) and "forward" in _gluon_kernels(2, 16384, 64, True)
+    assert "dq" not in _gluon_kernels(64, 2047, 64, False) and "dq" in _gluon_kernels(1, 2048, 64, True)
+    assert "dkdv" not in _gluon_kernels(64, 2047, 64, False) and "dkdv" in _gluon_kernels(1, 2048, 64, False)
+    assert "dkdv" not in _gluon_kernels(4, 32768, 64, True)
+
+
+@pytest.mark.parametrize("bar", ["d32", "float32", "other-gpu", "no-gpu", "no-tma", "no-sms", "empty"])
+def test_plan_takes_gluon_only_where_it_runs(bar):
+    """Gluon kernels only on Hopper, 16-bit, d 64 or 128, non-empty inputs TMA reads."""
+    args = dict(d32=dict(d=32), float32=dict(dtype=torch.float32), **{"other-gpu": dict(capability=(10, 0)),
+                "no-gpu": dict(capability=None), "no-tma": dict(tma=False), "no-sms": dict(sms=None)},
+                empty=dict(n_keys=0))[bar]
+    assert _gluon_kernels(**{**dict(batch=32, n_queries=4096, d=128, is_causal=False), **args}) == set()
+
+
+@pytest.mark.parametrize("kernel", ["forward", "dkdv", "dq"])
+def test_plan_launch_override_keeps_its_triton_kernel(kernel):
+    """A launch for one kernel runs that kernel in Triton at that launch; the others keep their path."""
+    mine = FlashLaunch(64, 64, 4, 2)
+    plan = flash_plan(32, 4096, 4096, 128, torch.bfloat16, False, **H100, launches={kernel: mine})
+    assert getattr(plan, kernel) == mine and plan.path(kernel) == "triton"
+    assert set(plan.gluon) == set(fsm.FLASH_KERNELS) - {kernel}
+
+
+def test_tma_refuses_what_it_cannot_read():
+    """dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
+    or a broadcast batch of one (stride 0); then the backward plan takes no Gluon kernel."""
     aligned = torch.empty(2, 100, 128, dtype=torch.bfloat16)
     shifted = torch.empty(1 + aligned.numel(), dtype=torch.bfloat16)[1:].view(2, 100, 128)
     broadcast = torch.empty(100, 128, dtype=torch.bfloat16).as_strided((1, 100, 128), (0, 128, 1))
     assert shifted.is_contiguous() and broadcast.is_contiguous()
-    assert path(Q, Q, Q, False, None, aligned) == "gluon"
-    assert path(Q, Q, Q, False, None, shifted) == "triton"
-    assert path(Q, Q, Q, False, None, broadcast) == "triton"
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
-    assert path(Q, Q, Q, False) == "triton"
+    assert fsm.tma_unreadable("dO", aligned) is None
+    assert "dO's address" in fsm.tma_unreadable("dO", shifted) and fsm.tma_unreadable("dO", broadcast) is not None
+    assert "must be contiguous" in fsm.tma_unreadable("K", aligned.transpose(1, 2))
 
 
 def test_dkdv_full_tile_masks_rule():
@@ -365,32 +364,6 @@ def test_dkdv_full_tile_masks_rule():
     assert not fsm.dkdv_full_tile_masks(64, True, 4096) and not fsm.dkdv_full_tile_masks(64, False, 3000)
     assert not fsm.dkdv_full_tile_masks(128, False, 3000) and not fsm.dkdv_full_tile_masks(128, False, 4097)
     assert fsm.dkdv_full_tile_masks(128, False, 4096) and fsm.dkdv_full_tile_masks(128, True, 3000)
-
-
-def test_forward_path_rule(monkeypatch):
-    """Gluon's forward where it measured faster (132 SMs, waves of 128-query tiles): d = 128
-    everywhere; d = 64 past 1.5 waves. Only where its kernel takes the inputs and no forward
-    launch is set."""
-    wins = fsm.gluon_flash_forward_wins
-    for shape in ((64, 512, 512), (1, 40, 40), (8, 2048, 2048), (32, 1024, 1024), (1, 32768, 32768)):
-        assert wins(*shape, 128, False, 132) and wins(*shape, 128, True, 132)
-    assert wins(16, 2048, 2048, 64, False, 132) and wins(16, 2048, 2048, 64, True, 132)  # 256 tiles
-    assert not wins(8, 3000, 3000, 64, False, 132) and wins(9, 3000, 3000, 64, False, 132)  # 192 | 216 tiles
-    assert not wins(9, 3000, 3000, 64, False, 160)  # the same 216 tiles on more SMs
-    assert not wins(1, 16384, 16384, 64, True, 132) and wins(2, 16384, 16384, 64, True, 132)
-    assert not wins(16, 4096, 4096, 32, False, 132) and not wins(16, 4096, 4096, 256, False, 132)
-    meta = lambda *shape: torch.empty(shape, dtype=torch.bfloat16, device="meta")  # noqa: E731
-    wide, short, d64 = meta(32, 1024, 128), meta(16, 1024, 64), meta(16, 8192, 64)  # 256, 128, 1024 tiles
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
-    assert fsm.flash_forward_path(wide, wide, wide, False) == "gluon"
-    assert fsm.flash_forward_path(wide, wide, wide, True) == "gluon"
-    assert fsm.flash_forward_path(short, short, short, False) == "triton"  # 128 tiles: one wave
-    assert fsm.flash_forward_path(d64, d64, d64, False) == "gluon"
-    assert fsm.flash_forward_path(wide, wide, wide, False, {"forward": FlashLaunch(64, 64, 4, 2)}) == "triton"
-    assert fsm.flash_forward_path(wide, wide, wide, False, {"dq": FlashLaunch(64, 64, 4, 2)}) == "gluon"
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: "not here")
-    assert fsm.flash_forward_path(wide, wide, wide, False) == "triton"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -708,15 +681,19 @@ def test_grid_is_one_axis_within_cudas_limit():
         flash_grid(2**16, 2**16 * 16, 16)
 
 
-def test_launch_choices_cached_and_safe_to_override():
-    """The wrapper's launch is computed once per (d, dtype); an override never changes it."""
-    assert resolve_flash_launches(64, torch.float16, None) is resolve_flash_launches(64, torch.float16, None)
-    before = dict(resolve_flash_launches(64, torch.float16, None))
-    mine = resolve_flash_launches(64, torch.float16, {"dq": FlashLaunch(16, 16, 4, 1)})
-    assert mine["dq"] == FlashLaunch(16, 16, 4, 1) and mine["forward"] == before["forward"]
-    assert resolve_flash_launches(64, torch.float16, None) == before
-    flash_launches(64, torch.float16)["dq"] = None  # the public function hands out a copy
-    assert resolve_flash_launches(64, torch.float16, None) == before
+def test_plan_is_pure_and_overrides_one_kernel():
+    """The plan is a frozen value of its arguments; an override replaces one kernel's launch and
+    leaves the table as it was."""
+    before = flash_launches(64, torch.float16)
+    plan = flash_plan(2, 300, 300, 64, torch.float16, False)
+    assert plan == flash_plan(2, 300, 300, 64, torch.float16, False) and plan.gluon == ()
+    assert plan == FlashPlan(**before)
+    mine = flash_plan(2, 300, 300, 64, torch.float16, False, launches={"dq": FlashLaunch(16, 16, 4, 1)})
+    assert mine.dq == FlashLaunch(16, 16, 4, 1) and mine.forward == before["forward"]
+    flash_launches(64, torch.float16)["dq"] = None  # each call makes its own dict
+    assert flash_launches(64, torch.float16) == before
+    with pytest.raises(AttributeError):
+        plan.forward = None
 
 
 # ----------------------------------------------------------------------------------------------
@@ -768,12 +745,12 @@ def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
     if path == "gluon":
         if _gluon_missing() is not None:
             pytest.skip(_gluon_missing())
-        monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
+        _force_gluon(monkeypatch, "forward")
         shape = (2, 300, 500, 128)
     _forget_kept_launches()
     Q, K, V = (t.requires_grad_() for t in attention_inputs(*shape, torch.bfloat16))
     dO = randn(Q.shape, torch.bfloat16, 7)
-    assert fsm.flash_forward_path(Q, K, V, is_causal) == path
+    assert flash_plan_of(Q, K, V, is_causal).path("forward") == path
 
     def step(Q, K, V, dO):
         O = FlashAttentionTriton.apply(Q, K, V, is_causal)
@@ -915,7 +892,7 @@ def test_compiled_route_through_opaque_ops(monkeypatch):
     monkeypatch.setattr(fsm, "_flash_kernel", lambda kernel: kernel)
     monkeypatch.setattr(fsm, "compiled_gluon_route", lambda Q: torch.compiler.is_compiling())
     launched_while_tracing = []
-    for name in ("_triton_forward_launch", "_triton_backward_launch"):
+    for name in ("_triton_flash_forward", "_triton_flash_backward"):
         def record(*args, _launch=getattr(fsm, name)):
             launched_while_tracing.append(torch.compiler.is_compiling())
             return _launch(*args)
@@ -956,21 +933,24 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_gluon_forward_path and the compiled tests run the real kernels")
 def test_compiled_function_keeps_the_triton_forward(monkeypatch):
     """Where compiled_gluon_route does not hold (here float32 in the interpreter; elsewhere other
-    GPUs, launch overrides, torch.export) but an eager call would take the Gluon forward (here: its
-    kernel said to take the inputs, its rule forced), torch.compile(fullgraph=True) traces the
-    Triton kernel's launch (Gluon kernels are no wrap_triton user kernels): the trace never
-    reaches the Gluon path."""
+    GPUs, launch overrides, torch.export) but an eager call would take the Gluon kernels (here:
+    Gluon said to run on this device and to read the inputs), torch.compile(fullgraph=True)
+    traces the Triton kernels' launches (Gluon kernels are no wrap_triton user kernels): the
+    trace never reaches a Gluon kernel."""
     for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
-    monkeypatch.setattr(fsm, "gluon_flash_unsupported", lambda Q, K, V: None)
-    monkeypatch.setattr(fsm, "gluon_flash_forward_wins", lambda *args: True)
+    monkeypatch.setattr(fsm, "_gluon_capability", lambda device: (9, 0))
+    monkeypatch.setattr(fsm, "tma_unreadable", lambda name, t: None)
+    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(fsm, "_GLUON_DTYPES", (torch.float32,))  # the interpreter's exact dtype
 
-    def no_gluon(*args):
-        raise AssertionError("the Gluon forward ran under torch.compile")
+    def no_gluon(*args, **kwargs):
+        raise AssertionError("a Gluon kernel ran under torch.compile")
 
-    monkeypatch.setattr(fsm, "_gluon_flash_forward", no_gluon)
+    for name in ("_gluon_flash_forward", "_gluon_flash_dq", "_gluon_flash_dkdv"):
+        monkeypatch.setattr(fsm, name, no_gluon)
     Q, K, V = attention_inputs(1, 20, 24, 128, torch.float32)
-    assert fsm.flash_forward_path(Q, K, V, False) == "gluon"  # what an eager call would take
+    assert flash_plan_of(Q, K, V, False).path("forward") == "gluon"  # what an eager call would take
     torch._dynamo.reset()
     compiled = torch.compile(FlashAttentionTriton.apply, fullgraph=True, backend="aot_eager")
     dO = randn(Q.shape, torch.float32, 7)
@@ -991,18 +971,57 @@ def test_offsets_past_32_bits_are_refused():
         fsm.check_flash_offsets(dO=wide)
 
 
-def test_launch_choice_follows_the_shape(monkeypatch):
+def test_launch_choice_follows_the_shape():
     """Few query tiles per SM take 64-query forward tiles; causal dK/dV takes 64-key tiles at
     d = 64 whatever the length (the 128-key tile spills beside the diagonal loop)."""
-    import fused_softmax_matmul
-
-    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
-    device = torch.device("cuda")
-    assert fused_softmax_matmul.few_query_tiles(16, 3000, device)  # 384 tiles of 128 < 4 x 132
-    assert not fused_softmax_matmul.few_query_tiles(16, 8192, device)  # 1024
+    assert flash_plan(16, 3000, 3000, 64, torch.bfloat16, False, sms=132).forward.block_m == 64  # 384 tiles < 4 x 132
+    assert flash_plan(16, 8192, 8192, 64, torch.bfloat16, False, sms=132).forward.block_m == 128  # 1024
+    assert flash_plan(1, 16, 16, 64, torch.bfloat16, False).forward.block_m == 128  # SMs unknown (the interpreter)
     for few in (False, True):
         causal, full = flash_launches(64, torch.bfloat16, few, True), flash_launches(64, torch.bfloat16, few, False)
         assert causal["dkdv"] == FlashLaunch(64, 64, 4, 3) and full["dkdv"].block_n == 128
         assert causal["forward"].block_m == full["forward"].block_m == (64 if few else 128)
-    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: None)  # the interpreter
-    assert not fused_softmax_matmul.few_query_tiles(1, 16, device)
+
+
+# ----------------------------------------------------------------------------------------------
+# The committed record: the plans give the path each benchmarked attention row says ran
+# ----------------------------------------------------------------------------------------------
+OUTPUTS = Path(__file__).resolve().parent.parent / "outputs"
+MODEL_CASE = re.compile(r"B=(\d+) H=(\d+)/(\d+) Nq=(\d+) Nk=(\d+) d=(\d+) (full|causal|causal-br)"
+                        r"(?: window=\((\d+), (\d+)\))?(?: softcap=([\d.]+))?$")
+GRID_CASE = re.compile(r"BH=(\d+) heads=\d+ L=(\d+) d=(\d+) (full|causal) ")
+
+
+def planned_path(workload: str, case: str, dtype: str) -> str:
+    """The path the plans give a recorded case on the record's H100 (132 SMs, sm_90, fresh
+    inputs TMA reads): FlashAttentionTriton's forward kernel for the shape grid's attention,
+    attention_plan's path for flash_attention at model shapes."""
+    if workload.startswith("attention_models"):
+        b, h, hk, nq, nk, d, mask, left, right, softcap = MODEL_CASE.search(case).groups()
+        return fsm.attention_plan(int(d), int(d), DTYPES[dtype], int(nq), int(nk), is_causal=mask != "full",
+                                  causal_align="bottom_right" if mask == "causal-br" else "top_left",
+                                  window=None if left is None else (int(left), int(right)), grouped=h != hk,
+                                  softcap=None if softcap is None else float(softcap), batch_heads=int(b) * int(h)).path
+    bh, n, d, mask = GRID_CASE.match(case).groups()
+    plan = flash_plan(int(bh), int(n), int(n), int(d), DTYPES[dtype], mask == "causal", sms=132, capability=(9, 0),
+                      tma=True)
+    return plan.path("forward")
+
+
+@pytest.mark.parametrize("pattern", ["flash_attention_benchmark.csv", "attention_models_benchmark.csv", "shape_grid*.csv"])
+def test_plans_give_the_recorded_paths(pattern):
+    """Every committed attention row of this project's op that says which path ran: the plan for
+    its case gives that path."""
+    import pandas as pd
+
+    files = sorted(OUTPUTS.glob(pattern))
+    if not files:
+        pytest.skip(f"outputs/{pattern}: no such file")
+    tables = [pd.read_csv(f).assign(file=f.name) for f in files]
+    rows = pd.concat([t for t in tables if "path" in t.columns and "workload" in t.columns] or [pd.DataFrame()])
+    if rows.empty:
+        pytest.skip(f"outputs/{pattern}: no path column (the group does not record which kernels ran)")
+    rows = rows[rows.workload.str.startswith("attention") & rows.path.notna()]
+    assert len(rows) > 0, f"outputs/{pattern}: no attention row with a path"
+    for row in rows.itertuples():
+        assert planned_path(row.workload, row.case, row.dtype) == row.path, (row.file, row.case, row.dtype)

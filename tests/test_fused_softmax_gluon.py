@@ -23,7 +23,7 @@ import torch
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import (
     FUSED_MAX_D3, GLUON_BLOCK_M, GluonSoftmaxLaunch, fused_softmax, fused_softmax_gluon, fused_softmax_path,
-    gluon_fused_wins, gluon_softmax_applies, gluon_softmax_launch, gluon_softmax_unsupported, softmax_mult,
+    fused_softmax_plan, gluon_softmax_launch, gluon_softmax_unsupported, softmax_mult,
 )
 from online_softmax import KernelCapacityError
 import support
@@ -46,7 +46,7 @@ needs_hopper_gluon = pytest.mark.skipif(MISSING is not None, reason=MISSING or "
 
 def check_gluon(x: torch.Tensor, V: torch.Tensor, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
     """fused_softmax_gluon(x, V) is softmax(x) @ V in x's dtype, as accurate as PyTorch's own."""
-    assert gluon_softmax_applies(x, V), gluon_softmax_unsupported(x, V)
+    assert gluon_softmax_unsupported(x, V) is None, gluon_softmax_unsupported(x, V)
     out = fused_softmax_gluon(x, V, launch=launch)
     assert out.dtype == x.dtype and out.shape == (x.shape[0], x.shape[1], V.shape[2]), (out.dtype, tuple(out.shape))
     assert_close(out, softmax_mult(x.double(), V.double()), softmax_mult(x, V))
@@ -143,7 +143,7 @@ def test_float32_rows_tma_cannot_read(matmul_precision):
     float32 one, against which only tf32x3 is judged fairly."""
     matmul_precision("highest")
     x, V = softmax_matmul_inputs(1, 128 * fsm._sm_count(torch.device("cuda")), 99 * 11, 64, torch.float32)
-    assert gluon_fused_wins(*x.shape, 64, fsm._sm_count(x.device), torch.float32)
+    assert gluon_wins(*x.shape, 64, fsm._sm_count(x.device), torch.float32, "highest")
     assert "x's address" in gluon_softmax_unsupported(x, V)
     with pytest.raises(ValueError, match="x's address"):
         fused_softmax_gluon(x, V)
@@ -240,7 +240,7 @@ def test_refuses_cpu_tensors_and_float64(dtype):
     x, V = (randn((1, 16, 16), dtype, seed=seed) for seed in (0, 1))
     if dtype == torch.float32:
         x, V = x.cpu(), V.cpu()
-    assert not gluon_softmax_applies(x, V)
+    assert gluon_softmax_unsupported(x, V) is not None
     error, message = ((ValueError, "fused_softmax_gluon cannot take these inputs|x is on cpu")
                       if dtype == torch.float32 else (TypeError, "x must be float32, float16 or bfloat16"))
     with pytest.raises(error, match=message):
@@ -255,7 +255,7 @@ def test_refuses_inputs_that_require_grad(which):
     with pytest.raises(RuntimeError, match="fused_softmax_gluon has no backward, and x or V requires grad"):
         fused_softmax_gluon(x, V)
     with torch.no_grad():  # no gradient wanted: the usual checks apply (here: not this machine's kernel)
-        assert gluon_softmax_applies(x, V) == gluon_softmax_applies(x.detach(), V.detach())
+        assert gluon_softmax_unsupported(x, V) == gluon_softmax_unsupported(x.detach(), V.detach())
 
 
 @needs_hopper_gluon
@@ -269,7 +269,7 @@ def test_refuses_what_tma_cannot_read(layout):
     else:
         x, V = softmax_matmul_inputs(1, 64, 100, 64, torch.bfloat16)  # x's row stride: 200 bytes
         name = "x's address"
-    assert not gluon_softmax_applies(x, V)
+    assert name in gluon_softmax_unsupported(x, V)
     with pytest.raises(ValueError, match=name):
         fused_softmax_gluon(x, V)
 
@@ -343,38 +343,44 @@ def test_launch_refuses_bad_fields(field, value):
 # ----------------------------------------------------------------------------------------------
 # fused_softmax's "gluon" path
 # ----------------------------------------------------------------------------------------------
+def gluon_wins(batch, d1, d2, d3, sms, dtype=torch.bfloat16, setting="highest") -> bool:
+    """Whether a plain call with inputs TMA reads takes the Gluon kernel on sm_90 of ``sms`` SMs (the rule)."""
+    plan = fused_softmax_plan(batch, d1, d2, d3, dtype, sms=sms, capability=(9, 0), setting=setting)
+    return plan.path == "gluon"
+
+
 def test_the_rule_is_a_function_of_the_shape():
     """d3 up to 256 with d2 from 512 (d3 <= 128) or 1024 and programs (128 rows each) for 7 in 10
     SMs; or two d3 tiles (d3 384 to 512) with d2 from 3000 and programs for 96 in 100 SMs."""
-    assert gluon_fused_wins(16, 2048, 8192, 64, 132) and gluon_fused_wins(16, 2048, 1024, 256, 132)
-    assert gluon_fused_wins(16, 2048, 512, 128, 132) and not gluon_fused_wins(16, 2048, 512, 256, 132)
-    assert not gluon_fused_wins(16, 2048, 256, 64, 132)  # short rows: the Triton kernel's
-    assert gluon_fused_wins(16, 2048, 8192, 512, 132) and gluon_fused_wins(8, 2048, 3000, 384, 132)  # two d3 tiles
-    assert not gluon_fused_wins(16, 2048, 2048, 512, 132)  # two d3 tiles, shorter rows: materialised
-    assert not gluon_fused_wins(16, 2048, 8192, 320, 132)  # the second tile part-empty: not measured
-    assert not gluon_fused_wins(16, 2048, 8192, 1024, 132)  # four: materialised
-    assert gluon_fused_wins(4, 2048, 8192, 512, 132) and not gluon_fused_wins(4, 1536, 8192, 512, 132)  # 128, 96
-    assert gluon_fused_wins(8, 1536, 4096, 64, 132)  # 96 programs for 132 SMs
-    assert not gluon_fused_wins(8, 1000, 8192, 64, 132)  # 64
-    assert gluon_fused_wins(8, 1000, 8192, 64, 64) and not gluon_fused_wins(16, 2048, 8192, 64, None)
+    assert gluon_wins(16, 2048, 8192, 64, 132) and gluon_wins(16, 2048, 1024, 256, 132)
+    assert gluon_wins(16, 2048, 512, 128, 132) and not gluon_wins(16, 2048, 512, 256, 132)
+    assert not gluon_wins(16, 2048, 256, 64, 132)  # short rows: the Triton kernel's
+    assert gluon_wins(16, 2048, 8192, 512, 132) and gluon_wins(8, 2048, 3000, 384, 132)  # two d3 tiles
+    assert not gluon_wins(16, 2048, 2048, 512, 132)  # two d3 tiles, shorter rows: materialised
+    assert not gluon_wins(16, 2048, 8192, 320, 132)  # the second tile part-empty: not measured
+    assert not gluon_wins(16, 2048, 8192, 1024, 132)  # four: materialised
+    assert gluon_wins(4, 2048, 8192, 512, 132) and not gluon_wins(4, 1536, 8192, 512, 132)  # 128, 96
+    assert gluon_wins(8, 1536, 4096, 64, 132)  # 96 programs for 132 SMs
+    assert not gluon_wins(8, 1000, 8192, 64, 132)  # 64
+    assert gluon_wins(8, 1000, 8192, 64, 64) and not gluon_wins(16, 2048, 8192, 64, None)
 
 
 @pytest.mark.parametrize("precision", ["high", "highest"])
-def test_the_float32_rule(precision, matmul_precision):
+def test_the_float32_rule(precision):
     """float32, from d2 1024 (below, the kept launch's host time passes its GPU time): programs
     (128 rows, a d3 tile of up to 256 under 'high' or 128 under 'highest') for 7 in 10 SMs, at
     d3 up to 512 (nothing wider was measured); with fewer, down to 64 on 132 SMs, under 'high'
     only and from d2 2048."""
-    matmul_precision(precision)
-    f32 = torch.float32
-    assert gluon_fused_wins(16, 2048, 1024, 512, 132, f32) and gluon_fused_wins(16, 2048, 8192, 64, 132, f32)
-    assert not gluon_fused_wins(16, 2048, 256, 512, 132, f32) and not gluon_fused_wins(8, 1000, 256, 64, 132, f32)
-    assert not gluon_fused_wins(8, 1000, 1024, 64, 132, f32)  # 64 programs
-    assert gluon_fused_wins(8, 1000, 2048, 64, 132, f32) == (precision == "high")
-    assert gluon_fused_wins(8, 1000, 1024, 256, 132, f32) == (precision == "highest")  # 128 programs there
-    assert not gluon_fused_wins(1, 128, 8192, 128, 132, f32)  # one program
-    assert not gluon_fused_wins(16, 2048, 8192, 1024, 132, f32)  # d3 past what was measured
-    assert not gluon_fused_wins(16, 2048, 8192, 64, None, f32)
+    def wins(*shape):
+        return gluon_wins(*shape, torch.float32, precision)
+    assert wins(16, 2048, 1024, 512, 132) and wins(16, 2048, 8192, 64, 132)
+    assert not wins(16, 2048, 256, 512, 132) and not wins(8, 1000, 256, 64, 132)
+    assert not wins(8, 1000, 1024, 64, 132)  # 64 programs
+    assert wins(8, 1000, 2048, 64, 132) == (precision == "high")
+    assert wins(8, 1000, 1024, 256, 132) == (precision == "highest")  # 128 programs there
+    assert not wins(1, 128, 8192, 128, 132)  # one program
+    assert not wins(16, 2048, 8192, 1024, 132)  # d3 past what was measured
+    assert not wins(16, 2048, 8192, 64, None)
 
 
 def test_a_gluon_launch_asks_for_the_gluon_kernel():
@@ -382,9 +388,8 @@ def test_a_gluon_launch_asks_for_the_gluon_kernel():
     no Hopper) fused_softmax says so by name instead of running something else."""
     x, V = softmax_matmul_inputs(1, 16, 16, 16, torch.bfloat16)
     launch = GluonSoftmaxLaunch(16, 16)
-    assert fused_softmax_path(x, V, tuned=True, launch=launch) == "gluon"
-    assert fused_softmax_path(x, V, materialize=False, tuned=True, launch=launch) == "fused"
-    if not gluon_softmax_applies(x, V):
+    assert fused_softmax_plan(1, 16, 16, 16, torch.bfloat16, sms=132, capability=(9, 0), launch=launch).path == "gluon"
+    if gluon_softmax_unsupported(x, V) is not None:
         with pytest.raises(ValueError, match="GluonSoftmaxLaunch, but the Gluon kernel cannot take these inputs"):
             fused_softmax(x, V, launch=launch)
     with pytest.raises(ValueError, match="materialize=False asks for the Triton kernel and launch is a GluonSoftmaxLaunch"):
@@ -426,7 +431,7 @@ def test_gradients_through_the_gluon_forward(dtype_name):
     x, V = softmax_matmul_inputs(*_ruled_shape(64), DTYPES[dtype_name], scale=4.0)
     x.requires_grad_()
     V.requires_grad_()
-    block = fsm.default_block(x, V)
+    block = fsm.fused_blocks(x.shape[2], V.shape[2], x.dtype)
     check_gradients(x, V, gluon_softmax_launch(x.shape[2], V.shape[2], x.dtype), (block, block), seed=3)
 
 
@@ -444,7 +449,7 @@ def test_gradients_under_a_gluon_launch_at_a_wide_d3():
 @pytest.mark.parametrize("d3", [64, 256])
 def test_calls_that_record_autograd_keep_the_triton_paths(d3):
     """The rule's Gluon kernel serves calls without autograd recording only: with grad the path
-    is the Triton kernel's (d3 <= 128) or the materialised one, as the rule of materialized_wins says."""
+    is the Triton kernel's (d3 <= 128) or the materialised one, as the plan's rule says."""
     x, V = softmax_matmul_inputs(*_ruled_shape(d3), torch.bfloat16)
     assert fused_softmax_path(x, V) == "gluon"
     x.requires_grad_()
@@ -494,25 +499,24 @@ def test_a_kept_gluon_launch_serves_fresh_inputs(monkeypatch, dtype_name, precis
 
     def checked_path(*args, **kwargs):
         raise AssertionError("the kept launch should have served this call")
-    monkeypatch.setattr(fsm, "_gluon_fused_softmax", checked_path)
+    monkeypatch.setattr(fsm, "_plan_call", checked_path)
     second = fused_softmax(x2, V2)
     monkeypatch.undo()
     assert torch.equal(second, want)
     assert torch.equal(first, fused_softmax_gluon(x, V))
 
 
-def test_the_route_is_plain_eager_calls(monkeypatch):
-    """gluon_fused_route (the kernel's own checks stubbed as passing, so it runs anywhere): a plain
-    call may take the Gluon kernel, and so may one under no_grad on an input that requires grad;
-    one that records autograd may not, nor one on a fake tensor."""
+def test_the_route_is_plain_eager_calls():
+    """A plain call may take the Gluon kernel, and so may one under no_grad on an input that
+    requires grad; one that records autograd may not (the Function, with the Triton backward),
+    nor one on a fake tensor (the custom op): the call the plan is made for."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    monkeypatch.setattr(fsm, "gluon_softmax_applies", lambda x, V: True)
     x, V = softmax_matmul_inputs(1, 16, 16, 16, torch.bfloat16)
-    assert fsm.gluon_fused_route(x, V)
-    assert not fsm.gluon_fused_route(x.requires_grad_(), V)
+    assert fsm._plan_call(x, V, None, None, None, None).call == "eager"
+    assert fsm._plan_call(x.requires_grad_(), V, None, None, None, None).call == "autograd"
     with torch.no_grad():
-        assert fsm.gluon_fused_route(x, V)
+        assert fsm._plan_call(x, V, None, None, None, None).call == "eager"
     with FakeTensorMode():
         fake = torch.empty((1, 16, 16), dtype=torch.bfloat16, device=DEVICE)
-        assert not fsm.gluon_fused_route(fake, fake)
+        assert fsm._plan_call(fake, fake, None, None, None, None).call == "op"

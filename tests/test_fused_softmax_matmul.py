@@ -14,12 +14,16 @@ there (``upcast_dot_operands``); the bfloat16 tensor-core path is tested on a GP
 
 from __future__ import annotations
 
+import csv
+import re
+from pathlib import Path
+
 import pytest
 import torch
 
 import fused_softmax_matmul as fsm
 from fused_softmax_matmul import (
-    FUSED_MAX_D3, FusedLaunch, dot_precision, fused_launch, fused_softmax, fused_softmax_path, materialized_wins,
+    FUSED_MAX_D3, FusedLaunch, GluonSoftmaxLaunch, dot_precision, fused_softmax, fused_softmax_path, fused_softmax_plan,
     softmax_mult, upcast_dot_operands,
 )
 from online_softmax import INTERPRET, KernelCapacityError
@@ -334,9 +338,10 @@ def test_bad_launch(case):
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("block_1", [16, 32, 64, 128])
 def test_default_launches_are_valid(dtype, block_1):
-    launch = fused_launch(512, block_1, DTYPES[dtype])
-    launch.check()
-    assert launch is fused_launch(512, block_1, DTYPES[dtype]), "launch choices are cached per shape and dtype"
+    """The plan's launch for each tile height passes the override's checks, its d3 tile within d3."""
+    plan = fused_softmax_plan(2, 64, 64, 512, DTYPES[dtype], BLOCK_1=block_1, BLOCK_2=block_1)
+    plan.launch.check()
+    assert plan.path == "fused" and plan.BLOCK_1 == block_1 and plan.launch.block_3 <= 512
 
 
 # ----------------------------------------------------------------------------------------------
@@ -503,42 +508,30 @@ def test_double_backward_is_refused():
 # ----------------------------------------------------------------------------------------------
 # The materialised path: row_softmax, then torch.bmm, where V is wide (fused_softmax_path)
 # ----------------------------------------------------------------------------------------------
-@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high", "medium"], indirect=True)
-def test_materialized_rule(float32_matmul_precision):
+@pytest.mark.parametrize("setting", ["highest", "high", "medium"])
+def test_materialized_rule(setting):
     """Past FUSED_MAX_D3 columns of V, 16-bit and TF32 products materialise the softmax; tf32x3
-    ('highest') and narrower V keep the fused kernel. A forced choice or the fused kernel's own
-    parameters win over the rule."""
-    tf32 = float32_matmul_precision != "highest"
+    ('highest') and narrower V keep the fused kernel; TF32 at 64 < d3 <= 128 materialises where
+    the fused kernel's programs are fewer than TF32_FUSED_MIN_PROGRAMS_PER_SM a SM (none known:
+    fused). A forced choice or the fused kernel's own parameters win over the rule."""
+    tf32 = setting != "highest"
     for dtype in (torch.float16, torch.bfloat16, torch.float32):
-        assert not materialized_wins(FUSED_MAX_D3, dtype)
-        assert materialized_wins(FUSED_MAX_D3 + 1, dtype) == (dtype != torch.float32 or tf32)
-    # TF32 at 64 < d3 <= 128: the fused kernel's programs against the SMs (none known: fused).
-    for d3 in (64, 96, FUSED_MAX_D3):
-        for programs in (None, 2 * 132, 4 * 132):
-            few = programs is not None and programs < fsm.TF32_FUSED_MIN_PROGRAMS_PER_SM * 132
-            assert materialized_wins(d3, torch.float32, programs, 132) == (tf32 and d3 > 64 and few)
-            assert not materialized_wins(d3, torch.bfloat16, programs, 132)
-        assert not materialized_wins(d3, torch.float32, 2, None)
+        def path(d3, batch=1, sms=None, **options):
+            return fused_softmax_plan(batch, 40, 16, d3, dtype, sms=sms, setting=setting, **options).path
+        assert path(FUSED_MAX_D3) == "fused"
+        assert path(FUSED_MAX_D3 + 1) == ("materialized" if dtype != torch.float32 or tf32 else "fused")
+        assert path(FUSED_MAX_D3 + 1, materialize=False) == path(FUSED_MAX_D3 + 1, BLOCK_1=16) == "fused"
+        assert path(8, materialize=True) == "materialized"
+        # The wrapper's 32-row programs of x (batch, 40, 16): 2 a batch element.
+        for d3 in (64, 96, FUSED_MAX_D3):
+            for batch in (132, 2 * 132):
+                few = batch * 2 < fsm.TF32_FUSED_MIN_PROGRAMS_PER_SM * 132
+                want = dtype == torch.float32 and tf32 and d3 > 64 and few
+                assert path(d3, batch, 132) == ("materialized" if want else "fused"), (dtype, d3, batch)
+            assert path(d3, 1, None) == "fused"
     x, V = softmax_matmul_inputs(1, 2, 3, FUSED_MAX_D3 + 8, torch.bfloat16)
     assert fused_softmax_path(x, V) == "materialized"
-    assert fused_softmax_path(x, V, materialize=False) == "fused"
-    assert fused_softmax_path(x, V, tuned=True) == "fused"
-    x, V = softmax_matmul_inputs(1, 2, 3, 8, torch.bfloat16)
-    assert fused_softmax_path(x, V) == "fused"
-    assert fused_softmax_path(x, V, materialize=True) == "materialized"
-
-
-@pytest.mark.parametrize("float32_matmul_precision", ["highest", "high"], indirect=True)
-def test_materialized_path_counts_the_fused_programs(monkeypatch, float32_matmul_precision):
-    """TF32 at d3 = 96: the wrapper's 32-row programs of x (1, 40, 16) are 2; against 132 SMs
-    they are few (materialised), against none known (the interpreter) the fused kernel runs."""
-    x, V = softmax_matmul_inputs(1, 40, 16, 96, torch.float32)
-    assert fsm.default_block(x, V) == 32
-    monkeypatch.setattr(fsm, "_sm_count", lambda device: None)
-    assert fused_softmax_path(x, V) == "fused"
-    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
-    assert fused_softmax_path(x, V) == ("materialized" if float32_matmul_precision == "high" else "fused")
-    assert fused_softmax_path(x, V, tuned=True) == "fused"
+    assert fused_softmax_path(x, V, materialize=False) == fused_softmax_path(x, V, 16, 16) == "fused"
 
 
 def _count_row_softmax(monkeypatch) -> list:
@@ -559,7 +552,7 @@ def test_materialized_path_against_float64(monkeypatch, dtype, materialize):
     accurate as PyTorch, forward and gradients, and the one asked for runs."""
     calls = _count_row_softmax(monkeypatch)
     x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 37, FUSED_MAX_D3 + 3, DTYPES[dtype], seed=41))
-    path = fused_softmax_path(x, V, materialize)
+    path = fused_softmax_path(x, V, materialize=materialize)
     assert path == ("fused" if materialize is False or (materialize is None and dtype == "float32") else "materialized")
     out = fused_softmax(x, V, materialize=materialize)
     assert calls == ([tuple(x.shape)] if path == "materialized" else [])
@@ -698,7 +691,8 @@ import fused_softmax_matmul as f
 f._sm_count = lambda device: 132  # an H100's SMs: the split-K choice without a device to ask
 SHAPES = [(2, 17, 20), (2, 20, 24), (2, 17, 24), (2, 17), (1024, 1024), (1024, 100), (1024, 100)]
 bodies = {
-    "fused_softmax": (lambda x, V, *_: f._fused_softmax_forward(x, V, 16, 16, None, store_lse=True, wrap=True), 1),
+    "fused_softmax": (lambda x, V, *_: f._fused_softmax_forward(x, V, f._fused_constants(
+        torch.float32, "tf32x3", 16, 16, 32, 4, 2, False, False), store_lse=True, wrap=True), 1),
     "fused_softmax_backward": (lambda x, V, out, lse, *_: f._fused_softmax_backward(x, V, out, lse, out, 16, 16,
                                                                                     True, True, wrap=True), 2),
     "matmul (split K)": (lambda *a: f._matmul_forward(a[4], a[5], None, wrap=True), 1),
@@ -764,14 +758,125 @@ def test_default_blocks_follow_the_measured_rule(d2, d3, dtype, precision, align
 def test_default_block_reads_the_alignment_of_the_inputs(d2, dtype, aligned):
     """The wrapper's block for contiguous inputs: rows of 16-byte multiples are aligned, whatever
     Triton already knows of them (8192 columns: strides passed whole)."""
-    from fused_softmax_matmul import default_block, fused_blocks
+    from fused_softmax_matmul import fused_blocks
 
     x, V = torch.empty(2, 16, d2, dtype=dtype), torch.empty(2, d2, 64, dtype=dtype)
-    assert default_block(x, V) == fused_blocks(d2, 64, dtype, aligned)
-    assert default_block(x[:, :, : d2 - 1], V[:, : d2 - 1]) == fused_blocks(d2 - 1, 64, dtype, aligned)
+    assert fsm._plan_call(x, V, None, None, None, False).BLOCK_1 == fused_blocks(d2, 64, dtype, aligned)
+    sliced = fsm._plan_call(x[:, :, : d2 - 1], V[:, : d2 - 1], None, None, None, False)
+    assert sliced.BLOCK_1 == fused_blocks(d2 - 1, 64, dtype, aligned)
 
 
 def test_explicit_zero_block_is_refused_not_replaced():
     x, V = randn((1, 16, 16), torch.float32, seed=3), randn((1, 16, 16), torch.float32, seed=4)
     with pytest.raises(ValueError, match="BLOCK_1 must be a power of two"):
         fused_softmax(x, V, 0, 16)
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan (fused_softmax_plan): every branch on the CPU, the GPU's facts passed in
+# ----------------------------------------------------------------------------------------------
+H100 = dict(sms=132, capability=(9, 0))
+
+
+@pytest.mark.parametrize("options,error,pattern", [
+    (dict(materialize="yes"), TypeError, "materialize must be None, True or False, got str"),
+    (dict(launch=(64, 4, 3)), TypeError, "launch must be a FusedLaunch or a GluonSoftmaxLaunch, got tuple"),
+    (dict(BLOCK_1=16, materialize=True), ValueError, "BLOCK_1, BLOCK_2 and launch are parameters"),
+    (dict(launch=GluonSoftmaxLaunch(16, 16), materialize=False), ValueError, "materialize=False asks for the Triton"),
+    (dict(launch=GluonSoftmaxLaunch(16, 16), call="op", **H100), ValueError, "runs in eager calls only"),
+    (dict(launch=GluonSoftmaxLaunch(16, 16)), ValueError, "the Gluon kernel cannot take these inputs"),
+    (dict(launch=GluonSoftmaxLaunch(16, 16), sms=132, capability=(8, 0)), ValueError, "this GPU is sm_80"),
+    (dict(launch=GluonSoftmaxLaunch(16, 16), tma="x's rows", **H100), ValueError, "cannot take these inputs: x's rows"),
+    (dict(launch=GluonSoftmaxLaunch(48, 16), **H100), ValueError, "block_n must be a power of two"),
+    (dict(launch=GluonSoftmaxLaunch(16, 256), **H100), KernelCapacityError, "at most 128 under tf32x3"),
+    (dict(BLOCK_1=24), ValueError, "BLOCK_1 must be a power of two between 16 and 256, got 24"),
+    (dict(BLOCK_2=16.0), TypeError, "BLOCK_2 must be an int, got float"),
+    (dict(launch=FusedLaunch(48)), ValueError, r"launch\.block_3 must be a power of two"),
+], ids=lambda v: v if isinstance(v, str) else None)
+def test_plan_refuses_bad_options_by_name(options, error, pattern):
+    with pytest.raises(error, match=pattern):
+        fused_softmax_plan(1, 16, 16, 16, torch.float32, **options)
+
+
+@pytest.mark.parametrize("shape,reason", [((0, 16, 16, 16), "empty inputs"), ((70000, 1, 16, 16), "a batch of 70000")])
+def test_plan_refuses_a_gluon_launch_the_kernel_cannot_take(shape, reason):
+    with pytest.raises(ValueError, match=reason):
+        fused_softmax_plan(*shape, torch.bfloat16, launch=GluonSoftmaxLaunch(16, 16), **H100)
+
+
+def test_plan_paths_follow_the_call():
+    """The rule's Gluon kernel serves plain eager calls only, on sm_90 with its SMs known and
+    inputs TMA reads; the options that ask for a path win over the rule."""
+    def path(**options):
+        return fused_softmax_plan(16, 2048, 8192, 64, torch.bfloat16, **{**H100, **options}).path
+    assert path() == "gluon"
+    assert path(call="autograd") == path(call="op") == path(tma="V's last dimension") == "fused"
+    assert path(capability=None) == path(capability=(10, 0)) == path(sms=None) == "fused"
+    assert path(BLOCK_1=64) == path(launch=FusedLaunch(64)) == path(materialize=False) == "fused"
+    assert path(materialize=True) == "materialized"
+    assert path(launch=GluonSoftmaxLaunch(64, 64), call="autograd") == "gluon"
+
+
+def test_plan_fields():
+    """Tiles, launch and precision as the kernels take them; the custom op's ints from them."""
+    assert fused_softmax_plan(2, 64, 1024, 512, torch.bfloat16) == fsm.FusedSoftmaxPlan("materialized")
+    plan = fused_softmax_plan(2, 64, 1024, 64, torch.float32, setting="high", call="autograd")
+    assert (plan.path, plan.call, plan.BLOCK_1, plan.BLOCK_2, plan.precision) == ("fused", "autograd", 64, 64, "tf32")
+    assert plan.launch == FusedLaunch(64, 4, 2, lazy_rescale=True, transposed=True)  # block_3 cut to d3
+    assert plan.op_args == (64, 64, 64, 4, 2, True, True)
+    constants = fsm._fused_constants(torch.float32, plan.precision, *plan.op_args)
+    assert constants["ROUND_TF32"] == constants["ROUND_V"] == (not INTERPRET) and constants["PRECISION"] == "tf32"
+    tuned = fused_softmax_plan(2, 64, 1024, 64, torch.float16, BLOCK_1=16, BLOCK_2=32, launch=FusedLaunch(16, 4, 1))
+    assert (tuned.BLOCK_1, tuned.BLOCK_2, tuned.launch, tuned.precision) == (16, 32, FusedLaunch(16, 4, 1), "ieee")
+    gluon = fused_softmax_plan(16, 2048, 8192, 512, torch.float32, **H100)
+    assert (gluon.path, gluon.launch, gluon.precision) == ("gluon", GluonSoftmaxLaunch(64, 128, 2), "tf32x3")
+    assert gluon.BLOCK_1 == gluon.BLOCK_2 == 64  # the Triton backward's tiles
+
+
+def test_plans_of_the_same_call_are_kept():
+    """A call's plan is made once for its facts and options; options that compare equal but are
+    not the same (16 and 16.0) are not taken for each other."""
+    x, V = softmax_matmul_inputs(1, 8, 16, 8, torch.float32)
+    assert fsm._plan_call(x, V, 16, None, None, None) is fsm._plan_call(x, V, 16, None, None, None)
+    with pytest.raises(TypeError, match="BLOCK_1 must be an int, got float"):
+        fsm._plan_call(x, V, 16.0, None, None, None)
+    with pytest.raises(TypeError, match="BLOCK_1 must be an int, got list"):
+        fsm._plan_call(x, V, [16], None, None, None)
+
+
+# The committed record of softmax(x) @ V with the path each case ran, on an H100 (132 SMs, sm_90):
+# the files outputs/README.md names as the current grid (older files ran under earlier rules).
+RECORDS = ("shape_grid_benchmark.csv", "shape_grid_softmax_matmul_16bit_fee3186.csv",
+           "shape_grid_softmax_matmul_float32_057f8d7.csv")
+CASE = re.compile(r"batch=(\d+) d1=(\d+) d2=(\d+) d3=(\d+) (\w+)(?: (\w+))?")
+
+
+def _recorded_paths() -> list:
+    """(file, case, path) of every softmax_matmul row of RECORDS that has a path."""
+    outputs = Path(__file__).resolve().parent.parent / "outputs"
+    rows = []
+    for name in RECORDS:
+        if (outputs / name).exists():
+            with open(outputs / name, newline="") as f:
+                rows += [(name, row["case"], row["path"]) for row in csv.DictReader(f)
+                         if row.get("workload") == "softmax_matmul" and row.get("path")]
+    return rows
+
+
+def test_plan_gives_the_recorded_path():
+    """Each recorded case (contiguous inputs, a plain eager call) planned as on the H100 that ran it."""
+    rows = _recorded_paths()
+    if not rows:
+        pytest.skip(f"no softmax_matmul row with a path in outputs/ {', '.join(RECORDS)}")
+    wrong = []
+    for name, case, recorded in rows:
+        batch, d1, d2, d3, dtype, setting = CASE.fullmatch(case).groups()
+        batch, d1, d2, d3, dtype = int(batch), int(d1), int(d2), int(d3), DTYPES[dtype]
+        rows_aligned = d2 * dtype.itemsize % 16 == 0
+        tma = None if rows_aligned and (dtype == torch.float32 or d3 * dtype.itemsize % 16 == 0) else "unaligned rows"
+        plan = fused_softmax_plan(batch, d1, d2, d3, dtype, x_aligned=rows_aligned, tma=tma, setting=setting or "highest",
+                                  **H100)
+        if plan.path != recorded:
+            wrong.append(f"{name}: {case}: recorded {recorded}, planned {plan.path}")
+    assert not wrong, "\n".join(wrong)
+

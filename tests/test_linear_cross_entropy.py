@@ -17,11 +17,11 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fused_softmax_matmul import (
-    LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, _lce_forward, linear_cross_entropy,
-    linear_cross_entropy_launch, linear_cross_entropy_ref,
+    LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, LinearCrossEntropyPlan, _lce_forward,
+    linear_cross_entropy, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
 from conftest import graph_replay
-from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn
+from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, relative_error
 
 IGNORE = -100
 
@@ -182,6 +182,32 @@ def test_all_options_in_float16(reduction):
             raise AssertionError(f"{name}: {e}") from None
 
 
+def test_label_smoothing_gradient_has_no_repeated_rounding():
+    """With label smoothing each row's target column of d loss / d logits is one constant,
+    -(1 - eps) / n for "mean" over n rows; rounded to bfloat16 in the gradient tile, its one
+    error would repeat in every row of dx and dW, a bias that does not average out. So the
+    target's term goes into the gradients in float32. Here n = 56 puts PyTorch's constant
+    (0.75 (0.9 + ...) / 56, the upstream gradient inside) within 5e-4 of a bfloat16 number and
+    the tile's (0.9 + ...) / 56 3e-3 off one; logits of size 0.25 keep the softmax's share of
+    the target column below half a unit of it (a bias of size 0.1 too), so the tile's rounding
+    would be the same in every row: there dx and dW come out 2.2-2.4x PyTorch's error. Three
+    chunks, a class repeated within one and across two."""
+    x, W, target = linear_cross_entropy_inputs(64, 32, 512, torch.bfloat16, scale=0.25, ignored=0.0)
+    target[::8] = IGNORE  # n = 56 rows kept
+    target[[2, 3, 5, 30]] = int(target[1])
+    options = dict(label_smoothing=0.1, bias=randn((512,), torch.bfloat16, seed=4, scale=0.1))
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, "mean", 0.75, options,
+                               launch=LinearCrossEntropyLaunch(24, 512, 4))
+    ref64 = loss_and_grads_with(linear_cross_entropy_ref, x.double(), W.double(), target, "mean", 0.75,
+                                widened(options))
+    theirs = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, "mean", 0.75, options)
+    assert_close(ours[0], ref64[0], theirs[0])
+    # No roundoff floor for the gradients: the bias sought is a fraction of one unit.
+    for name, out, ref, torch_out in zip(("dx", "dW", "dbias"), ours[1:], ref64[1:], theirs[1:]):
+        err, torch_err = relative_error(out, ref), relative_error(torch_out, ref)
+        assert err <= 2 * torch_err, f"{name}: relative error {err:.3e} > 2 x torch's {torch_err:.3e}"
+
+
 def test_options_off_are_the_default_call():
     """The options at their off values take the default path: bit for bit the plain call."""
     x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.bfloat16)
@@ -251,20 +277,6 @@ def test_float32_matches_torch_reference():
         ref = loss_and_grads(linear_cross_entropy_ref, x, W, target, reduction, upstream)
         for out, want in zip(ours, ref):
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
-
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_fewer_programs_than_rows_give_the_same_result(dtype):
-    """launch.programs = 3 over chunks of 8 rows: each program takes rows p, p + 3, ... (the last
-    chunk of 5 rows leaves one program 1 row): bit for bit the one-program-per-row result."""
-    x, W, target = linear_cross_entropy_inputs(21, 32, 101, DTYPES[dtype])
-    for reduction in ("mean", "none"):
-        upstream = upstream_for(reduction, 21)
-        want = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream, launch=SMALL_LAUNCH)
-        got = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream,
-                             launch=LinearCrossEntropyLaunch(8, 64, 4, programs=3))
-        for out, ref in zip(got, want):
-            assert torch.equal(out, ref)
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
@@ -388,7 +400,6 @@ def _bad(name):
         "launch": (dict(launch=(16, 32, 4)), TypeError, "launch must be a LinearCrossEntropyLaunch"),
         "launch_rows": (dict(launch=LinearCrossEntropyLaunch(0, 32, 4)), ValueError, "chunk_rows"),
         "launch_block": (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
-        "launch_programs": (dict(launch=LinearCrossEntropyLaunch(8, 32, 4, programs=-1)), ValueError, "programs"),
         "bias_shape": (dict(bias=W[:, 0][:-1]), ValueError, r"bias must have shape \(V,\) = \(20,\)"),
         "bias_dtype": (dict(bias=W[:, 0].half()), TypeError, "bias has dtype torch.float16"),
         "weight_shape": (dict(weight=W[:-1, 0]), ValueError, r"weight must have shape \(20,\)"),
@@ -407,7 +418,7 @@ def _bad(name):
 
 @pytest.mark.parametrize("name", ["x_rank", "x_int", "dtype_mix", "W_shape", "W_empty", "target_dtype",
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
-                                  "launch_rows", "launch_block", "launch_programs", "target_leading", "bias_shape",
+                                  "launch_rows", "launch_block", "target_leading", "bias_shape",
                                   "bias_dtype", "weight_shape", "weight_int", "smoothing_range", "smoothing_type",
                                   "softcap_zero", "softcap_nan", "z_loss_negative"])
 def test_bad_inputs(name):
@@ -420,7 +431,7 @@ def test_launch_is_bounded_by_V_and_H_not_by_BT():
     for BT, H, V, dtype in [(8192, 4096, 128256, torch.bfloat16), (4096, 4096, 32768, torch.bfloat16),
                             (16384, 2048, 151936, torch.bfloat16), (16384, 8192, 151936, torch.float32),
                             (100, 32, 50, torch.float32)]:
-        launch = linear_cross_entropy_launch(BT, V, H, dtype)
+        launch = linear_cross_entropy_plan(BT, H, V, dtype).launch
         rows = launch.chunk_rows
         assert 1 <= rows <= min(BT, LCE_MAX_ROWS)
         assert rows == BT or rows % LCE_ROW_MULTIPLE == 0
@@ -428,12 +439,95 @@ def test_launch_is_bounded_by_V_and_H_not_by_BT():
         assert rows * V <= max(LCE_MIN_ROWS * V, V * H // 4)
         assert launch.block_v * dtype.itemsize <= 8192
         launch.check()
-    assert linear_cross_entropy_launch(8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
-    assert linear_cross_entropy_launch(16384, 151936, 2048, torch.bfloat16).chunk_rows == 512
+    assert linear_cross_entropy_plan(8192, 4096, 128256, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_plan(16384, 2048, 151936, torch.bfloat16).chunk_rows == 512
     # A wider H needs no deeper chunk: the products are compute bound from LCE_MAX_ROWS rows.
-    assert linear_cross_entropy_launch(8192, 128256, 16384, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_plan(8192, 16384, 128256, torch.bfloat16).chunk_rows == 1024
     # A batch 16x larger keeps the same buffer: memory grows with x, never with BT x V.
-    assert linear_cross_entropy_launch(16 * 8192, 128256, 4096, torch.bfloat16).chunk_rows == 1024
+    assert linear_cross_entropy_plan(16 * 8192, 4096, 128256, torch.bfloat16).chunk_rows == 1024
+    # Few rows: one chunk of them all (at least one row, for an empty batch); a small V: one tile of 16 or more.
+    assert linear_cross_entropy_plan(0, 32, 50, torch.float32).chunk_rows == 1
+    assert linear_cross_entropy_plan(100, 32, 7, torch.float32).launch == LinearCrossEntropyLaunch(100, 16, 4)
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan: a pure function of shapes, dtype and options (no kernel runs here)
+# ----------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("reduction,options,path,apart", [
+    ("mean", {}, "scalar", False),
+    ("sum", dict(label_smoothing=0.1), "scalar", True),   # the target's term goes in apart
+    ("none", dict(label_smoothing=0.1, softcap=30.0), "rows", False),  # with softcap it varies by row
+    ("none", dict(vocab_start=3, n_classes=40), "sharded", False),
+    ("mean", dict(vocab_start=0, n_classes=20, label_smoothing=0.2), "sharded", True),
+])
+def test_plan_paths_and_switches(reduction, options, path, apart):
+    plan = linear_cross_entropy_plan(64, 32, 20, torch.float16, reduction, grads=(True, False, True), **options)
+    assert plan.path == path and plan.target_apart == apart and plan.reduction == reduction
+    assert (plan.grad_x, plan.grad_W, plan.grad_bias) == (True, False, True)
+    assert plan.sharded == (path == "sharded")
+    assert (plan.class_offset, plan.n_classes) == (options.get("vocab_start", 0), options.get("n_classes", 20))
+    assert plan.softcap == options.get("softcap", 0.0)
+    assert LinearCrossEntropyPlan(*plan.args()) == plan, "the ops rebuild the plan from its fields"
+
+
+def test_plan_rounds_bfloat16_by_hand_in_the_interpreter_only():
+    for interpret in (False, True):
+        for dtype in (torch.float32, torch.float16, torch.bfloat16):
+            plan = linear_cross_entropy_plan(8, 16, 20, dtype, interpret=interpret)
+            assert plan.round_bf16 == (interpret and dtype == torch.bfloat16)
+
+
+def test_plan_takes_a_launch_as_given():
+    launch = LinearCrossEntropyLaunch(8, 64, 4)
+    assert linear_cross_entropy_plan(21, 32, 101, torch.float32, launch=launch).launch == launch
+
+
+@pytest.mark.parametrize("options,error,match", [
+    (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
+    (dict(reduction="avg"), ValueError, "reduction must be one of"),
+    (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
+    (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
+    (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
+    (dict(launch=(16, 32, 4)), TypeError, "launch must be a LinearCrossEntropyLaunch"),
+    (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
+    (dict(vocab_start=1.0, n_classes=40), TypeError, "vocab_start must be an int"),
+    (dict(vocab_start=0, n_classes="40"), TypeError, "n_classes must be an int"),
+    (dict(vocab_start=30, n_classes=40), ValueError, "vocab_start must be an int from 0 to 20, got 30"),
+    (dict(vocab_start=-1, n_classes=40), ValueError, "vocab_start must be an int from 0 to 20, got -1"),
+    (dict(vocab_start=0, n_classes=10), ValueError, "n_classes must be an int from 20"),
+])
+def test_plan_refuses_bad_options(options, error, match):
+    with pytest.raises(error, match=match):
+        linear_cross_entropy_plan(8, 16, 20, torch.float32, **options)
+
+
+def test_plan_gives_the_launch_the_record_ran():
+    """For each case of the committed records (the benchmark group's CSVs), the default plan's
+    launch is one that ran there for "triton" (one program per row: "programs" 0 where the record has the column),
+    and every GPU case of the group (reduction "mean") gets the "scalar" path."""
+    import csv
+    from pathlib import Path
+
+    from test_bench_linear_cross_entropy import GPU_CASES
+
+    for BT, H, V, softcap, dtype in GPU_CASES:
+        assert linear_cross_entropy_plan(BT, H, V, DTYPES[dtype], softcap=softcap).path == "scalar"
+    outputs = Path(__file__).resolve().parent.parent / "outputs"
+    records = sorted(outputs.rglob("linear_cross_entropy_benchmark*.csv"))
+    if not records:
+        pytest.skip(f"no linear_cross_entropy_benchmark*.csv under {outputs}")
+    for record in records:
+        ran = {}
+        with open(record, newline="") as f:
+            for row in csv.DictReader(f):
+                if row["impl"] == "triton" and row["chunk_rows"] and row.get("programs", "0") == "0":
+                    case = (int(row["BT"]), int(row["H"]), int(row["V"]), row["dtype"])
+                    ran.setdefault(case, set()).add(tuple(int(row[k]) for k in ("chunk_rows", "block_v", "num_warps")))
+        assert ran, f"{record} has no triton row with its launch"
+        for (BT, H, V, dtype), launches in ran.items():
+            plan = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype])
+            launch = (plan.chunk_rows, plan.block_v, plan.num_warps)
+            assert launch in launches, f"{record.name} {BT} x {H} x {V}: plan {launch}, ran {sorted(launches)}"
 
 
 class PeakBytes(TorchDispatchMode):
@@ -492,8 +586,8 @@ def test_memory_is_the_gradients_and_one_buffer(reduction):
     del loss, dx, dW
     assert whole.peak <= grads + small, f"forward + backward: {whole.peak} bytes, gradients {grads}"
     with PeakBytes() as forward:
-        _lce_forward(x, W, target, None, None, IGNORE, reduction, 0.0, 0.0, 0.0, launch.chunk_rows, launch.block_v,
-                     launch.num_warps, launch.programs, True, True, False)
+        plan = linear_cross_entropy_plan(BT, H, V, x.dtype, reduction, launch=launch, grads=(True, True, False))
+        _lce_forward(x, W, target, None, None, *plan.args())
     wanted = (grads if reduction != "none" else 0) + buffer + small
     assert forward.peak <= wanted, f"chunk loop: {forward.peak} bytes, the design's {wanted}"
 
@@ -551,7 +645,7 @@ def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     (1317 MiB at 8192 x 4096 x 128256, 352 MiB at 4096 x 4096 x 32768). The issue's target, no
     more than cut-cross-entropy (1.07 GB at the larger size, about dW + dx), is missed by the
     buffer: 250 MiB, what chunks deep enough for cuBLAS-speed products cost (see
-    ``linear_cross_entropy_launch``)."""
+    ``linear_cross_entropy_plan``)."""
     x, W, target = linear_cross_entropy_inputs(BT, H, V, torch.bfloat16, scale=1.0)
     ref32 = loss_and_grads(torch_loss, x.float(), W.float(), target, "mean", 1.0)
     theirs = loss_and_grads(torch_loss, x, W, target, "mean", 1.0)
@@ -563,7 +657,7 @@ def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     extra = torch.cuda.max_memory_allocated() - before
     for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref32, theirs):
         assert relative(out, ref) <= 2 * relative(torch_out, ref) + 1e-6, name
-    launch = linear_cross_entropy_launch(BT, V, H, torch.bfloat16)
+    launch = linear_cross_entropy_plan(BT, H, V, torch.bfloat16).launch
     element = x.element_size()
     clones = (x.numel() + W.numel()) * element  # loss_and_grads clones x and W, the call's inputs
     gradients = (x.numel() + W.numel()) * element
@@ -600,10 +694,10 @@ def test_options_bfloat16_against_float32(option, reduction):
 
 
 @needs_gpu
-@pytest.mark.parametrize("option", ["none", "all"])
+@pytest.mark.parametrize("option", ["none", "all", "weight_smoothing"])  # the last: the target's term apart
 def test_compiles_on_gpu(option):
     x, W, target = linear_cross_entropy_inputs(512, 256, 5000, torch.bfloat16)
-    options = option_tensors(OPTIONS["all"], 5000, torch.bfloat16) if option == "all" else {}
+    options = option_tensors(OPTIONS[option], 5000, torch.bfloat16) if option != "none" else {}
 
     def f(x, W, target, **options):
         return linear_cross_entropy(x, W, target, **options)
@@ -636,12 +730,14 @@ def test_cuda_graph_capture():
 
 
 @needs_gpu
+@pytest.mark.parametrize("option", ["all", "weight_smoothing"])  # the last: the target's term apart
 @pytest.mark.parametrize("reduction", ["mean", "none"])
-def test_cuda_graph_capture_with_every_option(reduction):
+def test_cuda_graph_capture_with_every_option(reduction, option):
     """Every option captured (the class weights' sums and the mean's denominator on the device,
     nothing read back), replayed on new targets: the eager call's results."""
     x, W, target = linear_cross_entropy_inputs(512, 256, 5000, torch.bfloat16)
-    options = option_tensors(OPTIONS["all"], 5000, torch.bfloat16)
+    options = {"bias": True, **OPTIONS[option]}
+    options = option_tensors(options, 5000, torch.bfloat16)
     xl, Wl, bl = x.clone().requires_grad_(), W.clone().requires_grad_(), options["bias"].clone().requires_grad_()
     static_target = target.clone()
     upstream = upstream_for(reduction, 512)

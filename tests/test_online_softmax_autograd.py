@@ -313,14 +313,14 @@ def _eager_cases():
     import fused_softmax_matmul as fsm
 
     x = randn((6, 37), torch.float32, seed=70)
-    yield "row_softmax", "_EagerRowSoftmax", osm.row_softmax, lambda a: osm._row_softmax_op(a, 0), (x,)
+    yield "row_softmax", "KernelFunction", osm.row_softmax, lambda a: osm._row_softmax_op(a, 0), (x,)
     x3 = randn((2, 6, 37), torch.float32, seed=80)
-    yield "online_softmax", "OnlineSoftmax", osm.online_softmax, lambda a: osm._online_softmax_op(a, 16, 16), (x3,)
+    yield "online_softmax", "KernelFunction", osm.online_softmax, lambda a: osm._online_softmax_op(a, 16, 16), (x3,)
     yield ("OnlineSoftmax.apply", "OnlineSoftmax", lambda a: OnlineSoftmax.apply(a, 16, 16),
            lambda a: osm._online_softmax_op(a, 16, 16), (x3,))
     xv, v = randn((2, 20, 40), torch.float32, seed=71), randn((2, 40, 24), torch.float32, seed=72)
     yield ("fused_softmax", "_EagerFusedSoftmax", lambda a, b: fsm.fused_softmax(a, b, 16, 16),
-           lambda a, b: fsm._fused_softmax_op(a, b, 16, 16, [])[0], (xv, v))
+           lambda a, b: fsm._fused_softmax_op(a, b, *fsm._plan_call(a, b, 16, 16, None, None).op_args)[0], (xv, v))
     xw, w = randn((20, 48), torch.float32, seed=73), randn((48, 30), torch.float32, seed=74)
     for name in ("matmul_softmax_fused_tiled", "matmul"):
         op = fsm._MATMUL_OPS[name]
@@ -385,3 +385,34 @@ def test_first_argument_by_name():
     dy = torch.randn_like(y)
     torch.testing.assert_close(row_softmax(x=x), y)
     torch.testing.assert_close(online_softmax_backward(y=y, dy=dy), online_softmax_backward(y, dy))
+
+
+def _doubling_spec(**rules):
+    """A spec of y = 2x run by torch's ops: the Function's own plumbing, no kernel."""
+    def backward(ctx, dy):
+        return (2 * dy,)
+
+    return osm.AutogradSpec("doubling", forward=lambda x: 2 * x, setup=lambda ctx, inputs, output: None,
+                            backward=backward, **rules)
+
+
+def test_kernel_function_runs_its_spec_and_refuses_what_the_spec_lacks():
+    """``KernelFunction`` takes an op's ``AutogradSpec``: gradients by its backward, through the
+    C apply of an eager call; forward mode and vmap by its rules, and where it has none an error
+    naming the op (not torch's request to write a rule)."""
+    from torch import func
+
+    x = randn((3, 4), torch.float32, seed=5).requires_grad_()
+    y = _doubling_spec().run(x)
+    assert type(y.grad_fn).__name__ == "KernelFunctionBackward"
+    (g,) = torch.autograd.grad(y.sum(), x)
+    assert torch.equal(g, torch.full_like(x, 2.0))
+    with pytest.raises(NotImplementedError, match="doubling: forward-mode AD"):
+        func.jvp(_doubling_spec().run, (x.detach(),), (torch.ones_like(x),))
+    with pytest.raises(NotImplementedError, match="doubling: torch.func.vmap"):
+        func.vmap(_doubling_spec().run)(x.detach())
+    spec = _doubling_spec(jvp=lambda ctx, dx: 2 * dx,
+                          vmap=lambda info, in_dims, x: (2 * x, in_dims[0]))
+    _, tangent = func.jvp(spec.run, (x.detach(),), (torch.ones_like(x),))
+    assert torch.equal(tangent, torch.full_like(x, 2.0))
+    assert torch.equal(func.vmap(spec.run)(x.detach()), 2 * x.detach())

@@ -68,6 +68,8 @@ def inputs(BT: int, H: int, V: int, dtype: torch.dtype, device, seed: int = 0, i
 CASES = [
     ("plain", {}, ("mean", "sum", "none")),
     ("all_options", dict(bias=True, weight=True, label_smoothing=0.1, softcap=2.0, z_loss=1e-2), ("mean", "none")),
+    # label smoothing without softcap: the target's term goes into the gradients apart from the tile
+    ("smoothing", dict(bias=True, weight=True, label_smoothing=0.1), ("mean",)),
 ]
 
 
