@@ -754,19 +754,18 @@ RECORD_PARTS = (
                 "tests/test_bench_softmax_matmul_precision.py::test_softmax_matmul_precision",
                 "tests/test_bench_matmul_softmax.py::test_matmul_softmax",
                 "tests/test_bench_flash_attention.py::test_flash_attention",
-                "tests/test_bench_flash_attention.py::test_leaderboard"), minutes=6),
+                "tests/test_bench_flash_attention.py::test_leaderboard"), minutes=5),
     RecordPart("grid-core", "the shape grid's core cases, every workload, with torch.compile and FlexAttention",
                GRID_TESTS, minutes=4, core=True),
-    RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=3, core=False),
-    RecordPart("grid-rest", "the shape grid's other row softmax, softmax(x) @ V and softmax(x @ W) cases",
-               GRID_TESTS[1:], minutes=6, core=False),
-    RecordPart("attention-models", "flash_attention at models' shapes against SDPA and FlexAttention",
-               (_GRID + "test_attention_models",), minutes=6),
-    RecordPart("loss", "the LM-head loss (linear_cross_entropy) against torch, torch.compile, Liger and "
-                       "cut-cross-entropy", ("tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",),
-               minutes=5),
-    RecordPart("model-step", "training steps of a GPT-2-like and a Llama-like model, eager and compiled",
-               ("tests/test_bench_model_step.py::test_model_step",), minutes=6),
+    RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=2, core=False),
+    RecordPart("grid-softmax", "the shape grid's other row softmax and softmax(x) @ V cases", GRID_TESTS[1:3],
+               minutes=3, core=False),
+    RecordPart("grid-matmul-softmax", "the shape grid's other softmax(x @ W) cases", GRID_TESTS[3:], minutes=2,
+               core=False),
+    RecordPart("models", "flash_attention at models' shapes, the LM-head loss against its peers, training steps "
+                         "of a GPT-2-like and a Llama-like model",
+               (_GRID + "test_attention_models", "tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",
+                "tests/test_bench_model_step.py::test_model_step"), minutes=5),
 )
 # The README's benchmark command (tox -e gpu): the headline groups and the grid's core cases.
 MAIN_JOB = ("headline", "grid-core")
@@ -830,9 +829,9 @@ def parts_report(data: dict | None) -> str:
         measured[name] = measured.get(name, 0.0) + s
     lines = []
     for p in RECORD_PARTS:
-        got = f"{measured[p.name] / 60:.1f} min in the record" if p.name in measured else "not in the record"
-        lines.append(f"{p.name:17} {p.minutes:g} min planned on an H100, {got}: {p.what}")
-    lines.append(f"{'main':17} {' + '.join(MAIN_JOB)} (tox -e gpu); all: every part (tox -e record)")
+        got = f"{measured[p.name] / 60:.1f} min in the record" if p.name in measured else "no time in the record"
+        lines.append(f"{p.name:19} {p.minutes:g} min planned on an H100, {got}: {p.what}")
+    lines.append(f"{'main':19} {' + '.join(MAIN_JOB)} (tox -e gpu); all: every part (tox -e record)")
     return "\n".join(lines)
 
 
@@ -1881,11 +1880,13 @@ def run_info(config) -> dict:
 
 def run_header(config) -> dict:
     """run_info and what the run was: the command that made it (through tox, its environment too)
-    and the record's parts it holds."""
+    and the record's parts it holds whole (none where -k, -m or test ids narrowed them)."""
     command = " ".join(["python -m pytest", *map(str, config.invocation_params.args)])
     tox = os.environ.get("TOX_ENV_NAME")
+    o = config.option
+    narrowed = bool(o.keyword or o.markexpr or any("::" in str(a) for a in config.args))
     return {**run_info(config), "command": f"tox -e {tox}: {command}" if tox else command,
-            "record_parts": list(config.bench_parts)}
+            "record_parts": [] if narrowed else list(config.bench_parts)}
 
 
 

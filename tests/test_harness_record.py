@@ -199,12 +199,12 @@ def test_every_benchmark_case_is_in_one_part_of_the_record(core):
 def test_parts_by_name():
     assert record_parts(["main"]) == MAIN_JOB == ("headline", "grid-core")
     assert record_parts(["all"]) == PART_SETS["all"] == tuple(p.name for p in RECORD_PARTS)
-    assert record_parts(["grid-rest", "headline", "headline"]) == ("headline", "grid-rest")
+    assert record_parts(["grid-softmax", "headline", "headline"]) == ("headline", "grid-softmax")
     with pytest.raises(ValueError, match="no record part 'grid'"):
         record_parts(["grid"])
     grid = "tests/test_bench_shape_grid.py::test_shape_grid_softmax_matmul"
     assert part_of(f"{grid}[d1_1000-d2_3000-d3_96-bfloat16-torch-core]") == "grid-core"
-    assert part_of(f"{grid}[d1_1000-d2_3000-d3_96-bfloat16-torch]") == "grid-rest"
+    assert part_of(f"{grid}[d1_1000-d2_3000-d3_96-bfloat16-torch]") == "grid-softmax"
     assert part_of("tests/test_bench_softmax.py::test_softmax[8192-8192-float32-torch-None]") == "headline"
     assert part_of("tests/test_timer.py::test_x") is None
 
@@ -213,16 +213,17 @@ def test_where_a_run_writes():
     record = Path("/r/outputs/GPU")
     assert run_destination(record, True, PART_SETS["all"], ("all",)) == record
     assert run_destination(record, True, MAIN_JOB, ("main",)) == record / "parts" / "main"
-    assert run_destination(record, True, ("headline", "loss"), ("loss", "headline")) == record / "parts" / "loss+headline"
+    assert run_destination(record, True, ("headline", "models"), ("models", "headline")) == \
+        record / "parts" / "models+headline"
     assert run_destination(record, True, (), ()) == record / "partial"
     assert run_destination(record, False, PART_SETS["all"], ("all",)) == record
 
 
 def test_parts_of_one_commit_merge_into_the_record_and_no_part_twice(tmp_path):
     a = run([bench("softmax", "torch", 1.0, n=1)], {"softmax": ("n",)}, parts=("headline",))
-    b = run([bench("softmax", "torch", 1.0, n=2)], {"softmax": ("n",)}, parts=("grid-core", "loss"))
+    b = run([bench("softmax", "torch", 1.0, n=2)], {"softmax": ("n",)}, parts=("grid-core", "models"))
     merged = merge_runs([("a.json", a), ("b.json", b)])
-    assert merged["bench_run"]["record_parts"] == ["headline", "grid-core", "loss"]
+    assert merged["bench_run"]["record_parts"] == ["headline", "grid-core", "models"]
     assert merged["commit_info"] == a["commit_info"] and len(merged["benchmarks"]) == 2
     assert [p["bench_run"]["command"] for p in merged["merged_from"]] == ["python -m pytest --benchmark-only"] * 2
     with pytest.raises(ValueError, match="record part 'headline' is in a.json already"):
