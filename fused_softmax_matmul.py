@@ -1031,13 +1031,11 @@ def _gluon_fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int, BLOCK_2
 # softmax(x @ W): the classifier / LM head
 # ----------------------------------------------------------------------------------------------
 # x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
-#
 # Three Triton versions: unfused (``matmul``, then ``row_softmax``), simple (a program owns a row
-# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). Each
-# call is checked (``check_matmul_call``), planned (``matmul_softmax_plan``: a pure function of
-# shapes, layout, device and options) and run (``_family_forward``). The backward is shared:
-# ``softmax_grad_kernel``, then dx and dW by ``matmul``. Why write-then-rescale, and every figure
-# behind a route or threshold: outputs/README.md, "Design notes".
+# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). A
+# call is checked (``check_matmul_call``), planned (``matmul_softmax_plan``) and run
+# (``_family_forward``). The backward: ``softmax_grad_kernel``, then dx and dW by ``matmul``.
+# The figures behind each route and threshold: outputs/README.md, "Design notes".
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -1056,9 +1054,8 @@ def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int
 
 
 def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch: MatmulLaunch) -> int:
-    """The tiled version with ``launch``'s tiles: one class tile moves the fused minimum; several
-    write, read and write the tiles (as unfused) plus a float32 (max, sum) a row and tile, written
-    and read once; with K split, the partials too (``split_k_bytes``)."""
+    """The tiled version: one class tile moves the fused minimum; several, the unfused passes plus
+    a float32 (max, sum) a row and tile written and read; with K split, the partials too."""
     n_tiles = cdiv(C, launch.block_c)
     if n_tiles == 1:
         return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
@@ -1073,9 +1070,8 @@ def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 
 def split_k_bytes(B: int, K: int, launch: MatmulLaunch, C: int | None = None) -> int:
-    """``split_k_kernel``'s float32 partials (one a slice, row block and class tile of C classes,
-    padded to the tiles; C None: one tile), written and read once (from L2 at the sizes that
-    split); 0 unsplit."""
+    """``split_k_kernel``'s float32 partials (a slice, row block and class tile each, padded; C None:
+    one class tile), written and read once; 0 unsplit."""
     if launch.split_k == 1:
         return 0
     n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
@@ -1084,8 +1080,7 @@ def split_k_bytes(B: int, K: int, launch: MatmulLaunch, C: int | None = None) ->
 
 
 def presplit_bytes(B: int, K: int, C: int) -> int:
-    """The presplit path's traffic beyond the pointer kernels': each float32 operand read once and
-    written as two parts, which the products read back."""
+    """The presplit path's extra traffic: each float32 operand read, written as two parts, read back."""
     return 16 * K * (B + C)
 
 
@@ -1096,13 +1091,10 @@ def matmul_softmax_flops(B: int, K: int, C: int) -> int:
 
 @dataclass(frozen=True)
 class MatmulLaunch:
-    """Launch of the matmul-shaped kernels; the plan chooses one unless given.
-
-    block_b rows by block_c classes a program, block_k of K a step (powers of two, at least
-    tl.dot's 16); group_b row blocks walk the class tiles together (``tile_coords``); split_k > 1
-    cuts K into slices (``split_k_kernel``); presplit: float32 'highest' products from TF32 parts
-    split beforehand (``matmul_presplit_kernel``; unsplit K; the simple kernel ignores it).
-    """
+    """Launch of the matmul-shaped kernels (the plan's unless given): block_b rows by block_c classes
+    a program, block_k of K a step (powers of two, at least tl.dot's 16); group_b row blocks walk
+    the class tiles together; split_k > 1 cuts K into slices; presplit: float32 'highest' from TF32
+    parts split beforehand (unsplit K; the simple kernel ignores it)."""
 
     block_b: int
     block_c: int
@@ -1126,10 +1118,9 @@ class MatmulLaunch:
             raise ValueError(f"launch.presplit takes an unsplit K: split_k must be 1, got {self.split_k}")
 
 
-# K is split from SPLIT_K_LEAST_STEPS steps of block_k into slices of SPLIT_K_SLICE_STEPS steps or
-# more: over one class tile with row blocks of SPLIT_K_ROWS or more; over several, where programs
-# fill fewer than half the SMs, 16-bit row blocks no thinner than SPLIT_K_ROWS_16BIT (the
-# warpgroup MMA's height), in SPLIT_K_MAX_SLICES slices at most. Design notes: split-K.
+# K splits from SPLIT_K_LEAST_STEPS steps of block_k, in slices of SPLIT_K_SLICE_STEPS steps or more,
+# rows no thinner than SPLIT_K_ROWS (one class tile) or SPLIT_K_ROWS_16BIT (16-bit, the warpgroup
+# MMA's height), SPLIT_K_MAX_SLICES at most over several tiles. Design notes: split-K.
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
@@ -1139,25 +1130,18 @@ SPLIT_K_MAX_SLICES = 16
 NARROW_CLASS_TILE = 64
 # Float32 class tiles of at most this many classes take K steps of 128. Design notes: narrow tiles.
 NARROW_FLOAT32_CLASSES = 32
-# A 16-bit W of at most this many bytes (4/5 of an H100's L2) stays in L2; K-major, or in rows of
-# no whole 32-byte sectors, its products are bound by L2 reads and take the tile of
-# L2_BOUND_TILES_16BIT that reads the fewest values (``_l2_bound_tile``). Design notes: L2 tiles.
+# A 16-bit W within 4/5 of an H100's L2, K-major or in rows of no whole 32-byte sectors: bound by L2
+# reads, its products take the tile that reads least (``_l2_bound_tile``). Design notes: L2 tiles.
 L2_RESIDENT_W_BYTES = 40 << 20
 L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
-# The simple kernel's float32 accumulator is block_b x next_power_of_2(C): 16 rows (tl.dot's
-# least) x 1024 classes is 64 registers a thread over 8 warps beside the operand tiles; twice
-# that spills (255 registers a thread at most on an H100).
+# 16 rows x 1024 classes of float32 accumulator: 64 registers a thread over 8 warps; twice spills.
 SIMPLE_MAX_CLASSES = 1024
-# 16-bit products take the TMA kernels on sm_90 from TMA_LEAST_KMAJOR_ROWS rows (W K-major) or a
-# B x K x C of TMA_LEAST_PRODUCT (W row-major): below, the two descriptors' host time a call
-# outweighs the GPU time saved. Design notes: TMA.
+# TMA on sm_90 from these rows (W K-major) or B x K x C (W row-major): below, its descriptors'
+# host time outweighs the GPU time saved. Design notes: TMA.
 TMA_LEAST_KMAJOR_ROWS = 256
 TMA_LEAST_PRODUCT = 1 << 32
 _TMA_DTYPES = (torch.float16, torch.bfloat16)
-# Float32 'highest' takes the presplit path where the time it saves at PRESPLIT_FLOPS over the
-# pointer kernels' TF32X3_FLOPS (TF32X3_KMAJOR_FLOPS, W K-major) is PRESPLIT_MARGIN times its
-# split pass's (12 bytes a value at SPLIT_BYTES_PER_S, plus SPLIT_FIXED_S of launches). W is split
-# PRESPLIT_CHUNK_BYTES of parts at a time; the pass's blocks are PARTS_BLOCK square. Design notes: presplit.
+# Measured rates of ``presplit_pays``; W split PRESPLIT_CHUNK_BYTES of parts at a time. Design notes: presplit.
 TF32X3_FLOPS = 48e12
 TF32X3_KMAJOR_FLOPS = 44e12
 PRESPLIT_MARGIN = 1.2
@@ -1166,9 +1150,8 @@ SPLIT_BYTES_PER_S = 2.5e12
 SPLIT_FIXED_S = 12e-6
 PRESPLIT_CHUNK_BYTES = 256 << 20
 PARTS_BLOCK = 64
-# The rescale: steps of RESCALE_VALUES values (32 a thread over 4 warps: loads enough in flight),
-# one program a row unless that makes fewer than RESCALE_PROGRAMS_PER_SM an SM, the (max, sum)
-# table merged RESCALE_MERGE tiles a step. Design notes: rescale.
+# The rescale's step (32 values a thread over 4 warps), programs an SM and tiles merged a step
+# (``rescale_split``). Design notes: rescale.
 RESCALE_VALUES = 4096
 RESCALE_PROGRAMS_PER_SM = 2
 RESCALE_MERGE = 1024
@@ -1191,17 +1174,15 @@ def _device_sms_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# Traced in the flash Function's forward: Dynamo takes the count as a constant (an lru_cache
-# wrapper itself would be traced through, with a warning).
+# Dynamo takes the count as a constant in the flash Function's forward (it would trace an lru_cache).
 @torch.compiler.assume_constant_result
 def _device_sms(index: int) -> int:
     return _device_sms_cached(index)
 
 
 def _l2_bound_tile(B: int, C: int, sms: int) -> tuple[int, int] | None:
-    """(rows, classes) of the L2_BOUND_TILES_16BIT tile whose programs read the fewest values, K x
-    (rows + classes) a program over whole waves of ``sms`` (the taller on a tie), none taller than
-    B; None where each leaves more than half the SMs idle (thinner rows and split K serve those)."""
+    """The L2_BOUND_TILES_16BIT tile (rows, classes) reading the fewest values over whole waves of
+    programs (the taller on a tie), no taller than B; None where each leaves half the SMs idle."""
     costs = [(cdiv(cdiv(B, bb) * cdiv(C, bc), sms) * (bb + bc), -bb, bb, bc) for bb, bc in L2_BOUND_TILES_16BIT
              if bb <= B and cdiv(B, bb) * cdiv(C, bc) >= sms // 2]
     return min(costs)[2:] if costs else None
@@ -1216,18 +1197,16 @@ def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int 
 
 def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None,
                  w_kmajor: bool = False) -> MatmulLaunch:
-    """``_tiled_launch`` for the device's SMs (``w_kmajor``: W's K stride is 1, ``_w_kmajor``)."""
+    """``_tiled_launch`` for the device's SMs (``w_kmajor``: ``_w_kmajor``)."""
     return _tiled_launch(B, C, dtype, _sm_count(device), K, w_kmajor)
 
 
 @functools.lru_cache(maxsize=4096)
 def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None,
                   w_kmajor: bool = False) -> MatmulLaunch:
-    """The launch of ``matmul`` and the tiled softmax(x @ W) on ``sms`` SMs. 16-bit: 128 x 256 x
-    64 tiles, 8 warps (two warpgroups), 4 stages; float32: 32 x 128 x 32, 4 warps, 3 stages (tf32x3
-    splits both operands in registers). No taller than B; rows thinned (to 16 while programs fill
-    fewer than half the SMs), 16-bit class tiles narrowed and a long K split (given K) where
-    programs leave SMs idle. Design notes: matmul tiles, split-K, narrow tiles, L2 tiles, TMA."""
+    """The launch of ``matmul`` and the tiled version: 16-bit 128 x 256 x 64 tiles (two warpgroups),
+    float32 32 x 128 x 32 (tf32x3 splits operands in registers); rows thinned, 16-bit class tiles
+    narrowed and a long K split where programs leave SMs idle. Design notes: matmul tiles."""
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
@@ -1242,8 +1221,8 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
             block_b, block_c = 256, 128  # a K-major W from DRAM, read by TMA (design notes: TMA)
     block_c = max(16, min(block_c, next_power_of_2(C)))
     block_b = min(block_b, max(16, next_power_of_2(B)))  # at B = 32 a 64-row block is half padding
-    # A long K: K slices fill the SMs better than thinner row blocks where C fits one class
-    # tile, and where thin row blocks over several class tiles still leave most SMs idle.
+    # A long K: slices fill the SMs better than thinner rows over one class tile, or where thin
+    # rows over several still leave most SMs idle.
     n_tiles_c = cdiv(C, block_c)
     long_k = sms is not None and K is not None and K >= SPLIT_K_LEAST_STEPS * block_k
     one_tile = long_k and n_tiles_c == 1
@@ -1273,16 +1252,10 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
 
 
-def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
-    """``_simple_launch`` for the device's SMs (K unused: the simple kernel does not split K)."""
-    return _simple_launch(B, C, dtype, _sm_count(device))
-
-
 @functools.lru_cache(maxsize=4096)
 def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> MatmulLaunch:
-    """The simple kernel's launch: all C classes (padded to a power of two) in one tile; rows that
-    keep the accumulator within 64 KiB, at most 64, fewer while SMs idle; K steps that keep a
-    stage of operands near 32 KiB, so 3 stages fit shared memory even at 1024 classes."""
+    """The simple kernel's: all C classes in one tile, rows keeping the accumulator within 64 KiB
+    (fewer while SMs idle), K steps keeping a stage near 32 KiB (3 fit shared memory)."""
     block_c = max(16, next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
     block_b = _fill_sms(B, 1, block_b, sms)
@@ -1293,8 +1266,8 @@ def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> Matmu
 
 
 def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
-    """Whether (B, K) @ (K, C) in float32 'highest' saves PRESPLIT_MARGIN times its split pass's
-    time by ``matmul_presplit_kernel`` (the rates above)."""
+    """Whether the presplit path saves PRESPLIT_MARGIN times its split pass's time (12 bytes a value
+    and the launches) at the measured rates."""
     pointer = TF32X3_KMAJOR_FLOPS if w_kmajor else TF32X3_FLOPS
     saved = 2 * B * K * C * (1 / pointer - 1 / PRESPLIT_FLOPS)
     return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
@@ -1324,10 +1297,8 @@ def presplit_chunk(K: int, C: int, block_c: int) -> int:
 
 @functools.lru_cache(maxsize=4096)
 def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tuple[int, int]:
-    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: steps of RESCALE_VALUES values
-    (a power of two of tiles, at most the row's), a row's tiles in one program unless that gives
-    fewer than RESCALE_PROGRAMS_PER_SM programs an SM; then the fewest tiles a program, in whole
-    steps, that give as many, the step halved (down to one tile) while still too few."""
+    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: a row a program unless that gives
+    fewer than RESCALE_PROGRAMS_PER_SM programs an SM, then the fewest whole steps that give as many."""
     tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
     if sms is None or B >= RESCALE_PROGRAMS_PER_SM * sms:
         return tiles, n_tiles_c
@@ -1340,44 +1311,33 @@ def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tupl
 
 @dataclass(frozen=True, eq=False)
 class MatmulPlan:
-    """What one call of a matmul-family op runs (``matmul_softmax_plan``).
+    """What one call of a matmul-family op runs (``matmul_softmax_plan``)."""
 
-    path: "pointer" (per-thread loads), "tma" (16-bit operands read by TMA), "split_k" (K in
-    slices) or "presplit" (float32 'highest' from TF32 parts split beforehand). normalise: "none"
-    (x @ W), "rows" (then ``row_softmax``: the unfused version runs ``matmul``'s plan), "kernel"
-    (one class tile, normalised in registers) or "rescale" (tiles, then ``rescale_tiles_kernel``
-    over the (max, sum) table, the first buffer). kernel, grid, constants: the product's launch
-    (presplit: a grid a chunk of W). buffers: (kind, shape) of each workspace, kind "float32",
-    "int32" (zeroed) or "counts" (split-K's). split: (slice length, slices) of K, or presplit's
-    (first class, classes) of each chunk. rescale: (grid, tiles a program, constants).
-    """
-
-    path: str
-    kernel: object
+    path: str  # "pointer", "tma" (16-bit operands by TMA), "split_k" or "presplit" (float32 from TF32 parts)
+    kernel: object  # the product's, launched on grid with constants (presplit: a grid a chunk of W)
     launch: MatmulLaunch
-    normalise: str
+    normalise: str  # "none" (x @ W), "rows" (then row_softmax), "kernel" (one class tile) or "rescale"
     grid: tuple
-    tiles: tuple[int, int]
+    tiles: tuple[int, int]  # row blocks, class tiles
     constants: dict
-    buffers: tuple = ()
-    split: tuple = ()
-    rescale: tuple | None = None
+    buffers: tuple = ()  # (kind, shape) of each workspace: "float32", "int32" (zeroed) or "counts" (split-K's)
+    split: tuple = ()  # split_k: (slice length, slices); presplit: (first class, classes) of each chunk
+    rescale: tuple | None = None  # (grid, tiles a program, constants) of rescale_tiles_kernel over buffers[0]
 
 
 def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool = False,
                         tma_readable: bool = False, sms: int | None = None, capability: tuple | None = None,
                         setting: str = "highest", launch: MatmulLaunch | None = None) -> MatmulPlan:
-    """The plan of public op ``name`` (``matmul``, ``matmul_softmax_unfused``, ``..._fused_simple``,
-    ``..._fused_tiled``) for x (B, K) @ W (K, C) in ``dtype``: W K-major or not, both operands
-    readable by TMA (never under a trace), ``sms`` (None: the interpreter) and the ``capability``
-    (where an sm_90 route may apply), the float32 matmul ``setting``, a checked ``launch`` or None
-    for the op's own choice. Pure: ``_plan_of`` gathers the facts of a call."""
+    """The plan of public op ``name`` for x (B, K) @ W (K, C) in ``dtype``: W K-major or not, both
+    operands TMA-readable (never traced), ``sms`` (None: the interpreter), the ``capability`` where
+    an sm_90 route may apply, the float32 matmul ``setting``, a checked ``launch`` or None."""
     simple = name == "matmul_softmax_fused_simple"
     precision = "ieee" if dtype != torch.float32 else "tf32x3" if setting == "highest" else "tf32"
     if launch is None:
         if simple:
             launch = _simple_launch(B, C, dtype, sms)
-        elif sms is not None and capability == (9, 0) and precision == "tf32x3" and K and presplit_pays(B, K, C, w_kmajor):
+        elif sms is not None and capability == (9, 0) and precision == "tf32x3" and K \
+                and presplit_pays(B, K, C, w_kmajor):
             launch = presplit_launch(B, C, sms)
         else:
             launch = _tiled_launch(B, C, dtype, sms, K, w_kmajor)
@@ -1429,8 +1389,7 @@ def _rescale_plan(B: int, C: int, n_tiles_c: int, block_c: int, dtype: torch.dty
 
 
 def _plan_of(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, traced: bool) -> MatmulPlan:
-    """``matmul_softmax_plan`` for a call's tensors; the capability is asked only where an sm_90
-    route may apply (operands TMA can read, or a float32 product the presplit path pays for)."""
+    """``matmul_softmax_plan`` for a call (the capability asked only where an sm_90 route may apply)."""
     (B, K), C = _concrete(*x.shape), int(W.shape[1])
     kmajor, setting, sms = _w_kmajor(W), _float32_matmul_precision(), _sm_count(x.device)
     tma = (not traced and TensorDescriptor is not None and x.dtype in _TMA_DTYPES
@@ -1502,9 +1461,8 @@ def matmul_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """out = x @ W, one (BLOCK_B, BLOCK_C) tile a program, in out's dtype. K, C and the row strides
-    come divided by VEC (``_matmul_args``); with W_KMAJOR W's class stride instead of its K stride,
-    with X_TRANSPOSED x's K stride instead of its row stride."""
+    """out = x @ W, one (BLOCK_B, BLOCK_C) tile a program. K, C and the row strides (W_KMAJOR: W's
+    class stride, X_TRANSPOSED: x's K stride) come divided by VEC (``_matmul_args``)."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1559,12 +1517,10 @@ def split_k_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, TILED: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """One K slice of one (row block, class tile) of the logits. Each program writes its float32
-    partial tile to part (n_splits, row blocks x BLOCK_B, n_tiles_c x BLOCK_C) and bumps its tile's
-    count (acquire-release); the program that completes the count adds the partials in slice order
-    (the same sum whichever finishes last) and stores the logits, their softmax (SOFTMAX, one class
-    tile) or the tile's part of it and its (max, sum) in stats (TILED, as
-    ``matmul_softmax_tile_kernel``). K, C and the row strides as ``matmul_kernel``'s."""
+    """One K slice of one (row block, class tile): its float32 partial to part (n_splits, rows,
+    classes padded), then its tile's count bumped (acquire-release); the program completing the
+    count adds the partials in slice order and stores the logits, their softmax (SOFTMAX) or the
+    tile's part and (max, sum) (TILED, as ``matmul_softmax_tile_kernel``). Strides as ``matmul_kernel``'s."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1609,8 +1565,7 @@ def matmul_softmax_tile_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """One (rows, class tile) of exp(logit - tile max), and per row the tile's (max, sum) in stats
-    (2, B, n_tiles_c) float32, for ``rescale_tiles_kernel``. K, C and row strides as ``matmul_kernel``'s."""
+    """exp(logit - tile max) of one tile, and per row its (max, sum) in stats (2, B, n_tiles_c)."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1643,9 +1598,8 @@ def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c
 @triton.jit
 def tma_logits_tile(x_desc, w_desc, tile_b, tile_c, K, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_K: tl.constexpr, W_KMAJOR: tl.constexpr, UPCAST: tl.constexpr):
-    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32, both operands read by TMA: x_desc over x
-    (B, K), w_desc over W (K, C), or with W_KMAJOR over W^T (C, K). TMA fills what lies past B, C
-    or K with 0. UPCAST: as ``logits_tile``'s."""
+    """x @ W over one tile in float32 by TMA (zeros past B, C and K): x_desc over x (B, K), w_desc
+    over W (K, C) or with W_KMAJOR over W^T (C, K)."""
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
     for k in range(0, K, BLOCK_K):
         x = x_desc.load([tile_b * BLOCK_B, k])
@@ -1706,9 +1660,8 @@ def _tf32_parts(t):
 @triton.jit
 def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, K, stride_r, stride_k,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts hi and lo, both
-    (R, K) and contiguous (``_tf32_parts``); a row holding an infinity or NaN sets its flag
-    (flags_ptr[flag_start + row - start], zeroed before). One grid axis, K's blocks fastest."""
+    """Rows [start, start + R) of a float32 matrix as contiguous TF32 parts hi and lo (R, K); a row
+    holding inf or NaN sets flags_ptr[flag_start + row - start]. One grid axis, K's blocks fastest."""
     k_blocks = tl.cdiv(K, BLOCK_K)
     rows = (tl.program_id(0) // k_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     ks = (tl.program_id(0) % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -1747,13 +1700,10 @@ def tf32_transposed_parts_kernel(v_ptr, out_ptr, d2, d3, stride_vb, stride_v2, s
 def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
                          BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                          GUARD: tl.constexpr):
-    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of operands split
-    beforehand (``tf32_parts_kernel``): x's parts (B, K) at rows, W^T's (classes, K) at w_rows.
-    Each step's products start from 0 and are added to the tile in float32, small ones first, as
-    triton's tf32x3 does (summed inside the MMA the tile loses its low bits). GUARD: small products
-    that are not finite are dropped, so the hi product carries the inputs' infinities and NaNs
-    (inf x lo may differ in sign from inf x hi); it waits for them every step, so only tiles of
-    non-finite operands take it. Design notes: presplit."""
+    """x @ W over one tile in float32 as three TF32 products of parts split beforehand: x's (B, K)
+    at rows, W^T's (classes, K) at w_rows. Each step's products are summed from 0 and added to the
+    tile in float32, small ones first (in the MMA's sum the tile loses low bits). GUARD: non-finite
+    small products dropped, so the hi product carries the inputs' inf and NaN. Design notes: presplit."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1783,12 +1733,10 @@ def matmul_presplit_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr,
 ):
-    """The products of ``presplit_logits_tile`` for the chunk_tiles class tiles from first_tile
-    (W's parts hold the chunk's classes only), stored as ``matmul_kernel`` (neither flag),
-    ``matmul_softmax_simple_kernel`` (SOFTMAX) or ``matmul_softmax_tile_kernel`` (TILED) store.
-    GUARD: launched again after the plain launch, only over tiles whose rows of x or classes of W
-    hold an infinity or NaN (flags (B + C,) from the split passes), small products guarded: one
-    kernel holding both loops would need shared memory for both pipelines."""
+    """``presplit_logits_tile`` for chunk_tiles class tiles from first_tile (W's parts hold the
+    chunk), stored as ``matmul_kernel``, or with SOFTMAX / TILED as the softmax kernels store.
+    GUARD: a second launch over only the tiles whose x rows or W classes hold inf or NaN (flags
+    (B + C,)); one kernel with both loops would need shared memory for both pipelines."""
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1813,13 +1761,10 @@ def rescale_tiles_kernel(
     out_ptr, stats_ptr, B, C, n_tiles_c, tiles_per_program, stride_ob, stride_oc,
     BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr,
 ):
-    """Finish class tiles [q x tiles_per_program, + tiles_per_program) of one row (program (row, q)):
-    merge the row's (max, sum) of every tile online, MERGE a step, then scale its own tiles, TILES
-    whole tiles a (TILES, BLOCK_C) block (one exp a tile, not one an element). C and the row stride
-    come divided by VEC. SHIFT > 1, for rows that do not start on 16-byte boundaries (odd C): blocks
-    laid from the boundary before the row's start, so loads and stores take whole vectors; the
-    values before the first boundary and after the last are program 0's, one masked load and store.
-    """
+    """Program (row, q): merge the row's tiles' (max, sum) online, MERGE a step, then scale class
+    tiles [q x tiles_per_program, + tiles_per_program), TILES a (TILES, BLOCK_C) block (one exp a
+    tile). C and the row stride come divided by VEC. SHIFT > 1, rows off 16-byte boundaries (odd C):
+    blocks laid from the boundary before the row, whole vectors; the edges are program 0's."""
     stride_ob, C = stride_ob * VEC, C * VEC
     row = tl.program_id(0).to(tl.int64)
     ms = tl.arange(0, MERGE)
@@ -1904,15 +1849,13 @@ def softmax_grad_kernel(
 
 
 def _w_kmajor(W: torch.Tensor) -> bool:
-    """W (K, C) laid out K-major (nn.Linear's weight transposed): its K stride 1, its class
-    stride not (a plain bool, strides symbolic or not)."""
+    """W (K, C) K-major (nn.Linear's weight transposed), as a plain bool whether strides are symbolic or not."""
     wk, wc = W.stride()
     return bool(wk == 1 and wc != 1)
 
 
 def tma_2d_unreadable(t: torch.Tensor) -> bool:
-    """Whether a TMA descriptor cannot read the matrix t: its rows must be contiguous, its address
-    and row stride in bytes multiples of 16."""
+    """Whether TMA cannot read t: its rows must be contiguous, its address and row bytes multiples of 16."""
     rows, cols = t.stride()
     return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
 
@@ -1930,9 +1873,8 @@ def check_launch(launch) -> None:
 
 
 def check_matmul_call(name: str, x, W, launch) -> None:
-    """x: (B, K), W: (K, C), one dtype and device, and a given launch, checked for public op ``name``
-    before anything is allocated or launched: TypeError or ValueError naming the argument;
-    KernelCapacityError where the simple kernel cannot hold C classes."""
+    """x (B, K), W (K, C) of one dtype and device and a launch, before anything is allocated: TypeError
+    or ValueError naming the argument; KernelCapacityError where the simple kernel cannot hold C."""
     check_operands(x, "W", W, 2)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
@@ -1951,10 +1893,9 @@ def check_matmul_call(name: str, x, W, launch) -> None:
 
 
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[tuple, dict]:
-    """(B, K, C and the strides of x, W and out; VEC, W_KMAJOR and X_TRANSPOSED): the pointer
-    kernels' arguments, K, C and the row strides (W's class stride where W is K-major, x's K stride
-    where x is a transpose) divided by VEC, which the kernels multiply back, so rows and masks
-    cover whole vectors. Design notes: vector strides."""
+    """The pointer kernels' (B, K, C, strides) and (VEC, W_KMAJOR, X_TRANSPOSED): K, C and the row
+    strides (W's class stride K-major, x's K stride transposed) divided by VEC, which the kernels
+    multiply back, so rows and masks cover whole vectors. Design notes: vector strides."""
     (B, K), C = x.shape, W.shape[1]
     (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))  # no int(): see vector_strides
     kmajor, transposed = _w_kmajor(W), bool(xb == 1 and xk != 1)
@@ -1966,8 +1907,7 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
 
 
 def _concrete(*sizes) -> tuple[int, ...]:
-    """Sizes as ints for the launch choosers: traced with dynamic shapes they are symbolic, and a
-    launch chosen for a size specialises the compiled graph on it anyway."""
+    """Sizes as ints: a launch chosen for a size specialises a compiled graph on it anyway."""
     return tuple(int(n) for n in sizes)
 
 
@@ -1977,14 +1917,13 @@ def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tensor:
-    """Zeroed int32 counts for ``split_k_kernel``, one buffer a (device, stream, size class), kept
-    across calls: the kernel leaves every count it used at 0, and launches on a stream never overlap."""
+    """split_k_kernel's zeroed counts, one buffer a device, stream and size, kept: the kernel leaves
+    them 0, and launches on a stream never overlap."""
     return torch.zeros((size,), dtype=torch.int32, device=device)
 
 
 def _split_k_counts_for(x: torch.Tensor, n_tiles: int) -> torch.Tensor:
-    """split_k_kernel's zeroed counts for a call on x: made for the call where a cached buffer must
-    not be used (``fresh_counters``: a trace, a capture), else the cached buffer of its stream."""
+    """split_k_kernel's counts for a call on x: fresh where a cached buffer must not serve (``fresh_counters``)."""
     if fresh_counters(x):
         return torch.zeros((n_tiles,), dtype=torch.int32, device=x.device)
     stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
@@ -2002,9 +1941,8 @@ def _workspace(kind: str, shape: tuple, device: torch.device):
 
 def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | None, slots: tuple,
             descriptors: tuple = ()) -> None:
-    """kernel[grid](*args, **options); with ``kept``, append (its Replay taking the first len(slots)
-    arguments, or None where it cannot be kept; their slots among the call's tensors and buffers).
-    With ``descriptors`` (its leading TMA descriptors) a ``DescriptorReplay`` called with their tensors."""
+    """kernel[grid](*args, **options); ``kept`` gets (its Replay of the first len(slots) arguments,
+    a ``DescriptorReplay`` where they start with TMA ``descriptors``, or None; their slots)."""
     kernel = _jit(kernel, wrap)
     kernel[grid](*args, **options)
     if kept is not None:
@@ -2014,9 +1952,8 @@ def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | N
 
 def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
                     keep=None) -> torch.Tensor:
-    """Public op ``name`` on checked x and W by its plan (``wrap``: inside a traced op body).
-    ``keep`` (where given) receives its launches as one replay of (x, W, out): the launch itself,
-    or a ``ReplayChain`` that makes the plan's buffers anew each call."""
+    """Public op ``name`` on checked x and W by its plan (``wrap``: a traced op body); ``keep`` gets
+    its launches as one replay of (x, W, out): the launch, or a chain making the buffers anew."""
     if name == "matmul_softmax_unfused":
         return _unfused_forward(x, W, launch, wrap, keep)
     out = _output(x, W)
@@ -2055,8 +1992,8 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
 
 
 def _tma_descriptors(x: torch.Tensor, W: torch.Tensor, plan: MatmulPlan) -> tuple:
-    """TMA descriptors of x and of W, of W^T where W is K-major (rows of K values). A kept launch
-    is called with W itself: the launcher reads only a descriptor's address, the same for both."""
+    """TMA descriptors of x and of W (of W^T where K-major: a kept launch, which reads only the
+    address, takes W)."""
     launch, kmajor = plan.launch, plan.constants["W_KMAJOR"]
     w = W.t() if kmajor else W
     block = [launch.block_c, launch.block_k] if kmajor else [launch.block_k, launch.block_c]
@@ -2065,9 +2002,8 @@ def _tma_descriptors(x: torch.Tensor, W: torch.Tensor, plan: MatmulPlan) -> tupl
 
 
 def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | None) -> None:
-    """x's TF32 parts, then for each chunk of W's classes its parts and ``matmul_presplit_kernel``
-    twice (every tile, then the tiles of non-finite operands, guarded), over slots (x, W, out[,
-    table], x hi, x lo, W hi, W lo, flags)."""
+    """x's TF32 parts, then a chunk of W's classes at a time its parts and the products, over slots
+    (x, W, out[, table], x hi, x lo, W hi, W lo, flags)."""
     x, W, out = slots[:3]
     (B, K), C = x.shape, out.shape[1]
     t = 3 + (plan.normalise == "rescale")  # x hi's slot
@@ -2091,8 +2027,7 @@ def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | N
 
 def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
                      keep=None) -> torch.Tensor:
-    """``matmul``'s logits, then ``row_softmax``'s; with ``keep``, both launches as one chain over
-    (x, W, out) that makes its logits buffer."""
+    """``matmul``'s logits, then ``row_softmax``; ``keep`` gets both as one chain making the logits."""
     if keep is None:
         return row_softmax(_family_forward("matmul", x, W, launch, wrap))
     kept = []
@@ -2124,8 +2059,8 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
 
 def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
                      wrap: bool, product=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = dz @ W^T and dW = x^T @ dz by ``matmul``'s plan (transposes read in place), or by
-    ``product(a, b)`` where given (``_kept_product``); a gradient not needed is an empty tensor."""
+    """dx = dz @ W^T and dW = x^T @ dz (transposes read in place) by ``matmul``'s plan or ``product``;
+    a gradient not needed is an empty tensor."""
     product = product or (lambda a, b: _family_forward("matmul", a, b, None, wrap))
     dz = dz.contiguous()  # an expanded (stride-0) upstream gradient would lose the vector loads
     dx = product(dz, W.t()) if need_x else x.new_empty((0,))
@@ -2153,9 +2088,8 @@ def _op_grad(ctx, dout):
 
 
 def _family_op(name: str):
-    """The custom op ``softmax_kernels::name`` running ``_family_forward`` (launch: ``_launch_fields``),
-    with its backward. The unfused one is opaque (``row_softmax`` does not launch through
-    ``wrap_triton``): compiled, it runs as one unit, making its buffers per call."""
+    """Custom op ``softmax_kernels::name`` over ``_family_forward``, with its backward. The unfused one
+    is opaque (``row_softmax`` does not launch through wrap_triton), making its buffers per call."""
     opaque = name == "matmul_softmax_unfused"
 
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
@@ -2180,9 +2114,8 @@ _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
 def autocast_operands(x, W) -> tuple:
-    """x and W as torch's matmul takes them under autocast: where autocast is on for x's device
-    type, each floating tensor but a float64 one in autocast's dtype, differentiably (a float32
-    parameter beside bfloat16 activations, which the checks would refuse); else as they are."""
+    """x and W as torch's matmul takes them: under autocast for x's device, floating tensors but
+    float64 ones cast to its dtype, differentiably; else as they are."""
     if not torch.compiler.is_compiling() and _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
         return x, W  # the common case, in 0.1 us (a trace asks by device type below, which it can follow)
     if not isinstance(x, torch.Tensor):
@@ -2196,9 +2129,8 @@ def autocast_operands(x, W) -> tuple:
 
 
 def _matmul_family(name: str, x, W, launch: MatmulLaunch | None, checked: bool = True) -> torch.Tensor:
-    """Public op ``name``: the launches kept for the call's key, else (``checked``) its checks, then
-    ``_EagerMatmulFamily`` (an eager call autograd records, or a transform's), its custom op (a
-    trace, a tensor subclass) or ``_family_forward``, which keeps its launches."""
+    """Public op ``name``: the launches kept for the call's key, else its checks, then the Function
+    (autograd recording or a transform), the custom op (a trace, a subclass) or a run that keeps."""
     key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
@@ -2222,10 +2154,9 @@ def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 
 
 class _EagerMatmulFamily(torch.autograd.Function):
-    """A matmul-family call autograd records outside the dispatcher: eager (torch's C apply; the
-    forward and the backward's products replay their kept launches; design notes: eager autograd)
-    or carrying a tangent or a transform's wrapper (jvp and vmap for torch.func). A backward that
-    records a graph (create_graph), is traced or gets a batch of gradients takes the backward op."""
+    """A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes:
+    eager autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given
+    a batch of gradients takes the backward op."""
 
     @staticmethod
     def forward(x, W, name, launch):
@@ -2285,8 +2216,8 @@ class _EagerMatmulFamily(torch.autograd.Function):
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
 
-    ``launch`` overrides the plan's tiles. Differentiable in x and W. Under autocast x and W are
-    cast to its dtype first, as torch's matmul casts them; so are the softmax(x @ W) versions'.
+    ``launch`` overrides the plan's. Differentiable in x and W; under autocast the operands are
+    cast as torch's matmul casts them (as in the softmax(x @ W) versions).
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul", x, W, launch)
@@ -2315,11 +2246,10 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) for any C, with no (B, C) buffer but the output.
 
-    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile: one kernel normalises in
-    registers. Several: unnormalised tiles and a (2, B, tiles) float32 table of their maxima and
-    sums, then ``rescale_tiles_kernel``. With K split, float32 partials of the slices; float32
-    'highest' on sm_90 where ``presplit_pays``, x's and W's TF32 parts (twice x's size and up to
-    ``PRESPLIT_CHUNK_BYTES`` of W's). The backward works from the output.
+    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile: one kernel. Several: exp tiles
+    and a (2, B, tiles) float32 table, then ``rescale_tiles_kernel``. Workspace: K split, the
+    slices' float32 partials; float32 'highest' on sm_90 where ``presplit_pays``, TF32 parts of x
+    (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``).
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul_softmax_fused_tiled", x, W, launch)

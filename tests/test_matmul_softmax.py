@@ -408,12 +408,13 @@ def test_plan_takes_an_asked_presplit_where_it_applies(name, dtype, setting, K):
     launch = MatmulLaunch(16, 32, 16, presplit=True)
     plan = matmul_softmax_plan(name, 20, K, 72, dtype, setting=setting, launch=launch)
     assert (plan.path == "presplit") == (dtype == torch.float32 and setting == "highest" and K > 0)
-    assert matmul_softmax_plan(SIMPLE, 20, K, 72, dtype, setting=setting, launch=MatmulLaunch(16, 128, 16,
-                                                                                              presplit=True)).path == "pointer"
+    simple = MatmulLaunch(16, 128, 16, presplit=True)
+    assert matmul_softmax_plan(SIMPLE, 20, K, 72, dtype, setting=setting, launch=simple).path == "pointer"
 
 
-@pytest.mark.parametrize("C,dtype,shift,vec", [(300, torch.float32, 1, 4), (301, torch.float32, 4, 1), (1000, torch.bfloat16, 1, 8),
-                                               (1024, torch.float32, 1, 1), (50257, torch.bfloat16, 8, 1)])
+@pytest.mark.parametrize("C,dtype,shift,vec", [(300, torch.float32, 1, 4), (301, torch.float32, 4, 1),
+                                               (1000, torch.bfloat16, 1, 8), (1024, torch.float32, 1, 1),
+                                               (50257, torch.bfloat16, 8, 1)])
 def test_plan_rescale(C, dtype, shift, vec):
     """Rows of an odd width do not start on 16-byte boundaries: the rescale lays its blocks from them
     (SHIFT); rows that do take their stride divided (VEC) where Triton would not see it aligned."""
@@ -827,7 +828,8 @@ def test_presplit_not_chosen_on_other_machines():
     x = torch.empty((4096, 4096), device=DEVICE)
     W = torch.empty((4096, 50257), device=DEVICE)
     assert (_plan_of("matmul_softmax_fused_tiled", x, W, None, False).path == "presplit") == HOPPER
-    assert matmul_softmax_plan("matmul", 4096, 4096, 50257, torch.float32, sms=132, capability=(8, 0)).path != "presplit"
+    other_gpu = matmul_softmax_plan("matmul", 4096, 4096, 50257, torch.float32, sms=132, capability=(8, 0))
+    assert other_gpu.path != "presplit"
 
 
 @pytest.mark.skipif(not HOPPER, reason="compiled, the presplit kernels are chosen on sm_90")
