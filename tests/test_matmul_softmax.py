@@ -424,6 +424,25 @@ def test_plan_rescale(C, dtype, shift, vec):
     assert (grid, per_program) == ((64, 1), plan.tiles[1])  # the interpreter: one program a row
 
 
+def test_plan_of_asks_the_capability_only_where_an_sm90_route_may_apply(monkeypatch, presplit_calls):
+    """A call's plan asks the device's capability for TMA-readable 16-bit operands or a float32
+    product the presplit path pays for, never otherwise (nor under a trace, where TMA cannot serve)."""
+    import fused_softmax_matmul
+
+    asked = []
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(fused_softmax_matmul, "_device_index", lambda device: 0)
+    monkeypatch.setattr(fused_softmax_matmul, "_device_capability", lambda index: asked.append(index) or (9, 0))
+    small = torch.empty((64, 128)), torch.empty((128, 10))
+    big = torch.empty((4096, 4096)), torch.empty((4096, 4096))
+    half = tuple(t.half() for t in matmul_softmax_inputs(20, 48, 72, torch.float32))
+    assert _plan_of(TILED, *small, None, False).path == "pointer" and not asked
+    assert _plan_of(TILED, *half, None, True).path == "pointer" and not asked
+    assert _plan_of(TILED, *big, MatmulLaunch(32, 128, 32), False).path == "pointer" and not asked
+    assert _plan_of(TILED, *big, None, False).path == "presplit" and len(asked) == 1
+    assert _plan_of("matmul", *half, MatmulLaunch(16, 32, 16), False).path == "pointer" and len(asked) == 2
+
+
 # The matmul_softmax group's cases (tests/test_bench_matmul_softmax.py) and the path the record
 # names for each (outputs/README.md, "softmax(x @ W)"): the float32 sizes split K, the bfloat16 ones
 # run the TMA tile kernel (W row-major, TMA-readable as the builder makes it). The smallest size
