@@ -940,19 +940,15 @@ _FUSED_REPLAYS = Replays()
 # softmax(x @ W): the classifier / LM head
 # ----------------------------------------------------------------------------------------------
 # x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
-#
-# Three Triton versions: unfused (matmul, then ``row_softmax``), simple (a program owns a row
-# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). The
-# backward is shared: ``softmax_grad_kernel``, then dx and dW by the Triton matmul.
-# Why write-then-rescale, and where the time goes: outputs/README.md, "Design notes".
+# Three Triton versions: unfused (``matmul``, then ``row_softmax``), simple (a program owns a row
+# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). A
+# call is checked (``check_matmul_call``), planned (``matmul_softmax_plan``) and run
+# (``_family_forward``). The backward: ``softmax_grad_kernel``, then dx and dW by ``matmul``.
+# The figures behind each route and threshold: outputs/README.md, "Design notes".
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
-    """Reference: cuBLAS product, logits written in x's dtype, then ``torch.softmax`` over classes.
-
-    x: (B, K), W: (K, C) -> (B, C). Bytes: the product reads x and W and writes B x C logits; the
-    softmax reads them and writes B x C probabilities.
-    """
+    """Reference: cuBLAS product, logits in x's dtype, then ``torch.softmax``. x: (B, K), W: (K, C) -> (B, C)."""
     return torch.softmax(x @ W, dim=-1)
 
 
@@ -967,12 +963,8 @@ def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int
 
 
 def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch: MatmulLaunch) -> int:
-    """What ``matmul_softmax_fused_tiled`` moves at least with ``launch``'s tiles.
-
-    One class tile: the fused minimum, plus with K split the partials (``split_k_bytes``).
-    Several: the unnormalised tiles are written, read and written again (3 passes, as unfused),
-    plus the float32 (max, sum) pair per row and tile, written once and read once.
-    """
+    """The tiled version: one class tile moves the fused minimum; several, the unfused passes plus
+    a float32 (max, sum) a row and tile written and read; with K split, the partials too."""
     n_tiles = cdiv(C, launch.block_c)
     if n_tiles == 1:
         return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
@@ -981,21 +973,24 @@ def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch
 
 
 def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
-    """(slice length, number of slices) for K cut into at most split_k slices of whole block_k
-    steps; fewer slices where K is short, at least one."""
+    """(slice length, slices): K in at most split_k slices of whole block_k steps, at least one."""
     k_slice = max(block_k, cdiv(cdiv(K, split_k), block_k) * block_k)
     return k_slice, max(1, cdiv(K, k_slice))
 
 
 def split_k_bytes(B: int, K: int, launch: MatmulLaunch, C: int | None = None) -> int:
-    """The float32 partial tiles of ``split_k_kernel`` (one per slice, row block and class tile
-    of C classes, None: one tile; rows and classes padded to the tiles), written once and read
-    once; 0 unsplit. At the small sizes where the wrappers split K they stay in L2."""
+    """``split_k_kernel``'s float32 partials (a slice, row block and class tile each, padded; C None:
+    one class tile), written and read once; 0 unsplit."""
     if launch.split_k == 1:
         return 0
     n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
     n_tiles_c = 1 if C is None else cdiv(C, launch.block_c)
     return 2 * n_splits * cdiv(B, launch.block_b) * launch.block_b * n_tiles_c * launch.block_c * 4
+
+
+def presplit_bytes(B: int, K: int, C: int) -> int:
+    """The presplit path's extra traffic: each float32 operand read, written as two parts, read back."""
+    return 16 * K * (B + C)
 
 
 def matmul_softmax_flops(B: int, K: int, C: int) -> int:
@@ -1005,17 +1000,10 @@ def matmul_softmax_flops(B: int, K: int, C: int) -> int:
 
 @dataclass(frozen=True)
 class MatmulLaunch:
-    """Launch parameters of the matmul-shaped kernels; the wrappers choose them unless given.
-
-    block_b rows by block_c classes per program, block_k of the K dimension per step (powers of
-    two, at least 16: ``tl.dot``'s least); programs run in groups of group_b row blocks that walk
-    the class tiles together, so their x rows and W columns are read from L2 (see ``tile_coords``).
-    split_k > 1 cuts K into that many slices, one program each, for shapes with too few (row
-    block, class tile) pairs to fill the GPU (see ``split_k_kernel``). presplit: float32
-    products under 'highest' as three TF32 products of operands split beforehand
-    (``matmul_presplit_kernel``; unsplit K only): ``matmul``, the unfused and the tiled
-    softmax(x @ W); other products and the simple kernel ignore it.
-    """
+    """Launch of the matmul-shaped kernels (the plan's unless given): block_b rows by block_c classes
+    a program, block_k of K a step (powers of two, at least tl.dot's 16); group_b row blocks walk
+    the class tiles together; split_k > 1 cuts K into slices; presplit: float32 'highest' from TF32
+    parts split beforehand (unsplit K; the simple kernel ignores it)."""
 
     block_b: int
     block_c: int
@@ -1039,73 +1027,43 @@ class MatmulLaunch:
             raise ValueError(f"launch.presplit takes an unsplit K: split_k must be 1, got {self.split_k}")
 
 
-# ``tiled_launch`` splits K when K is at least SPLIT_K_LEAST_STEPS steps of block_k, into slices
-# of at least SPLIT_K_SLICE_STEPS steps: where C fits one class tile, with row blocks of at least
-# SPLIT_K_ROWS; where it takes several, when fewer (row block, class tile) pairs than half the
-# SMs remain once the rows are thinned to 16. From a sweep on an H100 (float32, one class tile,
-# row blocks 16/32/64 x 1 to 32 slices): about one program per SM was fastest; 64 x 128 x 10
-# (4 K steps) ran fastest unsplit. Several class tiles: at B = 1 and 32 with 1000 classes and
-# K of 2048 and 4096 the unsplit kernel ran 0.2-0.6x torch's speed (16 or fewer programs,
-# outputs/profiles/grid_probe.txt). There 16-bit row blocks of 64 or more rows are thinned no
-# further than SPLIT_K_ROWS_16BIT (the warpgroup MMA's height), and K split instead, in at most
-# SPLIT_K_MAX_SLICES slices (the last program of a tile adds them all): from CUDA graphs on an
-# H100 (outputs/profiles/matmul_split_probe.txt, bf16, 1000 and 2000 classes, K 2048 and 4096),
-# 64-row blocks in 2 to 4 slices ran 1.3-2.1x faster than the 16- and 32-row blocks chosen before
-# at B 512 and 1024 (at 256, 1.18-1.5x against 16-row blocks in 2 slices); at B = 1, 16 slices beat
-# 32 (0.0150 against 0.0186 ms). The 8 to 16 slices the rule gives at B 64 to 256 were not timed,
-# nor the backward's products, which take the same rule.
+# K splits from SPLIT_K_LEAST_STEPS steps of block_k, in slices of SPLIT_K_SLICE_STEPS steps or more,
+# rows no thinner than SPLIT_K_ROWS (one class tile) or SPLIT_K_ROWS_16BIT (16-bit, the warpgroup
+# MMA's height), SPLIT_K_MAX_SLICES at most over several tiles. Design notes: split-K.
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
 SPLIT_K_ROWS_16BIT = 64
 SPLIT_K_MAX_SLICES = 16
-# 16-bit class tiles narrow down to NARROW_CLASS_TILE before rows thin below 64 or K is split:
-# at 32 x 768 x 1000 bf16 on an H100 (outputs/profiles/matmul_tma_probe.txt) 32 programs of 16 x
-# 64 took 0.0076 ms against 0.0127 for 8 of 16 x 256 (torch 0.0090), at 1 x 2048 x 1000 16 x 64
-# in 8 slices 0.0095 against 0.0140 for 16 x 256 in 16 (torch 0.0122).
+# 16-bit class tiles narrow to this before rows thin below 64 or K is split. Design notes: narrow tiles.
 NARROW_CLASS_TILE = 64
-# Float32 class tiles of at most this many classes take longer K steps (see ``_tiled_launch``).
+# Float32 class tiles of at most this many classes take K steps of 128. Design notes: narrow tiles.
 NARROW_FLOAT32_CLASSES = 32
-# 16-bit products over several class tiles with a W that stays in L2 (K x C bytes at most
-# L2_RESIDENT_W_BYTES, four fifths of the H100's 50 MiB L2) laid out K-major or with rows of C
-# values that are no whole 32-byte sectors (C no multiple of 16): there each program's K loop
-# is bound by what its SM reads from L2, K x (rows + classes) values, so ``_l2_bound_tile``
-# takes the tile of L2_BOUND_TILES_16BIT that reads the fewest such values over whole waves of
-# programs (about one program an SM or more), the taller where two tie. On an H100 (CUDA graphs, bf16, W
-# row-major and K-major alike; outputs/profiles/w_lines_probe.txt): 4096 x 4096 x 1000 256 x
-# 128 0.0685 ms against 0.0794 for the 128 x 256 taken before (torch 0.0547), 2048 x 4096 x 1000
-# 128 x 128 0.0473 against 0.0668 for 64 x 256, 1024 x 4096 x 1000 128 x 64 0.0315 against 0.0381
-# for 64 x 128, 4096 x 4096 x 3000 and 5000 (a W of 39 MiB) 256 x 128 10-13 % faster. A W of
-# 32000 classes (250 MiB at K = 4096) is read from DRAM, where the rule does not hold (256 x 128
-# 1.2x slower than 128 x 256). Nor does it for a row-major W of whole sectors: 128 x 256 runs
-# 4096 x 4096 x 2048 in 0.1034 ms against 0.1327 for 256 x 128, 2048 x 4096 x 4000 0.1072
-# against 0.1356, 4096 x 1024 x 8192 0.1749 against 0.2104 (outputs/profiles/
-# l2_tile_rule_probe.txt; there too the backward's products: dW = x^T @ dz in 0.80-0.91x the
-# time at 1000-5000 classes, dx = dz @ W^T, whose W^T is K-major, 0.82-1.0x). One case went the
-# other way: 4096 x 4096 x 1500 with W K-major, 0.143 ms against 0.126 (w_lines_probe.txt). W in
-# L2 needs no program groups (``tile_coords``): consecutive programs sharing x's row block ran
-# 2-21 % faster than groups of 8 (2048 x 4096 x 1000 0.0381 against 0.0482 ms, 512 x 4096 x 1000
-# 0.0207 against 0.0242; other K steps, stages and splits were slower: l2_tile_steps_probe.txt).
+# A 16-bit W within 4/5 of an H100's L2, K-major or in rows of no whole 32-byte sectors: bound by L2
+# reads, its products take the tile that reads least (``_l2_bound_tile``). Design notes: L2 tiles.
 L2_RESIDENT_W_BYTES = 40 << 20
 L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
-
-# The simple kernel keeps a block_b x next_power_of_2(C) float32 accumulator in registers. At
-# 16 rows (tl.dot's least) x 1024 classes that is 64 KiB: 64 registers a thread over 8 warps,
-# beside the operand tiles; twice that spills on an H100 (255 registers a thread at most).
+# 16 rows x 1024 classes of float32 accumulator: 64 registers a thread over 8 warps; twice spills.
 SIMPLE_MAX_CLASSES = 1024
-
-
-def check_matmul_softmax_inputs(x, W) -> None:
-    """x: (B, K), W: (K, C), same dtype and device; ValueError/TypeError naming the argument."""
-    check_operands(x, "W", W, 2)
-    if W.shape[0] != x.shape[1]:
-        raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
-
-
-def check_launch(launch) -> None:
-    if not isinstance(launch, MatmulLaunch):
-        raise TypeError(f"launch must be a MatmulLaunch, got {type(launch).__name__}")
-    launch.check()
+# TMA on sm_90 from these rows (W K-major) or B x K x C (W row-major): below, its descriptors'
+# host time outweighs the GPU time saved. Design notes: TMA.
+TMA_LEAST_KMAJOR_ROWS = 256
+TMA_LEAST_PRODUCT = 1 << 32
+_TMA_DTYPES = (torch.float16, torch.bfloat16)
+# Measured rates of ``presplit_pays``; W split PRESPLIT_CHUNK_BYTES of parts at a time. Design notes: presplit.
+TF32X3_FLOPS = 48e12
+TF32X3_KMAJOR_FLOPS = 44e12
+PRESPLIT_MARGIN = 1.2
+PRESPLIT_FLOPS = 95e12
+SPLIT_BYTES_PER_S = 2.5e12
+SPLIT_FIXED_S = 12e-6
+PRESPLIT_CHUNK_BYTES = 256 << 20
+PARTS_BLOCK = 64
+# The rescale's step (32 values a thread over 4 warps), programs an SM and tiles merged a step
+# (``rescale_split``). Design notes: rescale.
+RESCALE_VALUES = 4096
+RESCALE_PROGRAMS_PER_SM = 2
+RESCALE_MERGE = 1024
 
 
 def _sm_count(device: torch.device) -> int | None:
@@ -1125,29 +1083,22 @@ def _device_sms_cached(index: int) -> int:
     return torch.cuda.get_device_properties(index).multi_processor_count
 
 
-# Traced in the flash Function's forward: Dynamo takes the count as a constant (an lru_cache
-# wrapper itself would be traced through, with a warning).
+# Dynamo takes the count as a constant in the flash Function's forward (it would trace an lru_cache).
 @torch.compiler.assume_constant_result
 def _device_sms(index: int) -> int:
     return _device_sms_cached(index)
 
 
 def _l2_bound_tile(B: int, C: int, sms: int) -> tuple[int, int] | None:
-    """(rows, classes) of the L2_BOUND_TILES_16BIT tile whose programs read the fewest values,
-    K x (rows + classes) a program over whole waves of ``sms`` programs (the taller on a tie),
-    none taller than the B rows; None where every tile leaves more than half the SMs idle or is
-    too tall (the earlier rule serves those shapes: thinner rows, split K)."""
+    """The L2_BOUND_TILES_16BIT tile (rows, classes) reading the fewest values over whole waves of
+    programs (the taller on a tie), no taller than B; None where each leaves half the SMs idle."""
     costs = [(cdiv(cdiv(B, bb) * cdiv(C, bc), sms) * (bb + bc), -bb, bb, bc) for bb, bc in L2_BOUND_TILES_16BIT
              if bb <= B and cdiv(B, bb) * cdiv(C, bc) >= sms // 2]
     return min(costs)[2:] if costs else None
 
 
 def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int = 16) -> int:
-    """Halve the row block (down to ``least``, at least tl.dot's 16) until there is about one
-    program per SM.
-
-    At B = 1024, C = 100 a 64-row block gives 16 programs: 16 of 132 SMs do all the flops.
-    """
+    """The row block halved (down to ``least``) until there is about one program an SM."""
     while sms is not None and block_b > least and cdiv(B, block_b) * n_tiles_c < sms:
         block_b //= 2
     return block_b
@@ -1155,32 +1106,16 @@ def _fill_sms(B: int, n_tiles_c: int, block_b: int, sms: int | None, least: int 
 
 def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None,
                  w_kmajor: bool = False) -> MatmulLaunch:
-    """``_tiled_launch`` for the device's SM count (cached per shape, dtype, SM count and W's
-    layout: ``w_kmajor`` for a W whose K stride is 1, see ``_w_kmajor``)."""
+    """``_tiled_launch`` for the device's SMs (``w_kmajor``: ``_w_kmajor``)."""
     return _tiled_launch(B, C, dtype, _sm_count(device), K, w_kmajor)
 
 
 @functools.lru_cache(maxsize=4096)
 def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None,
                   w_kmajor: bool = False) -> MatmulLaunch:
-    """H100 choices for the Triton matmul and the tiled fused kernel (starting points to tune).
-
-    16-bit: 128 x 256 x 64 tiles, 8 warps (two Hopper warpgroups, each issuing the 64-row wgmma),
-    4 stages: a 128 KiB float32 accumulator (128 registers a thread) still leaves room for the
-    softmax epilogue. Float32: 32 x 128 x 32, 4 warps, 3 stages: tf32x3 splits each operand into
-    two TF32 halves in registers, so the tile is small (on sm_90 the wrappers take
-    ``presplit_launch`` instead where ``presplit_pays``). On an H100 (outputs/profiles/
-    matmul_tile_probe.txt) 32-row tiles beat 64-row ones by 1.5-3.9x at every shape tried (4096
-    x 4096 x 4096: 2.69 against 5.89 ms, torch 2.69) and 16-row ones by 1.2-1.3x at B = 512,
-    so float32 rows are thinned to 16 only while 32-row tiles would give fewer programs than
-    half the SMs; so are 16-bit ones (128 x 256 tiles: at 4096 x 768 and 4096 x 4096 x 1000 bf16
-    their 128 programs ran 1.35x and 1.6x faster than 256 of 64 rows, outputs/profiles/
-    matmul_pitch_probe.txt, W's rows as given). A class tile narrower than the default is used when C is smaller, so
-    small C runs as one tile and one launch, and a row block no taller than B (from 16). 16-bit
-    launches over several class tiles narrow the class tile (to NARROW_CLASS_TILE) before rows
-    thin below 64; float32 ones of a narrow class tile take longer K steps.
-    Given K, a long K may be cut into slices (split_k; see SPLIT_K_LEAST_STEPS).
-    """
+    """The launch of ``matmul`` and the tiled version: 16-bit 128 x 256 x 64 tiles (two warpgroups),
+    float32 32 x 128 x 32 (tf32x3 splits operands in registers); rows thinned, 16-bit class tiles
+    narrowed and a long K split where programs leave SMs idle. Design notes: matmul tiles."""
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
@@ -1190,16 +1125,13 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
             if tile is not None:
                 return MatmulLaunch(*tile, 64, group_b=1, num_warps=8 if tile[0] * tile[1] > 64 * 128 else 4,
                                     num_stages=4)
-        # The best of ten launches swept at the LM-head sizes (outputs/README.md, "Design notes").
         block_b, block_c, block_k, warps, stages = 128, 256, 64, 8, 4
         if w_kmajor and B >= 256 and C > 256:
-            block_b, block_c = 256, 128  # see the note above ``_tma_operands``
+            block_b, block_c = 256, 128  # a K-major W from DRAM, read by TMA (design notes: TMA)
     block_c = max(16, min(block_c, next_power_of_2(C)))
-    # Never a row block taller than the rows there are (at least 16, tl.dot's least): at B = 32 a
-    # 64-row block spends half its products on padding.
-    block_b = min(block_b, max(16, next_power_of_2(B)))
-    # A long K: K slices fill the SMs better than thinner row blocks where C fits one class
-    # tile, and where thin row blocks over several class tiles still leave most SMs idle.
+    block_b = min(block_b, max(16, next_power_of_2(B)))  # at B = 32 a 64-row block is half padding
+    # A long K: slices fill the SMs better than thinner rows over one class tile, or where thin
+    # rows over several still leave most SMs idle.
     n_tiles_c = cdiv(C, block_c)
     long_k = sms is not None and K is not None and K >= SPLIT_K_LEAST_STEPS * block_k
     one_tile = long_k and n_tiles_c == 1
@@ -1225,28 +1157,14 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
     elif long_k and tiles < sms // 2:
         split = max(1, min(sms // tiles, K // (SPLIT_K_SLICE_STEPS * block_k), SPLIT_K_MAX_SLICES))
     if dtype == torch.float32 and block_c <= NARROW_FLOAT32_CLASSES and split == 1:
-        # A narrow class tile: each step's bytes are mostly x's, and at 32 x 32 a step four
-        # stages keep 12 KiB of it in flight a program. At 4096 x 4096 x 10 on an H100
-        # (outputs/profiles/matmul_tma_probe.txt) steps of 128 over four stages took 0.039 ms
-        # against 0.063 (torch 0.045).
-        block_k, stages = 128, 4
+        block_k, stages = 128, 4  # a step's bytes are mostly x's: four stages of 32 x 128 in flight
     return MatmulLaunch(block_b, block_c, block_k, group_b=8, num_warps=warps, num_stages=stages, split_k=split)
-
-
-def simple_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: int | None = None) -> MatmulLaunch:
-    """``_simple_launch`` for the device's SM count (cached per shape, dtype and SM count)."""
-    return _simple_launch(B, C, dtype, _sm_count(device))
 
 
 @functools.lru_cache(maxsize=4096)
 def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> MatmulLaunch:
-    """H100 choices for the simple fused kernel: all C (padded to a power of two) in one tile.
-
-    Rows: as many as keep the accumulator within 64 KiB (<= 64 registers a thread over 8 warps),
-    at most 64, then fewer while that leaves SMs idle. block_k: what keeps one stage of operands
-    near 32 KiB, so 3 stages fit shared memory even at 1024 classes. K is not used: the simple
-    kernel does not split K.
-    """
+    """The simple kernel's: all C classes in one tile, rows keeping the accumulator within 64 KiB
+    (fewer while SMs idle), K steps keeping a stage near 32 KiB (3 fit shared memory)."""
     block_c = max(16, next_power_of_2(C))
     block_b = max(16, min(64, 16384 // block_c))
     block_b = _fill_sms(B, 1, block_b, sms)
@@ -1256,14 +1174,146 @@ def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> Matmu
     return MatmulLaunch(block_b, block_c, block_k, group_b=1, num_warps=warps, num_stages=3)
 
 
+def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
+    """Whether the presplit path saves PRESPLIT_MARGIN times its split pass's time (12 bytes a value
+    and the launches) at the measured rates."""
+    pointer = TF32X3_KMAJOR_FLOPS if w_kmajor else TF32X3_FLOPS
+    saved = 2 * B * K * C * (1 / pointer - 1 / PRESPLIT_FLOPS)
+    return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
+
+
+@functools.lru_cache(maxsize=4096)
+def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
+    """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
+    fewer tiles than SMs remain, down to 64 x 64."""
+    block_b = block_c = 128
+    while block_b * block_c > 64 * 64 and cdiv(B, block_b) * cdiv(C, block_c) < sms:
+        if block_b >= block_c:
+            block_b //= 2
+        else:
+            block_c //= 2
+    big = block_b * block_c > 64 * 128
+    return MatmulLaunch(block_b, block_c, 32, group_b=8, num_warps=8 if big else 4, num_stages=3 if big else 4,
+                        presplit=True)
+
+
+def presplit_chunk(K: int, C: int, block_c: int) -> int:
+    """Classes of W split at a time: whole class tiles whose two parts fit PRESPLIT_CHUNK_BYTES
+    (at least one tile), no more than C's tiles hold."""
+    tiles = max(1, PRESPLIT_CHUNK_BYTES // (8 * max(K, 1) * block_c))
+    return min(tiles, cdiv(C, block_c)) * block_c
+
+
+@functools.lru_cache(maxsize=4096)
+def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tuple[int, int]:
+    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: a row a program unless that gives
+    fewer than RESCALE_PROGRAMS_PER_SM programs an SM, then the fewest whole steps that give as many."""
+    tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
+    if sms is None or B >= RESCALE_PROGRAMS_PER_SM * sms:
+        return tiles, n_tiles_c
+    wanted = cdiv(RESCALE_PROGRAMS_PER_SM * sms, B)
+    while tiles > 1 and cdiv(n_tiles_c, tiles) < wanted:
+        tiles //= 2
+    steps = cdiv(n_tiles_c, tiles)
+    return tiles, cdiv(steps, min(steps, wanted)) * tiles
+
+
+@dataclass(frozen=True, eq=False)
+class MatmulPlan:
+    """What one call of a matmul-family op runs (``matmul_softmax_plan``)."""
+
+    path: str  # "pointer", "tma" (16-bit operands by TMA), "split_k" or "presplit" (float32 from TF32 parts)
+    kernel: object  # the product's, launched on grid with constants (presplit: a grid a chunk of W)
+    launch: MatmulLaunch
+    normalise: str  # "none" (x @ W), "rows" (then row_softmax), "kernel" (one class tile) or "rescale"
+    grid: tuple
+    tiles: tuple[int, int]  # row blocks, class tiles
+    constants: dict
+    buffers: tuple = ()  # (kind, shape) of each workspace: "float32", "int32" (zeroed) or "counts" (split-K's)
+    split: tuple = ()  # split_k: (slice length, slices); presplit: (first class, classes) of each chunk
+    rescale: tuple | None = None  # (grid, tiles a program, constants) of rescale_tiles_kernel over buffers[0]
+
+
+def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool = False,
+                        tma_readable: bool = False, sms: int | None = None, capability: tuple | None = None,
+                        setting: str = "highest", launch: MatmulLaunch | None = None) -> MatmulPlan:
+    """The plan of public op ``name`` for x (B, K) @ W (K, C) in ``dtype``: W K-major or not, both
+    operands TMA-readable (never traced), ``sms`` (None: the interpreter), the ``capability`` where
+    an sm_90 route may apply, the float32 matmul ``setting``, a checked ``launch`` or None."""
+    simple = name == "matmul_softmax_fused_simple"
+    precision = "ieee" if dtype != torch.float32 else "tf32x3" if setting == "highest" else "tf32"
+    if launch is None:
+        if simple:
+            launch = _simple_launch(B, C, dtype, sms)
+        elif sms is not None and capability == (9, 0) and precision == "tf32x3" and K \
+                and presplit_pays(B, K, C, w_kmajor):
+            launch = presplit_launch(B, C, sms)
+        else:
+            launch = _tiled_launch(B, C, dtype, sms, K, w_kmajor)
+    n_b, n_c = cdiv(B, launch.block_b), cdiv(C, launch.block_c)
+    if name in ("matmul", "matmul_softmax_unfused"):
+        normalise = "none" if name == "matmul" else "rows"
+    else:
+        normalise = "kernel" if simple or n_c <= 1 else "rescale"
+    tiled, upcast = normalise == "rescale", upcast_dot_operands(dtype)
+    shape = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k,
+                 num_warps=launch.num_warps, num_stages=launch.num_stages)
+    plan = functools.partial(MatmulPlan, launch=launch, normalise=normalise, tiles=(n_b, n_c),
+                             rescale=_rescale_plan(B, C, n_c, launch.block_c, dtype, sms) if tiled else None)
+    stats = (("float32", (2, B, n_c)),) if tiled else ()
+    if launch.presplit and not simple and precision == "tf32x3" and K:
+        chunk = presplit_chunk(K, C, launch.block_c)
+        parts = (("float32", (B, K)),) * 2 + (("float32", (chunk, K)),) * 2 + (("int32", (B + C,)),)
+        return plan("presplit", matmul_presplit_kernel, grid=(), buffers=stats + parts,
+                    split=tuple((first, min(chunk, C - first)) for first in range(0, C, chunk)),
+                    constants=dict(shape, GROUP_B=launch.group_b, SOFTMAX=normalise == "kernel", TILED=tiled))
+    dot = dict(shape, PRECISION=precision, UPCAST=upcast)
+    if launch.split_k > 1:
+        k_slice, n_splits = split_k_slices(K, launch.block_k, launch.split_k)
+        parts = (("float32", (n_splits, n_b * launch.block_b, n_c * launch.block_c)), ("counts", (n_b * n_c,)))
+        return plan("split_k", split_k_kernel, grid=(n_b * n_c * n_splits,), buffers=stats + parts,
+                    split=(k_slice, n_splits), constants=dict(dot, SOFTMAX=normalise in ("kernel", "rescale"),
+                                                                TILED=tiled))
+    if normalise == "kernel":
+        return plan("pointer", matmul_softmax_simple_kernel, grid=(n_b,), constants=dot)
+    # TMA: sizes past the thresholds above on sm_90, any size in the interpreter (CI runs the path).
+    if (tma_readable and dtype in _TMA_DTYPES and launch.block_c <= 256 and K
+            and (sms is None or capability == (9, 0)
+                 and (B >= TMA_LEAST_KMAJOR_ROWS if w_kmajor else B * K * C >= TMA_LEAST_PRODUCT))):
+        return plan("tma", matmul_softmax_tma_tile_kernel if tiled else matmul_tma_kernel, grid=(n_b * n_c,),
+                    buffers=stats, constants=dict(shape, GROUP_B=launch.group_b, W_KMAJOR=w_kmajor, UPCAST=upcast,
+                                                  VEC=vector_align((C, C), dtype.itemsize)))
+    return plan("pointer", matmul_softmax_tile_kernel if tiled else matmul_kernel, grid=(n_b * n_c,), buffers=stats,
+                constants=dict(dot, GROUP_B=launch.group_b))
+
+
+def _rescale_plan(B: int, C: int, n_tiles_c: int, block_c: int, dtype: torch.dtype, sms: int | None) -> tuple:
+    """(grid, tiles a program, constants) of ``rescale_tiles_kernel`` over a contiguous (B, C) output."""
+    tiles, per_program = rescale_split(B, n_tiles_c, block_c, sms)
+    vector = 16 // dtype.itemsize
+    shift = vector if C % vector else 1  # rows off 16-byte boundaries: blocks laid from them
+    return ((B, cdiv(n_tiles_c, per_program)), per_program,
+            dict(BLOCK_C=block_c, TILES=tiles, MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE),
+                 VEC=1 if shift > 1 else vector_align((C, C), dtype.itemsize), SHIFT=shift, num_warps=4))
+
+
+def _plan_of(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, traced: bool) -> MatmulPlan:
+    """``matmul_softmax_plan`` for a call (the capability asked only where an sm_90 route may apply)."""
+    (B, K), C = _concrete(*x.shape), int(W.shape[1])
+    kmajor, setting, sms = _w_kmajor(W), _float32_matmul_precision(), _sm_count(x.device)
+    tma = (not traced and TensorDescriptor is not None and x.dtype in _TMA_DTYPES
+           and not tma_2d_unreadable(x) and not tma_2d_unreadable(W.t() if kmajor else W))
+    capability = None
+    if sms is not None and (tma or launch is None and x.dtype == torch.float32 and setting == "highest"
+                            and K and presplit_pays(B, K, C, kmajor)):
+        capability = _device_capability(_device_index(x.device))
+    return matmul_softmax_plan(name, B, K, C, x.dtype, kmajor, tma, sms, capability, setting, launch)
+
+
 @triton.jit
 def tile_coords(pid, n_tiles_b, n_tiles_c, GROUP_B: tl.constexpr):
-    """(row tile, class tile) of program pid, GROUP_B row tiles at a time sweeping the class tiles.
-
-    Consecutive programs share a class tile (W columns) across GROUP_B row blocks, and a group
-    reuses its GROUP_B row blocks of x across all class tiles: at the LM head (B = 8192, 128-row
-    tiles) W is read from memory B / (128 x GROUP_B) = 8 times instead of 64.
-    """
+    """(row tile, class tile) of program pid: GROUP_B row blocks sweep the class tiles together, so
+    a group reuses its x rows and each W tile from L2."""
     per_group = GROUP_B * n_tiles_c
     first_b = (pid // per_group) * GROUP_B
     group_size = tl.minimum(n_tiles_b - first_b, GROUP_B)
@@ -1320,10 +1370,8 @@ def matmul_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """out = x @ W, one (BLOCK_B, BLOCK_C) tile per program, rounded to out's dtype. K, C and the
-    row strides of x, W and out come divided by VEC (``_matmul_args``); with W_KMAJOR (W's
-    values contiguous along K: nn.Linear's weight transposed) W's stride over classes instead,
-    with X_TRANSPOSED (x's values contiguous along its rows: x^T in a backward) x's K stride."""
+    """out = x @ W, one (BLOCK_B, BLOCK_C) tile a program. K, C and the row strides (W_KMAJOR: W's
+    class stride, X_TRANSPOSED: x's K stride) come divided by VEC (``_matmul_args``)."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1378,18 +1426,10 @@ def split_k_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, TILED: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """One K slice of one (row block, class tile) of the logits.
-
-    Each program writes its float32 partial tile to part (n_splits, row blocks x BLOCK_B,
-    n_tiles_c x BLOCK_C) and bumps its tile's count; the program that brings the count to
-    n_splits adds the partials in slice order, so the sum is the same whichever slice finishes
-    last, and stores the logits, or with SOFTMAX their softmax where one tile holds every class,
-    else (TILED: SOFTMAX over several class tiles) the tile's part of it as
-    ``matmul_softmax_tile_kernel`` writes it (stats: its (max, sum) per row, for
-    ``rescale_tiles_kernel``; not touched otherwise). The count's atomic is acquire-release:
-    a slice's partial is in memory before its count, and the last program reads all of them after.
-    K, C and the row strides divided by VEC, as ``matmul_kernel``'s.
-    """
+    """One K slice of one (row block, class tile): its float32 partial to part (n_splits, rows,
+    classes padded), then its tile's count bumped (acquire-release); the program completing the
+    count adds the partials in slice order and stores the logits, their softmax (SOFTMAX) or the
+    tile's part and (max, sum) (TILED, as ``matmul_softmax_tile_kernel``). Strides as ``matmul_kernel``'s."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1434,12 +1474,7 @@ def matmul_softmax_tile_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """One (rows, class tile) of exp(logit - tile max), and per row the tile's (max, sum).
-
-    stats: (2, B, n_tiles_c) float32, [0] the maxima, [1] the sums of exp(logit - max) taken in
-    float32 before the output is rounded. ``rescale_tiles_kernel`` finishes the softmax. K, C
-    and the row strides divided by VEC, as ``matmul_kernel``'s.
-    """
+    """exp(logit - tile max) of one tile, and per row its (max, sum) in stats (2, B, n_tiles_c)."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1472,9 +1507,8 @@ def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c
 @triton.jit
 def tma_logits_tile(x_desc, w_desc, tile_b, tile_c, K, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_K: tl.constexpr, W_KMAJOR: tl.constexpr, UPCAST: tl.constexpr):
-    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32, both operands read by TMA: x_desc over x
-    (B, K), w_desc over W (K, C), or with W_KMAJOR over W^T (C, K). TMA fills what lies past B, C
-    or K with 0. UPCAST: as ``logits_tile``'s."""
+    """x @ W over one tile in float32 by TMA (zeros past B, C and K): x_desc over x (B, K), w_desc
+    over W (K, C) or with W_KMAJOR over W^T (C, K)."""
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
     for k in range(0, K, BLOCK_K):
         x = x_desc.load([tile_b * BLOCK_B, k])
@@ -1495,8 +1529,7 @@ def matmul_tma_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     VEC: tl.constexpr, W_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """``matmul_kernel`` for 16-bit operands TMA can read (``_tma_operands``); C and out's row
-    stride come divided by VEC."""
+    """``matmul_kernel`` by TMA; C and out's row stride come divided by VEC."""
     C, stride_ob = C * VEC, stride_ob * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     acc = tma_logits_tile(x_desc, w_desc, tile_b, tile_c, K, BLOCK_B, BLOCK_C, BLOCK_K, W_KMAJOR, UPCAST)
@@ -1511,8 +1544,7 @@ def matmul_softmax_tma_tile_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     VEC: tl.constexpr, W_KMAJOR: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """``matmul_softmax_tile_kernel`` for 16-bit operands TMA can read (``_tma_operands``); C and
-    out's row stride come divided by VEC."""
+    """``matmul_softmax_tile_kernel`` by TMA; C and out's row stride come divided by VEC."""
     C, stride_ob = C * VEC, stride_ob * VEC
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, n_tiles_c, GROUP_B)
     acc = tma_logits_tile(x_desc, w_desc, tile_b, tile_c, K, BLOCK_B, BLOCK_C, BLOCK_K, W_KMAJOR, UPCAST)
@@ -1537,11 +1569,8 @@ def _tf32_parts(t):
 @triton.jit
 def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, K, stride_r, stride_k,
                       BLOCK_R: tl.constexpr, BLOCK_K: tl.constexpr):
-    """Rows [start, start + R) of a float32 matrix of any strides as its TF32 parts, both (R, K)
-    and contiguous: hi = t rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN: hi
-    carries those). A row holding an infinity or NaN sets its flag (flags_ptr[flag_start + row -
-    start], zeroed beforehand) to 1. One program a (BLOCK_R, BLOCK_K) block, K's blocks
-    fastest (one grid axis: K's blocks alone may pass the second axis's 65535)."""
+    """Rows [start, start + R) of a float32 matrix as contiguous TF32 parts hi and lo (R, K); a row
+    holding inf or NaN sets flags_ptr[flag_start + row - start]. One grid axis, K's blocks fastest."""
     k_blocks = tl.cdiv(K, BLOCK_K)
     rows = (tl.program_id(0) // k_blocks) * BLOCK_R + tl.arange(0, BLOCK_R)
     ks = (tl.program_id(0) % k_blocks) * BLOCK_K + tl.arange(0, BLOCK_K)
@@ -1580,20 +1609,10 @@ def tf32_transposed_parts_kernel(v_ptr, out_ptr, d2, d3, stride_vb, stride_v2, s
 def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
                          BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                          GUARD: tl.constexpr):
-    """x @ W over one (BLOCK_B, BLOCK_C) tile in float32 as three TF32 products of split operands
-    (``tf32_parts_kernel``): x's hi and lo parts (B, K) at rows, W^T's (classes, K) at w_rows,
-    all contiguous.
-
-    Each step's three products start from 0 and are added to the tile in float32, small ones
-    first, as triton's own tf32x3 does: summed inside the MMA across K, the tile lost its low
-    bits (2.9e-5 relative error at 4096^3 against 2.4e-7 this way, torch's SGEMM 1.2e-6;
-    outputs/profiles/presplit_flush_probe.txt). GUARD, for tiles whose operands hold an
-    infinity or NaN: small products that are not finite are dropped before the hi product
-    (inf x lo may differ in sign from inf x hi, 0 x inf is NaN), which carries every infinity
-    and NaN of the inputs (one case differs from torch: inf times a subnormal whose hi part
-    rounds to 0 gives NaN, torch inf; tl.dot's tf32x3 splits alike). The guard waits for the
-    small products at every step (4096^3: 2.0 against 1.6 ms on an H100), so tiles of finite
-    operands go without (``matmul_presplit_kernel``)."""
+    """x @ W over one tile in float32 as three TF32 products of parts split beforehand: x's (B, K)
+    at rows, W^T's (classes, K) at w_rows. Each step's products are summed from 0 and added to the
+    tile in float32, small ones first (in the MMA's sum the tile loses low bits). GUARD: non-finite
+    small products dropped, so the hi product carries the inputs' inf and NaN. Design notes: presplit."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1623,15 +1642,10 @@ def matmul_presplit_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr,
 ):
-    """``matmul_kernel`` (neither flag), ``matmul_softmax_simple_kernel``'s store (SOFTMAX, one
-    class tile) or ``matmul_softmax_tile_kernel``'s (TILED, stats as there over all n_tiles_c
-    tiles) over float32 operands split beforehand (``presplit_logits_tile``), for the
-    chunk_tiles class tiles from first_tile, whose W parts hold the chunk's classes only.
-
-    GUARD: the same launch again after the plain one, computing (and storing over it) only the
-    tiles whose rows of x or classes of W hold an infinity or NaN (flags: (B + C,) from the split
-    passes), with the small products guarded. One kernel holding both loops would need shared
-    memory for both pipelines (384 KiB at 128 x 128 x 32 in 3 stages)."""
+    """``presplit_logits_tile`` for chunk_tiles class tiles from first_tile (W's parts hold the
+    chunk), stored as ``matmul_kernel``, or with SOFTMAX / TILED as the softmax kernels store.
+    GUARD: a second launch over only the tiles whose x rows or W classes hold inf or NaN (flags
+    (B + C,)); one kernel with both loops would need shared memory for both pipelines."""
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1656,20 +1670,10 @@ def rescale_tiles_kernel(
     out_ptr, stats_ptr, B, C, n_tiles_c, tiles_per_program, stride_ob, stride_oc,
     BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr,
 ):
-    """Finish class tiles [tiles_per_program x q, + tiles_per_program) of one row (program (row,
-    q)): merge all the row's tiles' (max, sum) online, MERGE of them a step, then scale its own
-    tiles to probabilities.
-
-    A step of the scaling covers TILES whole class tiles as a (TILES, BLOCK_C) block, so each
-    tile's factor exp(tile max - row max) / row sum costs one exp per tile, not one per element.
-    C and the row stride come divided by VEC (see ``vector_strides``). SHIFT > 1 is for rows
-    that do not start on 16-byte boundaries (an odd C; columns contiguous): the blocks are laid
-    from the boundary at or before the row's start, ``shift`` values earlier, so they load and
-    store whole vectors, masked by vector; a block's first ``shift`` values are the tile before
-    its own, and the values before the row's first boundary and after its last (fewer than
-    SHIFT each) are the row's first program's, one small masked load and store (as in
-    ``softmax_split_row_kernel``).
-    """
+    """Program (row, q): merge the row's tiles' (max, sum) online, MERGE a step, then scale class
+    tiles [q x tiles_per_program, + tiles_per_program), TILES a (TILES, BLOCK_C) block (one exp a
+    tile). C and the row stride come divided by VEC. SHIFT > 1, rows off 16-byte boundaries (odd C):
+    blocks laid from the boundary before the row, whole vectors; the edges are program 0's."""
     stride_ob, C = stride_ob * VEC, C * VEC
     row = tl.program_id(0).to(tl.int64)
     ms = tl.arange(0, MERGE)
@@ -1753,19 +1757,56 @@ def softmax_grad_kernel(
                  mask=mask)
 
 
+def _w_kmajor(W: torch.Tensor) -> bool:
+    """W (K, C) K-major (nn.Linear's weight transposed), as a plain bool whether strides are symbolic or not."""
+    wk, wc = W.stride()
+    return bool(wk == 1 and wc != 1)
+
+
+def tma_2d_unreadable(t: torch.Tensor) -> bool:
+    """Whether TMA cannot read t: its rows must be contiguous, its address and row bytes multiples of 16."""
+    rows, cols = t.stride()
+    return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
+
+
+def _device_facts(device: torch.device) -> tuple[int | None, tuple | None]:
+    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter."""
+    sms = _sm_count(device)
+    return sms, None if sms is None else _device_capability(_device_index(device))
+
+
+def check_launch(launch) -> None:
+    if not isinstance(launch, MatmulLaunch):
+        raise TypeError(f"launch must be a MatmulLaunch, got {type(launch).__name__}")
+    launch.check()
+
+
+def check_matmul_call(name: str, x, W, launch) -> None:
+    """x (B, K), W (K, C) of one dtype and device and a launch, before anything is allocated: TypeError
+    or ValueError naming the argument; KernelCapacityError where the simple kernel cannot hold C."""
+    check_operands(x, "W", W, 2)
+    if W.shape[0] != x.shape[1]:
+        raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
+    if launch is not None:
+        check_launch(launch)
+    C = W.shape[1]
+    if name != "matmul_softmax_fused_simple":
+        return
+    if C > SIMPLE_MAX_CLASSES:
+        raise KernelCapacityError(f"C = {C} classes is more than matmul_softmax_fused_simple keeps on chip "
+                                  f"(at most {SIMPLE_MAX_CLASSES}); use matmul_softmax_fused_tiled")
+    if launch is not None and launch.block_c < C:
+        raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
+    if launch is not None and launch.split_k != 1:
+        raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
+
+
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[tuple, dict]:
-    """(B, K, C and the strides of x, W and out; the constants VEC, W_KMAJOR and X_TRANSPOSED): the kernels'
-    shape arguments, K, C and the row strides divided by VEC, which the kernels multiply back
-    (see ``vector_strides``): rows and the masks on K and C then cover whole vectors."""
+    """The pointer kernels' (B, K, C, strides) and (VEC, W_KMAJOR, X_TRANSPOSED): K, C and the row
+    strides (W's class stride K-major, x's K stride transposed) divided by VEC, which the kernels
+    multiply back, so rows and masks cover whole vectors. Design notes: vector strides."""
     (B, K), C = x.shape, W.shape[1]
     (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))  # no int(): see vector_strides
-    # W laid out K-major (nn.Linear's weight transposed: strides (1, K)) has its rows along the
-    # classes: that stride is the one divided. Left undivided with K, C and the other strides,
-    # every load and store of such a call went element by element: on an H100 4096 x 768 x
-    # 1000 bf16 took 0.054 ms, against 0.029 with W row-major (profiles/w_pitch_probe.txt).
-    # Likewise x laid out as a transpose (x^T of a row-major tensor, strides (1, B): dW = x^T @ dz
-    # in the backward), whose K stride is divided. Left undivided there, dz's and dW's rows went
-    # element by element (K = B = 4096, C = 1000 bf16 on an H100: 0.27x torch's product).
     kmajor, transposed = _w_kmajor(W), bool(xb == 1 and xk != 1)
     vec = vector_align((xk if transposed else xb, wc if kmajor else wk, ob, K, C), x.element_size())
     x_strides = (xb, xk // vec) if transposed else (xb // vec, xk)
@@ -1774,327 +1815,8 @@ def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[t
             dict(VEC=vec, W_KMAJOR=kmajor, X_TRANSPOSED=transposed))
 
 
-def _w_kmajor(W: torch.Tensor) -> bool:
-    """W (K, C) laid out K-major: its K stride 1, its class stride not (a plain bool for the
-    constexpr and the launch cache, strides symbolic or not)."""
-    wk, wc = W.stride()
-    return bool(wk == 1 and wc != 1)
-
-
-# 16-bit products by TMA. The pointer kernels load each operand tile with per-thread addresses
-# and masks; where TMA can read both operands (rows of 16-byte multiples, x row-major) the TMA
-# kernels ask the copy engine for whole tiles, edges filled with zeros. On an H100 (CUDA graphs,
-# bf16, outputs/profiles/kmajor_tma_probe.txt and rowmajor_tma_probe.txt) softmax(x @ W) with a
-# K-major W (nn.Linear's weight transposed) ran 1.06-1.49x faster than the pointer kernels from
-# 256 rows (4096 x 4096 x 32000: 1.805 ms against 2.281, torch 1.768; 4096 x 4096 x 1000: 0.0531
-# against 0.0694, torch 0.0540), and 1.00-1.02x at 32 rows and fewer; with W row-major 1.05-1.27x
-# faster at 1000-3000 classes (4096 x 4096 x 1000: 0.0542 against 0.0686, torch 0.0550), 0.98-1.06x
-# from 2048 classes on (4096 x 4096 x 128256: 7.24 against 7.11 ms). The backward's dx = dz @ W^T
-# (W^T K-major) 1.15-1.30x faster. The outputs were equal bit for bit. Where W is
-# K-major and read from DRAM (past the L2 rule), 256 x 128 tiles beat 128 x 256 by 1.08-1.11x
-# under TMA (4096 x 4096 x 32000 x @ W: 1.713 against 1.905 ms, outputs/profiles/
-# kmajor_gemm_probe.txt; row-major W: 128 x 256 stays, 1.765 against 1.800). Each call makes two
-# descriptors and Triton's launcher encodes them: about 6 us more host time than the pointer
-# launch (0-13 us, outputs/profiles/tma_host_probe.txt), which an eager call pays in full where
-# its GPU time is shorter than its host time (30-50 us). A K-major W takes TMA from
-# TMA_LEAST_KMAJOR_ROWS rows,
-# where the pointer kernels lose most (2048 x 4096 x 1000: 0.0392 ms against 0.0293); a row-major
-# one from TMA_LEAST_PRODUCT = B x K x C: below it TMA saved at most 3 us of GPU time a call
-# (4096 x 768 x 1000: 0.0242 against 0.0211 ms), above it 7.7 us at 4096 x 2048 x 1000 (0.0415
-# against 0.0338) and more with the size. (At 2^33, 4096 x 2048 x 1000 fell back to 0.87x torch
-# in the grid, from 1.04x.)
-TMA_LEAST_KMAJOR_ROWS = 256
-TMA_LEAST_PRODUCT = 1 << 32
-
-
-def _tma_operands(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch, wrap: bool) -> tuple | None:
-    """(x's TMA descriptor, W's, or W^T's where W is K-major) for ``matmul_tma_kernel`` and
-    ``matmul_softmax_tma_tile_kernel``, or None where the pointer kernels serve: a traced call,
-    operands not float16 / bfloat16, a GPU other than sm_90 (the interpreter takes the path: CI
-    runs it), K split, a class tile wider than TMA's 256, an operand TMA cannot read
-    (``tma_2d_unreadable``: W row-major with rows of C values that are no whole 16 bytes, say),
-    or, compiled, fewer rows (W K-major) or a smaller product (W row-major) than the note above
-    says."""
-    if (wrap or TensorDescriptor is None or x.dtype not in _TMA_DTYPES or launch.split_k != 1
-            or launch.block_c > 256 or x.shape[1] == 0):
-        return None
-    kmajor = _w_kmajor(W)
-    if not INTERPRET:
-        (B, K), C = x.shape, W.shape[1]
-        if (x.device.type != "cuda" or _device_capability(_device_index(x.device)) != (9, 0)
-                or (B < TMA_LEAST_KMAJOR_ROWS if kmajor else B * K * C < TMA_LEAST_PRODUCT)):
-            return None
-    w = W.t() if kmajor else W  # rows of K values where W is K-major, else of C
-    if tma_2d_unreadable(x) or tma_2d_unreadable(w):
-        return None
-    block = [launch.block_c, launch.block_k] if kmajor else [launch.block_k, launch.block_c]
-    return (TensorDescriptor(x, list(x.shape), list(x.stride()), [launch.block_b, launch.block_k]),
-            TensorDescriptor(w, list(w.shape), list(w.stride()), block))
-
-
-_TMA_DTYPES = (torch.float16, torch.bfloat16)
-
-
-def tma_2d_unreadable(t: torch.Tensor) -> bool:
-    """Whether a TMA descriptor cannot read the matrix t: its rows must be contiguous, its address
-    and row stride in bytes multiples of 16."""
-    rows, cols = t.stride()
-    return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
-
-
-# Float32 products under 'highest' by three TF32 products of operands split beforehand. tl.dot's
-# "tf32x3" splits both operand tiles into TF32 parts in registers at every K step; the float32
-# kernels keep small tiles (32 x 128) and ran 4096^3 at torch's SGEMM speed (2.76 against 2.70 ms
-# on an H100). Split once by a plain pass (``tf32_parts_kernel``: each operand's hi and lo parts,
-# W's written K-major: Hopper's warpgroup MMA reads 32-bit operands K-major only), the products
-# read all four tiles from shared memory. On an H100 (outputs/profiles/presplit_flush_probe.txt,
-# do_bench) 128 x 128 tiles of 8 warps took 4096^3 in 1.36 ms and 4096 x 4096 x 50257 in 16.9
-# (torch 2.70 and 32.4), error 2.4e-7 (torch 1.2e-6); 4 warps ran 3x slower (two 128 x 128
-# float32 tiles a program), 64 x 64 tiles best at 512 x 4096 x 1000.
-#
-# The pass reads each operand once and writes it twice. The path is taken where the time saved
-# at the rates measured (the pointer kernels' TF32X3_FLOPS, slower with W K-major, against
-# PRESPLIT_FLOPS) is PRESPLIT_MARGIN times the pass's at SPLIT_BYTES_PER_S (measured 2.2-2.7 TB/s
-# from 4096 x 1000 values, presplit_module_probe.txt) plus SPLIT_FIXED_S, its extra launches and
-# the flags' zeroing at ~3 us each of GPU time (``presplit_pays``). Their host time is not in the
-# model: 89-143 us a call against 36-57 for the pointer kernels' launch (presplit_host_probe.txt),
-# where at 512 x 4096 x 1000 (CUDA graphs) W K-major took 0.103 ms against 0.144 and W row-major
-# 0.104 against 0.102. Compiled on sm_90 only; in the interpreter where a launch asks for it. x's
-# parts take twice x's size for the call; W is split a chunk of classes at a time into one pair
-# of buffers of at most PRESPLIT_CHUNK_BYTES (``presplit_chunk``), the chunks' launches one after
-# another on the stream.
-TF32X3_FLOPS = 48e12
-TF32X3_KMAJOR_FLOPS = 44e12
-PRESPLIT_MARGIN = 1.2
-PRESPLIT_FLOPS = 95e12
-SPLIT_BYTES_PER_S = 2.5e12
-SPLIT_FIXED_S = 12e-6
-PRESPLIT_CHUNK_BYTES = 256 << 20
-PARTS_BLOCK = 64
-
-
-def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
-    """Whether (B, K) @ (K, C) in float32 'highest' gains PRESPLIT_MARGIN times its split pass's
-    time from ``matmul_presplit_kernel``, by the rates in the note above."""
-    pointer = TF32X3_KMAJOR_FLOPS if w_kmajor else TF32X3_FLOPS
-    saved = 2 * B * K * C * (1 / pointer - 1 / PRESPLIT_FLOPS)
-    return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
-
-
-@functools.lru_cache(maxsize=4096)
-def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
-    """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
-    fewer tiles than SMs remain, down to 64 x 64."""
-    block_b = block_c = 128
-    while block_b * block_c > 64 * 64 and cdiv(B, block_b) * cdiv(C, block_c) < sms:
-        if block_b >= block_c:
-            block_b //= 2
-        else:
-            block_c //= 2
-    big = block_b * block_c > 64 * 128
-    return MatmulLaunch(block_b, block_c, 32, group_b=8, num_warps=8 if big else 4, num_stages=3 if big else 4,
-                        presplit=True)
-
-
-def presplit_chunk(K: int, C: int, block_c: int) -> int:
-    """Classes of W split at a time: whole class tiles whose two parts fit PRESPLIT_CHUNK_BYTES
-    (at least one tile), no more than C's tiles hold."""
-    tiles = max(1, PRESPLIT_CHUNK_BYTES // (8 * max(K, 1) * block_c))
-    return min(tiles, cdiv(C, block_c)) * block_c
-
-
-def presplit_choice(B: int, K: int, C: int, dtype: torch.dtype, device: torch.device,
-                    w_kmajor: bool) -> MatmulLaunch | None:
-    """``presplit_launch`` where ``presplit_pays``: compiled float32 'highest' products on sm_90;
-    None where the wrappers keep their other kernels."""
-    if (INTERPRET or dtype != torch.float32 or K == 0 or dot_precision(dtype) != "tf32x3"
-            or device.type != "cuda" or not presplit_pays(B, K, C, w_kmajor)):
-        return None
-    index = _device_index(device)
-    if _device_capability(index) != (9, 0):
-        return None
-    return presplit_launch(B, C, _device_sms(index))
-
-
-def _presplit_choice(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch | None:
-    return presplit_choice(B, int(x.shape[1]), C, x.dtype, x.device, _w_kmajor(W))
-
-
-def _wrapper_launch(x: torch.Tensor, W: torch.Tensor, B: int, C: int) -> MatmulLaunch:
-    """The launch ``matmul`` and the tiled softmax(x @ W) choose for a (B, C) output (B and C
-    concrete): the presplit path's where it pays, else ``tiled_launch``'s."""
-    return (_presplit_choice(x, W, B, C)
-            or tiled_launch(B, C, x.dtype, x.device, K=int(x.shape[1]), w_kmajor=_w_kmajor(W)))
-
-
-def presplit_bytes(B: int, K: int, C: int) -> int:
-    """What the presplit path moves beyond the pointer kernels' reads of x and W: the pass reads
-    each float32 operand once and writes two parts, which the products read back (one more
-    operand's worth)."""
-    return 16 * K * (B + C)
-
-
-def _presplit_applies(x: torch.Tensor) -> bool:
-    """float32 'highest' with a K to split (an empty K takes the pointer kernels' zeros)."""
-    return x.dtype == torch.float32 and x.shape[1] != 0 and dot_precision(x.dtype) == "tf32x3"
-
-
-def _presplit_forward(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, wrap: bool,
-                      softmax: bool, keep=None) -> None:
-    """out = x @ W, or with softmax softmax(x @ W) (tiles and a rescale over several class
-    tiles), by ``matmul_presplit_kernel`` over x's and W's TF32 parts; ``keep`` (where given)
-    the whole as a ``ReplayChain`` over (x, W, out) that makes its own buffers."""
-    (B, K), C = x.shape, out.shape[1]
-    n_tiles_b, n_tiles_c, _ = _grouped_grid(B, C, launch)
-    tiled = softmax and n_tiles_c > 1
-    chunk = presplit_chunk(K, C, launch.block_c)
-    sizes = [(B, K), (B, K), (chunk, K), (chunk, K)] + ([(2, B, n_tiles_c)] if tiled else [])
-    device = x.device
-    makers = (*((lambda x, W, out, size=size: torch.empty(size, dtype=torch.float32, device=device))
-                for size in sizes),
-              lambda x, W, out: torch.zeros((B + C,), dtype=torch.int32, device=device))
-    # x, W, out, x hi, x lo, W hi, W lo[, stats], flags
-    slots = (x, W, out, *(make(x, W, out) for make in makers))
-    flags = len(slots) - 1
-    steps = []
-
-    def run(kernel, grid, indices, rest, options):
-        keep_step = None if keep is None else (lambda replay: steps.append((replay, indices)))
-        launch_and_keep(jit_kernel(kernel, wrap), grid, (*(slots[i] for i in indices), *rest), options, keep_step,
-                        len(indices))
-
-    parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
-    run(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),), (0, 3, 4, flags), (0, 0, B, K, *x.stride()),
-        parts)
-    options = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
-                   SOFTMAX=softmax and not tiled, TILED=tiled, num_warps=launch.num_warps,
-                   num_stages=launch.num_stages)
-    for first in range(0, C, chunk):
-        width = min(chunk, C - first)
-        run(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),), (1, 5, 6, flags),
-            (first, B + first, width, K, W.stride(1), W.stride(0)), parts)
-        chunk_tiles = cdiv(width, launch.block_c)
-        for guard in (False, True):  # every tile, then those of infinite or NaN operands again
-            run(matmul_presplit_kernel, (n_tiles_b * chunk_tiles,), (3, 4, 5, 6, 2, 7 if tiled else 2, flags),
-                (B, K, C, *out.stride(), n_tiles_b, chunk_tiles, first // launch.block_c, n_tiles_c),
-                dict(options, GUARD=guard))
-    if tiled:
-        keep_rescale = None if keep is None else (lambda replay: steps.append((replay, (2, 7))))
-        _launch_rescale(out, slots[7], launch, keep_rescale, wrap)
-    if keep is not None and len(steps) == 3 * cdiv(C, chunk) + 1 + tiled:
-        keep(ReplayChain(makers, tuple(steps)))
-
-
-def _tma_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch) -> tuple[tuple, dict]:
-    """(B, K, C and out's strides: the TMA kernels' shape arguments, C and out's row stride divided
-    by VEC; their constant keywords)."""
-    (B, K), C = x.shape, out.shape[1]
-    ob, oc = out.stride()  # no int(): see vector_strides
-    vec = vector_align((ob, C), out.element_size())
-    return ((B, K, C // vec, ob // vec, oc),
-            dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k, GROUP_B=launch.group_b,
-                 VEC=vec, W_KMAJOR=_w_kmajor(W), UPCAST=upcast_dot_operands(x.dtype), num_warps=launch.num_warps, num_stages=launch.num_stages))
-
-
-def _keep_tma_launch(kernel, grid, args: tuple, options: dict, descriptors: tuple, n_tensors: int, keep) -> None:
-    """``keep`` (where given) a ``DescriptorReplay`` of the TMA launch just made, of its first
-    ``n_tensors`` arguments (the two descriptors among them): called with x and W (W stands for
-    W^T where W is K-major: the launcher reads only a descriptor's address, the same for both),
-    then the rest."""
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, n_tensors)
-        if replay is not None:
-            keep(DescriptorReplay(replay, descriptors))
-
-
-def _grouped_grid(B: int, C: int, launch: MatmulLaunch) -> tuple[int, int, tuple[int]]:
-    n_tiles_b, n_tiles_c = cdiv(B, launch.block_b), cdiv(C, launch.block_c)
-    return n_tiles_b, n_tiles_c, (n_tiles_b * n_tiles_c,)
-
-
-def _constants(launch: MatmulLaunch, dtype: torch.dtype, grouped: bool = True) -> dict:
-    """The constant keywords of a matmul-shaped kernel (cached per launch, dtype and setting)."""
-    return _matmul_constants(launch, dtype, _float32_matmul_precision(), grouped)
-
-
-@functools.lru_cache(maxsize=4096)
-def _matmul_constants(launch: MatmulLaunch, dtype: torch.dtype, setting: str, grouped: bool) -> dict:
-    kwargs = dict(BLOCK_B=launch.block_b, BLOCK_C=launch.block_c, BLOCK_K=launch.block_k,
-                  num_warps=launch.num_warps, num_stages=launch.num_stages,
-                  PRECISION=dot_precision(dtype), UPCAST=upcast_dot_operands(dtype))
-    if grouped:
-        kwargs["GROUP_B"] = launch.group_b
-    return kwargs
-
-
-def _check_matmul_call(x, W, launch) -> None:
-    """Inputs and a given launch, checked by the public wrappers before any allocation or launch."""
-    check_matmul_softmax_inputs(x, W)
-    if launch is None:
-        return
-    check_launch(launch)
-
-
-@functools.lru_cache(maxsize=None)
-def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tensor:
-    """Zeroed int32 counts for ``split_k_kernel``, one buffer per (device, stream, size class),
-    kept across calls: the kernel leaves every count it used at 0 again, and launches on one
-    stream never overlap."""
-    return torch.zeros((size,), dtype=torch.int32, device=device)
-
-
-def _launch_split_k(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, launch: MatmulLaunch, softmax: bool,
-                    wrap: bool, keep=None) -> None:
-    """``split_k_kernel`` over launch.split_k slices of K (fewer where K is short): float32
-    partials of split x B x C (rows and classes padded to the tiles), a zeroed count per tile;
-    with softmax over several class tiles, their (max, sum) table and ``rescale_tiles_kernel``
-    after, as ``_tiled_forward``'s.
-
-    Eager calls take the counts from the cached buffer; traced or captured calls make them
-    fresh (``fresh_counters``), a memset that the graph replays. ``keep`` receives the launch
-    as a ``ReplayChain`` of (x, W, out) that makes the partials (and table) and takes the counts
-    likewise."""
-    (B, K), C = x.shape, out.shape[1]
-    n_tiles_b, n_tiles_c = cdiv(B, launch.block_b), cdiv(C, launch.block_c)
-    k_slice, n_splits = split_k_slices(int(K), launch.block_k, launch.split_k)
-    parts_shape = (n_splits, n_tiles_b * launch.block_b, n_tiles_c * launch.block_c)
-    tiled = softmax and n_tiles_c > 1
-    stats_shape = (2, B, n_tiles_c)
-    device = x.device
-    parts = torch.empty(parts_shape, dtype=torch.float32, device=device)
-    counts = _split_k_counts_for(x, n_tiles_b * n_tiles_c)
-    # Without several class tiles to rescale there is no table: the partials stand in for it.
-    stats = torch.empty(stats_shape, dtype=torch.float32, device=device) if tiled else parts
-    kept = []
-    keep_step = None if keep is None else kept.append
-    args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(jit_kernel(split_k_kernel, wrap), (n_tiles_b * n_tiles_c * n_splits,),
-                    (x, W, out, parts, counts, stats, *args, n_splits, k_slice, n_tiles_c),
-                    dict(_constants(launch, x.dtype, grouped=False), SOFTMAX=softmax, TILED=tiled, **vectors),
-                    keep_step, 6)
-    buffers = (lambda x, W, out: torch.empty(parts_shape, dtype=torch.float32, device=device),
-               lambda x, W, out: _split_k_counts_for(x, n_tiles_b * n_tiles_c))
-    steps = [(0, 1, 2, 3, 4, 3)]
-    if tiled:
-        _launch_rescale(out, stats, launch, keep_step, wrap)
-        buffers += (lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),)
-        steps = [(0, 1, 2, 3, 4, 5), (2, 5)]
-    if len(kept) == len(steps):
-        keep(ReplayChain(buffers, tuple(zip(kept, steps))))
-
-
-def _split_k_counts_for(x: torch.Tensor, n_tiles: int) -> torch.Tensor:
-    """split_k_kernel's zeroed counts for a call on x: made for this call where a cached buffer
-    must not be used (``fresh_counters``), else the cached buffer of this device and stream."""
-    if fresh_counters(x):
-        return torch.zeros((n_tiles,), dtype=torch.int32, device=x.device)
-    stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
-    return _split_k_counts(x.device, stream, next_power_of_2(n_tiles))
-
-
 def _concrete(*sizes) -> tuple[int, ...]:
-    """Sizes as ints for the cached launch choosers: traced with dynamic shapes they are symbolic
-    (unhashable), and a launch chosen for a size specialises the compiled graph on it anyway."""
+    """Sizes as ints: a launch chosen for a size specialises a compiled graph on it anyway."""
     return tuple(int(n) for n in sizes)
 
 
@@ -2102,39 +1824,123 @@ def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
     return x.new_empty((x.shape[0], W.shape[1]))  # less host time: empty_like_contiguous
 
 
-def _matmul_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
+@functools.lru_cache(maxsize=None)
+def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tensor:
+    """split_k_kernel's zeroed counts, one buffer a device, stream and size, kept: the kernel leaves
+    them 0, and launches on a stream never overlap."""
+    return torch.zeros((size,), dtype=torch.int32, device=device)
+
+
+def _split_k_counts_for(x: torch.Tensor, n_tiles: int) -> torch.Tensor:
+    """split_k_kernel's counts for a call on x: fresh where a cached buffer must not serve (``fresh_counters``)."""
+    if fresh_counters(x):
+        return torch.zeros((n_tiles,), dtype=torch.int32, device=x.device)
+    stream = torch._C._cuda_getCurrentRawStream(x.device.index) if x.is_cuda else 0
+    return _split_k_counts(x.device, stream, next_power_of_2(n_tiles))
+
+
+def _workspace(kind: str, shape: tuple, device: torch.device):
+    """A function of a call's (x, W, out) making one of its plan's buffers (``MatmulPlan.buffers``)."""
+    if kind == "counts":
+        return lambda x, W, out: _split_k_counts_for(x, shape[0])
+    if kind == "int32":
+        return lambda x, W, out: torch.zeros(shape, dtype=torch.int32, device=device)
+    return lambda x, W, out: torch.empty(shape, dtype=torch.float32, device=device)
+
+
+def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | None, slots: tuple,
+            descriptors: tuple = ()) -> None:
+    """kernel[grid](*args, **options); ``kept`` gets (its Replay of the first len(slots) arguments,
+    a ``DescriptorReplay`` where they start with TMA ``descriptors``, or None; their slots)."""
+    kernel = jit_kernel(kernel, wrap)
+    kernel[grid](*args, **options)
+    if kept is not None:
+        replay = kernel.replay(grid, args, options, len(slots)) if isinstance(kernel, DirectLauncher) else None
+        kept.append((DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay, slots))
+
+
+def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
+                    keep=None) -> torch.Tensor:
+    """Public op ``name`` on checked x and W by its plan (``wrap``: a traced op body); ``keep`` gets
+    its launches as one replay of (x, W, out): the launch, or a chain making the buffers anew."""
+    if name == "matmul_softmax_unfused":
+        return _unfused_forward(x, W, launch, wrap, keep)
     out = _output(x, W)
     if out.numel() == 0:
         return out
-    launch = launch or _wrapper_launch(x, W, *_concrete(*out.shape))
-    if launch.presplit and _presplit_applies(x):
-        _presplit_forward(x, W, out, launch, wrap, softmax=False, keep=keep)
-        return out
-    if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=False, wrap=wrap, keep=keep)
-        return out
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(*out.shape, launch)
-    descriptors = _tma_operands(x, W, launch, wrap)
-    if descriptors is not None:
-        kernel = jit_kernel(matmul_tma_kernel, wrap)
-        args, options = _tma_args(x, W, out, launch)
-        args = (*descriptors, out, *args, n_tiles_b, n_tiles_c)
-        kernel[grid](*args, **options)
-        _keep_tma_launch(kernel, grid, args, options, descriptors, 3, keep)
-        return out
-    args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(jit_kernel(matmul_kernel, wrap), grid, (x, W, out, *args, n_tiles_b, n_tiles_c),
-                    dict(_constants(launch, x.dtype), **vectors), keep, 3)
+    plan = _plan_of(name, x, W, launch, wrap)
+    makers = tuple(_workspace(kind, shape, x.device) for kind, shape in plan.buffers)
+    slots = (x, W, out, *(make(x, W, out) for make in makers))
+    kept = None if keep is None else []
+    if plan.path == "presplit":
+        _presplit_forward(plan, slots, wrap, kept)
+    elif plan.path == "split_k":
+        x_args, vectors = _matmul_args(x, W, out)
+        t = 3 + (plan.normalise == "rescale")  # the partials' slot, after the (max, sum) table
+        indices = (0, 1, 2, t, t + 1, 3 if t > 3 else t)  # x, W, out, partials, counts, table (or partials)
+        _launch(split_k_kernel, plan.grid, (*(slots[i] for i in indices), *x_args, plan.split[1], plan.split[0],
+                                            plan.tiles[1]), dict(plan.constants, **vectors), wrap, kept, indices)
+    elif plan.path == "tma":
+        descriptors = _tma_descriptors(x, W, plan)
+        vec, (ob, oc), n = plan.constants["VEC"], out.stride(), len(slots)
+        _launch(plan.kernel, plan.grid, (*descriptors, *slots[2:], *x.shape, out.shape[1] // vec, ob // vec, oc,
+                                         *plan.tiles), plan.constants, wrap, kept, tuple(range(n)), descriptors)
+    else:
+        x_args, vectors = _matmul_args(x, W, out)
+        tiles = () if plan.normalise == "kernel" else plan.tiles  # the simple kernel takes none
+        _launch(plan.kernel, plan.grid, (*slots, *x_args, *tiles), dict(plan.constants, **vectors), wrap, kept,
+                tuple(range(len(slots))))
+    if plan.rescale is not None:
+        (grid, per_program, constants), vec = plan.rescale, plan.rescale[2]["VEC"]
+        (B, C), (ob, oc) = out.shape, out.stride()
+        _launch(rescale_tiles_kernel, grid, (out, slots[3], B, C // vec, plan.tiles[1], per_program, ob // vec, oc),
+                constants, wrap, kept, (2, 3))
+    if kept and all(replay is not None for replay, _ in kept):
+        keep(kept[0][0] if len(kept) == 1 and not makers else ReplayChain(makers, tuple(kept)))
     return out
 
 
-def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
-    """The logits by ``matmul``'s launch, then ``row_softmax``'s; with ``keep``, both kept as one
-    chain over (x, W, out) that makes its own logits buffer."""
+def _tma_descriptors(x: torch.Tensor, W: torch.Tensor, plan: MatmulPlan) -> tuple:
+    """TMA descriptors of x and of W (of W^T where K-major: a kept launch, which reads only the
+    address, takes W)."""
+    launch, kmajor = plan.launch, plan.constants["W_KMAJOR"]
+    w = W.t() if kmajor else W
+    block = [launch.block_c, launch.block_k] if kmajor else [launch.block_k, launch.block_c]
+    return (TensorDescriptor(x, list(x.shape), list(x.stride()), [launch.block_b, launch.block_k]),
+            TensorDescriptor(w, list(w.shape), list(w.stride()), block))
+
+
+def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | None) -> None:
+    """x's TF32 parts, then a chunk of W's classes at a time its parts and the products, over slots
+    (x, W, out[, table], x hi, x lo, W hi, W lo, flags)."""
+    x, W, out = slots[:3]
+    (B, K), C = x.shape, out.shape[1]
+    t = 3 + (plan.normalise == "rescale")  # x hi's slot
+    flags, n_b, block_c = t + 4, plan.tiles[0], plan.launch.block_c
+    parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
+    indices = (0, t, t + 1, flags)
+    _launch(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
+            (*(slots[i] for i in indices), 0, 0, B, K, *x.stride()), parts, wrap, kept, indices)
+    products = (t, t + 1, t + 2, t + 3, 2, 3 if t > 3 else 2, flags)
+    for first, width in plan.split:
+        indices = (1, t + 2, t + 3, flags)
+        _launch(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
+                (*(slots[i] for i in indices), first, B + first, width, K, W.stride(1), W.stride(0)), parts, wrap,
+                kept, indices)
+        chunk_tiles = cdiv(width, block_c)
+        for guard in (False, True):  # every tile, then those of infinite or NaN operands again
+            _launch(matmul_presplit_kernel, (n_b * chunk_tiles,),
+                    (*(slots[i] for i in products), B, K, C, *out.stride(), n_b, chunk_tiles, first // block_c,
+                     plan.tiles[1]), dict(plan.constants, GUARD=guard), wrap, kept, products)
+
+
+def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
+                     keep=None) -> torch.Tensor:
+    """``matmul``'s logits, then ``row_softmax``; ``keep`` gets both as one chain making the logits."""
     if keep is None:
-        return row_softmax(_matmul_forward(x, W, launch, wrap))
+        return row_softmax(_family_forward("matmul", x, W, launch, wrap))
     kept = []
-    logits = _matmul_forward(x, W, launch, wrap, keep=kept.append)
+    logits = _family_forward("matmul", x, W, launch, wrap, keep=kept.append)
     out = row_forward(logits, 0, traced=False, keep=kept.append)
     if len(kept) == 2:
         shape, dtype, device = logits.shape, logits.dtype, logits.device
@@ -2143,106 +1949,10 @@ def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | No
     return out
 
 
-def _simple_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
-    out = _output(x, W)
-    if out.numel() == 0:
-        return out
-    launch = launch or simple_launch(*_concrete(*out.shape), x.dtype, x.device)
-    args, vectors = _matmul_args(x, W, out)
-    launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (cdiv(x.shape[0], launch.block_b),),
-                    (x, W, out, *args), dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
-    return out
-
-
-def _tiled_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool, keep=None) -> torch.Tensor:
-    out = _output(x, W)
-    if out.numel() == 0:
-        return out
-    B, C = out.shape
-    launch = launch or _wrapper_launch(x, W, *_concrete(B, C))
-    if launch.presplit and _presplit_applies(x):
-        _presplit_forward(x, W, out, launch, wrap, softmax=True, keep=keep)
-        return out
-    if launch.split_k > 1:
-        _launch_split_k(x, W, out, launch, softmax=True, wrap=wrap, keep=keep)
-        return out
-    n_tiles_b, n_tiles_c, grid = _grouped_grid(B, C, launch)
-    args, vectors = _matmul_args(x, W, out)
-    if n_tiles_c == 1:
-        launch_and_keep(jit_kernel(matmul_softmax_simple_kernel, wrap), (n_tiles_b,), (x, W, out, *args),
-                        dict(_constants(launch, x.dtype, grouped=False), **vectors), keep, 3)
-        return out
-    stats_shape = (2, B, n_tiles_c)
-    stats = torch.empty(stats_shape, dtype=torch.float32, device=x.device)
-    kept = []
-    keep_step = None if keep is None else kept.append
-    descriptors = _tma_operands(x, W, launch, wrap)
-    if descriptors is not None:
-        kernel = jit_kernel(matmul_softmax_tma_tile_kernel, wrap)
-        args, options = _tma_args(x, W, out, launch)
-        args = (*descriptors, out, stats, *args, n_tiles_b, n_tiles_c)
-        kernel[grid](*args, **options)
-        _keep_tma_launch(kernel, grid, args, options, descriptors, 4, keep_step)
-    else:
-        launch_and_keep(jit_kernel(matmul_softmax_tile_kernel, wrap), grid,
-                        (x, W, out, stats, *args, n_tiles_b, n_tiles_c), dict(_constants(launch, x.dtype), **vectors),
-                        keep_step, 4)
-    _launch_rescale(out, stats, launch, keep_step, wrap)
-    if len(kept) == 2:
-        device = x.device
-        keep(ReplayChain((lambda x, W, out: torch.empty(stats_shape, dtype=torch.float32, device=device),),
-                         ((kept[0], (0, 1, 2, 3)), (kept[1], (2, 3)))))
-    return out
-
-
-# ``_launch_rescale``: a step of RESCALE_VALUES values (4 warps, 32 values a thread: enough loads
-# in flight), one program a row where the rows alone give RESCALE_PROGRAMS_PER_SM programs an SM,
-# else each row's tiles dealt over as many programs as make that many (in steps of fewer tiles
-# where a row has too few steps). The table is merged RESCALE_MERGE tiles a step. With one program
-# a row, on an H100 (outputs/profiles/matmul_tma_probe.txt), the rescale took 0.048 ms of 1 x 768 x
-# 128256 bf16's 0.118 and 0.053 of 32 x 768 x 128256's 0.129, where the tile kernel before it took
-# 0.070 and 0.075; a program a step of 16 tiles at B = 4096 (32 programs a row, each merging the
-# whole table) made 4096 x 768 x 128256 bf16 1.46x slower.
-RESCALE_VALUES = 4096
-RESCALE_PROGRAMS_PER_SM = 2
-RESCALE_MERGE = 1024
-
-
-def _launch_rescale(out: torch.Tensor, stats: torch.Tensor, launch: MatmulLaunch, keep, wrap: bool) -> None:
-    """``rescale_tiles_kernel`` over out's rows: its class tiles' (max, sum) in stats (2, B, tiles)."""
-    B, C = out.shape
-    n_tiles_c = stats.shape[2]
-    tiles, per_program = rescale_split(int(B), int(n_tiles_c), launch.block_c, _sm_count(out.device))
-    shift = rescale_shift(out)
-    stride_ob, stride_oc = out.stride()  # no int(): see vector_strides
-    vec = 1 if shift > 1 else vector_align((stride_ob, C), out.element_size())
-    launch_and_keep(jit_kernel(rescale_tiles_kernel, wrap), (B, cdiv(n_tiles_c, per_program)),
-                    (out, stats, B, C // vec, n_tiles_c, per_program, stride_ob // vec, stride_oc),
-                    dict(BLOCK_C=launch.block_c, TILES=tiles, MERGE=min(next_power_of_2(n_tiles_c), RESCALE_MERGE),
-                         VEC=vec, SHIFT=shift, num_warps=4), keep, 2)
-
-
-def rescale_shift(out: torch.Tensor) -> int:
-    """The vector (16 bytes, in elements) that ``rescale_tiles_kernel`` lays its blocks from, for
-    rows of contiguous columns that do not all start on one (an odd C); 1 otherwise."""
-    vector = 16 // out.element_size()
-    return vector if out.stride(1) == 1 and out.stride(0) % vector else 1
-
-
-@functools.lru_cache(maxsize=4096)
-def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tuple[int, int]:
-    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: steps of RESCALE_VALUES values
-    (a power of two of tiles, at most the row's), every tile of a row in one program unless that
-    gives fewer than RESCALE_PROGRAMS_PER_SM programs an SM; then the fewest tiles a program, in
-    whole steps, that give as many, the step halved (down to one tile) while still too few."""
-    tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
-    if sms is None or B >= RESCALE_PROGRAMS_PER_SM * sms:
-        return tiles, n_tiles_c
-    wanted = cdiv(RESCALE_PROGRAMS_PER_SM * sms, B)
-    while tiles > 1 and cdiv(n_tiles_c, tiles) < wanted:
-        tiles //= 2
-    steps = cdiv(n_tiles_c, tiles)
-    return tiles, cdiv(steps, min(steps, wanted)) * tiles
+# The op bodies' forwards by op, as tests trace them.
+_matmul_forward, _simple_forward, _tiled_forward = (
+    functools.partial(_family_forward, name)
+    for name in ("matmul", "matmul_softmax_fused_simple", "matmul_softmax_fused_tiled"))
 
 
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
@@ -2258,93 +1968,63 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
 
 def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
                      wrap: bool, product=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = dz @ W^T and dW = x^T @ dz by the Triton matmul (transposes read in place), or by
-    ``product(a, b)`` where given (``_kept_product``); a gradient not needed is an empty tensor."""
-    product = product or (lambda a, b: _matmul_forward(a, b, None, wrap))
+    """dx = dz @ W^T and dW = x^T @ dz (transposes read in place) by ``matmul``'s plan or ``product``;
+    a gradient not needed is an empty tensor."""
+    product = product or (lambda a, b: _family_forward("matmul", a, b, None, wrap))
     dz = dz.contiguous()  # an expanded (stride-0) upstream gradient would lose the vector loads
     dx = product(dz, W.t()) if need_x else x.new_empty((0,))
     dW = product(x.t(), dz) if need_W else W.new_empty((0,))
     return dx, dW
 
 
-@kernel_op("matmul_backward", _backward_fake)
-def _matmul_backward_op(x: torch.Tensor, W: torch.Tensor, dout: torch.Tensor, need_x: bool,
-                        need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _matmul_backward(x, W, dout, need_x, need_W, wrap=True)
-
-
 @kernel_op("matmul_softmax_backward", _backward_fake)
-def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor, dout: torch.Tensor,
+def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor | None, dout: torch.Tensor,
                                 need_x: bool, need_W: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    return _matmul_backward(x, W, _softmax_grad(out, dout, wrap=True), need_x, need_W, wrap=True)
+    """(dx, dW) of x @ W (out None) or of out = softmax(x @ W), for the gradient dout of the output."""
+    dz = dout if out is None else _softmax_grad(out, dout, wrap=True)
+    return _matmul_backward(x, W, dz, need_x, need_W, wrap=True)
 
 
-# The backward ops raise a second derivative (with where to get one), instead of giving a silent zero.
-refuse_second_derivative(_matmul_backward_op, "matmul")
-refuse_second_derivative(_matmul_softmax_backward_op, "softmax(x @ W)")
+# The backward op raises a second derivative (with where to get one), instead of giving a silent zero.
+refuse_second_derivative(_matmul_softmax_backward_op, "matmul / softmax(x @ W)")
 
 
-def _matmul_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:2])
+def _op_grad(ctx, dout):
+    x, W, *out = ctx.saved_tensors
+    need_x, need_W = ctx.needs_input_grad[:2]
+    dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
+    return (dx if need_x else None), (dW if need_W else None), None
 
 
-def _matmul_softmax_setup(ctx, inputs, output):
-    ctx.save_for_backward(*inputs[:2], output)
-
-
-def _matmul_grad(ctx, dout):
-    x, W = ctx.saved_tensors
-    dx, dW = _matmul_backward_op(x, W, dout, *ctx.needs_input_grad[:2])
-    return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
-
-
-def _matmul_softmax_grad(ctx, dout):
-    x, W, out = ctx.saved_tensors
-    dx, dW = _matmul_softmax_backward_op(x, W, out, dout, *ctx.needs_input_grad[:2])
-    return dx if ctx.needs_input_grad[0] else None, dW if ctx.needs_input_grad[1] else None, None
-
-
-def _matmul_family_op(name: str, forward, grad, setup, opaque: bool = False):
-    """The op ``softmax_kernels::name`` around forward(x, W, launch, wrap), with its backward.
-
-    opaque: a plain custom op even when compiled, for a body whose launches are not all written
-    through ``wrap_triton`` (``row_softmax`` in the unfused version): torch.compile then calls it
-    as one unit, and CUDA graphs capture its launches as they run."""
-    def fake(x, W, launch):
-        return x.new_empty((x.shape[0], W.shape[1]))
+def _family_op(name: str):
+    """Custom op ``softmax_kernels::name`` over ``_family_forward``, with its backward. The unfused one
+    is opaque (``row_softmax`` does not launch through wrap_triton), making its buffers per call."""
+    opaque = name == "matmul_softmax_unfused"
 
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
         with no_cached_buffers() if opaque else contextlib.nullcontext():
-            return forward(x, W, MatmulLaunch(*launch[:-1], bool(launch[-1])) if launch else None, wrap=not opaque)
+            return _family_forward(name, x, W, MatmulLaunch(*launch[:-1], bool(launch[-1])) if launch else None,
+                                   wrap=not opaque)
 
-    if opaque:
-        op = torch.library.custom_op(f"{OP_NAMESPACE}::{name}", mutates_args=())(on_input_device(body))
-        op.register_fake(fake)
-    else:
-        op = kernel_op(name, fake)(body)
-    op.register_autograd(grad, setup_context=setup)
+    def setup(ctx, inputs, output):
+        ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
+
+    op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
+    op.register_autograd(_op_grad, setup_context=setup)
     return op
 
 
-_MATMUL_OPS = {
-    "matmul": _matmul_family_op("matmul", _matmul_forward, _matmul_grad, _matmul_setup),
-    "matmul_softmax_unfused": _matmul_family_op("matmul_softmax_unfused", _unfused_forward, _matmul_softmax_grad,
-                                                _matmul_softmax_setup, opaque=True),
-    "matmul_softmax_fused_simple": _matmul_family_op("matmul_softmax_fused_simple", _simple_forward,
-                                                     _matmul_softmax_grad, _matmul_softmax_setup),
-    "matmul_softmax_fused_tiled": _matmul_family_op("matmul_softmax_fused_tiled", _tiled_forward,
-                                                    _matmul_softmax_grad, _matmul_softmax_setup),
-}
+_MATMUL_OPS = {name: _family_op(name) for name in ("matmul", "matmul_softmax_unfused", "matmul_softmax_fused_simple",
+                                                   "matmul_softmax_fused_tiled")}
+_MATMUL_REPLAYS = Replays()
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
 def autocast_operands(x, W) -> tuple:
-    """x and W as torch's matmul takes them under autocast: where autocast is on for x's device
-    type, each floating tensor but a float64 one in autocast's dtype (a float32 parameter beside
-    bfloat16 activations, say, which the checks would otherwise refuse), differentiably; else as
-    they are. Only the public ops call it: the backward's products take what the forward kept."""
+    """x and W as torch's matmul takes them: under autocast for x's device, floating tensors but
+    float64 ones cast to its dtype, differentiably; else as they are."""
     if not torch.compiler.is_compiling() and _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
         return x, W  # the common case, in 0.1 us (a trace asks by device type below, which it can follow)
     if not isinstance(x, torch.Tensor):
@@ -2357,12 +2037,9 @@ def autocast_operands(x, W) -> tuple:
                  else t for t in (x, W))
 
 
-def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None,
-                       check) -> torch.Tensor:
-    """The public op ``name``: the launches kept from an earlier call with inputs and options of
-    the same key (one launch, or a chain with its workspace), else ``check(x, W, launch)``, then
-    its custom op (traced, or a tensor subclass autograd records), ``_EagerMatmulFamily`` (an
-    eager call autograd records) or an eager ``forward``."""
+def _matmul_family(name: str, x, W, launch: MatmulLaunch | None, checked: bool = True) -> torch.Tensor:
+    """Public op ``name``: the launches kept for the call's key, else its checks, then the Function
+    (autograd recording or a transform), the custom op (a trace, a subclass) or a run that keeps."""
     key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
@@ -2370,77 +2047,51 @@ def _run_matmul_family(name: str, forward, x: torch.Tensor, W: torch.Tensor, lau
             out = _output(x, W)
             if replay(x, W, out):
                 return out
-    check(x, W, launch)
+    if checked:
+        check_matmul_call(name, x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            if transformed(x, W):
-                return apply_transforms(_MatmulFamilyTransforms, x, W, name, forward, launch)
-            return eager_apply(_EagerMatmulFamily, x, W, name, forward, launch)
+            apply = apply_transforms if transformed(x, W) else eager_apply
+            return apply(_EagerMatmulFamily, x, W, name, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
-    return forward(x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
-
-
-def _no_check(x, W, launch) -> None:
-    """The backward's products: their operands come from checked inputs."""
+    return _family_forward(name, x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
 
 def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """a @ b for an eager backward: ``matmul``'s kept launch (the wrapper's choice), no checks."""
-    return _run_matmul_family("matmul", _matmul_forward, a, b, None, _no_check)
+    """a @ b for an eager backward: ``matmul``'s kept launch, no checks (the inputs were checked)."""
+    return _matmul_family("matmul", a, b, None, checked=False)
 
 
 class _EagerMatmulFamily(torch.autograd.Function):
-    """An eager call of a matmul-family op that autograd records, outside the dispatcher: the
-    forward and the backward's products replay their kept launches (``_run_matmul_family``
-    without grad), where the custom op and its registered backward paid the dispatcher and
-    Triton's full launch path each time (softmax(x @ W), 1024 x 4096 x 1000 bf16 on an H100: 780
-    us of host time a forward + backward, torch 175-285; outputs/profiles/
-    matmul_backward_host_profile.txt). The same kernels as the op's path (the backward's products
-    through the public wrapper's launch choice). A backward that records a graph (create_graph),
-    one traced and a batch of gradients go through the backward op (``backward_through_op``),
-    which refuses a second derivative as before."""
+    """A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes:
+    eager autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given
+    a batch of gradients takes the backward op."""
 
     @staticmethod
-    def forward(ctx, x, W, name, forward, launch):
-        out = _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off in here
-        ctx.softmax = name != "matmul"
-        ctx.save_for_backward(x, W, *((out,) if ctx.softmax else ()))
-        return out
-
-    @staticmethod
-    def backward(ctx, dout):
-        x, W, *out = ctx.saved_tensors
-        need_x, need_W = ctx.needs_input_grad[:2]
-        if transformed(x, W, *out, dout):
-            # A transform's gradient, or one with a tangent: torch's ops, which the transforms see
-            # through (as ``_MatmulFamilyTransforms.jvp``'s).
-            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-            dx, dW = dz @ W.t(), x.t() @ dz
-        elif backward_through_op(dout):
-            op = _matmul_softmax_backward_op if ctx.softmax else _matmul_backward_op
-            dx, dW = op(x, W, *out, dout, need_x, need_W)
-        else:
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-        return (dx if need_x else None), (dW if need_W else None), None, None, None
-
-
-class _MatmulFamilyTransforms(_EagerMatmulFamily):
-    """``_EagerMatmulFamily`` for calls that carry a tangent or a transform's wrapper
-    (``transformed``), in the form torch.func takes, with jvp and vmap (apart for the host time,
-    as ``softmax_transforms``'s); the backward is ``_EagerMatmulFamily``'s."""
-
-    @staticmethod
-    def forward(x, W, name, forward, launch):
-        return _run_matmul_family(name, forward, x, W, launch, _no_check)  # grad is off, x and W plain
+    def forward(x, W, name, launch):
+        return _matmul_family(name, x, W, launch, checked=False)  # grad is off in here, x and W plain
 
     @staticmethod
     def setup_context(ctx, inputs, output):
         x, W, name = inputs[:3]
         ctx.softmax = name != "matmul"
-        saved = (x, W, *((output,) if ctx.softmax else ()))
+        saved = (x, W, output) if ctx.softmax else (x, W)
         ctx.save_for_backward(*saved)
         ctx.save_for_forward(*saved)
+
+    @staticmethod
+    def backward(ctx, dout):
+        x, W, *out = ctx.saved_tensors
+        need_x, need_W = ctx.needs_input_grad[:2]
+        if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
+            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+            dx, dW = dz @ W.t(), x.t() @ dz
+        elif backward_through_op(dout):
+            dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
+        else:
+            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+        return (dx if need_x else None), (dW if need_W else None), None, None
 
     @staticmethod
     def jvp(ctx, dx, dW, *_):
@@ -2453,85 +2104,64 @@ class _MatmulFamilyTransforms(_EagerMatmulFamily):
         return softmax_tangent(out[0], dz) if ctx.softmax else dz
 
     @staticmethod
-    def vmap(info, in_dims, x, W, name, forward, launch):
+    def vmap(info, in_dims, x, W, name, launch):
         (x_dim, w_dim), n = in_dims[:2], info.batch_size
         if w_dim is None:  # one W for the batch: its rows join x's
             x = batch_first(x, x_dim)
-            out = _MatmulFamilyTransforms.apply(x.flatten(0, 1), W, name, forward, launch)
+            out = _EagerMatmulFamily.apply(x.flatten(0, 1), W, name, launch)
             return out.unflatten(0, x.shape[:2]), 0
         xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
-        return torch.stack([_MatmulFamilyTransforms.apply(a, b, name, forward, launch)
+        return torch.stack([_EagerMatmulFamily.apply(a, b, name, launch)
                             for a, b in zip(xs, batch_first(W, w_dim))]), 0
 
     @staticmethod
-    def reference(x, W, name, forward, launch):
+    def reference(x, W, name, launch):
         """What forward gives, in torch's ops (see ``apply_transforms``)."""
         z = x.float() @ W.float()
         return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
-
-
-_MATMUL_REPLAYS = Replays()
 
 
 @on_input_device
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
 
-    ``launch`` overrides the wrapper's tiles (``tiled_launch``). Differentiable in x and W.
-    Under autocast x and W are cast to its dtype first, as torch's matmul casts them
-    (``autocast_operands``); so are the softmax(x @ W) versions' and linear_cross_entropy's.
+    ``launch`` overrides the plan's. Differentiable in x and W; under autocast the operands are
+    cast as torch's matmul casts them (as in the softmax(x @ W) versions).
     """
     x, W = autocast_operands(x, W)
-    return _run_matmul_family("matmul", _matmul_forward, x, W, launch, _check_matmul_call)
+    return _matmul_family("matmul", x, W, launch)
 
 
 @on_input_device
 def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) as two Triton kernels: ``matmul`` writes the logits, ``row_softmax`` reads them."""
     x, W = autocast_operands(x, W)
-    return _run_matmul_family("matmul_softmax_unfused", _unfused_forward, x, W, launch, _check_matmul_call)
+    return _matmul_family("matmul_softmax_unfused", x, W, launch)
 
 
 @on_input_device
 def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) in one kernel with all C classes of a row block in registers.
 
-    x: (B, K), W: (K, C) -> (B, C) in x's dtype. C may be at most ``SIMPLE_MAX_CLASSES``
-    (ValueError otherwise, before anything is allocated or launched); a given ``launch`` must
-    have block_c >= C.
+    x: (B, K), W: (K, C) -> (B, C) in x's dtype. C at most ``SIMPLE_MAX_CLASSES``
+    (KernelCapacityError otherwise, before anything is allocated); a given ``launch`` must have
+    block_c >= C and split_k 1.
     """
     x, W = autocast_operands(x, W)
-    return _run_matmul_family("matmul_softmax_fused_simple", _simple_forward, x, W, launch, _check_simple_call)
-
-
-def _check_simple_call(x, W, launch) -> None:
-    _check_matmul_call(x, W, launch)
-    C = W.shape[1]
-    if C > SIMPLE_MAX_CLASSES:
-        raise KernelCapacityError(f"C = {C} classes is more than matmul_softmax_fused_simple keeps on chip "
-                                  f"(at most {SIMPLE_MAX_CLASSES}); use matmul_softmax_fused_tiled")
-    if isinstance(launch, MatmulLaunch):
-        if launch.block_c < C:
-            raise ValueError(f"launch.block_c = {launch.block_c} must cover all C = {C} classes in the simple kernel")
-        if launch.split_k != 1:
-            raise ValueError(f"launch.split_k must be 1 in the simple kernel (one program per row block), got {launch.split_k}")
+    return _matmul_family("matmul_softmax_fused_simple", x, W, launch)
 
 
 @on_input_device
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
-    """softmax(x @ W) for any C, with no (B, C) buffer but the output (with K split, float32
-    partial tiles of split x B x C, rows and classes padded to the tiles).
+    """softmax(x @ W) for any C, with no (B, C) buffer but the output.
 
-    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile (C <= launch.block_c): one kernel
-    that normalises in registers, or with K split (``split_k_kernel``) the last slice of each row
-    block does. Several: unnormalised tiles (with K split, written by each tile's last slice) plus
-    a (2, B, tiles) float32 table of tile maxima and sums, then ``rescale_tiles_kernel`` (see the section notes for why).
-    Float32 under 'highest' on sm_90, where ``presplit_pays``: x's and W's TF32 parts first, which
-    hold twice x's size and up to ``PRESPLIT_CHUNK_BYTES`` of W's for the call.
-    The backward (``softmax_grad_kernel``, then the Triton matmul for dx and dW) works from the output.
+    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile: one kernel. Several: exp tiles
+    and a (2, B, tiles) float32 table, then ``rescale_tiles_kernel``. Workspace: K split, the
+    slices' float32 partials; float32 'highest' on sm_90 where ``presplit_pays``, TF32 parts of x
+    (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``).
     """
     x, W = autocast_operands(x, W)
-    return _run_matmul_family("matmul_softmax_fused_tiled", _tiled_forward, x, W, launch, _check_matmul_call)
+    return _matmul_family("matmul_softmax_fused_tiled", x, W, launch)
 
 
 # ==============================================================================================

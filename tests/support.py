@@ -14,8 +14,8 @@ import torch._inductor.config
 
 from fused_softmax_matmul import (
     matmul_softmax_fused_bytes, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
-    matmul_softmax_tiled_bytes, matmul_softmax_unfused, matmul_softmax_unfused_bytes, presplit_bytes, presplit_choice,
-    split_k_bytes, tiled_launch,
+    matmul_softmax_plan, matmul_softmax_tiled_bytes, matmul_softmax_unfused, matmul_softmax_unfused_bytes,
+    presplit_bytes, split_k_bytes, _device_facts,
 )
 from online_softmax import INTERPRET
 
@@ -227,17 +227,16 @@ def matmul_softmax_impl_bytes(impl: str, B: int, K: int, C: int, dtype: torch.dt
     """The least traffic of each version (its bytes_model): PyTorch, torch.compile (cuBLAS or an
     extern mm, then a softmax kernel) and Triton unfused write and re-read the logits; the simple
     kernel writes once; the tiled one as ``matmul_softmax_tiled_bytes`` with the tiles its
-    wrapper picks (for W's layout: ``w_kmajor``). Where the wrapper splits K, the Triton versions
-    also move their partials; where it splits float32 operands into TF32 parts (``presplit_choice``),
+    wrapper's plan picks (for W's layout: ``w_kmajor``). Where the plan splits K, the Triton versions
+    also move their partials; where it splits float32 operands into TF32 parts (path "presplit"),
     the pass and the parts' reads."""
     elt = dtype.itemsize
     if impl == "triton_fused_simple":
         return matmul_softmax_fused_bytes(B, K, C, elt)
-    device = torch.device(device)
-    presplit = presplit_choice(B, K, C, dtype, device, w_kmajor) if impl.startswith("triton_") else None
-    launch = presplit or tiled_launch(B, C, dtype, device, K=K, w_kmajor=w_kmajor)
-    parts = presplit_bytes(B, K, C) if presplit else 0
+    plan = matmul_softmax_plan("matmul_softmax_fused_tiled", B, K, C, dtype, w_kmajor, False,
+                               *_device_facts(torch.device(device)), torch.get_float32_matmul_precision())
+    parts = presplit_bytes(B, K, C) if impl.startswith("triton_") and plan.path == "presplit" else 0
     if impl == "triton_fused_tiled":
-        return matmul_softmax_tiled_bytes(B, K, C, elt, launch) + parts
-    partials = split_k_bytes(B, K, launch, C) if impl == "triton_unfused" else 0
+        return matmul_softmax_tiled_bytes(B, K, C, elt, plan.launch) + parts
+    partials = split_k_bytes(B, K, plan.launch, C) if impl == "triton_unfused" else 0
     return matmul_softmax_unfused_bytes(B, K, C, elt) + partials + parts

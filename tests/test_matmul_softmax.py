@@ -12,8 +12,8 @@ import torch
 import triton
 
 from fused_softmax_matmul import (
-    SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple,
-    matmul_softmax_fused_tiled, matmul_softmax_ref, simple_launch, tiled_launch,
+    SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple, matmul_softmax_fused_tiled,
+    matmul_softmax_plan, matmul_softmax_ref, tiled_launch, _device_facts, _plan_of,
 )
 import support
 from support import (
@@ -326,9 +326,168 @@ BENCH_SIZES = [
 def test_default_launches_are_valid(B, K, C, dtype):
     check_launch(tiled_launch(B, C, DTYPES[dtype], torch.device(DEVICE), K=K))
     if C <= SIMPLE_MAX_CLASSES:
-        launch = simple_launch(B, C, DTYPES[dtype], torch.device(DEVICE))
+        launch = matmul_softmax_plan("matmul_softmax_fused_simple", B, K, C, DTYPES[dtype],
+                                     sms=_device_facts(torch.device(DEVICE))[0]).launch
         check_launch(launch)
         assert launch.block_c >= C
+
+
+# ----------------------------------------------------------------------------------------------
+# The plan (matmul_softmax_plan): every branch on the CPU, as an H100 (132 SMs, sm_90) would take it
+# ----------------------------------------------------------------------------------------------
+H100 = dict(sms=132, capability=(9, 0))
+TILED, SIMPLE, UNFUSED = "matmul_softmax_fused_tiled", "matmul_softmax_fused_simple", "matmul_softmax_unfused"
+
+
+def kernel_name(plan) -> str:
+    return plan.kernel.__name__ if hasattr(plan.kernel, "__name__") else plan.kernel.fn.__name__
+
+
+# name, (B, K, C, dtype), plan keywords -> path, kernel, normalise, buffer kinds
+PLAN_BRANCHES = {
+    "matmul, pointer": ("matmul", (64, 128, 1000, torch.float32), {}, "pointer", "matmul_kernel", "none", ()),
+    "unfused: matmul's plan, then rows": (UNFUSED, (64, 128, 1000, torch.float32), {}, "pointer", "matmul_kernel",
+                                          "rows", ()),
+    "tiled, one class tile": (TILED, (64, 128, 10, torch.float32), {}, "pointer", "matmul_softmax_simple_kernel",
+                              "kernel", ()),
+    "tiled, class tiles": (TILED, (64, 128, 1000, torch.float32), {}, "pointer", "matmul_softmax_tile_kernel",
+                           "rescale", ("float32",)),
+    "simple": (SIMPLE, (64, 128, 1000, torch.float32), {}, "pointer", "matmul_softmax_simple_kernel", "kernel", ()),
+    "tiled, split K, one tile": (TILED, (256, 512, 50, torch.float32), {}, "split_k", "split_k_kernel", "kernel",
+                                 ("float32", "counts")),
+    "tiled, split K, class tiles": (TILED, (1, 4096, 1000, torch.float32), {}, "split_k", "split_k_kernel", "rescale",
+                                    ("float32", "float32", "counts")),
+    "tiled, TMA": (TILED, (4096, 4096, 32768, torch.bfloat16), dict(tma_readable=True), "tma",
+                   "matmul_softmax_tma_tile_kernel", "rescale", ("float32",)),
+    "matmul, TMA, W K-major": ("matmul", (4096, 4096, 1000, torch.bfloat16), dict(w_kmajor=True, tma_readable=True),
+                               "tma", "matmul_tma_kernel", "none", ()),
+    "tiled, unreadable by TMA": (TILED, (4096, 4096, 32768, torch.bfloat16), {}, "pointer",
+                                 "matmul_softmax_tile_kernel", "rescale", ("float32",)),
+    "tiled, presplit": (TILED, (4096, 4096, 50257, torch.float32), {}, "presplit", "matmul_presplit_kernel", "rescale",
+                        ("float32",) * 5 + ("int32",)),
+    "matmul, presplit": ("matmul", (4096, 4096, 4096, torch.float32), {}, "presplit", "matmul_presplit_kernel", "none",
+                         ("float32",) * 4 + ("int32",)),
+    "tiled, presplit under 'high': TF32": (TILED, (4096, 4096, 50257, torch.float32), dict(setting="high"), "pointer",
+                                           "matmul_softmax_tile_kernel", "rescale", ("float32",)),
+    "tiled, presplit off sm_90": (TILED, (4096, 4096, 50257, torch.float32), dict(capability=(8, 0)), "pointer",
+                                  "matmul_softmax_tile_kernel", "rescale", ("float32",)),
+    "simple ignores presplit": (SIMPLE, (4096, 4096, 1000, torch.float32), {}, "pointer",
+                                "matmul_softmax_simple_kernel", "kernel", ()),
+}
+
+
+@pytest.mark.parametrize("case", PLAN_BRANCHES)
+def test_plan_branches(case):
+    name, (B, K, C, dtype), options, path, kernel, normalise, buffers = PLAN_BRANCHES[case]
+    plan = matmul_softmax_plan(name, B, K, C, dtype, **{**H100, **options})
+    assert (plan.path, kernel_name(plan), plan.normalise) == (path, kernel, normalise)
+    assert tuple(kind for kind, _ in plan.buffers) == buffers
+    check_launch(plan.launch)
+    n_b, n_c = plan.tiles
+    assert (n_b, n_c) == (triton.cdiv(B, plan.launch.block_b), triton.cdiv(C, plan.launch.block_c))
+    assert (plan.rescale is not None) == (normalise == "rescale")
+    if normalise == "rescale":
+        assert plan.buffers[0] == ("float32", (2, B, n_c))  # the (max, sum) table, the first buffer
+    if path == "split_k":
+        k_slice, n_splits = plan.split
+        assert plan.grid == (n_b * n_c * n_splits,) and plan.buffers[-1] == ("counts", (n_b * n_c,))
+        assert plan.constants["SOFTMAX"] and plan.constants["TILED"] == (normalise == "rescale")
+    if path == "presplit":
+        assert plan.split[0][0] == 0 and sum(width for _, width in plan.split) == C
+        assert plan.buffers[-1] == ("int32", (B + C,))
+    elif path in ("pointer", "tma"):
+        assert plan.grid == ((n_b,) if normalise == "kernel" else (n_b * n_c,))
+
+
+@pytest.mark.parametrize("name", ["matmul", TILED])
+@pytest.mark.parametrize("dtype,setting,K", [(torch.float32, "highest", 48), (torch.float16, "highest", 48),
+                                             (torch.float32, "high", 48), (torch.float32, "highest", 0)])
+def test_plan_takes_an_asked_presplit_where_it_applies(name, dtype, setting, K):
+    """A launch asking for presplit gets it for float32 'highest' products of a K, anywhere (the
+    interpreter too); elsewhere the pointer kernels, and the simple kernel never."""
+    launch = MatmulLaunch(16, 32, 16, presplit=True)
+    plan = matmul_softmax_plan(name, 20, K, 72, dtype, setting=setting, launch=launch)
+    assert (plan.path == "presplit") == (dtype == torch.float32 and setting == "highest" and K > 0)
+    simple = MatmulLaunch(16, 128, 16, presplit=True)
+    assert matmul_softmax_plan(SIMPLE, 20, K, 72, dtype, setting=setting, launch=simple).path == "pointer"
+
+
+@pytest.mark.parametrize("C,dtype,shift,vec", [(300, torch.float32, 1, 4), (301, torch.float32, 4, 1),
+                                               (1000, torch.bfloat16, 1, 8), (1024, torch.float32, 1, 1),
+                                               (50257, torch.bfloat16, 8, 1)])
+def test_plan_rescale(C, dtype, shift, vec):
+    """Rows of an odd width do not start on 16-byte boundaries: the rescale lays its blocks from them
+    (SHIFT); rows that do take their stride divided (VEC) where Triton would not see it aligned."""
+    plan = matmul_softmax_plan(TILED, 64, 128, C, dtype, launch=MatmulLaunch(16, 64, 16))
+    grid, per_program, constants = plan.rescale
+    assert (constants["SHIFT"], constants["VEC"]) == (shift, vec)
+    assert (grid, per_program) == ((64, 1), plan.tiles[1])  # the interpreter: one program a row
+
+
+def test_plan_of_asks_the_capability_only_where_an_sm90_route_may_apply(monkeypatch, presplit_calls):
+    """A call's plan asks the device's capability for TMA-readable 16-bit operands or a float32
+    product the presplit path pays for, never otherwise (nor under a trace, where TMA cannot serve)."""
+    import fused_softmax_matmul
+
+    asked = []
+    monkeypatch.setattr(fused_softmax_matmul, "_sm_count", lambda device: 132)
+    monkeypatch.setattr(fused_softmax_matmul, "_device_index", lambda device: 0)
+    monkeypatch.setattr(fused_softmax_matmul, "_device_capability", lambda index: asked.append(index) or (9, 0))
+    small = torch.empty((64, 128)), torch.empty((128, 10))
+    big = torch.empty((4096, 4096)), torch.empty((4096, 4096))
+    half = tuple(t.half() for t in matmul_softmax_inputs(20, 48, 72, torch.float32))
+    assert _plan_of(TILED, *small, None, False).path == "pointer" and not asked
+    assert _plan_of(TILED, *half, None, True).path == "pointer" and not asked
+    assert _plan_of(TILED, *big, MatmulLaunch(32, 128, 32), False).path == "pointer" and not asked
+    assert _plan_of(TILED, *big, None, False).path == "presplit" and len(asked) == 1
+    assert _plan_of("matmul", *half, MatmulLaunch(16, 32, 16), False).path == "pointer" and len(asked) == 2
+
+
+# The matmul_softmax group's cases (tests/test_bench_matmul_softmax.py) and the path the record
+# names for each (outputs/README.md, "softmax(x @ W)"): the float32 sizes split K, the bfloat16 ones
+# run the TMA tile kernel (W row-major, TMA-readable as the builder makes it). The smallest size
+# is one class tile over 4 K steps: too short to split (SPLIT_CHOICES), one pointer launch.
+RECORD_PATHS = {
+    (64, 128, 10, "float32"): "pointer", (256, 512, 50, "float32"): "split_k", (1024, 1024, 100, "float32"): "split_k",
+    (4096, 4096, 32768, "bfloat16"): "tma", (8192, 4096, 128256, "bfloat16"): "tma",
+}
+
+
+@pytest.mark.parametrize("B,K,C,dtype", RECORD_PATHS)
+def test_plan_of_the_benchmark_cases_is_the_recorded_path(B, K, C, dtype):
+    plan = matmul_softmax_plan(TILED, B, K, C, DTYPES[dtype], tma_readable=DTYPES[dtype] != torch.float32, **H100)
+    assert plan.path == RECORD_PATHS[B, K, C, dtype]
+
+
+def recorded_paths():
+    """Rows of the committed record (outputs/*.csv) that name the path a softmax(x @ W) case took."""
+    import glob
+    import os
+
+    import pandas as pd
+
+    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "outputs")
+    rows = []
+    for path in sorted(glob.glob(os.path.join(root, "*.csv"))):
+        frame = pd.read_csv(path)
+        if not {"workload", "case", "path"} <= set(frame.columns):
+            continue
+        named = frame[frame.workload.astype(str).str.startswith("matmul_softmax") & frame.path.notna()]
+        rows += [(os.path.basename(path), row.case, row.path) for row in named.itertuples()]
+    return rows
+
+
+def test_plan_of_the_recorded_grid_cases_is_the_recorded_path():
+    rows = recorded_paths()
+    if not rows:
+        pytest.skip("no committed CSV names the path of a softmax(x @ W) case (the shape grid leaves its path "
+                    "column empty for them); the benchmark group's cases are checked against outputs/README.md")
+    for csv, case, recorded in rows:  # "B=1 K=2048 C=10 bfloat16[ W=weight.t()]"
+        sizes = dict(part.split("=") for part in case.split() if part[0] in "BKC" and "=" in part)
+        dtype = DTYPES[case.split()[3]]
+        plan = matmul_softmax_plan(TILED, int(sizes["B"]), int(sizes["K"]), int(sizes["C"]), dtype,
+                                   w_kmajor="W=weight.t()" in case, tma_readable=dtype != torch.float32, **H100)
+        assert plan.path == recorded, (csv, case)
 
 
 # On a GPU: the benchmark sizes themselves, compiled, bf16 with real tensor-core tl.dot (the
@@ -392,28 +551,34 @@ TMA_LAUNCH = MatmulLaunch(16, 32, 16)
 ])
 def test_tma_path_where_tma_reads_the_operands(monkeypatch, layout, B, K, C, dtype, launch, tma):
     import fused_softmax_matmul
-    from fused_softmax_matmul import _tma_operands
 
     x, W = matmul_softmax_inputs(B, K, C, DTYPES[dtype], layout=layout)
     if ON_GPU:  # compiled, small products keep the pointer kernels (test_tma_path_from_its_sizes)
-        assert _tma_operands(x, W, launch, False) is None
+        assert _plan_of("matmul", x, W, launch, False).path != "tma"
         monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_PRODUCT", 0)
         monkeypatch.setattr(fused_softmax_matmul, "TMA_LEAST_KMAJOR_ROWS", 0)
-    taken = _tma_operands(x, W, launch, False) is not None
+    taken = _plan_of("matmul", x, W, launch, False).path == "tma"
     assert taken == (tma and (HOPPER or not ON_GPU))  # compiled, sm_90 only
-    assert _tma_operands(x, W, launch, True) is None  # traced: the pointer kernels
+    assert _plan_of("matmul", x, W, launch, True).path != "tma"  # traced: the pointer kernels
 
 
-@pytest.mark.skipif(not HOPPER, reason="compiled, the TMA path runs on sm_90")
-@pytest.mark.parametrize("layout,B,K,C,tma", [
-    ("W_transposed", 256, 64, 1000, True), ("W_transposed", 255, 4096, 1000, False),
-    ("contiguous", 1024, 4096, 1024, True), ("contiguous", 1024, 4096, 1000, False),
+@pytest.mark.parametrize("w_kmajor,B,K,C,capability,tma", [
+    # sm_90: W K-major from 256 rows, W row-major from B x K x C = 2^32 (design notes: TMA)
+    (True, 256, 64, 1000, (9, 0), True), (True, 255, 4096, 1000, (9, 0), False),
+    (False, 1024, 4096, 1024, (9, 0), True), (False, 1024, 4096, 1000, (9, 0), False),
+    # another GPU: never; the interpreter (no SM count): any size, so CI runs the path
+    (True, 4096, 4096, 1000, (8, 0), False), (False, 20, 48, 72, None, True),
 ])
-def test_tma_path_from_its_sizes(layout, B, K, C, tma):
-    from fused_softmax_matmul import _tma_operands
-
-    x, W = matmul_softmax_inputs(B, K, C, torch.bfloat16, layout=layout)
-    assert (_tma_operands(x, W, TMA_LEAST_LAUNCH, False) is not None) == tma
+def test_tma_path_from_its_sizes(w_kmajor, B, K, C, capability, tma):
+    sms = None if capability is None else 132
+    plan = matmul_softmax_plan("matmul", B, K, C, torch.bfloat16, w_kmajor, True, sms, capability,
+                               launch=TMA_LEAST_LAUNCH)
+    assert (plan.path == "tma") == tma
+    # operands TMA cannot read, and float32, keep the pointer kernels
+    assert matmul_softmax_plan("matmul", B, K, C, torch.bfloat16, w_kmajor, False, sms, capability,
+                               launch=TMA_LEAST_LAUNCH).path == "pointer"
+    assert matmul_softmax_plan("matmul", B, K, C, torch.float32, w_kmajor, True, sms, capability,
+                               launch=TMA_LEAST_LAUNCH).path == "pointer"
 
 
 TMA_LEAST_LAUNCH = MatmulLaunch(256, 128, 64)
@@ -447,14 +612,16 @@ def test_tma_path_matches_float64_and_the_pointer_path(monkeypatch, layout, B, K
     launch = MatmulLaunch(*tiles)
     for dtype in (torch.float16, torch.bfloat16):
         x, W = matmul_softmax_inputs(B, K, C, dtype, layout=layout, scale=scale)
-        assert fused_softmax_matmul._tma_operands(x, W, launch, False) is not None
+        assert _plan_of("matmul_softmax_fused_tiled", x, W, launch, False).path == "tma"
         ref = x.double() @ W.double()
         tma = matmul_softmax_fused_tiled(x, W, launch), matmul(x, W, launch)
         assert_close(tma[0], torch.softmax(ref, -1), matmul_softmax_ref(x, W))
         assert_close(tma[1], ref, x @ W)
         with monkeypatch.context() as patched:
-            patched.setattr(fused_softmax_matmul, "_tma_operands", lambda *args: None)
+            patched.setattr(fused_softmax_matmul, "TensorDescriptor", None)
+            fused_softmax_matmul._MATMUL_REPLAYS.clear()  # the TMA launches kept above would serve the calls
             pointer = matmul_softmax_fused_tiled(x, W, launch), matmul(x, W, launch)
+            fused_softmax_matmul._MATMUL_REPLAYS.clear()
         # The same products in the same order: the same values, bit for bit.
         assert torch.equal(tma[0], pointer[0]) and torch.equal(tma[1], pointer[1])
 
@@ -470,7 +637,7 @@ def test_tma_path_replays_and_captures(layout):
     B, K, C = 1024, 256, 1000
     x, W = matmul_softmax_inputs(B, K, C, torch.bfloat16, seed=60, layout=layout)
     launch = tiled_launch(B, C, torch.bfloat16, x.device, K=K, w_kmajor=layout == "W_transposed")
-    assert fused_softmax_matmul._tma_operands(x, W, launch, False) is not None
+    assert _plan_of("matmul_softmax_fused_tiled", x, W, None, False).path == "tma"
     for fn in (matmul_softmax_fused_tiled, matmul):
         first = fn(x, W)
         x2, W2 = (t.clone() for t in (x, W))  # new addresses, the same layout
@@ -490,14 +657,14 @@ def test_tma_path_replays_and_captures(layout):
 # ----------------------------------------------------------------------------------------------
 @pytest.fixture
 def presplit_calls(monkeypatch):
-    """How many calls went through ``_presplit_forward`` (a list, one entry a call)."""
+    """How many calls went through ``_presplit_forward`` (a list of their plans)."""
     import fused_softmax_matmul
 
     calls = []
     real = fused_softmax_matmul._presplit_forward
 
     def counted(*args, **kwargs):
-        calls.append(args[3])
+        calls.append(args[0])
         return real(*args, **kwargs)
 
     monkeypatch.setattr(fused_softmax_matmul, "_presplit_forward", counted)
@@ -652,15 +819,17 @@ def test_presplit_launch_fills_the_sms(B, C, tile):
 
 
 @pytest.mark.parametrize("impl", ["triton_fused_tiled", "triton_unfused"])
-def test_presplit_bytes_in_the_model(monkeypatch, impl):
+def test_presplit_bytes_in_the_model(monkeypatch, presplit_calls, impl):
     """The bytes model counts the split pass and the parts' reads where the wrapper takes the path."""
     import support
 
     B, K, C = 4096, 4096, 50257
+    monkeypatch.setattr(support, "_device_facts", lambda device: (132, (8, 0)))  # a GPU without the path
     plain = support.matmul_softmax_impl_bytes(impl, B, K, C, torch.float32, "cpu")
     theirs = support.matmul_softmax_impl_bytes("torch", B, K, C, torch.float32, "cpu")
-    launch = MatmulLaunch(128, 128, 32, num_warps=8, presplit=True)
-    monkeypatch.setattr(support, "presplit_choice", lambda *args: launch)
+    plan = matmul_softmax_plan("matmul_softmax_fused_tiled", B, K, C, torch.float32, sms=132, capability=(9, 0))
+    assert plan.path == "presplit" and plan.launch.block_c == 128
+    monkeypatch.setattr(support, "_device_facts", lambda device: (132, (9, 0)))
     split = support.matmul_softmax_impl_bytes(impl, B, K, C, torch.float32, "cpu")
     from fused_softmax_matmul import presplit_bytes
 
@@ -675,12 +844,11 @@ def test_presplit_bytes_in_the_model(monkeypatch, impl):
 def test_presplit_not_chosen_on_other_machines():
     """The wrappers take it by themselves only compiled on sm_90 (the interpreter runs it where a
     launch asks): a big float32 product on this machine keeps the pointer kernels."""
-    from fused_softmax_matmul import _presplit_choice
-
     x = torch.empty((4096, 4096), device=DEVICE)
     W = torch.empty((4096, 50257), device=DEVICE)
-    chosen = _presplit_choice(x, W, 4096, 50257)
-    assert (chosen is not None) == HOPPER
+    assert (_plan_of("matmul_softmax_fused_tiled", x, W, None, False).path == "presplit") == HOPPER
+    other_gpu = matmul_softmax_plan("matmul", 4096, 4096, 50257, torch.float32, sms=132, capability=(8, 0))
+    assert other_gpu.path != "presplit"
 
 
 @pytest.mark.skipif(not HOPPER, reason="compiled, the presplit kernels are chosen on sm_90")
