@@ -3767,7 +3767,14 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
                        has_lo: bool, has_hi: bool, softcap: float,
                        launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
-    in q's dtype, lse (batch, heads, n_queries) float32 (``_attention_args`` for the rest)."""
+    in q's dtype, lse (batch, heads, n_queries) float32 (``_attention_args`` for the rest). The
+    op's body: its launch is one torch.compile can trace."""
+    return _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced=True)
+
+
+def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced: bool):
+    """``_attention_forward``; ``traced`` False for a plain eager call, launched directly (no
+    ``wrap_triton``, whose eager call costs host time; see ``jit_kernel``)."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -3781,7 +3788,7 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
         return q.new_empty(out_shape), lse[0]
     qk_scale, cap2 = _attention_scalars(scale, softcap)
     grid = one_axis_grid(splits * batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
-    jit_kernel(attention_forward_kernel, traced=True)[grid](
+    jit_kernel(attention_forward_kernel, traced=traced)[grid](
         q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
         split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
         **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
@@ -3904,7 +3911,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     else:
         plan.check()
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
-    out, lse = (torch.ops.softmax_kernels.attention_forward if needs_op(q, k, v) else _attention_forward)(*args)
+    if needs_op(q, k, v):
+        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
+    else:
+        out, lse = _run_attention_forward(*args, traced=False)
     return (out, lse) if return_lse else out
 
 
