@@ -143,6 +143,14 @@ def error_bound(torch_error: float, dtype: torch.dtype, factor: float = 2.0) -> 
     return factor * torch_error + 4 * UNIT_ROUNDOFF[dtype]
 
 
+def torch_error_bound(torch_fn, error, inputs: tuple, factor: float = 2.0) -> float:
+    """error_bound of PyTorch's own error on the call the case times, ``torch_fn(*inputs)``, measured by
+    the rows' ``error``. Not on a slice of the inputs: cuBLAS picks its kernel by shape, and a float32
+    sum's error grows like sqrt of the terms summed in one run, so a slice it splits over K can err
+    several times less than the whole (see outputs/README.md, design notes: float32 sum error)."""
+    return error_bound(error(torch_fn(*inputs), inputs), inputs[0].dtype, factor)
+
+
 def matmul_roundoff(dtype: torch.dtype) -> float:
     """Unit roundoff of a product's operands in dtype under torch's float32 matmul precision (the
     kernels follow it): TF32 keeps 10 fraction bits ("high"), bfloat16 7 ("medium")."""

@@ -52,7 +52,7 @@ from fused_softmax_matmul import (
 from online_softmax import row_softmax, softmax_bytes
 from support import (
     DEVICE, DTYPES, ON_GPU, attention_inputs, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
-    relative_error, row_softmax_inputs, softmax_matmul_inputs,
+    relative_error, row_softmax_inputs, softmax_matmul_inputs, torch_error_bound,
 )
 from test_attention_api import Case
 from test_bench_flash_attention import attention_bound
@@ -524,6 +524,17 @@ def _smv_path(d1: int, d2: int, d3: int, dtype: torch.dtype) -> str:
 SMV_FUNCTIONS = {"torch": softmax_mult, "compile": _softmax_mult, TRITON: fused_softmax}
 
 
+def smv_error(out: torch.Tensor, inputs) -> float:
+    """Against float64 on the first 128 rows of the first batch entry."""
+    x, V = inputs[0][:1, :128].double(), inputs[1][:1].double()
+    return relative_error(out[:1, :128], torch.softmax(x, dim=-1) @ V)
+
+
+def smv_bound(inputs) -> float:
+    """Twice PyTorch's own error on those rows of the whole case's call, plus the floor (torch_error_bound)."""
+    return torch_error_bound(softmax_mult, smv_error, inputs)
+
+
 @pytest.mark.parametrize("d1,d2,d3,dtype,precision,impl", _params(
     SMV_CASES, SMV_IMPLS, lambda case: ("softmax_matmul", *case),
     lambda d1, d2, d3, dtype, precision: f"d1_{d1}-d2_{d2}-d3_{d3}-{dtype}" + (f"-{precision}" if dtype == "float32" else "")))
@@ -534,14 +545,6 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
         fn = implementation(SMV_FUNCTIONS, impl)
         x, V = softmax_matmul_inputs(SMV_BATCH, d1, d2, d3, torch_dtype)
         return _first_call(impl, lambda: fn(x, V)), (x, V)
-
-    def error(out: torch.Tensor, inputs) -> float:  # the first 128 rows of the first batch entry
-        x, V = inputs[0][:1, :128].double(), inputs[1][:1].double()
-        return relative_error(out[:1, :128], torch.softmax(x, dim=-1) @ V)
-
-    def bound(inputs) -> float:  # as the correctness tests: twice PyTorch's own error on the same rows, plus the floor
-        x, V = inputs
-        return error_bound(error(softmax_mult(x[:1, :128], V[:1]), inputs), x.dtype)
 
     case = f"batch={SMV_BATCH} d1={d1} d2={d2} d3={d3} {dtype}" + (f" {precision}" if dtype == "float32" else "")
     row = dict(workload="softmax_matmul", case=case, dtype=dtype, impl=impl, role=role_of(impl),
@@ -556,7 +559,7 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
         # Both fused kernels (Triton's and Gluon's) keep the softmax on chip.
         model = fused_softmax_bytes if path in ("fused", "gluon") else softmax_mult_bytes
         bench(GROUP, row, build, bytes_moved=model(SMV_BATCH, d1, d2, d3, torch_dtype.itemsize),
-              flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=error, bound=bound)
+              flops=softmax_matmul_flops(SMV_BATCH, d1, d2, d3), dtype=torch_dtype, error=smv_error, bound=smv_bound)
     finally:
         torch.set_float32_matmul_precision(before)
 
@@ -665,3 +668,19 @@ def test_core_subset_names_cases_of_the_gpu_grid():
         ("softmax_matmul", *case) for case in SMV_GRID} | {("matmul_softmax", *case) for case in MMSM_GRID}
     assert CORE <= grid, f"core cases outside the grid (-k core would silently skip them): {sorted(CORE - grid)}"
     assert {key[0] for key in CORE} == {"attention", "row_softmax", "softmax_matmul", "matmul_softmax"}
+
+
+def test_softmax_matmul_bound_is_torchs_error_on_the_timed_call():
+    """A PyTorch whose kernel depends on the shape, as cuBLAS's split-K does: exact on a slice, off by
+    1e-5 on the whole call. The bound must let that PyTorch pass the case it times (a bound taken on a
+    slice, as before, would be the floor alone and fail it) and stay within twice its error."""
+    x, V = softmax_matmul_inputs(2, 256, 48, 24, torch.float32)
+
+    def shape_dependent(x, V):
+        out = torch.softmax(x.double(), dim=-1) @ V.double()
+        return (out * (1 + 1e-5 * (x.shape == (2, 256, 48)))).float()
+
+    own = smv_error(shape_dependent(x, V), (x, V))
+    assert 9e-6 < own <= torch_error_bound(shape_dependent, smv_error, (x, V)) <= 2 * own + 4 * 2.0**-24
+    on_slice = error_bound(smv_error(shape_dependent(x[:1, :128], V[:1]), (x, V)), x.dtype)
+    assert on_slice < own, "the slice's bound would fail PyTorch on its own case"
