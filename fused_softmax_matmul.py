@@ -54,8 +54,9 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
-    apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
+    backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
+    AutogradSpec,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -301,7 +302,7 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
 class FusedSoftmaxPlan:
     """What a ``fused_softmax`` call runs: path "gluon", "fused" (the Triton kernel) or
     "materialized" (``row_softmax``, then ``torch.bmm``); call "eager" (direct launches), "autograd"
-    (``_EagerFusedSoftmax``) or "op" (the custom op); the Triton tiles (the backward's too), the
+    (``_FUSED_AUTOGRAD``) or "op" (the custom op); the Triton tiles (the backward's too), the
     forward kernel's launch (a ``FusedLaunch`` or a ``GluonSoftmaxLaunch``), tl.dot's precision."""
 
     path: str
@@ -771,13 +772,13 @@ def _fused_softmax_save(ctx, x, V, output, BLOCK_1: int, BLOCK_2: int) -> None:
     ctx.blocks = (BLOCK_1, BLOCK_2)
 
 
-def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
-    """(dx, dV), None where not needed, from the saved (x, V, out, lse). ``through_op`` (the op's
-    own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or one
-    with a tangent: torch's ops in float32, which the transforms see through; else the backward
+def _fused_softmax_grad(ctx, dout, need: tuple, through_op: bool) -> tuple:
+    """(dx, dV), None where not ``need``ed, from the saved (x, V, out, lse). ``through_op`` (the
+    op's own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or
+    one with a tangent: torch's ops in float32, which the transforms see through; else the backward
     kernels launched directly."""
     x, V, out, lse = ctx.saved_tensors
-    need_x, need_V = ctx.needs_input_grad[:2]
+    need_x, need_V = need
     if not through_op and transformed(x, V, dout):
         P = torch.softmax(x.float(), dim=-1)
         dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
@@ -790,65 +791,62 @@ def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
 
 
 _fused_softmax_op.register_autograd(
-    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, True), *[None] * 7),
+    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[:2], True), *[None] * 7),
     setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
 
-class _EagerFusedSoftmax(torch.autograd.Function):
-    """``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
-    (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
-    directly, without the dispatcher's host time (its launch kept beside the plain calls'), the
-    backward likewise where it may; jvp and vmap for the transforms."""
+# ``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
+# (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
+# directly (its launch kept beside the plain calls'), the backward likewise where it may.
+def _fused_autograd_forward(x, V, plan):
+    key = replay_key((x, V), ((plan, "lse"),))
+    replay = None if key is None else _FUSED_REPLAYS.get(key)
+    if replay is not None:
+        out, lse = _fused_output(x, V), _fused_lse(x)
+        if replay(x, V, out, lse):
+            return out, lse
+    return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
-    @staticmethod
-    def forward(x, V, plan):
-        key = replay_key((x, V), ((plan, "lse"),))
-        replay = None if key is None else _FUSED_REPLAYS.get(key)
-        if replay is not None:
-            out, lse = _fused_output(x, V), _fused_lse(x)
-            if replay(x, V, out, lse):
-                return out, lse
-        return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, V, plan = inputs
-        _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
-        ctx.save_for_forward(x, V)
+def _fused_autograd_setup(ctx, inputs, output):
+    x, V, plan = inputs
+    _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
+    ctx.save_for_forward(x, V)
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        return *_fused_softmax_grad(ctx, dout, False), None
 
-    @staticmethod
-    def jvp(ctx, dx, dV, _):
-        x, V = ctx.saved_tensors
-        P = torch.softmax(x.float(), dim=-1)
-        tangent = 0
-        if dx is not None:
-            tangent = softmax_tangent(P, dx) @ V.float()
-        if dV is not None:
-            tangent = tangent + P @ dV.float()
-        return tangent.to(x.dtype), None
+def _fused_jvp(ctx, dx, dV, _):
+    x, V = ctx.saved_tensors
+    P = torch.softmax(x.float(), dim=-1)
+    tangent = 0
+    if dx is not None:
+        tangent = softmax_tangent(P, dx) @ V.float()
+    if dV is not None:
+        tangent = tangent + P @ dV.float()
+    return tangent.to(x.dtype), None
 
-    @staticmethod
-    def vmap(info, in_dims, x, V, plan):
-        x_dim, v_dim = in_dims[:2]
-        if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
-            x = x.movedim(x_dim, 1)
-            out, lse = _EagerFusedSoftmax.apply(x.flatten(1, 2), V, plan)
-            return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
-        # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
-        x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
-        V = batch_first(V, v_dim)
-        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
-        return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
 
-    @staticmethod
-    def reference(x, V, plan):
-        """What forward gives, in torch's ops (see ``apply_transforms``)."""
-        x32 = x.float()
-        return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
+def _fused_vmap(info, in_dims, x, V, plan):
+    x_dim, v_dim = in_dims[:2]
+    if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
+        x = x.movedim(x_dim, 1)
+        out, lse = _FUSED_AUTOGRAD.apply(x.flatten(1, 2), V, plan)
+        return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
+    # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
+    x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    V = batch_first(V, v_dim)
+    out, lse = _FUSED_AUTOGRAD.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
+    return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
+
+
+def _fused_reference(x, V, plan):
+    x32 = x.float()
+    return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
+
+
+_FUSED_AUTOGRAD = AutogradSpec(
+    "fused_softmax", forward=_fused_autograd_forward, setup=_fused_autograd_setup,
+    backward=lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[1:3], False), None),
+    jvp=_fused_jvp, vmap=_fused_vmap, reference=_fused_reference)
 
 
 def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, store_lse: bool,
@@ -871,7 +869,7 @@ def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan,
     if plan.call == "eager":
         return _launch_fused_softmax(x, V, plan, False, keep)[0]
     if plan.call == "autograd":
-        return (apply_transforms if transformed(x, V) else eager_apply)(_EagerFusedSoftmax, x, V, plan)[0]
+        return _FUSED_AUTOGRAD.run(x, V, plan)[0]
     return _fused_softmax_op(x, V, *plan.op_args)[0]
 
 
@@ -932,7 +930,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
 
 
 # Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
-# or of the plan for those that also store the log-sum-exp (``_EagerFusedSoftmax``).
+# or of the plan for those that also store the log-sum-exp (``_FUSED_AUTOGRAD``).
 _FUSED_REPLAYS = Replays()
 
 
@@ -2051,8 +2049,7 @@ def _matmul_family(name: str, x, W, launch: MatmulLaunch | None, checked: bool =
         check_matmul_call(name, x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            apply = apply_transforms if transformed(x, W) else eager_apply
-            return apply(_EagerMatmulFamily, x, W, name, launch)
+            return _MATMUL_AUTOGRAD.run(x, W, name, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return _family_forward(name, x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
@@ -2062,63 +2059,60 @@ def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _matmul_family("matmul", a, b, None, checked=False)
 
 
-class _EagerMatmulFamily(torch.autograd.Function):
-    """A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes:
-    eager autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given
-    a batch of gradients takes the backward op."""
+# A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes: eager
+# autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given a batch
+# of gradients takes the backward op.
+def _matmul_autograd_setup(ctx, inputs, output):
+    x, W, name = inputs[:3]
+    ctx.softmax = name != "matmul"
+    saved = (x, W, output) if ctx.softmax else (x, W)
+    ctx.save_for_backward(*saved)
+    ctx.save_for_forward(*saved)
 
-    @staticmethod
-    def forward(x, W, name, launch):
-        return _matmul_family(name, x, W, launch, checked=False)  # grad is off in here, x and W plain
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, W, name = inputs[:3]
-        ctx.softmax = name != "matmul"
-        saved = (x, W, output) if ctx.softmax else (x, W)
-        ctx.save_for_backward(*saved)
-        ctx.save_for_forward(*saved)
+def _matmul_autograd_backward(ctx, dout):
+    x, W, *out = ctx.saved_tensors
+    need_x, need_W = ctx.needs_input_grad[1:3]
+    if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
+        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+        dx, dW = dz @ W.t(), x.t() @ dz
+    elif backward_through_op(dout):
+        dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
+    else:
+        dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+    return (dx if need_x else None), (dW if need_W else None), None, None
 
-    @staticmethod
-    def backward(ctx, dout):
-        x, W, *out = ctx.saved_tensors
-        need_x, need_W = ctx.needs_input_grad[:2]
-        if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
-            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-            dx, dW = dz @ W.t(), x.t() @ dz
-        elif backward_through_op(dout):
-            dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-        else:
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-        return (dx if need_x else None), (dW if need_W else None), None, None
 
-    @staticmethod
-    def jvp(ctx, dx, dW, *_):
-        x, W, *out = ctx.saved_tensors
-        dz = 0
-        if dx is not None:
-            dz = dx @ W
-        if dW is not None:
-            dz = dz + x @ dW
-        return softmax_tangent(out[0], dz) if ctx.softmax else dz
+def _matmul_jvp(ctx, dx, dW, *_):
+    x, W, *out = ctx.saved_tensors
+    dz = 0
+    if dx is not None:
+        dz = dx @ W
+    if dW is not None:
+        dz = dz + x @ dW
+    return softmax_tangent(out[0], dz) if ctx.softmax else dz
 
-    @staticmethod
-    def vmap(info, in_dims, x, W, name, launch):
-        (x_dim, w_dim), n = in_dims[:2], info.batch_size
-        if w_dim is None:  # one W for the batch: its rows join x's
-            x = batch_first(x, x_dim)
-            out = _EagerMatmulFamily.apply(x.flatten(0, 1), W, name, launch)
-            return out.unflatten(0, x.shape[:2]), 0
-        xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
-        return torch.stack([_EagerMatmulFamily.apply(a, b, name, launch)
-                            for a, b in zip(xs, batch_first(W, w_dim))]), 0
 
-    @staticmethod
-    def reference(x, W, name, launch):
-        """What forward gives, in torch's ops (see ``apply_transforms``)."""
-        z = x.float() @ W.float()
-        return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
+def _matmul_vmap(info, in_dims, x, W, name, launch):
+    (x_dim, w_dim), n = in_dims[:2], info.batch_size
+    if w_dim is None:  # one W for the batch: its rows join x's
+        x = batch_first(x, x_dim)
+        out = _MATMUL_AUTOGRAD.apply(x.flatten(0, 1), W, name, launch)
+        return out.unflatten(0, x.shape[:2]), 0
+    xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    return torch.stack([_MATMUL_AUTOGRAD.apply(a, b, name, launch) for a, b in zip(xs, batch_first(W, w_dim))]), 0
+
+
+def _matmul_reference(x, W, name, launch):
+    z = x.float() @ W.float()
+    return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
+
+
+_MATMUL_AUTOGRAD = AutogradSpec(
+    "matmul / softmax(x @ W)", forward=lambda x, W, name, launch: _matmul_family(name, x, W, launch, checked=False),
+    setup=_matmul_autograd_setup, backward=_matmul_autograd_backward, jvp=_matmul_jvp, vmap=_matmul_vmap,
+    reference=_matmul_reference)
 
 
 @on_input_device
@@ -4578,40 +4572,45 @@ def _sharded_row_loss(lse, linear, target, weight, plan: LinearCrossEntropyPlan)
     return torch.where(target == plan.ignore_index, 0.0, loss)
 
 
-class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
-    """The op pair's bodies with the group's collectives between them (a custom op cannot take a
-    process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
-    merged over the group; the backward recomputes the shard's gradients and sums dx."""
+# The op pair's bodies with the group's collectives between them (a custom op cannot take a
+# process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
+# merged over the group; the backward recomputes the shard's gradients and sums dx. The forward
+# hands the "mean" denominator (else a 0-d 1) to the backward as a third, non-differentiable output.
+def _vocab_parallel_forward(x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
+    import torch.distributed as dist
 
-    @staticmethod
-    def forward(ctx, x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
-        import torch.distributed as dist
+    linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
+    lse = _group_logsumexp(lse_local, group)
+    dist.all_reduce(linear, group=group)
+    denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
+    loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
+    return loss, lse, lse.new_ones(()) if denominator is None else denominator
 
-        linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
-        lse = _group_logsumexp(lse_local, group)
-        dist.all_reduce(linear, group=group)
-        denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
-        loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        ctx.group, ctx.plan = group, plan
-        ctx.save_for_backward(x, W, bias, target, weight, lse, denominator)
-        return loss, lse
 
-    @staticmethod
-    def backward(ctx, dloss, dlse):
-        import torch.distributed as dist
+def _vocab_parallel_setup(ctx, inputs, output):
+    x, W, bias, target, weight, ctx.group, ctx.plan = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, W, bias, target, weight, *output[1:])
 
-        if dloss is None:
-            return (None,) * 7
-        x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
-        grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
-        factor = dloss.float() if denominator is None else dloss.float() / denominator
-        plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
-        dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
-        if grad_x:
-            dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
-        return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
+
+def _vocab_parallel_backward(ctx, dloss, dlse, ddenominator):
+    import torch.distributed as dist
+
+    if dloss is None:
+        return (None,) * 7
+    x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
+    grad_x, grad_W, grad_bias = ctx.needs_input_grad[1:4]
+    factor = dloss.float() / denominator if ctx.plan.reduction == "mean" else dloss.float()
+    plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
+    dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
+    if grad_x:
+        dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
+    return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
+
+
+_VOCAB_PARALLEL_AUTOGRAD = AutogradSpec("vocab_parallel_linear_cross_entropy", forward=_vocab_parallel_forward,
+                                        setup=_vocab_parallel_setup, backward=_vocab_parallel_backward,
+                                        non_differentiable=(1, 2))
 
 
 @on_input_device
@@ -4643,7 +4642,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      vocab_start=vocab_start, n_classes=n_classes)
     check_targets(target, n_classes, ignore_index)
-    loss, lse = _VocabParallelLinearCrossEntropy.apply(x2, W_shard, bias, t, weight, group, plan)
+    loss, lse = _VOCAB_PARALLEL_AUTOGRAD.run(x2, W_shard, bias, t, weight, group, plan)[:2]
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss
