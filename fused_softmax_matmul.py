@@ -2078,12 +2078,6 @@ def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | No
     return out
 
 
-# The op bodies' forwards by op, as tests trace them.
-_matmul_forward, _simple_forward, _tiled_forward = (
-    functools.partial(_family_forward, name)
-    for name in ("matmul", "matmul_softmax_fused_simple", "matmul_softmax_fused_tiled"))
-
-
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
     """dz = y * (dy - rowsum(y * dy)), (B, C) in y's dtype (as torch's softmax backward gives it)."""
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)

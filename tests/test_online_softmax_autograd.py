@@ -352,7 +352,7 @@ def test_eager_autograd_matches_the_op(case):
 @pytest.mark.parametrize("case", list(_eager_cases()), ids=lambda case: case[0])
 def test_eager_autograd_takes_batched_gradients(case):
     # is_grads_batched (and vectorised jacobians) hand the backward a functorch batch, which has
-    # no storage a launch could read: the backward op serves it, as before the eager Functions.
+    # no storage a launch could read: the backward op serves it, as it does through the custom op.
     _, _, public, _, inputs = case
     leaves = [t.clone().requires_grad_() for t in inputs]
     out = public(*leaves)
