@@ -22,11 +22,10 @@ type and chooser, jit helpers, kernels, wrappers, autograd):
 * Attention as models call it: ``flash_attention`` (SDPA's layout and options, grouped-query
   attention, head dims to 256, window, softcap, log-sum-exp) and ``flash_attention_reference``.
 * Linear cross-entropy: ``linear_cross_entropy_ref``, ``linear_cross_entropy``.
-* softmax(x) @ V in Gluon for Hopper: ``fused_softmax_gluon`` (compiled GPUs only; 16-bit, and
-  float32 as TF32 or tf32x3 products), which ``fused_softmax`` runs where it is the faster path.
-* Attention's forward in Gluon for Hopper: ``flash_attention_gluon``, which FlashAttentionTriton
-  runs for 16-bit problems where it is the faster kernel (``flash_forward_path``), and its
-  backward's dK and dV likewise (``flash_dkdv_path``).
+* Gluon on Hopper (compiled GPUs only), one section of kernels: ``fused_softmax_gluon`` (16-bit,
+  and float32 as TF32 or tf32x3 products) and ``flash_attention_gluon`` with its backward's dQ and
+  dK/dV kernels. Each op's plan (``fused_softmax_plan``, ``flash_plan``) names its Gluon path
+  beside its Triton ones where the Gluon kernel measured faster.
 """
 
 from __future__ import annotations
@@ -54,8 +53,9 @@ from online_softmax import (
     INTERPRET, OP_NAMESPACE, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
-    apply_transforms, backward_through_op, batch_first, eager_apply, eager_autograd, softmax_tangent, transformed,
+    backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
     DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
+    AutogradSpec,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -132,6 +132,35 @@ def _tf32_rounded(t):
 # instructions. Kernels read these constexprs; host code reads ``.value``.
 LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
+
+
+# Gluon, Hopper kernels written warp by warp: its modules here, or why they are unusable. Each
+# op's plan names its Gluon path beside its Triton ones; the Gluon kernels sit in one section at
+# the end of the module.
+_GLUON_DTYPES = (torch.float16, torch.bfloat16)
+# softmax(x) @ V takes float32 too, as TF32 products: one under 'high' and 'medium', three
+# (tf32x3: the weights and V each split into a TF32 value and the rest) under 'highest'.
+_GLUON_SOFTMAX_DTYPES = _GLUON_DTYPES + (torch.float32,)
+
+
+def _import_gluon():
+    """Gluon's modules, or the reason they are unusable here (None in the interpreter: Gluon kernels only compile)."""
+    if INTERPRET:
+        return None, "Gluon kernels do not run in the Triton interpreter"
+    try:
+        from triton.experimental import gluon
+        from triton.experimental.gluon import language as gl
+        from triton.experimental.gluon.language.nvidia.hopper import (
+            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
+        )
+        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+    except Exception as error:  # an older or newer triton whose Gluon lacks these names
+        return None, f"triton {triton.__version__} has no usable Gluon for Hopper ({error!r})"
+    return (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor), None
+
+
+_GLUON, GLUON_UNAVAILABLE = _import_gluon()
+GLUON_BLOCK_M = 64  # a consumer warpgroup's rows of x or queries: one warpgroup MMA's height
 
 
 @triton.jit
@@ -301,7 +330,7 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
 class FusedSoftmaxPlan:
     """What a ``fused_softmax`` call runs: path "gluon", "fused" (the Triton kernel) or
     "materialized" (``row_softmax``, then ``torch.bmm``); call "eager" (direct launches), "autograd"
-    (``_EagerFusedSoftmax``) or "op" (the custom op); the Triton tiles (the backward's too), the
+    (``_FUSED_AUTOGRAD``) or "op" (the custom op); the Triton tiles (the backward's too), the
     forward kernel's launch (a ``FusedLaunch`` or a ``GluonSoftmaxLaunch``), tl.dot's precision."""
 
     path: str
@@ -403,6 +432,109 @@ def _gluon_wins(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype, preci
     programs = batch * cdiv(d1, GLUON_SOFTMAX_ROWS) * cdiv(d3, gluon_softmax_launch(d2, d3, dtype, precision).block_d3)
     return any(kind == precision and low <= d3 <= high and d2 >= min_d2 and programs >= share * sms
                for kind, low, high, min_d2, share in GLUON_FUSED_WINS)
+
+
+GLUON_SOFTMAX_CONSUMERS = 2
+GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
+# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products):
+# 2 x 64 x 128 is 128 of its registers; 256 columns spill.
+GLUON_TF32X3_MAX_D3 = 128
+
+
+def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can: an sm_90 GPU with
+    Gluon, float16, bfloat16 or float32, non-empty inputs and what TMA needs (``_tma_reason``)."""
+    if GLUON_UNAVAILABLE is not None:
+        return GLUON_UNAVAILABLE
+    if not (isinstance(x, torch.Tensor) and isinstance(V, torch.Tensor)) or x.dim() != 3 or V.dim() != 3:
+        return "x and V must be 3-D tensors"
+    if x.device.type != "cuda" or V.device != x.device:
+        return "x and V must be on one CUDA device"
+    if x.dtype not in _GLUON_SOFTMAX_DTYPES or V.dtype != x.dtype:
+        return f"x and V must both be float16, bfloat16 or float32, got {x.dtype} and {V.dtype}"
+    if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
+        return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
+    return _gluon_unfit(*x.shape, V.shape[2], _tma_reason(x, V), _device_capability(_device_index(x.device)))
+
+
+def _tma_reason(x: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why TMA cannot read x and V (x alone in float32, whose V is copied into its TF32 parts
+    first: ``gluon_softmax_v_operand``), or None where it can (``tma_unreadable``)."""
+    try:
+        return tma_unreadable("x", x) or (None if x.dtype == torch.float32 else tma_unreadable("V", V))
+    except RuntimeError:  # no storage to read (a torch.func transform's tensor)
+        return "x and V hold no storage TMA can read"
+
+
+@dataclass(frozen=True)
+class GluonSoftmaxLaunch:
+    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring
+    slots, whether the two consumer warpgroups take turns to issue their products (pingpong),
+    whether a consumer rescales its accumulator only when a row's max grew by more than 8
+    (lazy_rescale; else at every step), and whether 16-bit weights reach the products through
+    shared memory (p_smem: 64 x block_n a consumer) rather than as their register operand.
+
+    A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
+    block_n x block_d3 (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype.
+    """
+
+    block_n: int
+    block_d3: int
+    stages: int = 2
+    pingpong: bool = False
+    lazy_rescale: bool = True
+    p_smem: bool = False
+
+    def check(self, dtype: torch.dtype = torch.bfloat16, precision: str | None = None) -> None:
+        """The fields' types and ranges, and the ring's shared memory and the accumulators'
+        registers for inputs of ``dtype`` under tl.dot's ``precision`` (``dot_precision``'s)."""
+        check_block("block_n", self.block_n, 16, 256)
+        check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
+        check_int("stages", self.stages, 2, 8)
+        check_flag("pingpong", self.pingpong)
+        check_flag("lazy_rescale", self.lazy_rescale)
+        check_flag("p_smem", self.p_smem)
+        if self.p_smem and dtype == torch.float32:
+            raise ValueError("p_smem is for 16-bit inputs: float32's TF32 weights stay in registers")
+        parts = _gluon_v_parts(dtype, precision)
+        if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
+            raise KernelCapacityError(
+                f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
+                f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
+                f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
+        # The ring: each slot's x and V tiles and its barriers; p_smem: the consumers' weights.
+        weights = GLUON_SOFTMAX_ROWS * self.block_n * dtype.itemsize if self.p_smem else 0
+        ring = self.stages * ((GLUON_SOFTMAX_ROWS + parts * self.block_d3) * self.block_n * dtype.itemsize + 32) + weights
+        if ring > _SHARED_MEMORY_BUDGET:
+            weights = f" and the weights' {GLUON_SOFTMAX_ROWS} x {self.block_n}" if self.p_smem else ""
+            raise KernelCapacityError(
+                f"{self.stages} slots of {GLUON_SOFTMAX_ROWS} x {self.block_n} x tiles and "
+                f"{parts} x {self.block_n} x {self.block_d3} V tiles of {dtype}{weights} need "
+                f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
+
+
+def _gluon_v_parts(dtype: torch.dtype, precision: str | None = None) -> int:
+    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest, each a
+    TF32 product's operand), else 1."""
+    return 2 if dtype == torch.float32 and (precision or dot_precision(dtype)) == "tf32x3" else 1
+
+
+def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16,
+                         precision: str | None = None) -> GluonSoftmaxLaunch:
+    """The default tiles for d2 and d3 in ``dtype`` under tl.dot's ``precision``: d3 in tiles of up
+    to 256 (the widest MMA; each tile repeats its rows' softmax), d2 in steps of up to 128 (64 in
+    float32: 256 bytes of a row) through 2 slots, the lazy rescale; narrower only where d2 or d3
+    is; 16 is the least (the MMA's K step for 16-bit operands, 32 bytes of a TMA box row). Under
+    tf32x3 d3 tiles of up to GLUON_TF32X3_MAX_D3. bfloat16 weights go through shared memory where
+    one d3 tile of 65 to 256 columns covers d3: as the register operand they take more byte
+    permutes than float16's. The choices and their figures: outputs/README.md, design notes: Gluon tiles."""
+    if dtype == torch.float32:
+        widest_d3 = GLUON_TF32X3_MAX_D3 if _gluon_v_parts(dtype, precision) == 2 else 256
+        return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
+                                  block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
+    return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
+                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2,
+                              p_smem=dtype == torch.bfloat16 and 64 < d3 <= 256)
 
 
 @triton.jit
@@ -771,13 +903,13 @@ def _fused_softmax_save(ctx, x, V, output, BLOCK_1: int, BLOCK_2: int) -> None:
     ctx.blocks = (BLOCK_1, BLOCK_2)
 
 
-def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
-    """(dx, dV), None where not needed, from the saved (x, V, out, lse). ``through_op`` (the op's
-    own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or one
-    with a tangent: torch's ops in float32, which the transforms see through; else the backward
+def _fused_softmax_grad(ctx, dout, need: tuple, through_op: bool) -> tuple:
+    """(dx, dV), None where not ``need``ed, from the saved (x, V, out, lse). ``through_op`` (the
+    op's own autograd) or where ``backward_through_op``: the backward op; a transform's gradient or
+    one with a tangent: torch's ops in float32, which the transforms see through; else the backward
     kernels launched directly."""
     x, V, out, lse = ctx.saved_tensors
-    need_x, need_V = ctx.needs_input_grad[:2]
+    need_x, need_V = need
     if not through_op and transformed(x, V, dout):
         P = torch.softmax(x.float(), dim=-1)
         dx = softmax_tangent(P, dout.float() @ V.float().transpose(-1, -2)).to(x.dtype)
@@ -790,65 +922,62 @@ def _fused_softmax_grad(ctx, dout, through_op: bool) -> tuple:
 
 
 _fused_softmax_op.register_autograd(
-    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, True), *[None] * 7),
+    lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[:2], True), *[None] * 7),
     setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
 
-class _EagerFusedSoftmax(torch.autograd.Function):
-    """``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
-    (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
-    directly, without the dispatcher's host time (its launch kept beside the plain calls'), the
-    backward likewise where it may; jvp and vmap for the transforms."""
+# ``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
+# (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
+# directly (its launch kept beside the plain calls'), the backward likewise where it may.
+def _fused_autograd_forward(x, V, plan):
+    key = replay_key((x, V), ((plan, "lse"),))
+    replay = None if key is None else _FUSED_REPLAYS.get(key)
+    if replay is not None:
+        out, lse = _fused_output(x, V), _fused_lse(x)
+        if replay(x, V, out, lse):
+            return out, lse
+    return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
-    @staticmethod
-    def forward(x, V, plan):
-        key = replay_key((x, V), ((plan, "lse"),))
-        replay = None if key is None else _FUSED_REPLAYS.get(key)
-        if replay is not None:
-            out, lse = _fused_output(x, V), _fused_lse(x)
-            if replay(x, V, out, lse):
-                return out, lse
-        return _launch_fused_softmax(x, V, plan, True, None if key is None else _FUSED_REPLAYS.keeper(key))
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, V, plan = inputs
-        _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
-        ctx.save_for_forward(x, V)
+def _fused_autograd_setup(ctx, inputs, output):
+    x, V, plan = inputs
+    _fused_softmax_save(ctx, x, V, output, plan.BLOCK_1, plan.BLOCK_2)
+    ctx.save_for_forward(x, V)
 
-    @staticmethod
-    def backward(ctx, dout, _dlse):
-        return *_fused_softmax_grad(ctx, dout, False), None
 
-    @staticmethod
-    def jvp(ctx, dx, dV, _):
-        x, V = ctx.saved_tensors
-        P = torch.softmax(x.float(), dim=-1)
-        tangent = 0
-        if dx is not None:
-            tangent = softmax_tangent(P, dx) @ V.float()
-        if dV is not None:
-            tangent = tangent + P @ dV.float()
-        return tangent.to(x.dtype), None
+def _fused_jvp(ctx, dx, dV, _):
+    x, V = ctx.saved_tensors
+    P = torch.softmax(x.float(), dim=-1)
+    tangent = 0
+    if dx is not None:
+        tangent = softmax_tangent(P, dx) @ V.float()
+    if dV is not None:
+        tangent = tangent + P @ dV.float()
+    return tangent.to(x.dtype), None
 
-    @staticmethod
-    def vmap(info, in_dims, x, V, plan):
-        x_dim, v_dim = in_dims[:2]
-        if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
-            x = x.movedim(x_dim, 1)
-            out, lse = _EagerFusedSoftmax.apply(x.flatten(1, 2), V, plan)
-            return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
-        # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
-        x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
-        V = batch_first(V, v_dim)
-        out, lse = _EagerFusedSoftmax.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
-        return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
 
-    @staticmethod
-    def reference(x, V, plan):
-        """What forward gives, in torch's ops (see ``apply_transforms``)."""
-        x32 = x.float()
-        return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
+def _fused_vmap(info, in_dims, x, V, plan):
+    x_dim, v_dim = in_dims[:2]
+    if v_dim is None:  # one V for the batch: x's batch joins its rows (d1), V is not copied
+        x = x.movedim(x_dim, 1)
+        out, lse = _FUSED_AUTOGRAD.apply(x.flatten(1, 2), V, plan)
+        return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
+    # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
+    x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    V = batch_first(V, v_dim)
+    out, lse = _FUSED_AUTOGRAD.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
+    return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
+
+
+def _fused_reference(x, V, plan):
+    x32 = x.float()
+    return (torch.softmax(x32, dim=-1) @ V.float()).to(x.dtype), torch.logsumexp(x32, dim=-1)
+
+
+_FUSED_AUTOGRAD = AutogradSpec(
+    "fused_softmax", forward=_fused_autograd_forward, setup=_fused_autograd_setup,
+    backward=lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[1:3], False), None),
+    jvp=_fused_jvp, vmap=_fused_vmap, reference=_fused_reference)
 
 
 def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, store_lse: bool,
@@ -871,7 +1000,7 @@ def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan,
     if plan.call == "eager":
         return _launch_fused_softmax(x, V, plan, False, keep)[0]
     if plan.call == "autograd":
-        return (apply_transforms if transformed(x, V) else eager_apply)(_EagerFusedSoftmax, x, V, plan)[0]
+        return _FUSED_AUTOGRAD.run(x, V, plan)[0]
     return _fused_softmax_op(x, V, *plan.op_args)[0]
 
 
@@ -932,7 +1061,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
 
 
 # Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
-# or of the plan for those that also store the log-sum-exp (``_EagerFusedSoftmax``).
+# or of the plan for those that also store the log-sum-exp (``_FUSED_AUTOGRAD``).
 _FUSED_REPLAYS = Replays()
 
 
@@ -1949,12 +2078,6 @@ def _unfused_forward(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | No
     return out
 
 
-# The op bodies' forwards by op, as tests trace them.
-_matmul_forward, _simple_forward, _tiled_forward = (
-    functools.partial(_family_forward, name)
-    for name in ("matmul", "matmul_softmax_fused_simple", "matmul_softmax_fused_tiled"))
-
-
 def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor:
     """dz = y * (dy - rowsum(y * dy)), (B, C) in y's dtype (as torch's softmax backward gives it)."""
     dz = torch.empty(y.shape, dtype=y.dtype, device=y.device)
@@ -2051,8 +2174,7 @@ def _matmul_family(name: str, x, W, launch: MatmulLaunch | None, checked: bool =
         check_matmul_call(name, x, W, launch)
     if needs_op(x, W):
         if eager_autograd(x, W):
-            apply = apply_transforms if transformed(x, W) else eager_apply
-            return apply(_EagerMatmulFamily, x, W, name, launch)
+            return _MATMUL_AUTOGRAD.run(x, W, name, launch)
         return _MATMUL_OPS[name](x, W, _launch_fields(launch))
     return _family_forward(name, x, W, launch, wrap=False, keep=None if key is None else _MATMUL_REPLAYS.keeper(key))
 
@@ -2062,63 +2184,60 @@ def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _matmul_family("matmul", a, b, None, checked=False)
 
 
-class _EagerMatmulFamily(torch.autograd.Function):
-    """A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes:
-    eager autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given
-    a batch of gradients takes the backward op."""
+# A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes: eager
+# autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given a batch
+# of gradients takes the backward op.
+def _matmul_autograd_setup(ctx, inputs, output):
+    x, W, name = inputs[:3]
+    ctx.softmax = name != "matmul"
+    saved = (x, W, output) if ctx.softmax else (x, W)
+    ctx.save_for_backward(*saved)
+    ctx.save_for_forward(*saved)
 
-    @staticmethod
-    def forward(x, W, name, launch):
-        return _matmul_family(name, x, W, launch, checked=False)  # grad is off in here, x and W plain
 
-    @staticmethod
-    def setup_context(ctx, inputs, output):
-        x, W, name = inputs[:3]
-        ctx.softmax = name != "matmul"
-        saved = (x, W, output) if ctx.softmax else (x, W)
-        ctx.save_for_backward(*saved)
-        ctx.save_for_forward(*saved)
+def _matmul_autograd_backward(ctx, dout):
+    x, W, *out = ctx.saved_tensors
+    need_x, need_W = ctx.needs_input_grad[1:3]
+    if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
+        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
+        dx, dW = dz @ W.t(), x.t() @ dz
+    elif backward_through_op(dout):
+        dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
+    else:
+        dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
+        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+    return (dx if need_x else None), (dW if need_W else None), None, None
 
-    @staticmethod
-    def backward(ctx, dout):
-        x, W, *out = ctx.saved_tensors
-        need_x, need_W = ctx.needs_input_grad[:2]
-        if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
-            dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-            dx, dW = dz @ W.t(), x.t() @ dz
-        elif backward_through_op(dout):
-            dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-        else:
-            dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-            dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-        return (dx if need_x else None), (dW if need_W else None), None, None
 
-    @staticmethod
-    def jvp(ctx, dx, dW, *_):
-        x, W, *out = ctx.saved_tensors
-        dz = 0
-        if dx is not None:
-            dz = dx @ W
-        if dW is not None:
-            dz = dz + x @ dW
-        return softmax_tangent(out[0], dz) if ctx.softmax else dz
+def _matmul_jvp(ctx, dx, dW, *_):
+    x, W, *out = ctx.saved_tensors
+    dz = 0
+    if dx is not None:
+        dz = dx @ W
+    if dW is not None:
+        dz = dz + x @ dW
+    return softmax_tangent(out[0], dz) if ctx.softmax else dz
 
-    @staticmethod
-    def vmap(info, in_dims, x, W, name, launch):
-        (x_dim, w_dim), n = in_dims[:2], info.batch_size
-        if w_dim is None:  # one W for the batch: its rows join x's
-            x = batch_first(x, x_dim)
-            out = _EagerMatmulFamily.apply(x.flatten(0, 1), W, name, launch)
-            return out.unflatten(0, x.shape[:2]), 0
-        xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
-        return torch.stack([_EagerMatmulFamily.apply(a, b, name, launch)
-                            for a, b in zip(xs, batch_first(W, w_dim))]), 0
 
-    @staticmethod
-    def reference(x, W, name, launch):
-        """What forward gives, in torch's ops (see ``apply_transforms``)."""
-        z = x.float() @ W.float()
-        return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
+def _matmul_vmap(info, in_dims, x, W, name, launch):
+    (x_dim, w_dim), n = in_dims[:2], info.batch_size
+    if w_dim is None:  # one W for the batch: its rows join x's
+        x = batch_first(x, x_dim)
+        out = _MATMUL_AUTOGRAD.apply(x.flatten(0, 1), W, name, launch)
+        return out.unflatten(0, x.shape[:2]), 0
+    xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    return torch.stack([_MATMUL_AUTOGRAD.apply(a, b, name, launch) for a, b in zip(xs, batch_first(W, w_dim))]), 0
+
+
+def _matmul_reference(x, W, name, launch):
+    z = x.float() @ W.float()
+    return (z if name == "matmul" else torch.softmax(z, dim=-1)).to(x.dtype)
+
+
+_MATMUL_AUTOGRAD = AutogradSpec(
+    "matmul / softmax(x @ W)", forward=lambda x, W, name, launch: _matmul_family(name, x, W, launch, checked=False),
+    setup=_matmul_autograd_setup, backward=_matmul_autograd_backward, jvp=_matmul_jvp, vmap=_matmul_vmap,
+    reference=_matmul_reference)
 
 
 @on_input_device
@@ -2543,6 +2662,64 @@ def _gluon_faster(batch: int, n_queries: int, d: int, is_causal: bool, sms: int)
             "dq": d == 128 or n_queries >= GLUON_DQ_D64_MIN_QUERIES,
             "dkdv": d == 128 or (not is_causal and n_queries >= GLUON_DKDV_D64_MIN_QUERIES)}
     return tuple(kernel for kernel in FLASH_KERNELS if wins[kernel])
+
+
+# Two consumers share the K and V ring: twice the products in flight a program.
+GLUON_FLASH_CONSUMERS = 2
+# Persistent (one program an SM looping over the tiles, the next tile's loads under the last
+# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
+# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
+GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
+
+
+def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
+    """Whether the Gluon attention forward runs a persistent grid for this shape (see above)."""
+    return not is_causal and n_keys <= GLUON_FLASH_PERSISTENT_MAX_KEYS
+
+
+GLUON_FLASH_HEAD_DIMS = (64, 128)  # the Gluon attention kernels' head dims
+# Keys a step of the Gluon dQ kernel: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
+# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
+GLUON_DQ_WIDE_MIN_KEYS = 8192
+
+
+def gluon_dq_block_n(d: int, n_keys: int) -> int:
+    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
+    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
+
+
+def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why the Gluon attention kernels cannot take (Q, K, V), or None when they can: an sm_90 GPU
+    with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs TMA reads (``tma_unreadable``)."""
+    if GLUON_UNAVAILABLE is not None:
+        return GLUON_UNAVAILABLE
+    if Q.device.type != "cuda":
+        return "Q, K and V must be CUDA tensors"
+    major, minor = _device_capability(_device_index(Q.device))
+    if (major, minor) != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
+    if Q.dtype not in _GLUON_DTYPES:
+        return f"Q, K and V must be float16 or bfloat16, got {Q.dtype}"
+    if Q.shape[-1] not in GLUON_FLASH_HEAD_DIMS:
+        return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {Q.shape[-1]}"
+    if Q.numel() == 0 or K.numel() == 0:
+        return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
+    for name, t in (("Q", Q), ("K", K), ("V", V)):
+        reason = tma_unreadable(name, t)
+        if reason is not None:
+            return reason
+    return None
+
+
+def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
+    """Why a TMA descriptor cannot read the 3-D tensor t, or None: it needs a contiguous last
+    dimension, a 16-byte aligned address and the first two strides positive multiples of 16 bytes."""
+    if t.stride(2) != 1:
+        return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
+    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
+        return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
+                f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
+    return None
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
@@ -4578,40 +4755,45 @@ def _sharded_row_loss(lse, linear, target, weight, plan: LinearCrossEntropyPlan)
     return torch.where(target == plan.ignore_index, 0.0, loss)
 
 
-class _VocabParallelLinearCrossEntropy(torch.autograd.Function):
-    """The op pair's bodies with the group's collectives between them (a custom op cannot take a
-    process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
-    merged over the group; the backward recomputes the shard's gradients and sums dx."""
+# The op pair's bodies with the group's collectives between them (a custom op cannot take a
+# process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
+# merged over the group; the backward recomputes the shard's gradients and sums dx. The forward
+# hands the "mean" denominator (else a 0-d 1) to the backward as a third, non-differentiable output.
+def _vocab_parallel_forward(x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
+    import torch.distributed as dist
 
-    @staticmethod
-    def forward(ctx, x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
-        import torch.distributed as dist
+    linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
+    lse = _group_logsumexp(lse_local, group)
+    dist.all_reduce(linear, group=group)
+    denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
+    loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
+    return loss, lse, lse.new_ones(()) if denominator is None else denominator
 
-        linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
-        lse = _group_logsumexp(lse_local, group)
-        dist.all_reduce(linear, group=group)
-        denominator = _mean_denominator(target, weight, plan) if plan.reduction == "mean" else None
-        loss = _reduce_rows(_sharded_row_loss(lse, linear, target, weight, plan), plan.reduction, denominator)
-        ctx.mark_non_differentiable(lse)
-        ctx.set_materialize_grads(False)
-        ctx.group, ctx.plan = group, plan
-        ctx.save_for_backward(x, W, bias, target, weight, lse, denominator)
-        return loss, lse
 
-    @staticmethod
-    def backward(ctx, dloss, dlse):
-        import torch.distributed as dist
+def _vocab_parallel_setup(ctx, inputs, output):
+    x, W, bias, target, weight, ctx.group, ctx.plan = inputs
+    ctx.set_materialize_grads(False)
+    ctx.save_for_backward(x, W, bias, target, weight, *output[1:])
 
-        if dloss is None:
-            return (None,) * 7
-        x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
-        grad_x, grad_W, grad_bias = ctx.needs_input_grad[:3]
-        factor = dloss.float() if denominator is None else dloss.float() / denominator
-        plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
-        dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
-        if grad_x:
-            dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
-        return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
+
+def _vocab_parallel_backward(ctx, dloss, dlse, ddenominator):
+    import torch.distributed as dist
+
+    if dloss is None:
+        return (None,) * 7
+    x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
+    grad_x, grad_W, grad_bias = ctx.needs_input_grad[1:4]
+    factor = dloss.float() / denominator if ctx.plan.reduction == "mean" else dloss.float()
+    plan = replace(ctx.plan, grad_x=grad_x, grad_W=grad_W, grad_bias=grad_bias)
+    dx, dW, db = _lce_backward(x, W, target, bias, weight, lse, factor, *plan.args())
+    if grad_x:
+        dist.all_reduce(dx, group=ctx.group)  # every shard's part of dx = G @ W, in x's dtype
+    return dx if grad_x else None, dW if grad_W else None, db if grad_bias else None, None, None, None, None
+
+
+_VOCAB_PARALLEL_AUTOGRAD = AutogradSpec("vocab_parallel_linear_cross_entropy", forward=_vocab_parallel_forward,
+                                        setup=_vocab_parallel_setup, backward=_vocab_parallel_backward,
+                                        non_differentiable=(1, 2))
 
 
 @on_input_device
@@ -4643,188 +4825,65 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      vocab_start=vocab_start, n_classes=n_classes)
     check_targets(target, n_classes, ignore_index)
-    loss, lse = _VocabParallelLinearCrossEntropy.apply(x2, W_shard, bias, t, weight, group, plan)
+    loss, lse = _VOCAB_PARALLEL_AUTOGRAD.run(x2, W_shard, bias, t, weight, group, plan)[:2]
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
 # ----------------------------------------------------------------------------------------------
-# softmax(x) @ V on Hopper in Gluon
+# Gluon on Hopper: softmax(x) @ V and FlashAttention (forward, dK/dV, dQ), warp-specialised
 # ----------------------------------------------------------------------------------------------
-# The compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after issuing it; Gluon
-# writes the overlap down. A program owns GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows of x and one
-# d3 tile of the output: a loader warp brings each step's x tile (all the program's rows) and V
-# tile into a ring by TMA, and each consumer warpgroup issues its products of step i - 1, runs
-# the online softmax of its 64 rows of step i, then waits for them. The two consumers share every
-# V tile (half the V traffic of one-warpgroup programs) and, on the same SM, one's softmax runs
-# under the other's products. BLOCK_M = 64 is one warpgroup MMA's height.
-GLUON_BLOCK_M = 64
-GLUON_SOFTMAX_CONSUMERS = 2
-GLUON_SOFTMAX_ROWS = GLUON_SOFTMAX_CONSUMERS * GLUON_BLOCK_M  # a program's rows of x
+# softmax(x) @ V: the compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after
+# issuing it; Gluon writes the overlap down. A program owns GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M
+# rows of x and one d3 tile of the output: a loader warp brings each step's x tile (all the
+# program's rows) and V tile into a ring by TMA, and each consumer warpgroup issues its products of
+# step i - 1, runs the online softmax of its 64 rows of step i, then waits for them. The two
+# consumers share every V tile (half the V traffic of one-warpgroup programs) and, on the same SM,
+# one's softmax runs under the other's products.
 # setmaxnreg: the loader warp (padded to a warpgroup) keeps 24 registers, each consumer 240
 # (24 x 128 + 2 x 240 x 128 = 63 K of the 64 K an SM has): a 64 x 256 float32 accumulator is 128
 # of them.
 GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
-# Under tf32x3 a consumer holds two float32 accumulators (the running one and a step's products):
-# 2 x 64 x 128 is 128 of its registers; 256 columns spill.
-GLUON_TF32X3_MAX_D3 = 128
 
-_GLUON_DTYPES = (torch.float16, torch.bfloat16)
-# softmax(x) @ V takes float32 too, as TF32 products: one under 'high' and 'medium', three
-# (tf32x3: the weights and V each split into a TF32 value and the rest) under 'highest'.
-_GLUON_SOFTMAX_DTYPES = _GLUON_DTYPES + (torch.float32,)
+# Forward: a tile is GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, one
+# GLUON_BLOCK_M for each consumer warpgroup; a program runs one tile or, persistent, one of every
+# so many. A loader warp brings each Q tile once, then K and V tiles of GLUON_FLASH_BLOCK_N keys
+# into a TMA ring both consumers read (a slot is refilled once both released it). Each consumer
+# issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i
+# only (MMAs finish in issue order), runs the online softmax of S_i while the tensor cores work on
+# P_{i-1} V_{i-1}, then waits for that and rescales O. Steps every query of the tile sees whole
+# skip the mask. Masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
+GLUON_FLASH_BLOCK_N = 128
+GLUON_FLASH_STAGES = 2
+# setmaxnreg for the second consumer (a multiple of 8): beside the loader's 40 (one warp padded
+# to a warpgroup), both consumers get 232 of the 64K.
+GLUON_FLASH_CONSUMER_REGISTERS = 232
+# The consumers take turns to issue their products (FlashAttention-3's ping-pong: one's softmax
+# under the other's MMAs), ordered by a pair of barriers in shared memory.
+GLUON_FLASH_PINGPONG = True
 
+# dK and dV: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M keys, each consumer owning
+# GLUON_BLOCK_M of them and streaming 64-query tiles of Q and dO through a TMA ring. A step's four
+# products are asynchronous: S^T and dP^T together, P^T's exp under dP^T, dV's product while dS^T
+# is made, dK's last.
+GLUON_DKDV_STAGES = 2
+GLUON_DKDV_CONSUMER_REGISTERS = 232
 
-def _import_gluon():
-    """Gluon's modules, or the reason they are unusable here (None in the interpreter: Gluon kernels only compile)."""
-    if INTERPRET:
-        return None, "Gluon kernels do not run in the Triton interpreter"
-    try:
-        from triton.experimental import gluon
-        from triton.experimental.gluon import language as gl
-        from triton.experimental.gluon.language.nvidia.hopper import (
-            fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait,
-        )
-        from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-    except Exception as error:  # an older or newer triton whose Gluon lacks these names
-        return None, f"triton {triton.__version__} has no usable Gluon for Hopper ({error!r})"
-    return (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, TensorDescriptor), None
+# dQ: a program a tile of the forward's queries (the heaviest causal ones first), each consumer
+# holding its Q and dO tiles and streaming K and V tiles of ``gluon_dq_block_n`` keys through a
+# TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
+# D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
+GLUON_DQ_STAGES = 2
+GLUON_DQ_CONSUMER_REGISTERS = 232
 
-
-_GLUON, GLUON_UNAVAILABLE = _import_gluon()
 if _GLUON is not None:
     (gluon, gl, fence_async_shared, mbarrier, tma, warpgroup_mma, warpgroup_mma_wait, GluonTensorDescriptor) = _GLUON
     # The TMA load and store were renamed after triton 3.6 (the old names now raise); same arguments.
     _tma_load = getattr(tma, "async_load", None) or tma.async_copy_global_to_shared
     _tma_store = getattr(tma, "async_store", None) or tma.async_copy_shared_to_global
-
-
-def gluon_softmax_unsupported(x: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why ``fused_softmax_gluon`` cannot take (x, V), or None when it can: an sm_90 GPU with
-    Gluon, float16, bfloat16 or float32, non-empty inputs and what TMA needs (``_tma_reason``)."""
-    if GLUON_UNAVAILABLE is not None:
-        return GLUON_UNAVAILABLE
-    if not (isinstance(x, torch.Tensor) and isinstance(V, torch.Tensor)) or x.dim() != 3 or V.dim() != 3:
-        return "x and V must be 3-D tensors"
-    if x.device.type != "cuda" or V.device != x.device:
-        return "x and V must be on one CUDA device"
-    if x.dtype not in _GLUON_SOFTMAX_DTYPES or V.dtype != x.dtype:
-        return f"x and V must both be float16, bfloat16 or float32, got {x.dtype} and {V.dtype}"
-    if x.shape[0] != V.shape[0] or x.shape[2] != V.shape[1]:
-        return f"shapes {tuple(x.shape)} and {tuple(V.shape)} do not make softmax(x) @ V"
-    return _gluon_unfit(*x.shape, V.shape[2], _tma_reason(x, V), _device_capability(_device_index(x.device)))
-
-
-def _tma_reason(x: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why TMA cannot read x and V (x alone in float32, whose V is copied into its TF32 parts
-    first: ``gluon_softmax_v_operand``), or None where it can (``tma_unreadable``)."""
-    try:
-        return tma_unreadable("x", x) or (None if x.dtype == torch.float32 else tma_unreadable("V", V))
-    except RuntimeError:  # no storage to read (a torch.func transform's tensor)
-        return "x and V hold no storage TMA can read"
-
-
-@dataclass(frozen=True)
-class GluonSoftmaxLaunch:
-    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring
-    slots, whether the two consumer warpgroups take turns to issue their products (pingpong),
-    whether a consumer rescales its accumulator only when a row's max grew by more than 8
-    (lazy_rescale; else at every step), and whether 16-bit weights reach the products through
-    shared memory (p_smem: 64 x block_n a consumer) rather than as their register operand.
-
-    A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
-    block_n x block_d3 (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype.
-    """
-
-    block_n: int
-    block_d3: int
-    stages: int = 2
-    pingpong: bool = False
-    lazy_rescale: bool = True
-    p_smem: bool = False
-
-    def check(self, dtype: torch.dtype = torch.bfloat16, precision: str | None = None) -> None:
-        """The fields' types and ranges, and the ring's shared memory and the accumulators'
-        registers for inputs of ``dtype`` under tl.dot's ``precision`` (``dot_precision``'s)."""
-        check_block("block_n", self.block_n, 16, 256)
-        check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
-        check_int("stages", self.stages, 2, 8)
-        check_flag("pingpong", self.pingpong)
-        check_flag("lazy_rescale", self.lazy_rescale)
-        check_flag("p_smem", self.p_smem)
-        if self.p_smem and dtype == torch.float32:
-            raise ValueError("p_smem is for 16-bit inputs: float32's TF32 weights stay in registers")
-        parts = _gluon_v_parts(dtype, precision)
-        if parts == 2 and self.block_d3 > GLUON_TF32X3_MAX_D3:
-            raise KernelCapacityError(
-                f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
-                f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
-                f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
-        # The ring: each slot's x and V tiles and its barriers; p_smem: the consumers' weights.
-        weights = GLUON_SOFTMAX_ROWS * self.block_n * dtype.itemsize if self.p_smem else 0
-        ring = self.stages * ((GLUON_SOFTMAX_ROWS + parts * self.block_d3) * self.block_n * dtype.itemsize + 32) + weights
-        if ring > _SHARED_MEMORY_BUDGET:
-            weights = f" and the weights' {GLUON_SOFTMAX_ROWS} x {self.block_n}" if self.p_smem else ""
-            raise KernelCapacityError(
-                f"{self.stages} slots of {GLUON_SOFTMAX_ROWS} x {self.block_n} x tiles and "
-                f"{parts} x {self.block_n} x {self.block_d3} V tiles of {dtype}{weights} need "
-                f"{ring // 1024} KiB of shared memory, more than {_SHARED_MEMORY_BUDGET // 1024} KiB")
-
-
-def _gluon_v_parts(dtype: torch.dtype, precision: str | None = None) -> int:
-    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest, each a
-    TF32 product's operand), else 1."""
-    return 2 if dtype == torch.float32 and (precision or dot_precision(dtype)) == "tf32x3" else 1
-
-
-def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
-    """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
-    (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
-    16-byte aligned (d2 rounded up to a multiple of 4 columns, which TMA never reads). ``keep`` receives
-    the launch (a ``Replay`` of (V, operand))."""
-    batch, d2, d3 = V.shape
-    out = _gluon_v_operand_buffer(V.shape, parts, V.device)
-    block = 64
-    grid = (cdiv(d2, block) * cdiv(d3, block), batch)
-    kernel = jit_kernel(tf32_transposed_parts_kernel, traced=False)
-    args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
-    options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
-    kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, 2)
-        if replay is not None:
-            keep(replay)
-    return out
-
-
-def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> torch.Tensor:
-    """An empty operand of ``gluon_softmax_v_operand`` for V of ``shape``."""
-    batch, d2, d3 = shape
-    return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
-
-
-def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16,
-                         precision: str | None = None) -> GluonSoftmaxLaunch:
-    """The default tiles for d2 and d3 in ``dtype`` under tl.dot's ``precision``: d3 in tiles of up
-    to 256 (the widest MMA; each tile repeats its rows' softmax), d2 in steps of up to 128 (64 in
-    float32: 256 bytes of a row) through 2 slots, the lazy rescale; narrower only where d2 or d3
-    is; 16 is the least (the MMA's K step for 16-bit operands, 32 bytes of a TMA box row). Under
-    tf32x3 d3 tiles of up to GLUON_TF32X3_MAX_D3. bfloat16 weights go through shared memory where
-    one d3 tile of 65 to 256 columns covers d3: as the register operand they take more byte
-    permutes than float16's. The choices and their figures: outputs/README.md, design notes: Gluon tiles."""
-    if dtype == torch.float32:
-        widest_d3 = GLUON_TF32X3_MAX_D3 if _gluon_v_parts(dtype, precision) == 2 else 256
-        return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
-                                  block_d3=max(16, min(widest_d3, next_power_of_2(d3))), stages=2)
-    return GluonSoftmaxLaunch(block_n=max(16, min(128, next_power_of_2(d2))),
-                              block_d3=max(16, min(256, next_power_of_2(d3))), stages=2,
-                              p_smem=dtype == torch.bfloat16 and 64 < d3 <= 256)
-
-
-if _GLUON is not None:
 
     @gluon.jit
     def _gluon_softmax_loader(x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
@@ -5144,138 +5203,6 @@ if _GLUON is not None:
                                      batch, off_m, off_d3, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
-
-@on_input_device
-def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
-    """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
-
-    x: (batch, d1, d2), V: (batch, d2, d3), float16, bfloat16 or float32 -> (batch, d1, d3) in
-    x's dtype, accumulated in float32; float32 products follow torch's float32 matmul setting
-    (TF32 under 'high' and 'medium', tf32x3 under 'highest'), with V first copied into its TF32
-    parts, d3 by d2 (``gluon_softmax_v_operand``: an allocation the size of V, or twice that under
-    'highest'). Only where ``gluon_softmax_unsupported(x, V)`` is None; otherwise a ValueError
-    says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
-    an input that requires grad is refused (``fused_softmax`` has the backward).
-    """
-    check_softmax_matmul_inputs(x, V)
-    if torch.is_grad_enabled() and (x.requires_grad or V.requires_grad):
-        raise RuntimeError("fused_softmax_gluon has no backward, and x or V requires grad: call fused_softmax, "
-                           "or call this under torch.no_grad()")
-    if transformed(x, V):
-        raise RuntimeError("fused_softmax_gluon has no derivative, and x or V carries a tangent (a dual tensor) "
-                           "or is a torch.func transform's tensor: call fused_softmax")
-    reason = gluon_softmax_unsupported(x, V)
-    if reason is not None:
-        raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")
-    if launch is not None:
-        if not isinstance(launch, GluonSoftmaxLaunch):
-            raise TypeError(f"launch must be a GluonSoftmaxLaunch, got {type(launch).__name__}")
-        launch.check(x.dtype)
-    out = _fused_output(x, V)
-    _gluon_fused_forward(x, V, out, None, launch)
-    return out
-
-
-def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
-                         launch: GluonSoftmaxLaunch | None = None, keep=None) -> None:
-    """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
-    rows' log-sum-exp). ``keep`` receives the launch as a ``DescriptorReplay`` of (x, V, out, lse),
-    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept; float32
-    as a ``ReplayChain`` of V's parts into a fresh operand, then the kernel."""
-    batch, d1, d2 = x.shape
-    d3 = V.shape[2]
-    launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
-    x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
-    parts = _gluon_v_parts(x.dtype)
-    kept = []
-    if x.dtype == torch.float32:
-        # TF32 products take V K-major from shared memory: its parts first, d3 by d2.
-        operand = gluon_softmax_v_operand(V, parts, None if keep is None else kept.append)
-        descs = _gluon_descriptors(gl.float32, (x, x_block), (operand, [1, 1, launch.block_d3, launch.block_n]))
-    else:
-        gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
-        descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
-    n_tiles_d3 = cdiv(d3, launch.block_d3)
-    grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
-    kernel = jit_kernel(fused_softmax_gluon_kernel, traced=False)
-    lse_strides = (0, 0) if lse is None else lse.stride()
-    args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
-    options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
-                   CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
-                   STORE_LSE=lse is not None, PARTS=parts, P_SMEM=launch.p_smem, num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, 4)
-        if replay is None:
-            return
-        replay = DescriptorReplay(replay, tuple(descs))
-        if x.dtype != torch.float32:
-            keep(replay)
-        elif kept:  # float32: V's parts into a fresh operand, then the kernel, over (x, V, out, lse, operand)
-            shape, device = tuple(V.shape), V.device
-            keep(ReplayChain((lambda x, V, out, lse: _gluon_v_operand_buffer(shape, parts, device),),
-                             ((kept[0], (1, 4)), (replay, (0, 4, 2, 3)))))
-
-
-# ----------------------------------------------------------------------------------------------
-# Gluon: FlashAttention on Hopper, warp-specialised (forward, dK/dV, dQ)
-# ----------------------------------------------------------------------------------------------
-# Forward: a tile is GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, one
-# GLUON_BLOCK_M for each consumer warpgroup; a program runs one tile or, persistent, one of every
-# so many. A loader warp brings each Q tile once, then K and V tiles of GLUON_FLASH_BLOCK_N keys
-# into a TMA ring both consumers read (a slot is refilled once both released it). Each consumer
-# issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i
-# only (MMAs finish in issue order), runs the online softmax of S_i while the tensor cores work on
-# P_{i-1} V_{i-1}, then waits for that and rescales O. Steps every query of the tile sees whole
-# skip the mask. Masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
-GLUON_FLASH_BLOCK_N = 128
-GLUON_FLASH_STAGES = 2
-# Two consumers share the K and V ring: twice the products in flight a program.
-GLUON_FLASH_CONSUMERS = 2
-# setmaxnreg for the second consumer (a multiple of 8): beside the loader's 40 (one warp padded
-# to a warpgroup), both consumers get 232 of the 64K.
-GLUON_FLASH_CONSUMER_REGISTERS = 232
-# The consumers take turns to issue their products (FlashAttention-3's ping-pong: one's softmax
-# under the other's MMAs), ordered by a pair of barriers in shared memory.
-GLUON_FLASH_PINGPONG = True
-# Persistent (one program an SM looping over the tiles, the next tile's loads under the last
-# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
-# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
-GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
-
-
-def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
-    """Whether the Gluon attention forward runs a persistent grid for this shape (see above)."""
-    return not is_causal and n_keys <= GLUON_FLASH_PERSISTENT_MAX_KEYS
-
-
-GLUON_FLASH_HEAD_DIMS = (64, 128)
-
-# dK and dV: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M keys, each consumer owning
-# GLUON_BLOCK_M of them and streaming 64-query tiles of Q and dO through a TMA ring. A step's four
-# products are asynchronous: S^T and dP^T together, P^T's exp under dP^T, dV's product while dS^T
-# is made, dK's last.
-GLUON_DKDV_STAGES = 2
-GLUON_DKDV_CONSUMER_REGISTERS = 232
-
-# dQ: a program a tile of the forward's queries (the heaviest causal ones first), each consumer
-# holding its Q and dO tiles and streaming K and V tiles of ``gluon_dq_block_n`` keys through a
-# TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
-# D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
-# Keys a step: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
-# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
-GLUON_DQ_WIDE_MIN_KEYS = 8192
-
-
-def gluon_dq_block_n(d: int, n_keys: int) -> int:
-    """Keys a step of the Gluon dQ kernel at head dimension d over n_keys keys (see above)."""
-    return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
-
-
-GLUON_DQ_STAGES = 2
-GLUON_DQ_CONSUMER_REGISTERS = 232
-
-if _GLUON is not None:
 
     @gluon.jit
     def _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL: gl.constexpr, BLOCK_Q: gl.constexpr,
@@ -5867,6 +5794,104 @@ if _GLUON is not None:
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
+def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
+    """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
+    (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
+    16-byte aligned (d2 rounded up to a multiple of 4 columns, which TMA never reads). ``keep`` receives
+    the launch (a ``Replay`` of (V, operand))."""
+    batch, d2, d3 = V.shape
+    out = _gluon_v_operand_buffer(V.shape, parts, V.device)
+    block = 64
+    grid = (cdiv(d2, block) * cdiv(d3, block), batch)
+    kernel = jit_kernel(tf32_transposed_parts_kernel, traced=False)
+    args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
+    options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
+    kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, 2)
+        if replay is not None:
+            keep(replay)
+    return out
+
+
+def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> torch.Tensor:
+    """An empty operand of ``gluon_softmax_v_operand`` for V of ``shape``."""
+    batch, d2, d3 = shape
+    return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
+
+
+@on_input_device
+def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftmaxLaunch | None = None) -> torch.Tensor:
+    """softmax(x, dim=-1) @ V by the warp-specialised Hopper kernel; what ``fused_softmax`` computes.
+
+    x: (batch, d1, d2), V: (batch, d2, d3), float16, bfloat16 or float32 -> (batch, d1, d3) in
+    x's dtype, accumulated in float32; float32 products follow torch's float32 matmul setting
+    (TF32 under 'high' and 'medium', tf32x3 under 'highest'), with V first copied into its TF32
+    parts, d3 by d2 (``gluon_softmax_v_operand``: an allocation the size of V, or twice that under
+    'highest'). Only where ``gluon_softmax_unsupported(x, V)`` is None; otherwise a ValueError
+    says why. ``launch`` overrides ``gluon_softmax_launch``'s tiles, for tuning. Forward only:
+    an input that requires grad is refused (``fused_softmax`` has the backward).
+    """
+    check_softmax_matmul_inputs(x, V)
+    if torch.is_grad_enabled() and (x.requires_grad or V.requires_grad):
+        raise RuntimeError("fused_softmax_gluon has no backward, and x or V requires grad: call fused_softmax, "
+                           "or call this under torch.no_grad()")
+    if transformed(x, V):
+        raise RuntimeError("fused_softmax_gluon has no derivative, and x or V carries a tangent (a dual tensor) "
+                           "or is a torch.func transform's tensor: call fused_softmax")
+    reason = gluon_softmax_unsupported(x, V)
+    if reason is not None:
+        raise ValueError(f"fused_softmax_gluon cannot take these inputs: {reason}")
+    if launch is not None:
+        if not isinstance(launch, GluonSoftmaxLaunch):
+            raise TypeError(f"launch must be a GluonSoftmaxLaunch, got {type(launch).__name__}")
+        launch.check(x.dtype)
+    out = _fused_output(x, V)
+    _gluon_fused_forward(x, V, out, None, launch)
+    return out
+
+
+def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
+                         launch: GluonSoftmaxLaunch | None = None, keep=None) -> None:
+    """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
+    rows' log-sum-exp). ``keep`` receives the launch as a ``DescriptorReplay`` of (x, V, out, lse),
+    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept; float32
+    as a ``ReplayChain`` of V's parts into a fresh operand, then the kernel."""
+    batch, d1, d2 = x.shape
+    d3 = V.shape[2]
+    launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
+    x_block = [1, GLUON_SOFTMAX_ROWS, launch.block_n]
+    parts = _gluon_v_parts(x.dtype)
+    kept = []
+    if x.dtype == torch.float32:
+        # TF32 products take V K-major from shared memory: its parts first, d3 by d2.
+        operand = gluon_softmax_v_operand(V, parts, None if keep is None else kept.append)
+        descs = _gluon_descriptors(gl.float32, (x, x_block), (operand, [1, 1, launch.block_d3, launch.block_n]))
+    else:
+        gl_dtype = gl.bfloat16 if x.dtype == torch.bfloat16 else gl.float16
+        descs = _gluon_descriptors(gl_dtype, (x, x_block), (V, [1, launch.block_n, launch.block_d3]))
+    n_tiles_d3 = cdiv(d3, launch.block_d3)
+    grid = (cdiv(d1, GLUON_SOFTMAX_ROWS) * n_tiles_d3, batch)
+    kernel = jit_kernel(fused_softmax_gluon_kernel, traced=False)
+    lse_strides = (0, 0) if lse is None else lse.stride()
+    args = (*descs, out, out if lse is None else lse, *out.stride(), *lse_strides, d1, d2, d3, n_tiles_d3)
+    options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
+                   CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
+                   STORE_LSE=lse is not None, PARTS=parts, P_SMEM=launch.p_smem, num_warps=GLUON_BLOCK_M // 16)
+    kernel[grid](*args, **options)
+    if keep is not None and isinstance(kernel, DirectLauncher):
+        replay = kernel.replay(grid, args, options, 4)
+        if replay is None:
+            return
+        replay = DescriptorReplay(replay, tuple(descs))
+        if x.dtype != torch.float32:
+            keep(replay)
+        elif kept:  # float32: V's parts into a fresh operand, then the kernel, over (x, V, out, lse, operand)
+            shape, device = tuple(V.shape), V.device
+            keep(ReplayChain((lambda x, V, out, lse: _gluon_v_operand_buffer(shape, parts, device),),
+                             ((kept[0], (1, 4)), (replay, (0, 4, 2, 3)))))
+
+
 @functools.lru_cache(maxsize=None)
 def _nvmma_layout(block: tuple, gl_dtype):
     """The shared-memory layout of a TMA tile of this block and dtype, built once (some us a call)."""
@@ -5877,40 +5902,6 @@ def _gluon_descriptors(gl_dtype, *tiles) -> list:
     """Host TMA descriptors of (tensor, block) pairs, each in the shared layout its block's tile takes."""
     return [GluonTensorDescriptor(t, list(t.shape), list(t.stride()), block, _nvmma_layout(tuple(block), gl_dtype))
             for t, block in tiles]
-
-
-def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why the Gluon attention kernels cannot take (Q, K, V), or None when they can: an sm_90 GPU
-    with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs TMA reads (``tma_unreadable``)."""
-    if GLUON_UNAVAILABLE is not None:
-        return GLUON_UNAVAILABLE
-    if Q.device.type != "cuda":
-        return "Q, K and V must be CUDA tensors"
-    major, minor = _device_capability(_device_index(Q.device))
-    if (major, minor) != (9, 0):
-        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
-    if Q.dtype not in _GLUON_DTYPES:
-        return f"Q, K and V must be float16 or bfloat16, got {Q.dtype}"
-    if Q.shape[-1] not in GLUON_FLASH_HEAD_DIMS:
-        return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {Q.shape[-1]}"
-    if Q.numel() == 0 or K.numel() == 0:
-        return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        reason = tma_unreadable(name, t)
-        if reason is not None:
-            return reason
-    return None
-
-
-def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
-    """Why a TMA descriptor cannot read the 3-D tensor t, or None: it needs a contiguous last
-    dimension, a 16-byte aligned address and the first two strides positive multiples of 16 bytes."""
-    if t.stride(2) != 1:
-        return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
-    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
-        return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
-                f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
-    return None
 
 
 @on_input_device

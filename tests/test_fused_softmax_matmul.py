@@ -695,9 +695,10 @@ bodies = {
         torch.float32, "tf32x3", 16, 16, 32, 4, 2, False, False), store_lse=True, wrap=True), 1),
     "fused_softmax_backward": (lambda x, V, out, lse, *_: f._fused_softmax_backward(x, V, out, lse, out, 16, 16,
                                                                                     True, True, wrap=True), 2),
-    "matmul (split K)": (lambda *a: f._matmul_forward(a[4], a[5], None, wrap=True), 1),
-    "simple": (lambda *a: f._simple_forward(a[4], a[5], None, wrap=True), 1),
-    "tiled (class tiles)": (lambda *a: f._tiled_forward(a[4], a[5], f.MatmulLaunch(16, 32, 16), wrap=True), 2),
+    "matmul (split K)": (lambda *a: f._family_forward("matmul", a[4], a[5], None, wrap=True), 1),
+    "simple": (lambda *a: f._family_forward("matmul_softmax_fused_simple", a[4], a[5], None, wrap=True), 1),
+    "tiled (class tiles)": (lambda *a: f._family_forward("matmul_softmax_fused_tiled", a[4], a[5],
+                                                         f.MatmulLaunch(16, 32, 16), wrap=True), 2),
     "matmul_softmax_backward": (lambda *a: f._matmul_backward(a[4], a[5], f._softmax_grad(a[6], a[6], wrap=True),
                                                               True, True, wrap=True), 3),
 }

@@ -319,15 +319,15 @@ def _eager_cases():
     yield ("OnlineSoftmax.apply", "OnlineSoftmax", lambda a: OnlineSoftmax.apply(a, 16, 16),
            lambda a: osm._online_softmax_op(a, 16, 16), (x3,))
     xv, v = randn((2, 20, 40), torch.float32, seed=71), randn((2, 40, 24), torch.float32, seed=72)
-    yield ("fused_softmax", "_EagerFusedSoftmax", lambda a, b: fsm.fused_softmax(a, b, 16, 16),
+    yield ("fused_softmax", "KernelFunction", lambda a, b: fsm.fused_softmax(a, b, 16, 16),
            lambda a, b: fsm._fused_softmax_op(a, b, *fsm._plan_call(a, b, 16, 16, None, None).op_args)[0], (xv, v))
     xw, w = randn((20, 48), torch.float32, seed=73), randn((48, 30), torch.float32, seed=74)
     for name in ("matmul_softmax_fused_tiled", "matmul"):
         op = fsm._MATMUL_OPS[name]
-        yield name, "_EagerMatmulFamily", getattr(fsm, name), lambda a, b, op=op: op(a, b, []), (xw, w)
+        yield name, "KernelFunction", getattr(fsm, name), lambda a, b, op=op: op(a, b, []), (xw, w)
     # x^T as a backward's dW takes it: its K stride divided (X_TRANSPOSED)
     xt = randn((48, 24), torch.float32, seed=75).t()
-    yield "matmul, x transposed", "_EagerMatmulFamily", fsm.matmul, lambda a, b: fsm._MATMUL_OPS["matmul"](a, b, []), (
+    yield "matmul, x transposed", "KernelFunction", fsm.matmul, lambda a, b: fsm._MATMUL_OPS["matmul"](a, b, []), (
         xt, randn((48, 40), torch.float32, seed=76))
 
 
@@ -352,7 +352,7 @@ def test_eager_autograd_matches_the_op(case):
 @pytest.mark.parametrize("case", list(_eager_cases()), ids=lambda case: case[0])
 def test_eager_autograd_takes_batched_gradients(case):
     # is_grads_batched (and vectorised jacobians) hand the backward a functorch batch, which has
-    # no storage a launch could read: the backward op serves it, as before the eager Functions.
+    # no storage a launch could read: the backward op serves it, as it does through the custom op.
     _, _, public, _, inputs = case
     leaves = [t.clone().requires_grad_() for t in inputs]
     out = public(*leaves)
@@ -371,7 +371,7 @@ class Tagged(torch.Tensor):
 def test_eager_autograd_leaves_subclasses_to_the_op():
     x = randn((4, 33), torch.float32, seed=78).as_subclass(Tagged).requires_grad_()
     y = osm.row_softmax(x)
-    assert "Eager" not in type(y.grad_fn).__name__
+    assert "KernelFunction" not in type(y.grad_fn).__name__
     (g,) = torch.autograd.grad(y, x, torch.ones_like(y))
     assert torch.allclose(g, torch.zeros_like(g), atol=1e-6)  # rows of a softmax sum to 1
 

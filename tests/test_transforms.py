@@ -264,7 +264,7 @@ def test_fake_tensor_mode(case, grad):
 @pytest.mark.parametrize("name", ["row_softmax", "fused_softmax", "matmul_softmax_fused_tiled"])
 def test_a_dead_transform_wrapper_outside_the_transform(name):
     """A tensor that escaped a finished torch.func.grad (a dead wrapper of a tensor that needs
-    grad) taken by an op afterwards: the eager Functions' C apply (``eager_apply``) unwraps it as
+    grad) taken by an op afterwards: KernelFunction's C apply (``eager_apply``) unwraps it as
     torch's apply does, and the gradient reaches the leaf as torch's would. (online_softmax is
     not a case: its reshape to 3-D hands its Function a plain tensor already.)"""
     op, reference, shape = CASES[name]
