@@ -101,6 +101,11 @@ class BenchGroup:
     # divided by the mean time ({"tokens_per_s": "tokens"}).
     aliases: dict = dataclasses.field(default_factory=dict)
     per_second: dict = dataclasses.field(default_factory=dict)
+    # A timing protocol of the group's own on a GPU, in place of --timer, the rounds and the
+    # harness's remeasures: (timer, its keyword arguments), e.g. ("do_bench", {"warmup": 1000,
+    # "rep": 10000}) for a figure comparable with one published under that call. The interpreter
+    # keeps its wall-clock rounds: triton.testing's timers need a GPU driver.
+    timer: tuple | None = None
 
     def csv_columns(self) -> list[str]:
         return list(self.columns) if self.spec else [*self.columns, "host_us", "failure"]
@@ -1861,9 +1866,22 @@ def worker_metadata(benchmark: dict):
 
 
 
-def timer_name(config) -> str:
-    """The timer the rounds came from, as the JSON records it: the interpreter's is the wall clock."""
-    return config.getoption("timer") if ON_GPU else "perf_counter"
+def timer_name(config, group: BenchGroup | None = None) -> str:
+    """The timer the rounds came from, as the JSON records it: the interpreter's is the wall clock;
+    a group's own protocol with its arguments, do_bench(warmup=1000, rep=10000)."""
+    if not ON_GPU:
+        return "perf_counter"
+    name, args = group_timer(group, config.getoption("timer")) if group else (config.getoption("timer"), {})
+    return f"{name}({', '.join(f'{k}={v}' for k, v in args.items())})" if args else name
+
+
+def group_timer(group: BenchGroup, timer: str, on_gpu: bool = ON_GPU) -> tuple[str, dict]:
+    """(timer, its arguments) a group's cases are measured with: the group's own protocol on a GPU,
+    else --timer's with its defaults."""
+    if group.timer and on_gpu:
+        name, args = group.timer
+        return name, dict(args)
+    return timer, {}
 
 
 def run_commit_info(config) -> dict:
@@ -2176,19 +2194,23 @@ def steady(measure_once, on_gpu: bool = ON_GPU) -> Timing:
 
 
 def measure(fn, rounds: int, warmup: int, timer: str = "events", flush=None, label: str = "",
-            disable_gc: bool = True) -> Timing:
+            disable_gc: bool = True, timer_args: dict | None = None) -> Timing:
     """Seconds per round of fn: the harness's one timing primitive (benchmarks, ceilings, sweeps).
 
     ``events``: EventTimer rounds, ``flush`` (the L2 flush) before each, ``warmup`` rounds first.
     ``do_bench`` / ``cudagraph``: triton.testing's timers, every sample they took (their own
-    warm-up and repetitions, in ms of GPU time; do_bench flushes L2 itself).
+    warm-up and repetitions, in ms of GPU time, given by ``timer_args``, else their defaults;
+    do_bench flushes L2 itself).
     """
+    timer_args = timer_args or {}
     if timer == "do_bench":
-        return Timing([ms * 1e-3 for ms in triton.testing.do_bench(fn, return_mode="all")])
+        return Timing([ms * 1e-3 for ms in triton.testing.do_bench(fn, return_mode="all", **timer_args)])
     if timer == "cudagraph":  # captures on a stream of its own
-        return Timing([ms * 1e-3 for ms in triton.testing.do_bench_cudagraph(fn, return_mode="all")])
+        return Timing([ms * 1e-3 for ms in triton.testing.do_bench_cudagraph(fn, return_mode="all", **timer_args)])
     if timer != "events":
         raise ValueError(f"timer must be one of {TIMERS}, got {timer!r}")
+    if timer_args:
+        raise ValueError(f"timer events takes rounds and warmup, not {sorted(timer_args)}")
     spin_cycles, spin_ms = spin_cycles_for(fn)
     timed = EventTimer(label, spin_cycles, spin_ms, before_retry=flush)
     run = timed.measured(fn)
@@ -2386,7 +2408,7 @@ def record_failure(config, group: BenchGroup, nodeid: str, row: dict, exc: Excep
 def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timing", extra: dict) -> None:
     """The measured rounds into pytest-benchmark's statistics, the row's keys and measured values
     into its extra_info, and the finished row onto disk."""
-    replay = ReplayTimer(timer_name(config), timing.seconds)
+    replay = ReplayTimer(timer_name(config, group), timing.seconds)
     benchmark._timer = replay  # pytest-benchmark has no public way to set a fixture's timer
     if isinstance(config.bench_run, WorkerRows):
         # A worker's pytest-benchmark session is off (xdist): the fixture still computes the
@@ -2396,7 +2418,7 @@ def record_rounds(config, benchmark, group: BenchGroup, row: dict, timing: "Timi
     benchmark.pedantic(replay.next_round, rounds=len(timing.seconds), warmup_rounds=0, iterations=1)
     extra = {**extra, "stalled_rounds": timing.stalled_rounds, "host_bound": timing.host_bound,
              "mean_over_median": timing.skew(), "remeasured": timing.remeasured,
-             "discarded_ms": timing.discarded_ms or None, **run_info(config)}
+             "discarded_ms": timing.discarded_ms or None, **run_info(config), "timer": timer_name(config, group)}
     assert set(extra) <= HARNESS_KEYS
     benchmark.extra_info.update({k: _jsonable(v) for k, v in {**row, **extra}.items()})
     if config.bench_run is not None:
@@ -2443,8 +2465,11 @@ def measure_case(config, benchmark, nodeid: str, group: BenchGroup, build, dtype
     scratch = torch.empty(L2_FLUSH_BYTES // 4, dtype=torch.int32, device="cuda") \
         if (config.getoption("l2_flush") and ON_GPU) else None
     flush = (lambda: scratch.zero_()) if scratch is not None else None
-    timing = steady(lambda: measure(fn, rounds, warmup, timer=config.getoption("timer"), flush=flush, label=nodeid,
-                                    disable_gc=bool(bs.options["disable_gc"])))
+    timer, timer_args = group_timer(group, config.getoption("timer"))
+    # A group's own protocol is one call of its timer, taken as it comes (as its publisher takes it).
+    timing = steady(lambda: measure(fn, rounds, warmup, timer=timer, flush=flush, label=nodeid,
+                                    disable_gc=bool(bs.options["disable_gc"]), timer_args=timer_args),
+                    on_gpu=ON_GPU and not group.timer)
     extra = {"forward_peak_MiB": peak, "forward_extra_MiB": extra_mib, "rel_error": rel_error,
              "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
     return timing, extra

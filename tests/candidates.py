@@ -18,8 +18,8 @@ A candidate never stops the run: a module that does not import, a name whose cal
 case it refuses or gets wrong are each recorded with the reason. At the end of the session a
 report per candidate and name (cases passed and failed by class, the first failure of each class
 with its input, the speed-ups where it ran) is printed and written as ``candidate_report.txt`` and
-``candidate_report.json`` into the outputs directory (``outputs/candidates/`` by default, beside
-no committed table of the project's own).
+``candidate_report.json`` into the outputs directory, beside the run's JSON and CSVs
+(``outputs/<GPU>/candidates/`` unless ``--outputs-dir`` says otherwise: never the record's own).
 
 Ops join by one ``Op`` entry in ``OPS`` and their names by one entry each in ``NAMES``.
 """
@@ -880,7 +880,7 @@ def pytest_runtest_logreport(report):
 def pytest_sessionfinish(session):
     """After the harness has written the run's JSON: the report beside it."""
     config = session.config
-    if not CANDIDATES or hasattr(config, "workerinput"):
+    if not CANDIDATES or hasattr(config, "workerinput") or config.option.collectonly:
         return
     written = getattr(config, "bench_written", None)
     data = json.loads(written[0].read_text(encoding="utf-8")) if written else None

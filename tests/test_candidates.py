@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -72,8 +73,31 @@ def test_example_report(tmp_path):
                                             for b in no_rescale["benchmarks"]), no_rescale["benchmarks"]
     text = (tmp_path / "candidate_report.txt").read_text()
     assert "FAILED edge values, gradient" in text and "x torch" in text
+    assert f"FAILED {', '.join(no_rescale['failed_classes'])}" in text and "all passed" in text
     table = (tmp_path / "softmax_benchmark.csv").read_text()
     assert "candidate:example.online_softmax" in table and "candidate:example.row_softmax" in table
+
+
+def test_a_candidate_run_writes_beside_the_record_never_over_it(monkeypatch):
+    """Without --outputs-dir a --candidate run's JSON, tables and report go to the GPU kind's
+    candidates/ directory, even with --record-part all (which alone writes the record); a directory
+    given is taken as given."""
+    from conftest import PART_SETS, committed_dir, outputs_dir
+
+    monkeypatch.setattr(candidates, "CANDIDATES", [])  # this session's own candidates stay as they are
+
+    def configured(specs, outputs=None, parts=()):
+        option = SimpleNamespace(candidate=specs, outputs_dir=outputs)
+        config = SimpleNamespace(option=option, getoption=lambda name: getattr(option, name),
+                                 bench_parts=parts, bench_part_names=parts)
+        candidates.configure(config)
+        return outputs_dir(config)
+
+    mine = ["example=tests/candidate_example.py"]
+    assert configured(mine, parts=PART_SETS["all"]) == committed_dir() / "candidates"
+    assert configured(mine) == committed_dir() / "candidates"
+    assert configured(mine, outputs="/tmp/elsewhere") == Path("/tmp/elsewhere").resolve()
+    assert configured([], parts=PART_SETS["all"]) == committed_dir(), "a run without candidates is the record's"
 
 
 class _NewStyle(torch.autograd.Function):

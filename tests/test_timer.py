@@ -6,9 +6,11 @@ import pytest
 
 import torch
 
+import triton.testing
+
 from conftest import (
-    DISTURBED_SKEW, MAX_REMEASURES, REFERENCE_GPU, ROOT, SPIN_CAP_MS, Ceilings, EventTimer, ReplayTimer, Timing,
-    committed_dir, compiled_op, derive_metrics, remeasure_note, steady,
+    DISTURBED_SKEW, MAX_REMEASURES, REFERENCE_GPU, ROOT, SPIN_CAP_MS, BenchGroup, Ceilings, EventTimer, ReplayTimer,
+    Timing, committed_dir, compiled_op, derive_metrics, group_timer, measure, remeasure_note, steady,
 )
 from support import DEVICE
 
@@ -130,6 +132,48 @@ def test_the_summary_names_measurements_taken_again_or_still_disturbed():
     quiet = {"mean_over_median": 1.05, "remeasured": 0, "discarded_ms": None, "forward_ms_mean": 1.0}
     assert remeasure_note(quiet) is None
     assert remeasure_note({"mean_over_median": None, "remeasured": None, "forward_ms_mean": 1.0}) is None, "older runs"
+
+
+# ----------------------------------------------------------------------------------------------
+# A group's own timing protocol (the course leaderboard's do_bench call)
+# ----------------------------------------------------------------------------------------------
+def _group(**kw):
+    return BenchGroup(name="probe", csv="probe.csv", columns=("n", "impl"), case=("n",), impls=("a",), **kw)
+
+
+def test_a_group_protocol_replaces_the_timer_on_a_gpu_only():
+    course = _group(timer=("do_bench", {"warmup": 1000, "rep": 10000}))
+    assert group_timer(course, "events", on_gpu=True) == ("do_bench", {"warmup": 1000, "rep": 10000})
+    assert group_timer(course, "cudagraph", on_gpu=True) == ("do_bench", {"warmup": 1000, "rep": 10000}), "over --timer"
+    assert group_timer(course, "events", on_gpu=False) == ("events", {}), "the interpreter keeps its wall clock"
+    assert group_timer(_group(), "do_bench", on_gpu=True) == ("do_bench", {}), "--timer as before elsewhere"
+    assert BenchGroup.from_layout(course.layout()).timer == course.timer, "rebuilt from a run's JSON"
+
+
+def test_the_group_timer_is_called_with_the_groups_arguments(monkeypatch):
+    calls = []
+
+    def do_bench(fn, **kw):
+        calls.append(kw)
+        fn()
+        return [1.25, 1.5]
+
+    monkeypatch.setattr(triton.testing, "do_bench", do_bench)
+    timer, args = group_timer(_group(timer=("do_bench", {"warmup": 1000, "rep": 10000})), "events", on_gpu=True)
+    ran = []
+    timing = measure(lambda: ran.append(1), rounds=30, warmup=10, timer=timer, timer_args=args)
+    assert calls == [{"return_mode": "all", "warmup": 1000, "rep": 10000}] and ran == [1]
+    assert timing.seconds == pytest.approx([1.25e-3, 1.5e-3]), "every sample, in seconds, not the group's rounds"
+    measure(lambda: None, rounds=30, warmup=10, timer="do_bench")
+    assert calls[-1] == {"return_mode": "all"}, "--timer do_bench keeps triton's defaults"
+    with pytest.raises(ValueError, match="rounds and warmup"):
+        measure(lambda: None, rounds=1, warmup=0, timer="events", timer_args={"rep": 10})
+
+
+def test_the_leaderboard_is_timed_by_the_course_protocol():
+    from test_bench_flash_attention import LEADERBOARD
+
+    assert LEADERBOARD.timer == ("do_bench", {"warmup": 1000, "rep": 10000})
 
 
 # ----------------------------------------------------------------------------------------------
