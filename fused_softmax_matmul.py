@@ -1062,7 +1062,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
 
 # Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
 # or of the plan for those that also store the log-sum-exp (``_FUSED_AUTOGRAD``).
-_FUSED_REPLAYS = Replays()
+_FUSED_REPLAYS = Replays("fused_softmax")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2139,7 +2139,7 @@ def _family_op(name: str):
 
 _MATMUL_OPS = {name: _family_op(name) for name in ("matmul", "matmul_softmax_unfused", "matmul_softmax_fused_simple",
                                                    "matmul_softmax_fused_tiled")}
-_MATMUL_REPLAYS = Replays()
+_MATMUL_REPLAYS = Replays("matmul")
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -3191,7 +3191,7 @@ def _flash_key(tensors: tuple, is_causal) -> tuple | None:
 
 # Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
 # halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
-_FLASH_REPLAYS = Replays()
+_FLASH_REPLAYS = Replays("flash_attention")
 
 
 def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal, launches: dict | None,
