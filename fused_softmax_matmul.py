@@ -1062,7 +1062,7 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
 
 # Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
 # or of the plan for those that also store the log-sum-exp (``_FUSED_AUTOGRAD``).
-_FUSED_REPLAYS = Replays()
+_FUSED_REPLAYS = Replays("fused_softmax")
 
 
 # ----------------------------------------------------------------------------------------------
@@ -2139,7 +2139,7 @@ def _family_op(name: str):
 
 _MATMUL_OPS = {name: _family_op(name) for name in ("matmul", "matmul_softmax_unfused", "matmul_softmax_fused_simple",
                                                    "matmul_softmax_fused_tiled")}
-_MATMUL_REPLAYS = Replays()
+_MATMUL_REPLAYS = Replays("matmul")
 
 
 _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
@@ -3183,21 +3183,16 @@ def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: 
                       capability=capability, tma=tma, launches=launches)
 
 
-def _flash_key(tensors: tuple, is_causal) -> tuple | None:
-    """The key a call's kept launches go under (``replay_key``). Forward keys hold three tensors,
-    backward keys four or six: one cache holds both."""
-    return replay_key(tensors, (is_causal, _float32_matmul_precision()))
-
-
 # Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
 # halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
-_FLASH_REPLAYS = Replays()
+_FLASH_REPLAYS = Replays("flash_attention")
 
 
-def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal, launches: dict | None,
-                   key) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(O, L, is_causal as a bool) of FlashAttentionTriton's forward: the launch kept under ``key``
-    (None: none), else checks, plan and launch (kept under ``key``)."""
+def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
+                   launches: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(O, L, is_causal as a bool) of FlashAttentionTriton's forward: the launch kept by an earlier
+    call (none under a launch override), else checks, plan and launch (kept)."""
+    key = None if launches is not None else replay_key((Q, K, V), (is_causal, _float32_matmul_precision()))
     kept = _FLASH_REPLAYS.get(key) if key is not None else None
     if kept is not None:
         O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
@@ -3220,15 +3215,17 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
 
 
 def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
-                    dO: torch.Tensor, is_causal: bool, launches: dict | None,
-                    key) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                    dO: torch.Tensor, is_causal: bool, launches: dict | None = None,
+                    keyed: tuple = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
-    Q's dtype: the chain kept under ``key``, else the plan's two kernels (kept as one chain)."""
+    Q's dtype: the chain an earlier call kept under (Q, K, V, dO, *keyed), else the plan's two
+    kernels (kept as one chain)."""
     dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     if Q.numel() == 0:
         return dQ.zero_(), dK.zero_(), dV.zero_()
     if _through_ops(Q, launches):
         return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
+    key = None if launches is not None else replay_key((Q, K, V, dO, *keyed), (is_causal, _float32_matmul_precision()))
     chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
@@ -3253,29 +3250,22 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     return dQ, dK, dV
 
 
-def _flash_forward_fake(Q, K, V, is_causal):
-    return Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)
-
-
-@kernel_op("flash_forward_by_path", _flash_forward_fake, opaque=True)
+@kernel_op("flash_forward_by_path", lambda Q, K, V, is_causal: (
+    Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)), opaque=True)
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs and sharing
-    eager calls' kept launches: what compiled calls run where ``compiled_gluon_route`` holds."""
-    O, L, _ = _flash_forward(Q, K, V, is_causal, None, _flash_key((Q, K, V), is_causal))
-    return O, L
+    """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs: what
+    compiled calls run where ``compiled_gluon_route`` holds."""
+    return _flash_forward(Q, K, V, is_causal)[:2]
 
 
-def _flash_backward_fake(Q, K, V, O, L, dO, is_causal):
-    return torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
-
-
-@kernel_op("flash_backward_by_path", _flash_backward_fake, opaque=True)
+@kernel_op("flash_backward_by_path", lambda Q, K, V, O, L, dO, is_causal: (
+    torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)), opaque=True)
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
     unchecked). O and L are in the key: a direct call's need not be fresh and contiguous."""
-    return _flash_backward(Q, K, V, O, L, dO, is_causal, None, _flash_key((Q, K, V, dO, O, L), is_causal))
+    return _flash_backward(Q, K, V, O, L, dO, is_causal, keyed=(O, L))
 
 
 class FlashAttentionTriton(torch.autograd.Function):
@@ -3298,10 +3288,8 @@ class FlashAttentionTriton(torch.autograd.Function):
         if device is not None:  # Q's device current for the launches, as torch's ops run
             with torch.cuda.device(device):
                 return FlashAttentionTriton.forward(ctx, Q, K, V, is_causal, launches)
-        key = None if launches is not None else _flash_key((Q, K, V), is_causal)
-        O, L, is_causal = _flash_forward(Q, K, V, is_causal, launches, key)
+        O, L, ctx.is_causal = _flash_forward(Q, K, V, is_causal, launches)
         ctx.save_for_backward(Q, K, V, O, L)
-        ctx.is_causal = is_causal
         ctx.launches = launches  # a call with an override keeps no launch, backward included
         return O
 
@@ -3311,11 +3299,9 @@ class FlashAttentionTriton(torch.autograd.Function):
         if _differentiates_twice():
             return (*flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal), None, None)
         # One operand dtype, and dense rows: a stride-0 dO (y.sum()'s gradient) would be read an
-        # element at a time in every tile, where one copy costs one pass.
+        # element at a time in every tile; O and L are the forward's own, fresh and contiguous.
         dO = dO.to(Q.dtype).contiguous()
-        # O and L are the forward's own (fresh, contiguous): Q's shape and dtype decide theirs.
-        key = None if ctx.launches is not None else _flash_key((Q, K, V, dO), ctx.is_causal)
-        return (*_flash_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches, key), None, None)
+        return (*_flash_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches), None, None)
 
 
 # ==============================================================================================

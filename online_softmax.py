@@ -870,23 +870,18 @@ KEPT_LAUNCHES: dict = {}
 class Replays(dict):
     """Op ``name``'s shelf in the one store of kept launches (``KEPT_LAUNCHES``): a dict by
     ``replay_key``, so a call's lookup stays one dict lookup. ``Replays(name)`` gives the same
-    shelf every time (no name: a shelf of its own). One size policy for all shelves
-    (``KEPT_LAUNCH_LIMIT``), one place to empty them (``forget_kept_launches``)."""
+    shelf every time. One size policy for all shelves (``KEPT_LAUNCH_LIMIT``), one place to
+    empty them (``forget_kept_launches``)."""
 
-    _unnamed = 0
-
-    def __new__(cls, name: str | None = None):
-        if name is None:
-            cls._unnamed += 1
-            name = f"<unnamed {cls._unnamed}>"
+    def __new__(cls, name: str):
         shelf = KEPT_LAUNCHES.get(name)
         if shelf is None:
             shelf = KEPT_LAUNCHES[name] = super().__new__(cls)
             shelf.name = name
         return shelf
 
-    def __init__(self, name: str | None = None):  # noqa: ARG002 - the shelf is kept, not emptied
-        super().__init__()
+    def __init__(self, name: str):  # noqa: ARG002 - the shelf is kept, not emptied
+        pass
 
     def keeper(self, key):
         """A function that keeps its one argument, a Replay or ReplayChain, under ``key``."""

@@ -381,7 +381,7 @@ def test_kept_launches_are_one_store_emptied_when_full(monkeypatch):
     monkeypatch.setattr(osm, "KEPT_LAUNCHES", {})
     monkeypatch.setattr(osm, "KEPT_LAUNCH_LIMIT", 3)
     first, other = osm.Replays("first"), osm.Replays("other")
-    assert osm.Replays("first") is first and osm.Replays() is not osm.Replays()
+    assert osm.Replays("first") is first and osm.Replays("other") is not first
     first.keeper("a")("A")
     assert osm.Replays("first") == {"a": "A"}  # asked again, the shelf keeps what it holds
     other.keeper("a")("B")
