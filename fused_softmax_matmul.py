@@ -3489,9 +3489,13 @@ class AttentionPlan:
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """Tiles by the widest padded head dim: the course's up to 128; at 256 halved so that the
+    """Tiles by the widest padded head dim: the course's up to 128 (16-bit 128: smaller); at 256 halved so that the
     forward's Q, K and V tiles fit an H100 block's shared memory and its float32 accumulator
     takes 8 warps, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
+    if head_dim == 128 and dtype != torch.float32:
+        # 16-bit at d 128 the general kernels ran faster on 4 warps, dK/dV on 32-query tiles
+        # (see outputs/README.md, design notes: general attention tiles).
+        return {**flash_launches(128, dtype), "forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 3)}
     if head_dim <= 128:
         return flash_launches(head_dim, dtype)
     if dtype == torch.float32:
