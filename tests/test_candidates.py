@@ -51,7 +51,7 @@ def test_example_report(tmp_path):
     right = names["online_softmax"]
     assert right["failed"] == 0 and right["passed"] >= 15, right
     assert set(right["classes"]) == set(candidates.CLASSES)
-    assert right["called_as"].startswith("online_softmax(x); ") and "BLOCK_1=16, BLOCK_2=32 left at their defaults" in right["called_as"]
+    assert right["called_as"].startswith("online_softmax(x); ") and "BLOCK_1=8, BLOCK_2=1024 left at their defaults" in right["called_as"]
 
     no_rescale = names["OnlineSoftmax"]
     assert no_rescale["called_as"].startswith("OnlineSoftmax.apply(x); ")
