@@ -151,6 +151,14 @@ def torch_error_bound(torch_fn, error, inputs: tuple, factor: float = 2.0) -> fl
     return error_bound(error(torch_fn(*inputs), inputs), inputs[0].dtype, factor)
 
 
+def compiled_at_one_case(impl: str, case, chosen) -> None:
+    """Skip the ``triton_compiled`` row of every case but ``chosen`` (a pytest.param or its
+    values): a compile per shape, its time within a few percent of the eager launch's
+    (tests/test_bench_softmax_matmul.py says why)."""
+    if impl == "triton_compiled" and list(case) != list(getattr(chosen, "values", chosen)):
+        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
+
+
 def matmul_roundoff(dtype: torch.dtype) -> float:
     """Unit roundoff of a product's operands in dtype under torch's float32 matmul precision (the
     kernels follow it): TF32 keeps 10 fraction bits ("high"), bfloat16 7 ("medium")."""

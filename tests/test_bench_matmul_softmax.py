@@ -18,7 +18,7 @@ from fused_softmax_matmul import (
     matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
     matmul_softmax_unfused,
 )
-from support import DEVICE, DTYPES, ON_GPU, torch_error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
+from support import DEVICE, DTYPES, ON_GPU, compiled_at_one_case, torch_error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
 
 GROUP = BenchGroup(
     name="matmul_softmax",
@@ -82,8 +82,7 @@ def matmul_softmax_bound(inputs) -> float:
 @pytest.mark.parametrize("impl", IMPL_NAMES)
 @pytest.mark.parametrize("B,K,C,dtype", CASES)
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
-    if impl == "triton_compiled" and [B, K, C, dtype] != list(getattr(CASES[0], "values", CASES[0])):
-        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
+    compiled_at_one_case(impl, (B, K, C, dtype), CASES[0])
     kernel = CALLER_OF if impl in ("triton_compiled", "triton_graph") else impl  # the kernel that runs
     if kernel.startswith("candidate:"):
         kernel = "triton_fused_simple"  # a candidate is charged the least traffic: one pass, logits on chip

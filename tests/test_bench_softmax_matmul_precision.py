@@ -14,7 +14,7 @@ import torch
 from conftest import BenchGroup
 from fused_softmax_matmul import softmax_matmul_flops
 import support
-from support import DTYPES, ON_GPU
+from support import DTYPES, ON_GPU, compiled_at_one_case
 # The softmax_matmul group's implementations, shape and builders, at every precision.
 from test_bench_softmax_matmul import (
     CALLER_FORMS, COMPILE, IMPLS, SPEC, SPEC_BLOCKS, build_softmax_matmul, softmax_matmul_bound, softmax_matmul_bytes, softmax_matmul_error,
@@ -51,8 +51,7 @@ matmul_precision = support.matmul_precision  # the fixture, under this module's 
 @pytest.mark.parametrize("impl,block", IMPL_BLOCKS)
 @pytest.mark.parametrize("dtype,precision,d2", CASES)
 def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl, block):
-    if impl == "triton_compiled" and (dtype, d2) != ("bfloat16", max(c[2] for c in CASES)):
-        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
+    compiled_at_one_case(impl, (dtype, d2), ("bfloat16", max(c[2] for c in CASES)))
     matmul_precision(precision)
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     torch_dtype = DTYPES[dtype]
