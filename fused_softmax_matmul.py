@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, OP_NAMESPACE, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
+    INTERPRET, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
