@@ -7,6 +7,8 @@ interpreter (no GPU) before this module imports.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import torch
 import torch._functorch.config
@@ -29,6 +31,15 @@ DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.
 # Unit roundoff of each dtype: the scale of one rounding error, used as an error floor where
 # PyTorch's own error can be zero (tiny problems whose result is exactly representable).
 UNIT_ROUNDOFF = {torch.float32: 2.0**-24, torch.float16: 2.0**-11, torch.bfloat16: 2.0**-8}
+
+
+# The committed records: outputs/<GPU>/ for each GPU kind's, outputs/cpu/ for the interpreter's.
+OUTPUTS = Path(__file__).resolve().parent.parent / "outputs"
+
+
+def record_files(pattern: str) -> list[Path]:
+    """Every committed record's files whose name matches pattern, in a stable order."""
+    return sorted(OUTPUTS.rglob(pattern))
 
 
 def generator(seed: int) -> torch.Generator:

@@ -27,7 +27,7 @@ from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, FlashLaunch, FlashPlan, attention_flops, attention_logsumexp,
     attention_reference, flash_attention_bytes, flash_grid, flash_launches, flash_plan, flash_plan_of,
 )
-from support import DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn
+from support import DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files
 
 IMPLS = {"flash_pytorch": FlashAttentionPytorch, "flash_triton": FlashAttentionTriton}
 
@@ -986,7 +986,6 @@ def test_launch_choice_follows_the_shape():
 # ----------------------------------------------------------------------------------------------
 # The committed record: the plans give the path each benchmarked attention row says ran
 # ----------------------------------------------------------------------------------------------
-OUTPUTS = Path(__file__).resolve().parent.parent / "outputs"
 MODEL_CASE = re.compile(r"B=(\d+) H=(\d+)/(\d+) Nq=(\d+) Nk=(\d+) d=(\d+) (full|causal|causal-br)"
                         r"(?: window=\((\d+), (\d+)\))?(?: softcap=([\d.]+))?$")
 GRID_CASE = re.compile(r"BH=(\d+) heads=\d+ L=(\d+) d=(\d+) (full|causal) ")
@@ -1014,7 +1013,7 @@ def test_plans_give_the_recorded_paths(pattern):
     its case gives that path."""
     import pandas as pd
 
-    files = sorted(OUTPUTS.rglob(pattern))  # outputs/<GPU>/: each GPU kind's record
+    files = record_files(pattern)
     if not files:
         pytest.skip(f"outputs/{pattern}: no such file")
     tables = [pd.read_csv(f).assign(file=f.name) for f in files]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import csv
 import re
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,7 +29,7 @@ from online_softmax import INTERPRET, KernelCapacityError
 import support
 from support import (
     DEVICE, DTYPES, INF, ON_GPU, SHIFT, assert_close, dyadic_logits, extreme_logits, masked_logits, needs_gpu, randn,
-    softmax_matmul_inputs,
+    record_files, softmax_matmul_inputs,
 )
 
 
@@ -845,22 +844,18 @@ def test_plans_of_the_same_call_are_kept():
         fsm._plan_call(x, V, [16], None, None, None)
 
 
-# The committed record of softmax(x) @ V with the path each case ran, on an H100 (132 SMs, sm_90):
-# the files outputs/README.md names as the current grid (older files ran under earlier rules).
-RECORDS = ("shape_grid_benchmark.csv", "shape_grid_softmax_matmul_16bit_fee3186.csv",
-           "shape_grid_softmax_matmul_float32_057f8d7.csv")
+# The committed records of softmax(x) @ V with the path each case ran: the shape grid's table.
+RECORD = "shape_grid_benchmark.csv"
 CASE = re.compile(r"batch=(\d+) d1=(\d+) d2=(\d+) d3=(\d+) (\w+)(?: (\w+))?")
 
 
 def _recorded_paths() -> list:
-    """(file, case, path) of every softmax_matmul row of RECORDS that has a path."""
-    outputs = Path(__file__).resolve().parent.parent / "outputs"
+    """(file, case, path) of every softmax_matmul row of the records' RECORD that has a path."""
     rows = []
-    for name in RECORDS:
-        for found in sorted(outputs.rglob(name)):  # outputs/<GPU>/: each GPU kind's record
-            with open(found, newline="") as f:
-                rows += [(name, row["case"], row["path"]) for row in csv.DictReader(f)
-                         if row.get("workload") == "softmax_matmul" and row.get("path")]
+    for found in record_files(RECORD):
+        with open(found, newline="") as f:
+            rows += [(str(found.relative_to(found.parents[1])), row["case"], row["path"]) for row in csv.DictReader(f)
+                     if row.get("workload") == "softmax_matmul" and row.get("path")]
     return rows
 
 
@@ -868,7 +863,7 @@ def test_plan_gives_the_recorded_path():
     """Each recorded case (contiguous inputs, a plain eager call) planned as on the H100 that ran it."""
     rows = _recorded_paths()
     if not rows:
-        pytest.skip(f"no softmax_matmul row with a path in outputs/ {', '.join(RECORDS)}")
+        pytest.skip(f"no softmax_matmul row with a path in any outputs/**/{RECORD}")
     wrong = []
     for name, case, recorded in rows:
         batch, d1, d2, d3, dtype, setting = CASE.fullmatch(case).groups()

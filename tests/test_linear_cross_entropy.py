@@ -21,7 +21,7 @@ from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
 from conftest import graph_replay
-from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, relative_error
+from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, record_files, relative_error
 
 IGNORE = -100
 
@@ -506,16 +506,14 @@ def test_plan_gives_the_launch_the_record_ran():
     launch is one that ran there for "triton" (one program per row: "programs" 0 where the record has the column),
     and every GPU case of the group (reduction "mean") gets the "scalar" path."""
     import csv
-    from pathlib import Path
 
     from test_bench_linear_cross_entropy import GPU_CASES
 
     for BT, H, V, softcap, dtype in GPU_CASES:
         assert linear_cross_entropy_plan(BT, H, V, DTYPES[dtype], softcap=softcap).path == "scalar"
-    outputs = Path(__file__).resolve().parent.parent / "outputs"
-    records = sorted(outputs.rglob("linear_cross_entropy_benchmark*.csv"))
+    records = record_files("linear_cross_entropy_benchmark*.csv")
     if not records:
-        pytest.skip(f"no linear_cross_entropy_benchmark*.csv under {outputs}")
+        pytest.skip("no linear_cross_entropy_benchmark*.csv under outputs/")
     for record in records:
         ran = {}
         with open(record, newline="") as f:

@@ -18,6 +18,7 @@ from fused_softmax_matmul import (
 import support
 from support import (
     DEVICE, DTYPES, MATMUL_SOFTMAX_IMPLS, ON_GPU, UNIT_ROUNDOFF, assert_close, matmul_softmax_inputs, needs_gpu,
+    record_files,
 )
 
 # The versions under test: all but the PyTorch reference they are judged against.
@@ -460,20 +461,16 @@ def test_plan_of_the_benchmark_cases_is_the_recorded_path(B, K, C, dtype):
 
 
 def recorded_paths():
-    """Rows of the committed record (outputs/*.csv) that name the path a softmax(x @ W) case took."""
-    import glob
-    import os
-
+    """Rows of the committed records' CSVs that name the path a softmax(x @ W) case took."""
     import pandas as pd
 
-    root = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "outputs")
     rows = []
-    for path in sorted(glob.glob(os.path.join(root, "*.csv"))):
+    for path in record_files("*.csv"):
         frame = pd.read_csv(path)
         if not {"workload", "case", "path"} <= set(frame.columns):
             continue
         named = frame[frame.workload.astype(str).str.startswith("matmul_softmax") & frame.path.notna()]
-        rows += [(os.path.basename(path), row.case, row.path) for row in named.itertuples()]
+        rows += [(path.name, row.case, row.path) for row in named.itertuples()]
     return rows
 
 
