@@ -877,7 +877,6 @@ class Replays(dict):
         shelf = KEPT_LAUNCHES.get(name)
         if shelf is None:
             shelf = KEPT_LAUNCHES[name] = super().__new__(cls)
-            shelf.name = name
         return shelf
 
     def __init__(self, name: str):  # noqa: ARG002 - the shelf is kept, not emptied

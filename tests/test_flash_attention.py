@@ -27,6 +27,7 @@ from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, FlashLaunch, FlashPlan, attention_flops, attention_logsumexp,
     attention_reference, flash_attention_bytes, flash_grid, flash_launches, flash_plan, flash_plan_of,
 )
+from online_softmax import forget_kept_launches
 from support import DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files
 
 IMPLS = {"flash_pytorch": FlashAttentionPytorch, "flash_triton": FlashAttentionTriton}
@@ -214,11 +215,6 @@ def _gluon_missing() -> str | None:
     return fsm.gluon_flash_unsupported(probe, probe, probe)
 
 
-def _forget_kept_launches():
-    """A kept launch of an earlier test of the same key would skip the path choice a test forces."""
-    fsm._FLASH_REPLAYS.clear()
-
-
 def _force_gluon(monkeypatch, kernel):
     """The plan takes ``kernel``'s Gluon version wherever it takes the inputs (the others by their rule)."""
     faster = fsm._gluon_faster
@@ -235,7 +231,7 @@ def test_gluon_forward_path(monkeypatch, batch, n_queries, n_keys, scale, d, dty
     the Gluon kernel (its O and L then feed the Triton backward): the whole check against
     float64, as for the Triton path."""
     _force_gluon(monkeypatch, "forward")
-    _forget_kept_launches()
+    forget_kept_launches()  # an earlier test's kept launch would skip the path choice forced here
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries, scale=scale)
     assert flash_plan_of(Q, K, V, is_causal).path("forward") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 7), is_causal, launches=None)
@@ -257,7 +253,7 @@ def test_gluon_dkdv_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype,
     dK and dV by the Gluon kernel (dQ and D by the Triton one): all gradients against float64,
     as on the Triton path."""
     _force_gluon(monkeypatch, "dkdv")
-    _forget_kept_launches()
+    forget_kept_launches()
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_keys, scale=scale)
     assert flash_plan_of(Q, K, V, is_causal).path("dkdv") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 9), is_causal, launches=None)
@@ -283,11 +279,11 @@ def test_gluon_dq_path(monkeypatch, batch, n_queries, n_keys, scale, d, dtype, i
     _force_gluon(monkeypatch, "dq")
     if step == "other":
         monkeypatch.setattr(fsm, "gluon_dq_block_n", lambda d, n_keys: 64 if d == 64 else 128)
-    _forget_kept_launches()
+    forget_kept_launches()
     Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype], seed=n_queries + 1, scale=scale)
     assert flash_plan_of(Q, K, V, is_causal).path("dq") == "gluon"
     assert_matches_float64("flash_triton", Q, K, V, randn(Q.shape, DTYPES[dtype], 5), is_causal, launches=None)
-    _forget_kept_launches()
+    forget_kept_launches()
 
 
 @needs_gpu
@@ -298,7 +294,7 @@ def test_triton_kernel_at_d128(kernel, dtype, is_causal):
     """On Hopper an eager 16-bit call at d = 128 takes the Gluon forward and backward kernels: the
     Triton kernel's own (what torch.compile traces, and other GPUs run) through its launch
     override, with the wrapper's other launches, against float64."""
-    _forget_kept_launches()
+    forget_kept_launches()
     override = {kernel: fsm.flash_launches(128, DTYPES[dtype])[kernel]}
     Q, K, V = attention_inputs(2, 300, 500, 128, DTYPES[dtype], seed=11 if kernel == "forward" else 12, scale=4.0)
     assert flash_plan_of(Q, K, V, is_causal, override).path(kernel) == "triton"
@@ -747,7 +743,7 @@ def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
             pytest.skip(_gluon_missing())
         _force_gluon(monkeypatch, "forward")
         shape = (2, 300, 500, 128)
-    _forget_kept_launches()
+    forget_kept_launches()
     Q, K, V = (t.requires_grad_() for t in attention_inputs(*shape, torch.bfloat16))
     dO = randn(Q.shape, torch.bfloat16, 7)
     assert flash_plan_of(Q, K, V, is_causal).path("forward") == path
@@ -787,7 +783,7 @@ def test_compiled_call_runs_the_gluon_kernels(monkeypatch):
             calls.append(_name)
             return _launch(*args, **kwargs)
         monkeypatch.setattr(fsm, name, counted)
-    _forget_kept_launches()
+    forget_kept_launches()
     torch._dynamo.reset()
     Q, K, V = attention_inputs(2, 300, 500, 128, torch.bfloat16)
     dO = randn(Q.shape, torch.bfloat16, 7)
@@ -796,7 +792,7 @@ def test_compiled_call_runs_the_gluon_kernels(monkeypatch):
         ours = [t.clone() for t in run_with_grads_of(compiled, Q, K, V, dO, True)]
     assert calls == ["_gluon_flash_forward", "_gluon_flash_dq", "_gluon_flash_dkdv"]
     assert_outputs_and_gradients("compiled, Gluon kernels", ours, Q, K, V, dO, True)
-    _forget_kept_launches()
+    forget_kept_launches()
 
 
 @needs_gpu
