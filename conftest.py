@@ -796,6 +796,13 @@ def part_of(nodeid: str) -> str | None:
     return holders[0] if holders else None
 
 
+def whole_parts(parts: tuple[str, ...], keyword: str, markexpr: str, deselect, args) -> tuple[str, ...]:
+    """The record's parts a run holds whole: its --record-part parts, none where -k, -m, --deselect
+    or test ids (``path::test``) narrowed them."""
+    narrowed = keyword or markexpr or deselect or any("::" in str(a) for a in args)
+    return () if narrowed else parts
+
+
 def run_destination(record: Path, on_gpu: bool, parts: tuple[str, ...], names: tuple[str, ...]) -> Path:
     """Where a run writes without --outputs-dir, given its GPU kind's record directory and its
     --record-part names (and the parts they stand for): the record itself only for every part;
@@ -1409,6 +1416,9 @@ def pytest_configure(config):
         config.bench_parts = record_parts(config.bench_part_names)
     except ValueError as error:
         raise pytest.UsageError(f"--record-part: {error}") from None
+    o = config.option
+    config.bench_whole_parts = whole_parts(config.bench_parts, o.keyword, o.markexpr, getattr(o, "deselect", None),
+                                           config.args)
     config.bench_xdist = None
     config.bench_started = time.time()  # the run's wall time counts from here (collection included)
     if wants_xdist_timing(config):
@@ -1624,7 +1634,7 @@ def outputs_dir(config) -> Path:
             raise pytest.UsageError(f"--outputs-dir {chosen}: outputs/ holds each GPU kind's record in outputs/<GPU>/; "
                                     f"this run's is {committed_dir().relative_to(ROOT)}")
         return path
-    return run_destination(committed_dir(), ON_GPU, config.bench_parts, config.bench_part_names)
+    return run_destination(committed_dir(), ON_GPU, config.bench_whole_parts, config.bench_part_names)
 
 
 def pytest_collection_modifyitems(config, items):
@@ -1901,10 +1911,8 @@ def run_header(config) -> dict:
     and the record's parts it holds whole (none where -k, -m or test ids narrowed them)."""
     command = " ".join(["python -m pytest", *map(str, config.invocation_params.args)])
     tox = os.environ.get("TOX_ENV_NAME")
-    o = config.option
-    narrowed = bool(o.keyword or o.markexpr or any("::" in str(a) for a in config.args))
     return {**run_info(config), "command": f"tox -e {tox}: {command}" if tox else command,
-            "record_parts": [] if narrowed else list(config.bench_parts)}
+            "record_parts": list(config.bench_whole_parts)}
 
 
 

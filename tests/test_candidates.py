@@ -92,7 +92,7 @@ def test_a_candidate_run_writes_beside_the_record_never_over_it(monkeypatch):
     def configured(specs, outputs=None, parts=()):
         option = SimpleNamespace(candidate=specs, outputs_dir=outputs)
         config = SimpleNamespace(option=option, getoption=lambda name: getattr(option, name),
-                                 bench_parts=parts, bench_part_names=parts)
+                                 bench_parts=parts, bench_whole_parts=parts, bench_part_names=parts)
         candidates.configure(config)
         return outputs_dir(config)
 

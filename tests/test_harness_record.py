@@ -16,7 +16,7 @@ import conftest
 from conftest import (
     HEADLINE, MAIN_JOB, PART_SETS, RECORD_PARTS, REFERENCE_GPU, ROOT, Headline, gate_report, headline_markdown, load_run,
     main, merge_runs, no_record, part_of, record_json, record_parts, run_destination, stale_blocks, targets_markdown,
-    time_left, with_block,
+    time_left, whole_parts, with_block,
 )
 from test_harness import child_env
 
@@ -217,6 +217,13 @@ def test_where_a_run_writes():
         record / "parts" / "models+headline"
     assert run_destination(record, True, (), ()) == record / "partial"
     assert run_destination(record, False, PART_SETS["all"], ("all",)) == record
+    # A narrowed selection of the whole record holds no part whole: partial/, never over the record.
+    everything = PART_SETS["all"]
+    assert whole_parts(everything, "", "", None, ["tests"]) == everything
+    for narrowed in (("softmax", "", None, []), ("", "not slow", None, []), ("", "", ["tests/x.py::t"], []),
+                     ("", "", None, ["tests/test_bench_softmax.py::test_softmax"])):
+        assert whole_parts(everything, *narrowed) == ()
+        assert run_destination(record, True, whole_parts(everything, *narrowed), ("all",)) == record / "partial"
 
 
 def test_parts_of_one_commit_merge_into_the_record_and_no_part_twice(tmp_path):
