@@ -340,14 +340,19 @@ def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
 
 
 
-def write_run(data: dict, out: Path) -> list[Path]:
-    """The run's JSON (atomically: a temporary file renamed), then its tables, built from the file's bytes."""
-    out.mkdir(parents=True, exist_ok=True)
-    complete = data.get("bench_run", {}).get("complete", True)
-    path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
+def write_json(data: dict, path: Path) -> None:
+    """A run's JSON at path, atomically: a temporary file renamed."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
+
+
+def write_run(data: dict, out: Path) -> list[Path]:
+    """The run's JSON (``write_json``), then its tables, built from the file's bytes."""
+    out.mkdir(parents=True, exist_ok=True)
+    complete = data.get("bench_run", {}).get("complete", True)
+    path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
+    write_json(data, path)
     return [path, *write_tables(json.loads(path.read_text(encoding="utf-8")), out)]
 
 
@@ -1257,9 +1262,7 @@ def main(argv=None) -> int:
         print(f"NOTE {note}", file=sys.stderr)
     try:
         if args.command == "merge":
-            tmp = args.output.with_name(args.output.name + ".tmp")
-            tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
-            os.replace(tmp, args.output)
+            write_json(data, args.output)
             print(args.output)
             if report is not None:
                 print(report)
