@@ -621,6 +621,11 @@ def remeasure_note(row) -> str | None:
 MERGE_SETTINGS = ("timer", "l2_flush", "execution", "gpu")
 
 
+def run_settings(data: dict) -> dict:
+    """A run's timing setup and GPU kind (``MERGE_SETTINGS``): runs compared or merged must agree on it."""
+    return {k: (data.get("bench_run") or {}).get(k) for k in MERGE_SETTINGS}
+
+
 def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
     split over calls), so that one set of tables holds them: same commit, same GPU and run
@@ -643,7 +648,7 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
         if not (data.get("commit_info") or {}).get("id"):
             raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
         for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
-                         ("run settings", lambda d: {k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS})):
+                         ("run settings", run_settings)):
             if of(data) != of(first):
                 raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
         for group, layout in (data.get("bench_groups") or {}).items():
@@ -661,7 +666,7 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
         merged["merged_from"].append({"file": name, "datetime": data.get("datetime"), "bench_run": data.get("bench_run"),
                                       "ceilings": data.get("ceilings")})
     merged["ceilings"] = dataclasses.asdict(merged_ceilings([data.get("ceilings") or {} for _, data in parts]))
-    merged["bench_run"] = {**{k: first.get("bench_run", {}).get(k) for k in MERGE_SETTINGS},
+    merged["bench_run"] = {**run_settings(first),
                            "complete": all((data.get("bench_run") or {}).get("complete", True) for _, data in parts),
                            "record_parts": [p.name for p in RECORD_PARTS if p.name in held]}
     return merged
@@ -682,7 +687,7 @@ def compare_with_one_gpu(several: dict, one: dict, tolerance: float = 0.03) -> d
     in one run but failed in the other in ``failed_in_one``. Both runs must be of one GPU kind and
     one timing setup (``MERGE_SETTINGS``); their commits may differ and are recorded. Raises
     ValueError when the settings differ or the runs share no measured case."""
-    settings = [{k: d.get("bench_run", {}).get(k) for k in MERGE_SETTINGS} for d in (several, one)]
+    settings = [run_settings(d) for d in (several, one)]
     if settings[0] != settings[1]:
         raise ValueError(f"the runs differ in their GPU or timing settings: {settings[0]} against {settings[1]}")
     medians = [{b["fullname"]: b["stats"]["median"] for b in d.get("benchmarks", [])} for d in (several, one)]
@@ -1142,7 +1147,7 @@ def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str]
     """A run's medians against the record's, case by case: lines for the cases slower by more than
     ``max_slowdown`` (a fraction), and how many cases both measured. ValueError where the two are
     of different GPU kinds or timing settings (every case would differ)."""
-    settings = [{k: (d.get("bench_run") or {}).get(k) for k in MERGE_SETTINGS} for d in (run, record)]
+    settings = [run_settings(d) for d in (run, record)]
     if settings[0] != settings[1]:
         raise ValueError(f"the run and the record differ in their GPU or timing settings: {settings[0]} against "
                          f"{settings[1]}")
@@ -1644,12 +1649,13 @@ def pytest_collection_modifyitems(config, items):
     """--record-part: only the benchmark cases of the parts named, each benchmark case in a part."""
     if not config.bench_parts:
         return
-    homeless = [i.nodeid for i in items if "bench" in getattr(i, "fixturenames", ()) and part_of(i.nodeid) is None]
+    part = {i.nodeid: part_of(i.nodeid) for i in items}
+    homeless = [i.nodeid for i in items if "bench" in getattr(i, "fixturenames", ()) and part[i.nodeid] is None]
     if homeless:
         raise pytest.UsageError(f"{len(homeless)} benchmark cases are in no part of the record (conftest.py's "
                                 f"RECORD_PARTS), e.g. {homeless[0]}")
-    keep = [i for i in items if part_of(i.nodeid) in config.bench_parts]
-    dropped = [i for i in items if part_of(i.nodeid) not in config.bench_parts]
+    keep = [i for i in items if part[i.nodeid] in config.bench_parts]
+    dropped = [i for i in items if part[i.nodeid] not in config.bench_parts]
     if dropped:
         config.hook.pytest_deselected(items=dropped)
         items[:] = keep
