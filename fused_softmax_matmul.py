@@ -4417,6 +4417,9 @@ def linear_cross_entropy_rows_kernel(
             loss = tl.where(in_range, loss, float("nan"))
             tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if GRAD:
+        # The pass below overwrites the row that every warp read the target's logit from after
+        # the last reduction: without a barrier a warp ahead could overwrite it first.
+        tl.debug_barrier()
         factor = tl.load(factor_ptr + row * stride_f).to(tl.float32)
         factor = tl.where(ignored, 0.0, tl.where(in_range, factor, float("nan")))
         if Z_LOSS:
