@@ -54,7 +54,7 @@ from online_softmax import (
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
-    DescriptorReplay, DirectLauncher, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
+    launch_kept, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
     AutogradSpec,
 )
 from torch._subclasses.fake_tensor import is_fake
@@ -1981,11 +1981,9 @@ def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | N
             descriptors: tuple = ()) -> None:
     """kernel[grid](*args, **options); ``kept`` gets (its Replay of the first len(slots) arguments,
     a ``DescriptorReplay`` where they start with TMA ``descriptors``, or None; their slots)."""
-    kernel = jit_kernel(kernel, wrap)
-    kernel[grid](*args, **options)
+    replay = launch_kept(jit_kernel(kernel, wrap), grid, args, options, len(slots), descriptors, kept is not None)
     if kept is not None:
-        replay = kernel.replay(grid, args, options, len(slots)) if isinstance(kernel, DirectLauncher) else None
-        kept.append((DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay, slots))
+        kept.append((replay, slots))
 
 
 def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
@@ -3085,11 +3083,10 @@ def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept
                   descriptors: tuple = ()) -> None:
     """``kernel[grid](*args, **options)``; with ``kept`` (a list) appends the launch as a Replay of
     its first n_tensors arguments (a DescriptorReplay where they start with TMA ``descriptors``),
-    or None where it cannot be kept."""
-    kernel[grid](*args, **options)
+    or None where it cannot be kept (``launch_kept``)."""
+    replay = launch_kept(kernel, grid, args, options, n_tensors, descriptors, kept is not None)
     if kept is not None:
-        replay = kernel.replay(grid, args, options, n_tensors) if isinstance(kernel, DirectLauncher) else None
-        kept.append(DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay)
+        kept.append(replay)
 
 
 def _triton_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
@@ -5797,14 +5794,9 @@ def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Ten
     out = _gluon_v_operand_buffer(V.shape, parts, V.device)
     block = 64
     grid = (cdiv(d2, block) * cdiv(d3, block), batch)
-    kernel = jit_kernel(tf32_transposed_parts_kernel, traced=False)
-    args = (V, out, d2, d3, *V.stride(), *out.stride()[:3])
-    options = dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block)
-    kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, 2)
-        if replay is not None:
-            keep(replay)
+    launch_and_keep(jit_kernel(tf32_transposed_parts_kernel, traced=False), grid,
+                    (V, out, d2, d3, *V.stride(), *out.stride()[:3]), dict(PARTS=parts, BLOCK_2=block, BLOCK_3=block),
+                    keep, 2)
     return out
 
 
@@ -5872,18 +5864,15 @@ def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, ls
     options = dict(STAGES=launch.stages, CONSUMERS=GLUON_SOFTMAX_CONSUMERS, LOADER_REGISTERS=GLUON_SOFTMAX_LOADER_REGISTERS,
                    CONSUMER_REGISTERS=GLUON_SOFTMAX_CONSUMER_REGISTERS, PINGPONG=launch.pingpong, LAZY=launch.lazy_rescale,
                    STORE_LSE=lse is not None, PARTS=parts, P_SMEM=launch.p_smem, num_warps=GLUON_BLOCK_M // 16)
-    kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, 4)
-        if replay is None:
-            return
-        replay = DescriptorReplay(replay, tuple(descs))
-        if x.dtype != torch.float32:
-            keep(replay)
-        elif kept:  # float32: V's parts into a fresh operand, then the kernel, over (x, V, out, lse, operand)
-            shape, device = tuple(V.shape), V.device
-            keep(ReplayChain((lambda x, V, out, lse: _gluon_v_operand_buffer(shape, parts, device),),
-                             ((kept[0], (1, 4)), (replay, (0, 4, 2, 3)))))
+    replay = launch_kept(kernel, grid, args, options, 4, tuple(descs), keep is not None)
+    if replay is None:
+        return
+    if x.dtype != torch.float32:
+        keep(replay)
+    elif kept:  # float32: V's parts into a fresh operand, then the kernel, over (x, V, out, lse, operand)
+        shape, device = tuple(V.shape), V.device
+        keep(ReplayChain((lambda x, V, out, lse: _gluon_v_operand_buffer(shape, parts, device),),
+                         ((kept[0], (1, 4)), (replay, (0, 4, 2, 3)))))
 
 
 @functools.lru_cache(maxsize=None)

@@ -554,15 +554,24 @@ class QuietInterpreted:
         return getattr(self.kernel, name)
 
 
-def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
-    """``kernel[grid](*args, **options)``; then, if ``keep`` is given and the kernel is launched
-    through a DirectLauncher, ``keep(replay)`` with its ``Replay`` (``DirectLauncher.replay``)
-    taking the first ``n_tensors`` arguments."""
+def launch_kept(kernel, grid, args: tuple, options: dict, n_tensors: int, descriptors: tuple = (),
+                keep: bool = True) -> Replay | DescriptorReplay | None:
+    """``kernel[grid](*args, **options)``, then, with ``keep``, the launch kept: its ``Replay``
+    (``DirectLauncher.replay``) of the first ``n_tensors`` arguments, a ``DescriptorReplay`` where
+    they start with TMA ``descriptors``. None without ``keep``, where the kernel is not a
+    DirectLauncher, or where its launch cannot be kept."""
     kernel[grid](*args, **options)
-    if keep is not None and isinstance(kernel, DirectLauncher):
-        replay = kernel.replay(grid, args, options, n_tensors)
-        if replay is not None:
-            keep(replay)
+    if not keep or not isinstance(kernel, DirectLauncher):
+        return None
+    replay = kernel.replay(grid, args, options, n_tensors)
+    return DescriptorReplay(replay, descriptors) if replay is not None and descriptors else replay
+
+
+def launch_and_keep(kernel, grid, args: tuple, options: dict, keep=None, n_tensors: int = 0) -> None:
+    """``launch_kept``, with ``keep(replay)`` where ``keep`` is given and the launch was kept."""
+    replay = launch_kept(kernel, grid, args, options, n_tensors, keep=keep is not None)
+    if replay is not None:
+        keep(replay)
 
 
 def _launch_hooks() -> bool:
@@ -703,7 +712,7 @@ def _c_launch(run):
     (cuPointerGetAttribute), once a pointer a launch. A kept launch's tensors are CUDA tensors on
     the device it was kept for, which its key (``replay_key``) holds."""
     launch = getattr(run, "launch", None)
-    if (not triton.__version__.startswith("3.6.") or type(run).__name__ != "CudaLauncher"
+    if (not direct_launches_supported() or type(run).__name__ != "CudaLauncher"
             or not isinstance(launch, types.BuiltinFunctionType)
             or getattr(run, "global_scratch_size", 1) or getattr(run, "profile_scratch_size", 1)):
         return None
