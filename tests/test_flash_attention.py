@@ -427,6 +427,23 @@ def test_gluon_routes_follow_one_rule(monkeypatch, where, inputs, kinds):
         assert set(plan) == set(plan_of) == takes, f"{cell}: flash_plan {plan}, flash_plan_of {plan_of}"
         assert compiled == (kind in ("ok", "tma", "empty")), f"{cell}: compiled_gluon_route {compiled}"
 
+@pytest.mark.parametrize("capability,dtype,d", [((9, 0), "bfloat16", 64), ((9, 0), "float32", 64),
+                                                ((9, 0), "float16", 32), ((8, 0), "bfloat16", 128)])
+def test_gluon_rule_traces(monkeypatch, capability, dtype, d):
+    """compiled_gluon_route asks gluon_flash_unfit inside Dynamo's trace, the capability a constant
+    (``_traced_capability``): torch.compile(fullgraph=True) takes eager's answer, the reasons'
+    strings built in the trace, the head dim static or symbolic."""
+    monkeypatch.setattr(fsm, "_device_capability", lambda index: capability)
+
+    def route(x):
+        fits = fsm.gluon_flash_unfit(x.dtype, x.shape[-1], fsm._traced_capability(0)) is None
+        return x + 1 if fits else x - 1
+
+    x = torch.zeros(2, 3, d, dtype=DTYPES[dtype])
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(route, fullgraph=True, dynamic=dynamic, backend="eager")(x), route(x))
+
 def test_tma_refuses_what_it_cannot_read():
     """dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
     or a broadcast batch of one (stride 0); then the backward plan takes no Gluon kernel."""
