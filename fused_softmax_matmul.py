@@ -2646,8 +2646,9 @@ def flash_plan(batch: int, n_queries: int, n_keys: int, d: int, dtype: torch.dty
         launch.check(f"launches[{kernel!r}]")
     few = sms is not None and batch * cdiv(n_queries, 128) < FEW_TILES_PER_SM * sms
     chosen = {**flash_launches(d, dtype, few, is_causal), **launches}
-    if not (capability == (9, 0) and tma and sms and dtype in _GLUON_DTYPES and d in GLUON_FLASH_HEAD_DIMS
-            and batch * n_queries * n_keys > 0):
+    unfit = gluon_flash_unfit(dtype, d, capability, None if tma else "TMA cannot read the inputs",
+                              empty=batch * n_queries * n_keys <= 0)
+    if unfit is not None or not sms:
         return FlashPlan(**chosen)
     faster = _gluon_faster(batch, n_queries, d, is_causal, sms)
     return FlashPlan(**chosen, gluon=tuple(kernel for kernel in faster if kernel not in launches))
@@ -2686,27 +2687,34 @@ def gluon_dq_block_n(d: int, n_keys: int) -> int:
     return 128 if d == 64 or n_keys >= GLUON_DQ_WIDE_MIN_KEYS else 64
 
 
-def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
-    """Why the Gluon attention kernels cannot take (Q, K, V), or None when they can: an sm_90 GPU
-    with Gluon, float16 or bfloat16, d of 64 or 128, non-empty inputs TMA reads (``tma_unreadable``)."""
-    if GLUON_UNAVAILABLE is not None:
-        return GLUON_UNAVAILABLE
-    if Q.device.type != "cuda":
-        return "Q, K and V must be CUDA tensors"
-    major, minor = _device_capability(_device_index(Q.device))
-    if (major, minor) != (9, 0):
-        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{major}{minor}"
-    if Q.dtype not in _GLUON_DTYPES:
-        return f"Q, K and V must be float16 or bfloat16, got {Q.dtype}"
-    if Q.shape[-1] not in GLUON_FLASH_HEAD_DIMS:
-        return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {Q.shape[-1]}"
-    if Q.numel() == 0 or K.numel() == 0:
+def gluon_flash_unfit(dtype: torch.dtype, d: int, capability: tuple[int, int] | None, tma: str | None = None,
+                      empty: bool = False) -> str | None:
+    """Why the Gluon attention kernels cannot take inputs of this dtype and head dim d on a GPU of
+    ``capability`` (None: no Gluon kernel runs there), empty or not, which TMA reads unless ``tma``
+    says why not; None where they can. The one rule: the plan, the compiled route and
+    ``gluon_flash_unsupported`` ask it. TMA comes last: a caller may read it only past the rest."""
+    if capability is None:
+        return GLUON_UNAVAILABLE or "Q, K and V must be CUDA tensors"
+    if capability != (9, 0):
+        return f"the kernel is written for sm_90 (Hopper), this GPU is sm_{capability[0]}{capability[1]}"
+    if dtype not in _GLUON_DTYPES:
+        return f"Q, K and V must be float16 or bfloat16, got {dtype}"
+    if d not in GLUON_FLASH_HEAD_DIMS:
+        return f"d must be one of {GLUON_FLASH_HEAD_DIMS}, got {d}"
+    if empty:
         return "empty inputs have no TMA descriptor (FlashAttentionTriton handles them)"
-    for name, t in (("Q", Q), ("K", K), ("V", V)):
-        reason = tma_unreadable(name, t)
-        if reason is not None:
-            return reason
-    return None
+    return tma
+
+
+def gluon_flash_unsupported(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor) -> str | None:
+    """Why the Gluon attention kernels cannot take (Q, K, V) (``gluon_flash_unfit``), or None when they can."""
+    unfit = gluon_flash_unfit(Q.dtype, Q.shape[-1], _gluon_capability(Q.device), empty=Q.numel() == 0 or K.numel() == 0)
+    return unfit or _flash_tma_reason(Q=Q, K=K, V=V)
+
+
+def _flash_tma_reason(**tensors) -> str | None:
+    """Why TMA cannot read the first named tensor it cannot read (None ones left out), or None."""
+    return next(filter(None, (tma_unreadable(name, t) for name, t in tensors.items() if t is not None)), None)
 
 
 def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
@@ -3132,8 +3140,8 @@ def _device_capability(index: int) -> tuple[int, int]:
 
 # Traced in the flash Function: Dynamo takes the answer as a constant (see _device_sms).
 @torch.compiler.assume_constant_result
-def _device_is_hopper(index: int) -> bool:
-    return _device_capability(index) == (9, 0)
+def _traced_capability(index: int) -> tuple[int, int]:
+    return _device_capability(index)
 
 
 def _exporting() -> bool:
@@ -3147,12 +3155,11 @@ def compiled_gluon_route(Q: torch.Tensor) -> bool:
     """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
     ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
     alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
-    traceable launches only) on Hopper with Gluon, 16-bit, at a head dim the Gluon kernels take
+    traceable launches only) where ``gluon_flash_unfit`` takes the GPU, dtype and head dim
     (see outputs/README.md, design notes: compiled attention route)."""
     return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
-            and Q.dtype in _GLUON_DTYPES and Q.shape[-1] in GLUON_FLASH_HEAD_DIMS
-            and _device_is_hopper(_device_index(Q.device)))
+            and gluon_flash_unfit(Q.dtype, Q.shape[-1], _traced_capability(_device_index(Q.device))) is None)
 
 
 def _through_ops(Q: torch.Tensor, launches: dict | None) -> bool:
@@ -3174,8 +3181,7 @@ def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: 
     tensors, where TMA reads Q, K, V and dO: a contiguous dO can still be an unaligned slice)."""
     batch, n_queries, d = Q.shape
     capability = None if torch.compiler.is_compiling() or is_fake(Q) else _gluon_capability(Q.device)
-    tma = capability is not None and all(tma_unreadable(name, t) is None for name, t in
-                                         (("Q", Q), ("K", K), ("V", V), ("dO", dO)) if t is not None)
+    tma = capability is not None and _flash_tma_reason(Q=Q, K=K, V=V, dO=dO) is None
     return flash_plan(batch, n_queries, K.shape[1], d, Q.dtype, is_causal, sms=_sm_count(Q.device),
                       capability=capability, tma=tma, launches=launches)
 
@@ -3196,11 +3202,13 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
         if kept[0](Q, K, V, O, L):
             return O, L, kept[1]
     is_causal = check_attention_inputs(Q, K, V, is_causal)
+    # Every check before the hand-off: the ops' fakes check nothing (the plan checks d and launches).
     plan = flash_plan_of(Q, K, V, is_causal, launches)
-    O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+    O = empty_like_contiguous(Q)
     check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
     if _through_ops(Q, launches):
         return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
+    L = Q.new_empty(Q.shape[:2], dtype=torch.float32)
     steps = [] if key is not None else None
     if O.numel() and plan.path("forward") == "gluon":
         _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
@@ -3217,11 +3225,11 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
     Q's dtype: the chain an earlier call kept under (Q, K, V, dO, *keyed), else the plan's two
     kernels (kept as one chain)."""
-    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     if Q.numel() == 0:
-        return dQ.zero_(), dK.zero_(), dV.zero_()
+        return torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
     if _through_ops(Q, launches):
         return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
+    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
     key = None if launches is not None else replay_key((Q, K, V, dO, *keyed), (is_causal, _float32_matmul_precision()))
     chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):

@@ -342,6 +342,108 @@ def test_plan_launch_override_keeps_its_triton_kernel(kernel):
     assert set(plan.gluon) == set(fsm.FLASH_KERNELS) - {kernel}
 
 
+class _SaysCuda(torch.Tensor):
+    """A CPU tensor that reports CUDA device 0: the Gluon rule's callers read a tensor's device,
+    dtype, shape, strides and address, never its data, so its answers on a GPU can be asked here."""
+
+    __torch_function__ = torch._C._disabled_torch_function_impl
+
+    @property
+    def device(self):
+        return torch.device("cuda", 0)
+
+
+# Each cell: why the Gluon attention kernels refuse the inputs (gluon_flash_unsupported's reason,
+# by its kind), or "ok". Rows: where the tensors are (no Gluon, a CPU tensor, or a GPU of that
+# capability) and what the inputs are (TMA reads them, TMA cannot (a transposed K), empty);
+# columns: dtype and head dim. The eager plan takes Gluon kernels at "ok" only; the compiled
+# route (which sees neither alignment nor length in a trace) at "ok", "tma" and "empty".
+GLUON_ROUTE_COLUMNS = [(dtype, d) for dtype in ("float32", "float16", "bfloat16") for d in (32, 64, 128)]
+GLUON_ROUTES = """
+no-gluon readable   | gluon gluon gluon | gluon gluon gluon | gluon gluon gluon
+no-gluon unreadable | gluon gluon gluon | gluon gluon gluon | gluon gluon gluon
+no-gluon empty      | gluon gluon gluon | gluon gluon gluon | gluon gluon gluon
+cpu      readable   | cuda  cuda  cuda  | cuda  cuda  cuda  | cuda  cuda  cuda
+cpu      unreadable | cuda  cuda  cuda  | cuda  cuda  cuda  | cuda  cuda  cuda
+cpu      empty      | cuda  cuda  cuda  | cuda  cuda  cuda  | cuda  cuda  cuda
+sm80     readable   | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+sm80     unreadable | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+sm80     empty      | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+sm90     readable   | dtype dtype dtype | d     ok    ok    | d     ok    ok
+sm90     unreadable | dtype dtype dtype | d     tma   tma   | d     tma   tma
+sm90     empty      | dtype dtype dtype | d     empty empty | d     empty empty
+sm100    readable   | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+sm100    unreadable | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+sm100    empty      | sm    sm    sm    | sm    sm    sm    | sm    sm    sm
+"""
+NO_GLUON = "Gluon is not installed"  # the stand-in reason of a machine without Gluon
+REASON_KINDS = {"gluon": NO_GLUON, "cuda": "must be CUDA tensors", "sm": "written for sm_90",
+                "dtype": "must be float16 or bfloat16", "d": "d must be one of", "empty": "empty inputs",
+                "tma": "last dimension must be contiguous for TMA"}
+
+
+def _gluon_routes(monkeypatch, where: str, inputs: str, dtype: torch.dtype, d: int) -> tuple:
+    """(gluon_flash_unsupported's reason, the Gluon kernels of flash_plan and of flash_plan_of,
+    compiled_gluon_route) for one cell, Gluon and the GPU stood in for by monkeypatch."""
+    capability = {"sm80": (8, 0), "sm90": (9, 0), "sm100": (10, 0)}.get(where)
+    monkeypatch.setattr(fsm, "GLUON_UNAVAILABLE", NO_GLUON if where == "no-gluon" else None)
+    monkeypatch.setattr(fsm, "_device_capability", lambda index: capability)
+    monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
+    batch, n = (32, 0) if inputs == "empty" else (32, 4096)  # every kernel's Gluon version faster, non-empty
+    Q, K, V = (torch.empty(batch, n, d, dtype=dtype) for _ in range(3))
+    if inputs == "unreadable":
+        K = torch.empty(batch, d, n, dtype=dtype).transpose(1, 2)
+    if where != "cpu":
+        Q, K, V = (t.as_subclass(_SaysCuda) for t in (Q, K, V))
+    reason = fsm.gluon_flash_unsupported(Q, K, V)
+    plan = flash_plan(batch, n, n, d, dtype, False, sms=132, capability=capability,
+                      tma=inputs != "unreadable")
+    plan_of = flash_plan_of(Q, K, V, False)
+    with monkeypatch.context() as tracing:
+        tracing.setattr(torch.compiler, "is_compiling", lambda: True)
+        compiled = fsm.compiled_gluon_route(Q)
+    return reason, plan.gluon, plan_of.gluon, compiled
+
+
+def _route_rows() -> list:
+    """GLUON_ROUTES as (where, inputs, the kind of each column's answer)."""
+    rows = []
+    for line in GLUON_ROUTES.strip().splitlines():
+        head, *cells = line.split("|")
+        rows.append(pytest.param(*head.split(), " ".join(cells).split(), id="-".join(head.split())))
+    return rows
+
+
+@pytest.mark.parametrize("where,inputs,kinds", _route_rows())
+def test_gluon_routes_follow_one_rule(monkeypatch, where, inputs, kinds):
+    """Each route's answer on one row of GLUON_ROUTES: the reason gluon_flash_unsupported gives
+    (by its kind), the Gluon kernels of the pure plan and of the plan for tensors, and whether a
+    compiled call takes the opaque ops."""
+    for (dtype, d), kind in zip(GLUON_ROUTE_COLUMNS, kinds, strict=True):
+        reason, plan, plan_of, compiled = _gluon_routes(monkeypatch, where, inputs, DTYPES[dtype], d)
+        cell = f"{where} {inputs} {dtype} d={d}"
+        assert (reason is None) if kind == "ok" else REASON_KINDS[kind] in (reason or ""), f"{cell}: {reason}"
+        takes = set(fsm.FLASH_KERNELS) if kind == "ok" else set()
+        assert set(plan) == set(plan_of) == takes, f"{cell}: flash_plan {plan}, flash_plan_of {plan_of}"
+        assert compiled == (kind in ("ok", "tma", "empty")), f"{cell}: compiled_gluon_route {compiled}"
+
+@pytest.mark.parametrize("capability,dtype,d", [((9, 0), "bfloat16", 64), ((9, 0), "float32", 64),
+                                                ((9, 0), "float16", 32), ((8, 0), "bfloat16", 128)])
+def test_gluon_rule_traces(monkeypatch, capability, dtype, d):
+    """compiled_gluon_route asks gluon_flash_unfit inside Dynamo's trace, the capability a constant
+    (``_traced_capability``): torch.compile(fullgraph=True) takes eager's answer, the reasons'
+    strings built in the trace, the head dim static or symbolic."""
+    monkeypatch.setattr(fsm, "_device_capability", lambda index: capability)
+
+    def route(x):
+        fits = fsm.gluon_flash_unfit(x.dtype, x.shape[-1], fsm._traced_capability(0)) is None
+        return x + 1 if fits else x - 1
+
+    x = torch.zeros(2, 3, d, dtype=DTYPES[dtype])
+    for dynamic in (False, True):
+        torch._dynamo.reset()
+        assert torch.equal(torch.compile(route, fullgraph=True, dynamic=dynamic, backend="eager")(x), route(x))
+
 def test_tma_refuses_what_it_cannot_read():
     """dO, contiguous as the backward makes it, can still be a slice TMA cannot read: 2 bytes off,
     or a broadcast batch of one (stride 0); then the backward plan takes no Gluon kernel."""
