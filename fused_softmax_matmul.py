@@ -1311,6 +1311,12 @@ def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
     return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
 
 
+def _presplit_wanted(B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool, setting: str) -> bool:
+    """Whether a plan with no launch given takes the presplit path on sm_90: a float32 'highest'
+    product of a K that ``presplit_pays`` for."""
+    return dtype == torch.float32 and setting == "highest" and K > 0 and presplit_pays(B, K, C, w_kmajor)
+
+
 @functools.lru_cache(maxsize=4096)
 def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
     """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
@@ -1374,8 +1380,7 @@ def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w
     if launch is None:
         if simple:
             launch = _simple_launch(B, C, dtype, sms)
-        elif sms is not None and capability == (9, 0) and precision == "tf32x3" and K \
-                and presplit_pays(B, K, C, w_kmajor):
+        elif sms is not None and capability == (9, 0) and _presplit_wanted(B, K, C, dtype, w_kmajor, setting):
             launch = presplit_launch(B, C, sms)
         else:
             launch = _tiled_launch(B, C, dtype, sms, K, w_kmajor)
@@ -1429,13 +1434,11 @@ def _rescale_plan(B: int, C: int, n_tiles_c: int, block_c: int, dtype: torch.dty
 def _plan_of(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, traced: bool) -> MatmulPlan:
     """``matmul_softmax_plan`` for a call (the capability asked only where an sm_90 route may apply)."""
     (B, K), C = _concrete(*x.shape), int(W.shape[1])
-    kmajor, setting, sms = _w_kmajor(W), _float32_matmul_precision(), _sm_count(x.device)
+    kmajor, setting = _w_kmajor(W), _float32_matmul_precision()
     tma = (not traced and TensorDescriptor is not None and x.dtype in _TMA_DTYPES
            and not tma_2d_unreadable(x) and not tma_2d_unreadable(W.t() if kmajor else W))
-    capability = None
-    if sms is not None and (tma or launch is None and x.dtype == torch.float32 and setting == "highest"
-                            and K and presplit_pays(B, K, C, kmajor)):
-        capability = _device_capability(_device_index(x.device))
+    sm90_route = tma or launch is None and _presplit_wanted(B, K, C, x.dtype, kmajor, setting)
+    sms, capability = _device_facts(x.device, sm90_route)
     return matmul_softmax_plan(name, B, K, C, x.dtype, kmajor, tma, sms, capability, setting, launch)
 
 
@@ -1898,10 +1901,11 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
     return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
 
 
-def _device_facts(device: torch.device) -> tuple[int | None, tuple | None]:
-    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter."""
+def _device_facts(device: torch.device, sm90_route: bool = True) -> tuple[int | None, tuple | None]:
+    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter;
+    the capability None, not asked, where no ``sm90_route`` (TMA, presplit) may apply."""
     sms = _sm_count(device)
-    return sms, None if sms is None else _device_capability(_device_index(device))
+    return sms, None if sms is None or not sm90_route else _device_capability(_device_index(device))
 
 
 def check_launch(launch) -> None:
