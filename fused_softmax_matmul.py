@@ -1368,6 +1368,12 @@ class MatmulPlan:
     split: tuple = ()  # split_k: (slice length, slices); presplit: (first class, classes) of each chunk
     rescale: tuple | None = None  # (grid, tiles a program, constants) of rescale_tiles_kernel over buffers[0]
 
+    @property
+    def slots(self) -> tuple[int | None, int]:
+        """Where its buffers sit in a call's slots (x, W, out, *buffers): the (max, sum) table's slot
+        (None without one), then the path's first buffer's (split-K's partials, presplit's x hi)."""
+        return (3, 4) if self.rescale is not None else (None, 3)
+
 
 def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool = False,
                         tma_readable: bool = False, sms: int | None = None, capability: tuple | None = None,
@@ -2009,8 +2015,8 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
         _presplit_forward(plan, slots, wrap, kept)
     elif plan.path == "split_k":
         x_args, vectors = _matmul_args(x, W, out)
-        t = 3 + (plan.normalise == "rescale")  # the partials' slot, after the (max, sum) table
-        indices = (0, 1, 2, t, t + 1, 3 if t > 3 else t)  # x, W, out, partials, counts, table (or partials)
+        table, t = plan.slots
+        indices = (0, 1, 2, t, t + 1, t if table is None else table)  # x, W, out, partials, counts, table
         _launch(split_k_kernel, plan.grid, (*(slots[i] for i in indices), *x_args, plan.split[1], plan.split[0],
                                             plan.tiles[1]), dict(plan.constants, **vectors), wrap, kept, indices)
     elif plan.path == "tma":
@@ -2024,10 +2030,10 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
         _launch(plan.kernel, plan.grid, (*slots, *x_args, *tiles), dict(plan.constants, **vectors), wrap, kept,
                 tuple(range(len(slots))))
     if plan.rescale is not None:
-        (grid, per_program, constants), vec = plan.rescale, plan.rescale[2]["VEC"]
-        (B, C), (ob, oc) = out.shape, out.stride()
-        _launch(rescale_tiles_kernel, grid, (out, slots[3], B, C // vec, plan.tiles[1], per_program, ob // vec, oc),
-                constants, wrap, kept, (2, 3))
+        (grid, per_program, constants), table = plan.rescale, plan.slots[0]
+        (B, C), (ob, oc), vec = out.shape, out.stride(), constants["VEC"]
+        _launch(rescale_tiles_kernel, grid, (out, slots[table], B, C // vec, plan.tiles[1], per_program, ob // vec, oc),
+                constants, wrap, kept, (2, table))
     if kept and all(replay is not None for replay, _ in kept):
         keep(kept[0][0] if len(kept) == 1 and not makers else ReplayChain(makers, tuple(kept)))
     return out
@@ -2048,13 +2054,13 @@ def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | N
     (x, W, out[, table], x hi, x lo, W hi, W lo, flags)."""
     x, W, out = slots[:3]
     (B, K), C = x.shape, out.shape[1]
-    t = 3 + (plan.normalise == "rescale")  # x hi's slot
-    flags, n_b, block_c = t + 4, plan.tiles[0], plan.launch.block_c
+    (table, t), n_b, block_c = plan.slots, plan.tiles[0], plan.launch.block_c
+    flags = t + 4
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
     indices = (0, t, t + 1, flags)
     _launch(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
             (*(slots[i] for i in indices), 0, 0, B, K, *x.stride()), parts, wrap, kept, indices)
-    products = (t, t + 1, t + 2, t + 3, 2, 3 if t > 3 else 2, flags)
+    products = (t, t + 1, t + 2, t + 3, 2, 2 if table is None else table, flags)  # out for the table without one
     for first, width in plan.split:
         indices = (1, t + 2, t + 3, flags)
         _launch(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
