@@ -2122,11 +2122,22 @@ def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Ten
 refuse_second_derivative(_matmul_softmax_backward_op, "matmul / softmax(x @ W)")
 
 
-def _op_grad(ctx, dout):
+def _matmul_grads(ctx, dout: torch.Tensor, need: tuple, eager: bool) -> tuple:
+    """(dx, dW) of a matmul-family call from its saved (x, W[, out]) and the gradient dout of its output,
+    None where ``need`` says not needed. The custom op's backward takes the backward op; an ``eager``
+    (``KernelFunction``) one takes torch's ops for a transform's gradient, which they see through, the
+    backward op where ``backward_through_op``, else kept launches."""
     x, W, *out = ctx.saved_tensors
-    need_x, need_W = ctx.needs_input_grad[:2]
-    dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-    return (dx if need_x else None), (dW if need_W else None), None
+    y, (need_x, need_W) = (out[0] if out else None), need
+    if eager and transformed(x, W, *out, dout):
+        dz = dout if y is None else softmax_tangent(y, dout)
+        dx, dW = dz @ W.t(), x.t() @ dz
+    elif not eager or backward_through_op(dout):
+        dx, dW = _matmul_softmax_backward_op(x, W, y, dout, need_x, need_W)
+    else:
+        dz = dout if y is None else _softmax_grad(y, dout, wrap=False)
+        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+    return (dx if need_x else None), (dW if need_W else None)
 
 
 def _family_op(name: str):
@@ -2143,7 +2154,8 @@ def _family_op(name: str):
         ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
 
     op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
-    op.register_autograd(_op_grad, setup_context=setup)
+    op.register_autograd(lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
+                         setup_context=setup)
     return op
 
 
@@ -2205,20 +2217,6 @@ def _matmul_autograd_setup(ctx, inputs, output):
     ctx.save_for_forward(*saved)
 
 
-def _matmul_autograd_backward(ctx, dout):
-    x, W, *out = ctx.saved_tensors
-    need_x, need_W = ctx.needs_input_grad[1:3]
-    if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
-        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-        dx, dW = dz @ W.t(), x.t() @ dz
-    elif backward_through_op(dout):
-        dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-    else:
-        dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-    return (dx if need_x else None), (dW if need_W else None), None, None
-
-
 def _matmul_jvp(ctx, dx, dW, *_):
     x, W, *out = ctx.saved_tensors
     dz = 0
@@ -2246,8 +2244,8 @@ def _matmul_reference(x, W, name, launch):
 
 _MATMUL_AUTOGRAD = AutogradSpec(
     "matmul / softmax(x @ W)", forward=lambda x, W, name, launch: _matmul_family(name, x, W, launch, checked=False),
-    setup=_matmul_autograd_setup, backward=_matmul_autograd_backward, jvp=_matmul_jvp, vmap=_matmul_vmap,
-    reference=_matmul_reference)
+    setup=_matmul_autograd_setup, jvp=_matmul_jvp, vmap=_matmul_vmap, reference=_matmul_reference,
+    backward=lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[1:3], eager=True), None, None))
 
 
 @on_input_device
