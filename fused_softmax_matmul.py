@@ -1311,6 +1311,12 @@ def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
     return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
 
 
+def _presplit_wanted(B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool, setting: str) -> bool:
+    """Whether a plan with no launch given takes the presplit path on sm_90: a float32 'highest'
+    product of a K that ``presplit_pays`` for."""
+    return dtype == torch.float32 and setting == "highest" and K > 0 and presplit_pays(B, K, C, w_kmajor)
+
+
 @functools.lru_cache(maxsize=4096)
 def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
     """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
@@ -1362,6 +1368,12 @@ class MatmulPlan:
     split: tuple = ()  # split_k: (slice length, slices); presplit: (first class, classes) of each chunk
     rescale: tuple | None = None  # (grid, tiles a program, constants) of rescale_tiles_kernel over buffers[0]
 
+    @property
+    def slots(self) -> tuple[int | None, int]:
+        """Where its buffers sit in a call's slots (x, W, out, *buffers): the (max, sum) table's slot
+        (None without one), then the path's first buffer's (split-K's partials, presplit's x hi)."""
+        return (3, 4) if self.rescale is not None else (None, 3)
+
 
 def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool = False,
                         tma_readable: bool = False, sms: int | None = None, capability: tuple | None = None,
@@ -1374,8 +1386,7 @@ def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w
     if launch is None:
         if simple:
             launch = _simple_launch(B, C, dtype, sms)
-        elif sms is not None and capability == (9, 0) and precision == "tf32x3" and K \
-                and presplit_pays(B, K, C, w_kmajor):
+        elif sms is not None and capability == (9, 0) and _presplit_wanted(B, K, C, dtype, w_kmajor, setting):
             launch = presplit_launch(B, C, sms)
         else:
             launch = _tiled_launch(B, C, dtype, sms, K, w_kmajor)
@@ -1429,13 +1440,11 @@ def _rescale_plan(B: int, C: int, n_tiles_c: int, block_c: int, dtype: torch.dty
 def _plan_of(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, traced: bool) -> MatmulPlan:
     """``matmul_softmax_plan`` for a call (the capability asked only where an sm_90 route may apply)."""
     (B, K), C = _concrete(*x.shape), int(W.shape[1])
-    kmajor, setting, sms = _w_kmajor(W), _float32_matmul_precision(), _sm_count(x.device)
+    kmajor, setting = _w_kmajor(W), _float32_matmul_precision()
     tma = (not traced and TensorDescriptor is not None and x.dtype in _TMA_DTYPES
            and not tma_2d_unreadable(x) and not tma_2d_unreadable(W.t() if kmajor else W))
-    capability = None
-    if sms is not None and (tma or launch is None and x.dtype == torch.float32 and setting == "highest"
-                            and K and presplit_pays(B, K, C, kmajor)):
-        capability = _device_capability(_device_index(x.device))
+    sm90_route = tma or launch is None and _presplit_wanted(B, K, C, x.dtype, kmajor, setting)
+    sms, capability = _device_facts(x.device, sm90_route)
     return matmul_softmax_plan(name, B, K, C, x.dtype, kmajor, tma, sms, capability, setting, launch)
 
 
@@ -1898,10 +1907,11 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
     return cols != 1 or rows <= 0 or (rows * t.element_size()) % 16 != 0 or t.data_ptr() % 16 != 0
 
 
-def _device_facts(device: torch.device) -> tuple[int | None, tuple | None]:
-    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter."""
+def _device_facts(device: torch.device, sm90_route: bool = True) -> tuple[int | None, tuple | None]:
+    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter;
+    the capability None, not asked, where no ``sm90_route`` (TMA, presplit) may apply."""
     sms = _sm_count(device)
-    return sms, None if sms is None else _device_capability(_device_index(device))
+    return sms, None if sms is None or not sm90_route else _device_capability(_device_index(device))
 
 
 def check_launch(launch) -> None:
@@ -2003,8 +2013,8 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
         _presplit_forward(plan, slots, wrap, kept)
     elif plan.path == "split_k":
         x_args, vectors = _matmul_args(x, W, out)
-        t = 3 + (plan.normalise == "rescale")  # the partials' slot, after the (max, sum) table
-        indices = (0, 1, 2, t, t + 1, 3 if t > 3 else t)  # x, W, out, partials, counts, table (or partials)
+        table, t = plan.slots
+        indices = (0, 1, 2, t, t + 1, t if table is None else table)  # x, W, out, partials, counts, table
         _launch(split_k_kernel, plan.grid, (*(slots[i] for i in indices), *x_args, plan.split[1], plan.split[0],
                                             plan.tiles[1]), dict(plan.constants, **vectors), wrap, kept, indices)
     elif plan.path == "tma":
@@ -2018,10 +2028,10 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
         _launch(plan.kernel, plan.grid, (*slots, *x_args, *tiles), dict(plan.constants, **vectors), wrap, kept,
                 tuple(range(len(slots))))
     if plan.rescale is not None:
-        (grid, per_program, constants), vec = plan.rescale, plan.rescale[2]["VEC"]
-        (B, C), (ob, oc) = out.shape, out.stride()
-        _launch(rescale_tiles_kernel, grid, (out, slots[3], B, C // vec, plan.tiles[1], per_program, ob // vec, oc),
-                constants, wrap, kept, (2, 3))
+        (grid, per_program, constants), table = plan.rescale, plan.slots[0]
+        (B, C), (ob, oc), vec = out.shape, out.stride(), constants["VEC"]
+        _launch(rescale_tiles_kernel, grid, (out, slots[table], B, C // vec, plan.tiles[1], per_program, ob // vec, oc),
+                constants, wrap, kept, (2, table))
     if kept and all(replay is not None for replay, _ in kept):
         keep(kept[0][0] if len(kept) == 1 and not makers else ReplayChain(makers, tuple(kept)))
     return out
@@ -2042,13 +2052,13 @@ def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | N
     (x, W, out[, table], x hi, x lo, W hi, W lo, flags)."""
     x, W, out = slots[:3]
     (B, K), C = x.shape, out.shape[1]
-    t = 3 + (plan.normalise == "rescale")  # x hi's slot
-    flags, n_b, block_c = t + 4, plan.tiles[0], plan.launch.block_c
+    (table, t), n_b, block_c = plan.slots, plan.tiles[0], plan.launch.block_c
+    flags = t + 4
     parts = dict(BLOCK_R=PARTS_BLOCK, BLOCK_K=PARTS_BLOCK, num_warps=4)
     indices = (0, t, t + 1, flags)
     _launch(tf32_parts_kernel, (cdiv(B, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
             (*(slots[i] for i in indices), 0, 0, B, K, *x.stride()), parts, wrap, kept, indices)
-    products = (t, t + 1, t + 2, t + 3, 2, 3 if t > 3 else 2, flags)
+    products = (t, t + 1, t + 2, t + 3, 2, 2 if table is None else table, flags)  # out for the table without one
     for first, width in plan.split:
         indices = (1, t + 2, t + 3, flags)
         _launch(tf32_parts_kernel, (cdiv(width, PARTS_BLOCK) * cdiv(K, PARTS_BLOCK),),
@@ -2110,11 +2120,22 @@ def _matmul_softmax_backward_op(x: torch.Tensor, W: torch.Tensor, out: torch.Ten
 refuse_second_derivative(_matmul_softmax_backward_op, "matmul / softmax(x @ W)")
 
 
-def _op_grad(ctx, dout):
+def _matmul_grads(ctx, dout: torch.Tensor, need: tuple, eager: bool) -> tuple:
+    """(dx, dW) of a matmul-family call from its saved (x, W[, out]) and the gradient dout of its output,
+    None where ``need`` says not needed. The custom op's backward takes the backward op; an ``eager``
+    (``KernelFunction``) one takes torch's ops for a transform's gradient, which they see through, the
+    backward op where ``backward_through_op``, else kept launches."""
     x, W, *out = ctx.saved_tensors
-    need_x, need_W = ctx.needs_input_grad[:2]
-    dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-    return (dx if need_x else None), (dW if need_W else None), None
+    y, (need_x, need_W) = (out[0] if out else None), need
+    if eager and transformed(x, W, *out, dout):
+        dz = dout if y is None else softmax_tangent(y, dout)
+        dx, dW = dz @ W.t(), x.t() @ dz
+    elif not eager or backward_through_op(dout):
+        dx, dW = _matmul_softmax_backward_op(x, W, y, dout, need_x, need_W)
+    else:
+        dz = dout if y is None else _softmax_grad(y, dout, wrap=False)
+        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
+    return (dx if need_x else None), (dW if need_W else None)
 
 
 def _family_op(name: str):
@@ -2131,7 +2152,8 @@ def _family_op(name: str):
         ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
 
     op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
-    op.register_autograd(_op_grad, setup_context=setup)
+    op.register_autograd(lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
+                         setup_context=setup)
     return op
 
 
@@ -2193,20 +2215,6 @@ def _matmul_autograd_setup(ctx, inputs, output):
     ctx.save_for_forward(*saved)
 
 
-def _matmul_autograd_backward(ctx, dout):
-    x, W, *out = ctx.saved_tensors
-    need_x, need_W = ctx.needs_input_grad[1:3]
-    if transformed(x, W, *out, dout):  # a transform's gradient: torch's ops, which it sees through
-        dz = softmax_tangent(out[0], dout) if ctx.softmax else dout
-        dx, dW = dz @ W.t(), x.t() @ dz
-    elif backward_through_op(dout):
-        dx, dW = _matmul_softmax_backward_op(x, W, out[0] if out else None, dout, need_x, need_W)
-    else:
-        dz = _softmax_grad(out[0], dout, wrap=False) if ctx.softmax else dout
-        dx, dW = _matmul_backward(x, W, dz, need_x, need_W, wrap=False, product=_kept_product)
-    return (dx if need_x else None), (dW if need_W else None), None, None
-
-
 def _matmul_jvp(ctx, dx, dW, *_):
     x, W, *out = ctx.saved_tensors
     dz = 0
@@ -2234,8 +2242,8 @@ def _matmul_reference(x, W, name, launch):
 
 _MATMUL_AUTOGRAD = AutogradSpec(
     "matmul / softmax(x @ W)", forward=lambda x, W, name, launch: _matmul_family(name, x, W, launch, checked=False),
-    setup=_matmul_autograd_setup, backward=_matmul_autograd_backward, jvp=_matmul_jvp, vmap=_matmul_vmap,
-    reference=_matmul_reference)
+    setup=_matmul_autograd_setup, jvp=_matmul_jvp, vmap=_matmul_vmap, reference=_matmul_reference,
+    backward=lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[1:3], eager=True), None, None))
 
 
 @on_input_device
