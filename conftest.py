@@ -948,17 +948,24 @@ def group_frame(data: dict, group: str):
     return None if found is None else found[1]
 
 
-def case_ratios(df, case_columns, ours: str, baselines: tuple, where=None) -> list[tuple[tuple, float]]:
-    """(case, the fastest baseline's median over ours) for each case where ours and a baseline ran."""
+def case_rows(data: dict, group: str, column: str, where=None) -> list[tuple[tuple, dict]]:
+    """A group's cases in a run, sorted: (case, {impl: row}) over the rows ``where`` keeps (every row
+    without it) whose ``column`` was measured."""
+    df = group_frame(data, group)
     if df is None:
         return []
     rows = df if where is None else df[[bool(where(r)) for r in df.to_dict("records")]]
+    return [(key, {r["impl"]: r for r in case.to_dict("records") if not _isnan(r[column])})
+            for key, case in rows.groupby(list(data["bench_groups"][group]["case"]), dropna=False, sort=True)]
+
+
+def case_ratios(data: dict, group: str, ours: str, baselines: tuple, where=None) -> list[tuple[tuple, float]]:
+    """(case, the fastest baseline's median over ours) for each case where ours and a baseline ran."""
     out = []
-    for key, case in rows.groupby(list(case_columns), dropna=False, sort=True):
-        ms = {r["impl"]: r["forward_ms_median"] for r in case.to_dict("records") if not _isnan(r["forward_ms_median"])}
-        base = [ms[b] for b in baselines if b in ms]
-        if ours in ms and base:
-            out.append((key, min(base) / ms[ours]))
+    for key, ran in case_rows(data, group, "forward_ms_median", where):
+        base = [ran[b]["forward_ms_median"] for b in baselines if b in ran]
+        if ours in ran and base:
+            out.append((key, min(base) / ran[ours]["forward_ms_median"]))
     return out
 
 
@@ -979,9 +986,7 @@ class Target:
 
 def _ratio_target(group: str, ours: str, baselines: tuple, threshold: float, statistic: str = "min", where=None):
     def measure(data):
-        df = group_frame(data, group)
-        layout = (data.get("bench_groups") or {}).get(group) or {}
-        ratios = [r for _, r in case_ratios(df, layout.get("case", ()), ours, baselines, where)]
+        ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
         if not ratios:
             return None
         value = geomean(ratios) if statistic == "geomean" else min(ratios)
@@ -1006,28 +1011,16 @@ def _none_failed(group: str, impl: str, what: str):
 
 def _attention_host_us(data):
     """flash_attention's host time over SDPA's for a forward call, the worst case (the GPU kept busy)."""
-    df = group_frame(data, "attention_models")
-    if df is None:
-        return None
-    over = []
-    forward = df[df["workload"].str.endswith("_fwd")]
-    for _, case in forward.groupby(list(data["bench_groups"]["attention_models"]["case"]), dropna=False):
-        us = {r["impl"]: r["host_us"] for r in case.to_dict("records") if not _isnan(r["host_us"])}
-        if "triton" in us and "sdpa" in us:
-            over.append(us["triton"] - us["sdpa"])
+    forward = case_rows(data, "attention_models", "host_us", where=lambda r: r["workload"].endswith("_fwd"))
+    over = [us["triton"]["host_us"] - us["sdpa"]["host_us"] for _, us in forward if "triton" in us and "sdpa" in us]
     return (f"at most {max(over):+.1f} us over {len(over)} cases", max(over) <= 5.0) if over else None
 
 
 def _lce_memory(data):
     """linear_cross_entropy's memory above its inputs over cut-cross-entropy's, the worst size."""
-    df = group_frame(data, "linear_cross_entropy")
-    if df is None:
-        return None
-    ratios = []
-    for _, case in df.groupby(list(data["bench_groups"]["linear_cross_entropy"]["case"]), dropna=False):
-        mib = {r["impl"]: r["forward_extra_MiB"] for r in case.to_dict("records") if not _isnan(r["forward_extra_MiB"])}
-        if "triton" in mib and mib.get("cce"):
-            ratios.append(mib["triton"] / mib["cce"])
+    ratios = [mib["triton"]["forward_extra_MiB"] / mib["cce"]["forward_extra_MiB"]
+              for _, mib in case_rows(data, "linear_cross_entropy", "forward_extra_MiB")
+              if "triton" in mib and "cce" in mib and mib["cce"]["forward_extra_MiB"]]
     return (f"at most {max(ratios):.2f}x over {len(ratios)} sizes", max(ratios) <= 1.25) if ratios else None
 
 
@@ -1046,15 +1039,10 @@ def _lce_gemm_floor(data):
 
 def _model_step_eager(data):
     """The eager step's speed-up and peak memory against torch's, the worse configuration."""
-    df = group_frame(data, "model_step")
-    if df is None:
-        return None
-    worst = []
-    for config, case in df[df["compiled"] == "eager"].groupby("config"):
-        r = {x["impl"]: x for x in case.to_dict("records") if not _isnan(x["forward_ms_median"])}
-        if "project" in r and "torch" in r:
-            worst.append((r["torch"]["forward_ms_median"] / r["project"]["forward_ms_median"],
-                          r["project"]["forward_peak_MiB"] / r["torch"]["forward_peak_MiB"]))
+    worst = [(ran["torch"]["forward_ms_median"] / ran["project"]["forward_ms_median"],
+              ran["project"]["forward_peak_MiB"] / ran["torch"]["forward_peak_MiB"])
+             for _, ran in case_rows(data, "model_step", "forward_ms_median", where=lambda r: r["compiled"] == "eager")
+             if "project" in ran and "torch" in ran]
     if not worst:
         return None
     speed, memory = min(w[0] for w in worst), max(w[1] for w in worst)

@@ -162,12 +162,19 @@ def torch_error_bound(torch_fn, error, inputs: tuple, factor: float = 2.0) -> fl
     return error_bound(error(torch_fn(*inputs), inputs), inputs[0].dtype, factor)
 
 
-def compiled_at_one_case(impl: str, case, chosen) -> None:
-    """Skip the ``triton_compiled`` row of every case but ``chosen`` (a pytest.param or its
-    values): a compile per shape, its time within a few percent of the eager launch's
-    (tests/test_bench_softmax_matmul.py says why)."""
-    if impl == "triton_compiled" and list(case) != list(getattr(chosen, "values", chosen)):
-        pytest.skip("the compiled form runs at one case of the group (test_bench_softmax_matmul.py)")
+def at_one_case(cases, impls, at, only=("triton_compiled",)) -> list:
+    """pytest.params of every case x implementation, case by case, each the case's values then the
+    implementation's (as stacked parametrize decorators order and name them), but the
+    implementations named in ``only`` at the case ``at`` alone: a compile per shape, its time
+    within a few percent of the eager launch's (tests/test_bench_softmax_matmul.py says why). A
+    case is a tuple or a pytest.param (its marks kept); an implementation a name or a tuple led by it."""
+    values = [tuple(getattr(case, "values", case)) for case in cases]
+    if tuple(at) not in values:
+        raise ValueError(f"at={at!r} is none of the cases: the implementations {only} would run nowhere")
+    impls = [impl if isinstance(impl, tuple) else (impl,) for impl in impls]
+    return [pytest.param(*case_values, *impl, marks=getattr(case, "marks", ()))
+            for case, case_values in zip(cases, values) for impl in impls
+            if impl[0] not in only or case_values == tuple(at)]
 
 
 def matmul_roundoff(dtype: torch.dtype) -> float:

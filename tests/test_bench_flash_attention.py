@@ -23,7 +23,7 @@ from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     FlashAttentionPytorch, FlashAttentionTriton, attention_flops, attention_reference, flash_attention_bytes,
 )
-from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, attention_inputs, compiled_at_one_case, matmul_roundoff, randn, relative_error
+from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, attention_inputs, at_one_case, matmul_roundoff, randn, relative_error
 from test_flash_attention import accumulation_error
 
 GROUP = BenchGroup(
@@ -98,10 +98,9 @@ def attention_bound(dtype: torch.dtype, n_queries: int, n_keys: int) -> float:
     return ROUNDOFF_FACTOR * matmul_roundoff(dtype) + accumulation_error(max(n_queries, n_keys))
 
 
-@pytest.mark.parametrize("impl", GROUP.impls)
-@pytest.mark.parametrize("batch,n_queries,n_keys,d,dtype,is_causal,mode", CASES)
+@pytest.mark.parametrize("batch,n_queries,n_keys,d,dtype,is_causal,mode,impl",
+                         at_one_case(CASES, GROUP.impls, at=CASES[-1]))
 def test_flash_attention(bench, batch, n_queries, n_keys, d, dtype, is_causal, mode, impl):
-    compiled_at_one_case(impl, (batch, n_queries, n_keys, d, dtype, is_causal, mode), CASES[-1])
     def build():
         Q, K, V = attention_inputs(batch, n_queries, n_keys, d, DTYPES[dtype])
         fn = IMPLS[impl]()

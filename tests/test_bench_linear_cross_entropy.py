@@ -31,7 +31,7 @@ from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
-from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, matmul_roundoff, relative_error
+from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, at_one_case, matmul_roundoff, relative_error
 from test_linear_cross_entropy import linear_cross_entropy_inputs
 
 GROUP = BenchGroup(
@@ -79,7 +79,8 @@ MODES = ("fwd_bwd",)
 # The caller forms run at the smallest case only: the larger ones take tens of milliseconds a
 # call, where a caller's host time and the graph's saving are noise.
 CALLER_FORMS = ("triton_compiled", "triton_graph")
-CALLER_CASE = min(CASES, key=lambda case: case[0] * case[1] * case[2])
+CASE_MODES = [(*case, mode) for case in CASES for mode in MODES]
+CALLER_CASE = min(CASE_MODES, key=lambda case: case[0] * case[1] * case[2])
 
 
 def liger(x, W, target, softcap=None):
@@ -168,12 +169,9 @@ def linear_cross_entropy_bound(mode: str, dtype: torch.dtype) -> dict:
     return {"loss_rel_error": bound} if mode == "fwd" else {"loss_rel_error": bound, "grad_rel_error": bound}
 
 
-@pytest.mark.parametrize("impl", IMPL_NAMES)
-@pytest.mark.parametrize("mode", MODES)
-@pytest.mark.parametrize("BT,H,V,softcap,dtype", CASES)
+@pytest.mark.parametrize("BT,H,V,softcap,dtype,mode,impl",
+                         at_one_case(CASE_MODES, IMPL_NAMES, at=CALLER_CASE, only=CALLER_FORMS))
 def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
-    if impl in CALLER_FORMS and (BT, H, V, softcap, dtype) != CALLER_CASE:
-        pytest.skip(f"the caller forms run at {CALLER_CASE} only")
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None)
     if impl == "triton":

@@ -18,7 +18,7 @@ from fused_softmax_matmul import (
     matmul_softmax_flops, matmul_softmax_fused_simple, matmul_softmax_fused_tiled, matmul_softmax_ref,
     matmul_softmax_unfused,
 )
-from support import DEVICE, DTYPES, ON_GPU, compiled_at_one_case, torch_error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
+from support import DEVICE, DTYPES, ON_GPU, at_one_case, torch_error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, relative_error
 
 GROUP = BenchGroup(
     name="matmul_softmax",
@@ -79,10 +79,8 @@ def matmul_softmax_bound(inputs) -> float:
     return torch_error_bound(matmul_softmax_ref, matmul_softmax_error, inputs)
 
 
-@pytest.mark.parametrize("impl", IMPL_NAMES)
-@pytest.mark.parametrize("B,K,C,dtype", CASES)
+@pytest.mark.parametrize("B,K,C,dtype,impl", at_one_case(CASES, IMPL_NAMES, at=CASES[0]))
 def test_matmul_softmax(bench, B, K, C, dtype, impl):
-    compiled_at_one_case(impl, (B, K, C, dtype), CASES[0])
     kernel = CALLER_OF if impl in ("triton_compiled", "triton_graph") else impl  # the kernel that runs
     if kernel.startswith("candidate:"):
         kernel = "triton_fused_simple"  # a candidate is charged the least traffic: one pass, logits on chip

@@ -118,18 +118,23 @@ CORE = {
 COMPILED = ("compile", "flex_compile")  # the implementations that compile once per shape: core cases only
 
 
+def runs_at(impl: str, core: bool) -> bool:
+    """Whether impl runs at a case of the grid: the compiled implementations at the core cases only."""
+    return core or impl not in COMPILED
+
+
 def _params(cases, impls, case_key, case_id):
-    """pytest.params of case x implementation, marked slow, ids '<case>-<impl>' ending '-core' on the
-    core subset; the compiled implementations on the core cases only."""
-    return [pytest.param(*case, impl, id=f"{case_id(*case)}-{impl}" + ("-core" if case_key(case) in CORE else ""),
+    """pytest.params of case x implementation (where it runs_at the case), marked slow, ids
+    '<case>-<impl>' ending '-core' on the core subset; the last value says whether the case is core."""
+    return [pytest.param(*case, impl, core, id=f"{case_id(*case)}-{impl}" + ("-core" if core else ""),
                          marks=pytest.mark.slow)
-            for case in cases for impl in impls if case_key(case) in CORE or impl not in COMPILED]
+            for case in cases for core in [case_key(case) in CORE] for impl in impls if runs_at(impl, core)]
 
 
 def compared_with(impls, core: bool) -> str:
     """The row's ``baselines``: what its case's speed-up is over."""
-    ran = [impl for impl in impls if impl in BASELINES and (core or impl not in COMPILED)]
-    return ", ".join(ran) + ("" if core or not set(impls) & set(COMPILED) else " (compiled baselines: core cases only)")
+    ran = [impl for impl in impls if impl in BASELINES and runs_at(impl, core)]
+    return ", ".join(ran) + ("" if all(runs_at(impl, core) for impl in impls) else " (compiled baselines: core cases only)")
 
 
 def implementation(functions: dict, impl: str):
@@ -162,11 +167,16 @@ def _first_call(impl: str, call, peers: tuple = (*SDPA_BACKENDS, *PEERS)):
 # Lengths that are no multiple of 128 sit beside the power-of-two length nearest them, with its
 # batch x heads.
 ATTENTION_SHAPES = [(32, 1024), (16, 4096), (16, 8192), (4, 16384), (1, 32768), (32, 1000), (16, 3000), (16, 4097)]
+def attention_key(case) -> tuple:
+    """An attention case's key in CORE: its shape and dtype, both modes alike."""
+    return ("attention", *case[1:])
+
+
 ATTENTION_GRID = [(mode, bh, n, d, causal, dtype) for mode in ("fwd", "fwd_bwd") for bh, n in ATTENTION_SHAPES
                   for d in (64, 128) for causal in (False, True) for dtype in ("bfloat16", "float16")]
 if ON_GPU:
     # float16 on the core cases only: its speed-ups are its bfloat16 twins' (the module's docstring).
-    ATTENTION_CASES = [c for c in ATTENTION_GRID if c[-1] == "bfloat16" or ("attention", *c[1:]) in CORE]
+    ATTENTION_CASES = [c for c in ATTENTION_GRID if c[-1] == "bfloat16" or attention_key(c) in CORE]
     ATTENTION_IMPLS = (*SDPA_BACKENDS, "compile", "flex_compile", TRITON)
 else:
     # One tile of the 16-bit forward (float16: the interpreter's bfloat16 tl.dot is wrong). On the
@@ -233,10 +243,10 @@ def attention_impl(impl: str, n: int, is_causal: bool, heads: int):
     return lambda Q, K, V: FlashAttentionTriton.apply(Q, K, V, is_causal)
 
 
-@pytest.mark.parametrize("mode,bh,n,d,is_causal,dtype,impl", _params(
-    ATTENTION_CASES, ATTENTION_IMPLS, lambda case: ("attention", *case[1:]),
+@pytest.mark.parametrize("mode,bh,n,d,is_causal,dtype,impl,core", _params(
+    ATTENTION_CASES, ATTENTION_IMPLS, attention_key,
     lambda mode, bh, n, d, is_causal, dtype: f"{mode}-BH{bh}-L{n}-d{d}-{'causal' if is_causal else 'full'}-{dtype}"))
-def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
+def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl, core):
     torch_dtype = DTYPES[dtype]
     heads = _heads(bh)
 
@@ -268,7 +278,7 @@ def test_shape_grid_attention(bench, mode, bh, n, d, is_causal, dtype, impl):
 
     case = f"BH={bh} heads={heads} L={n} d={d} {'causal' if is_causal else 'full'} {dtype}"
     row = dict(workload=f"attention_{mode}", case=case, dtype=dtype, impl=impl, role=role_of(impl),
-               baselines=compared_with(ATTENTION_IMPLS, ("attention", bh, n, d, is_causal, dtype) in CORE))
+               baselines=compared_with(ATTENTION_IMPLS, core))
     bench(GROUP, row, build, bytes_moved=flash_attention_bytes(bh, n, n, d, torch_dtype.itemsize, mode),
           flops=attention_flops(bh, n, n, d, is_causal, mode), dtype=torch_dtype, error=error,
           bound=attention_bound(torch_dtype, n, n))
@@ -476,10 +486,10 @@ def liger_softmax():
 ROW_FUNCTIONS = {"torch": _softmax_last, "compile": _softmax_last, TRITON: row_softmax}
 
 
-@pytest.mark.parametrize("N,size,dtype,impl", _params(
+@pytest.mark.parametrize("N,size,dtype,impl,core", _params(
     ROW_CASES, ROW_IMPLS, lambda case: ("row_softmax", *case),
     lambda N, size, dtype: f"N{N}-M{row_count(N, size, dtype)}-{dtype}"))
-def test_shape_grid_row_softmax(bench, N, size, dtype, impl):
+def test_shape_grid_row_softmax(bench, N, size, dtype, impl, core):
     torch_dtype = DTYPES[dtype]
     M = row_count(N, size, dtype)
 
@@ -489,7 +499,7 @@ def test_shape_grid_row_softmax(bench, N, size, dtype, impl):
         return _first_call(impl, lambda: fn(x)), (x,)
 
     row = dict(workload="row_softmax", case=f"M={M} N={N} {dtype}", dtype=dtype, impl=impl, role=role_of(impl),
-               baselines=compared_with(ROW_IMPLS, ("row_softmax", N, size, dtype) in CORE))
+               baselines=compared_with(ROW_IMPLS, core))
     bench(GROUP, row, build, bytes_moved=softmax_bytes(M, N, torch_dtype.itemsize), error=softmax_error,
           bound=softmax_bound)
 
@@ -535,10 +545,10 @@ def smv_bound(inputs) -> float:
     return torch_error_bound(softmax_mult, smv_error, inputs)
 
 
-@pytest.mark.parametrize("d1,d2,d3,dtype,precision,impl", _params(
+@pytest.mark.parametrize("d1,d2,d3,dtype,precision,impl,core", _params(
     SMV_CASES, SMV_IMPLS, lambda case: ("softmax_matmul", *case),
     lambda d1, d2, d3, dtype, precision: f"d1_{d1}-d2_{d2}-d3_{d3}-{dtype}" + (f"-{precision}" if dtype == "float32" else "")))
-def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
+def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl, core):
     torch_dtype = DTYPES[dtype]
 
     def build():
@@ -548,7 +558,7 @@ def test_shape_grid_softmax_matmul(bench, d1, d2, d3, dtype, precision, impl):
 
     case = f"batch={SMV_BATCH} d1={d1} d2={d2} d3={d3} {dtype}" + (f" {precision}" if dtype == "float32" else "")
     row = dict(workload="softmax_matmul", case=case, dtype=dtype, impl=impl, role=role_of(impl),
-               baselines=compared_with(SMV_IMPLS, ("softmax_matmul", d1, d2, d3, dtype, precision) in CORE))
+               baselines=compared_with(SMV_IMPLS, core))
     before = torch.get_float32_matmul_precision()
     try:  # the precision is the case's: every implementation (and the matmul peak) runs under it
         if precision != "n/a":
@@ -584,9 +594,9 @@ def _matmul_softmax(x, W):
 MMSM_FUNCTIONS = {"torch": matmul_softmax_ref, "compile": _matmul_softmax, TRITON: matmul_softmax_fused_tiled}
 
 
-@pytest.mark.parametrize("B,K,C,dtype,impl", _params(
+@pytest.mark.parametrize("B,K,C,dtype,impl,core", _params(
     MMSM_CASES, MMSM_IMPLS, lambda case: ("matmul_softmax", *case), lambda B, K, C, dtype: f"B{B}-K{K}-C{C}-{dtype}"))
-def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl):
+def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl, core):
     torch_dtype = DTYPES[dtype]
 
     def build():
@@ -596,7 +606,7 @@ def test_shape_grid_matmul_softmax(bench, B, K, C, dtype, impl):
 
     kernel = "triton_fused_tiled" if impl == TRITON else "torch"
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype}", dtype=dtype, impl=impl, role=role_of(impl),
-               baselines=compared_with(MMSM_IMPLS, ("matmul_softmax", B, K, C, dtype) in CORE))
+               baselines=compared_with(MMSM_IMPLS, core))
     bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE),
           flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error,
           bound=matmul_softmax_bound)
@@ -610,10 +620,10 @@ MMSM_LINEAR_GRID = [(B, K, C, dtype) for B, K, C in ((512, 768, 1000), (4096, 40
 MMSM_LINEAR_CASES = MMSM_LINEAR_GRID if ON_GPU else [(64, 128, 10, "float32")]
 
 
-@pytest.mark.parametrize("B,K,C,dtype,impl", _params(
+@pytest.mark.parametrize("B,K,C,dtype,impl,core", _params(
     MMSM_LINEAR_CASES, MMSM_IMPLS, lambda case: ("matmul_softmax_linear", *case),
     lambda B, K, C, dtype: f"linear-B{B}-K{K}-C{C}-{dtype}"))
-def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl):
+def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl, core):
     torch_dtype = DTYPES[dtype]
 
     def build():
@@ -623,7 +633,7 @@ def test_shape_grid_matmul_softmax_linear_weight(bench, B, K, C, dtype, impl):
 
     kernel = "triton_fused_tiled" if impl == TRITON else "torch"
     row = dict(workload="matmul_softmax", case=f"B={B} K={K} C={C} {dtype} W=weight.t()", dtype=dtype, impl=impl,
-               role=role_of(impl), baselines=compared_with(MMSM_IMPLS, False))
+               role=role_of(impl), baselines=compared_with(MMSM_IMPLS, core))
     bench(GROUP, row, build, bytes_moved=matmul_softmax_impl_bytes(kernel, B, K, C, torch_dtype, DEVICE, w_kmajor=True),
           flops=matmul_softmax_flops(B, K, C), dtype=torch_dtype, error=matmul_softmax_error,
           bound=matmul_softmax_bound)

@@ -19,7 +19,7 @@ import torch
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from online_softmax import naive_softmax, naive_softmax_bytes, online_softmax, online_softmax_tiles, row_softmax, softmax_bytes
-from support import DTYPES, ON_GPU, error_bound, relative_error, row_softmax_inputs
+from support import DTYPES, ON_GPU, at_one_case, error_bound, relative_error, row_softmax_inputs
 
 GROUP = BenchGroup(
     name="softmax",
@@ -67,8 +67,7 @@ else:
     STUDY_SHAPE, STUDY_BLOCKS = (6, 100, "float32"), [32]
     # Inductor on CPU compiles C++ for every shape, tens of seconds each on two cores.
     IMPL_NAMES = tuple(impl for impl in IMPLS if impl != "compile")
-CASES = [(*shape, impl, None) for shape in SHAPES for impl in IMPL_NAMES
-         if impl != "triton_compiled" or shape == SHAPES[0]] + [
+CASES = at_one_case(SHAPES, [(impl, None) for impl in IMPL_NAMES], at=SHAPES[0]) + [
     (*STUDY_SHAPE, impl, b) for impl in ("triton_row", "triton_online") for b in STUDY_BLOCKS
 ]
 

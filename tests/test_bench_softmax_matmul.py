@@ -23,7 +23,7 @@ import torch
 from candidates import candidate_call, candidate_impls
 from conftest import BenchGroup, caller_form, compiled, compiled_op
 from fused_softmax_matmul import fused_blocks, fused_softmax, fused_softmax_bytes, softmax_matmul_flops, softmax_mult, softmax_mult_bytes
-from support import ON_GPU, torch_error_bound, relative_error, softmax_matmul_inputs
+from support import ON_GPU, at_one_case, torch_error_bound, relative_error, softmax_matmul_inputs
 
 GROUP = BenchGroup(
     name="softmax_matmul",
@@ -75,8 +75,8 @@ else:  # interpreter: ~3 ms per program per step, so a handful of programs and s
     COMPILE = ()
 CASES = [(d2, impl, None) for d2 in SPEC_D2 for impl in ("torch", *COMPILE)] + [
     (d2, "triton", b) for d2 in SPEC_D2 for b in SPEC_BLOCKS
-] + [(d2, impl, None) for d2 in SPEC_D2 for impl in (*CALLER_FORMS, *candidate_impls("softmax_matmul"))
-       if impl != "triton_compiled" or d2 == SPEC_D2[-1]]
+] + at_one_case([(d2,) for d2 in SPEC_D2],
+                [(impl, None) for impl in (*CALLER_FORMS, *candidate_impls("softmax_matmul"))], at=(SPEC_D2[-1],))
 
 
 def wrapper_block(impl: str, block: int | None, d2: int, d3: int, dtype: torch.dtype) -> int | None:

@@ -14,7 +14,7 @@ import torch
 from conftest import BenchGroup
 from fused_softmax_matmul import softmax_matmul_flops
 import support
-from support import DTYPES, ON_GPU, compiled_at_one_case
+from support import DTYPES, ON_GPU, at_one_case
 # The softmax_matmul group's implementations, shape and builders, at every precision.
 from test_bench_softmax_matmul import (
     CALLER_FORMS, COMPILE, IMPLS, SPEC, SPEC_BLOCKS, build_softmax_matmul, softmax_matmul_bound, softmax_matmul_bytes, softmax_matmul_error,
@@ -48,10 +48,9 @@ IMPL_BLOCKS = [(impl, None) for impl in ("torch", *COMPILE)] + [("triton", b) fo
 matmul_precision = support.matmul_precision  # the fixture, under this module's name for pytest
 
 
-@pytest.mark.parametrize("impl,block", IMPL_BLOCKS)
-@pytest.mark.parametrize("dtype,precision,d2", CASES)
+@pytest.mark.parametrize("dtype,precision,d2,impl,block",
+                         at_one_case(CASES, IMPL_BLOCKS, at=("bfloat16", "n/a", max(c[2] for c in CASES))))
 def test_softmax_matmul_precision(bench, matmul_precision, dtype, precision, d2, impl, block):
-    compiled_at_one_case(impl, (dtype, d2), ("bfloat16", max(c[2] for c in CASES)))
     matmul_precision(precision)
     batch, d1, d3 = SPEC["batch_size"], SPEC["d1"], SPEC["d3"]
     torch_dtype = DTYPES[dtype]

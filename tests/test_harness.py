@@ -163,6 +163,17 @@ def test_tables_rebuild_byte_identical(softmax_matmul_run, tmp_path):
             assert (out / name).read_bytes() == (tmp / "out" / name).read_bytes(), f"{name} rebuilt from {source.name} differs"
 
 
+def test_a_grid_runs_the_compiled_form_at_its_one_chosen_case():
+    from support import at_one_case
+
+    slow = pytest.param(2, "b", marks=pytest.mark.slow)
+    params = at_one_case([(1, "a"), slow], ["eager", ("triton_compiled", None)], at=(2, "b"))
+    assert [p.values for p in params] == [(1, "a", "eager"), (2, "b", "eager"), (2, "b", "triton_compiled", None)]
+    assert [[m.name for m in p.marks] for p in params] == [[], ["slow"], ["slow"]], "a case's marks stay on its rows"
+    with pytest.raises(ValueError, match="none of the cases"):  # a chosen case off the grid would drop the form unseen
+        at_one_case([(1, "a")], ["triton_compiled"], at=(3, "c"))
+
+
 # ----------------------------------------------------------------------------------------------
 # Failing configurations: a resource limit is recorded and skipped, a bug fails the run
 # ----------------------------------------------------------------------------------------------
