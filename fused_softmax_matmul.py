@@ -4467,6 +4467,13 @@ def linear_cross_entropy_rows_kernel(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
+def _logits_buffer(rows: int, V: int, dtype: torch.dtype, device) -> torch.Tensor:
+    """The chunk loop's (rows, V) logits, each row starting on 16 bytes (V = 50257 in 16 bits is
+    not): cuBLAS's tensor-core products and the row kernel's vector loads need aligned rows."""
+    per_16_bytes = 16 // dtype.itemsize
+    return torch.empty((rows, cdiv(V, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[:, :V]
+
+
 def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
     """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
     given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
@@ -4476,7 +4483,7 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
     apart = factor is not None and plan.target_apart
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
-    buffer = torch.empty((min(plan.chunk_rows, BT), V), dtype=x.dtype, device=x.device)
+    buffer = _logits_buffer(min(plan.chunk_rows, BT), V, x.dtype, x.device)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
     for start in range(0, BT, plan.chunk_rows):
         end = min(start + plan.chunk_rows, BT)
