@@ -4469,7 +4469,7 @@ def linear_cross_entropy_rows_kernel(
 
 def _logits_buffer(rows: int, V: int, dtype: torch.dtype, device) -> torch.Tensor:
     """The chunk loop's (rows, V) logits, each row starting on 16 bytes (V = 50257 in 16 bits is
-    not): cuBLAS's tensor-core products and the row kernel's vector loads need aligned rows."""
+    not): cuBLAS's tensor-core products need leading dimensions on 16 bytes."""
     per_16_bytes = 16 // dtype.itemsize
     return torch.empty((rows, cdiv(V, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[:, :V]
 

@@ -169,12 +169,13 @@ def at_one_case(cases, impls, at, only=("triton_compiled",)) -> list:
     within a few percent of the eager launch's (tests/test_bench_softmax_matmul.py says why). A
     case is a tuple or a pytest.param (its marks kept); an implementation a name or a tuple led by it."""
     values = [tuple(getattr(case, "values", case)) for case in cases]
-    if tuple(at) not in values:
+    at = tuple(getattr(at, "values", at))
+    if at not in values:
         raise ValueError(f"at={at!r} is none of the cases: the implementations {only} would run nowhere")
     impls = [impl if isinstance(impl, tuple) else (impl,) for impl in impls]
     return [pytest.param(*case_values, *impl, marks=getattr(case, "marks", ()))
             for case, case_values in zip(cases, values) for impl in impls
-            if impl[0] not in only or case_values == tuple(at)]
+            if impl[0] not in only or case_values == at]
 
 
 def matmul_roundoff(dtype: torch.dtype) -> float:
