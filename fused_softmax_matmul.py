@@ -180,6 +180,15 @@ def check_operands(x, name: str, other, ndim: int) -> None:
     check_same("x", x, name, other)
 
 
+def _empty_rows_on_16_bytes(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
+    """An uninitialised tensor of ``shape`` whose rows (runs of the last dimension) each start on
+    16 bytes: the last dimension's stride rounded up, the columns past it never read. TMA and
+    cuBLAS's tensor-core products need rows so aligned."""
+    *lead, n = shape
+    per_16_bytes = 16 // dtype.itemsize
+    return torch.empty((*lead, cdiv(n, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[..., :n]
+
+
 def _backward_fake(x, W, *rest):
     """Meta of a backward op: (x's gradient, the second input's), empty where not needed."""
     need_x, need_W = rest[-2:]
@@ -4467,13 +4476,6 @@ def linear_cross_entropy_rows_kernel(
             tl.store(row_ptr + offs, g.to(logits_ptr.dtype.element_ty), mask=inside)
 
 
-def _logits_buffer(rows: int, V: int, dtype: torch.dtype, device) -> torch.Tensor:
-    """The chunk loop's (rows, V) logits, each row starting on 16 bytes (V = 50257 in 16 bits is
-    not): cuBLAS's tensor-core products need leading dimensions on 16 bytes."""
-    per_16_bytes = 16 // dtype.itemsize
-    return torch.empty((rows, cdiv(V, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[:, :V]
-
-
 def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
     """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
     given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
@@ -4483,7 +4485,8 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
     apart = factor is not None and plan.target_apart
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
-    buffer = _logits_buffer(min(plan.chunk_rows, BT), V, x.dtype, x.device)
+    # Rows on 16 bytes for cuBLAS's products: V = 50257 in 16 bits would leave them unaligned.
+    buffer = _empty_rows_on_16_bytes((min(plan.chunk_rows, BT), V), x.dtype, x.device)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
     for start in range(0, BT, plan.chunk_rows):
         end = min(start + plan.chunk_rows, BT)
@@ -5826,7 +5829,7 @@ def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Ten
 def _gluon_v_operand_buffer(shape: tuple, parts: int, device: torch.device) -> torch.Tensor:
     """An empty operand of ``gluon_softmax_v_operand`` for V of ``shape``."""
     batch, d2, d3 = shape
-    return torch.empty((batch, parts, d3, cdiv(d2, 4) * 4), dtype=torch.float32, device=device)[..., :d2]
+    return _empty_rows_on_16_bytes((batch, parts, d3, d2), torch.float32, device)
 
 
 @on_input_device
