@@ -3155,10 +3155,17 @@ def _device_capability(index: int) -> tuple[int, int]:
     return torch.cuda.get_device_capability(index)
 
 
-# Traced in the flash Function: Dynamo takes the answer as a constant (see _device_sms).
+# Traced in the flash Function: Dynamo takes the answer as a constant (see _device_sms). An int,
+# not a tuple: torch 2.11's Dynamo cannot guard a tuple made constant so when it is compared.
 @torch.compiler.assume_constant_result
+def _traced_capability_code(index: int) -> int:
+    major, minor = _device_capability(index)
+    return 10 * major + minor
+
+
 def _traced_capability(index: int) -> tuple[int, int]:
-    return _device_capability(index)
+    """``_device_capability`` inside a trace, where it is a constant."""
+    return divmod(_traced_capability_code(index), 10)
 
 
 def _exporting() -> bool:
@@ -4487,14 +4494,19 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
     # Rows on 16 bytes for cuBLAS's products: V = 50257 in 16 bits would leave them unaligned.
     buffer = _empty_rows_on_16_bytes((min(plan.chunk_rows, BT), V), x.dtype, x.device)
+    # Products over a number of classes off 16 bytes take cuBLAS's slow kernels: the classes go in
+    # an aligned head and a tail of fewer than 8 (design notes: vocabularies off 16 bytes).
+    head = V - V % (16 // x.dtype.itemsize)
+    parts = ((0, head), (head, V)) if 0 < head < V else ((0, V),)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
     for start in range(0, BT, plan.chunk_rows):
         end = min(start + plan.chunk_rows, BT)
         x_c, target_c, logits = x[start:end], target[start:end], buffer[: end - start]
-        if bias is None:
-            torch.mm(x_c, W.t(), out=logits)
-        else:
-            torch.addmm(bias, x_c, W.t(), out=logits)
+        for a, b in parts:
+            if bias is None:
+                torch.mm(x_c, W[a:b].t(), out=logits[:, a:b])
+            else:
+                torch.addmm(bias[a:b], x_c, W[a:b].t(), out=logits[:, a:b])
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice. The op is opaque to torch.compile, so the loop runs
         # eagerly and launches directly (design notes: linear_cross_entropy is opaque to torch.compile).
@@ -4509,12 +4521,15 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
             Z_LOSS=plan.z_loss > 0, SHARDED=plan.sharded, TARGET_APART=apart, num_warps=plan.num_warps,
         )
         if dx is not None:
-            torch.mm(logits, W, out=dx[start:end])
+            torch.mm(logits[:, :parts[0][1]], W[:parts[0][1]], out=dx[start:end])
+            for a, b in parts[1:]:
+                dx[start:end].addmm_(logits[:, a:b], W[a:b])
         if dW is not None:
-            if start == 0:
-                torch.mm(logits.t(), x_c, out=dW)
-            else:
-                dW.addmm_(logits.t(), x_c)
+            for a, b in parts:
+                if start == 0:
+                    torch.mm(logits[:, a:b].t(), x_c, out=dW[a:b])
+                else:
+                    dW[a:b].addmm_(logits[:, a:b].t(), x_c)
         if db is not None:
             db.add_(logits.sum(0, dtype=torch.float32))
         if apart:
