@@ -4492,21 +4492,27 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
     apart = factor is not None and plan.target_apart
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
-    # Rows on 16 bytes for cuBLAS's products: V = 50257 in 16 bits would leave them unaligned.
-    buffer = _empty_rows_on_16_bytes((min(plan.chunk_rows, BT), V), x.dtype, x.device)
     # Products over a number of classes off 16 bytes take cuBLAS's slow kernels: the classes go in
-    # an aligned head and a tail of fewer than 8 (design notes: vocabularies off 16 bytes).
-    head = V - V % (16 // x.dtype.itemsize)
-    parts = ((0, head), (head, V)) if 0 < head < V else ((0, V),)
+    # an aligned head and a tail of fewer than 8, the buffer's rows on 16 bytes. With a bias, one
+    # product into a contiguous buffer: there cuBLAS adds the bias before it rounds, as F.linear
+    # does (design notes: vocabularies off 16 bytes).
+    rows = min(plan.chunk_rows, BT)
+    if bias is None:
+        buffer = _empty_rows_on_16_bytes((rows, V), x.dtype, x.device)
+        head = V - V % (16 // x.dtype.itemsize)
+        parts = ((0, head), (head, V)) if 0 < head < V else ((0, V),)
+    else:
+        buffer = x.new_empty((rows, V))
+        parts = ((0, V),)
     factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
     for start in range(0, BT, plan.chunk_rows):
         end = min(start + plan.chunk_rows, BT)
         x_c, target_c, logits = x[start:end], target[start:end], buffer[: end - start]
-        for a, b in parts:
-            if bias is None:
+        if bias is None:
+            for a, b in parts:
                 torch.mm(x_c, W[a:b].t(), out=logits[:, a:b])
-            else:
-                torch.addmm(bias[a:b], x_c, W[a:b].t(), out=logits[:, a:b])
+        else:
+            torch.addmm(bias, x_c, W.t(), out=logits)
         # Pointers a mode never touches get target_c, which the kernel only reads: no argument
         # the kernel writes is passed twice. The op is opaque to torch.compile, so the loop runs
         # eagerly and launches directly (design notes: linear_cross_entropy is opaque to torch.compile).
