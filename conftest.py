@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
+import io
 import importlib.util
 import json
 import math
@@ -343,7 +344,7 @@ def derive_metrics(stats: dict, model: dict, ceilings: Ceilings) -> dict:
 def write_json(data: dict, path: Path) -> None:
     """A run's JSON at path, atomically: a temporary file renamed."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=True, default=str) + "\n", encoding="utf-8")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True, default=str) + "\n", encoding="utf-8")
     os.replace(tmp, path)
 
 
@@ -583,11 +584,23 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
     fig.suptitle(f"{group.name}: {gpu}", fontsize=10)
     fig.tight_layout()
     tmp = path.with_name(path.name + ".tmp")
-    # No date or version in the file: a rebuild from the same JSON gives the same bytes.
-    fig.savefig(tmp, dpi=110, format="png", metadata={"Software": None})
+    _save_png(fig, tmp)
     plt.close(fig)
     os.replace(tmp, path)
     return True
+
+
+def _save_png(fig, path: Path) -> None:
+    """fig as a PNG of 256 colours (a plot's flat colours survive; the file is about a third of
+    full colour's), with no date or version in it: a rebuild from the same JSON gives the same bytes."""
+    from PIL import Image
+
+    drawn = io.BytesIO()
+    fig.savefig(drawn, dpi=110, format="png", metadata={"Software": None})
+    drawn.seek(0)
+    with Image.open(drawn) as image:
+        image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
+            path, format="png", optimize=True)
 
 
 

@@ -444,6 +444,13 @@ def test_bar_plot_skips_cases_without_their_baseline(tmp_path):
         "no baseline anywhere: no speed-up to draw, so no plot (and no TypeError)"
     with_one_baseline = [*only_triton, dict(n=1, impl="torch", ms=2.0)]
     assert [p.name for p in write_tables(run_json(group, with_one_baseline, []), tmp_path)] == ["bars.csv", "bars.png"]
+    first = (tmp_path / "bars.png").read_bytes()
+    write_tables(run_json(group, with_one_baseline, []), tmp_path)
+    assert (tmp_path / "bars.png").read_bytes() == first, "a plot drawn twice from one JSON: the same bytes"
+    from PIL import Image
+
+    with Image.open(tmp_path / "bars.png") as image:
+        assert image.mode == "P", "plots are saved in 256 colours (outputs/ stays small)"
 
 
 def test_ratio_plot_and_a_plot_added_at_rebuild(tmp_path):
