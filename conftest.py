@@ -36,8 +36,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import gc
-import io
 import importlib.util
+import io
 import json
 import math
 import os
@@ -592,15 +592,16 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
 
 def _save_png(fig, path: Path) -> None:
     """fig as a PNG of 256 colours (a plot's flat colours survive; the file is about a third of
-    full colour's), with no date or version in it: a rebuild from the same JSON gives the same bytes."""
+    full colour's), with no date or version in it: a rebuild from the same JSON, matplotlib and Pillow
+    gives the same bytes."""
     from PIL import Image
 
     drawn = io.BytesIO()
     fig.savefig(drawn, dpi=110, format="png", metadata={"Software": None})
     drawn.seek(0)
     with Image.open(drawn) as image:
-        image.convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE).save(
-            path, format="png", optimize=True)
+        # method 0: median cut; dither 0: none (the enums' values; Pillow before 9.1 has no enums).
+        image.convert("RGB").quantize(256, method=0, dither=0).save(path, format="png", optimize=True)
 
 
 
