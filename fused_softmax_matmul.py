@@ -3568,6 +3568,10 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general")
 
 
+# Eager calls plan once per shape and options (a trace plans in its own cache).
+_cached_attention_plan = functools.lru_cache(maxsize=4096, typed=True)(attention_plan)
+
+
 @triton.jit
 def _attention_span(own_start, n_own, n_other, lo, hi, OWN: tl.constexpr, OTHER: tl.constexpr,
                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
@@ -4013,6 +4017,13 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        dkdv_launch: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) of ``flash_attention`` for the gradients dout of out and dlse of lse (None: 0),
     contiguous; dk and dv summed over each group's query heads."""
+    return _run_attention_backward(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, dq_launch,
+                                   dkdv_launch, traced=True)
+
+
+def _run_attention_backward(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, dq_launch,
+                            dkdv_launch, traced: bool):
+    """``attention_backward``; ``traced`` False for an eager backward, launched directly."""
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv_dim = k.shape[1], k.shape[2], v.shape[-1]
     dq, dk, dv = q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
@@ -4023,12 +4034,12 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
     delta = torch.empty((batch, heads, n_queries), dtype=torch.float32, device=q.device)
     head = (batch, heads, group, n_queries, n_keys, scale, qk_scale, cap2, lo, hi)
     grid = one_axis_grid(batch * heads * cdiv(n_queries, dq_launch[0]), "the attention backward's dq")
-    jit_kernel(attention_backward_dq_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dq_kernel, traced=traced)[grid](
         q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
         HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch))
     grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
-    jit_kernel(attention_backward_dkdv_kernel, traced=True)[grid](
+    jit_kernel(attention_backward_dkdv_kernel, traced=traced)[grid](
         q, k, v, dout, lse, delta, dk, dv, *head,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
         **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch))
@@ -4042,22 +4053,32 @@ def _attention_setup(ctx, inputs, output):
     ctx.set_materialize_grads(False)
 
 
-def _attention_grad(ctx, dout, dlse):
+def _attention_grad(ctx, dout, dlse, through_op: bool = True):
+    """(dq, dk, dv): by the backward op where ``through_op`` (the forward op's autograd) or where
+    ``backward_through_op``, else its kernels launched directly (an eager backward)."""
     if torch.is_grad_enabled():
         raise no_double_backward("flash_attention")
     q, k, v, out, lse = ctx.saved_tensors
     scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
     if dout is None and dlse is None:
-        return (None,) * 10
+        return None, None, None
     dout = torch.zeros_like(out) if dout is None else dout.to(q.dtype)
     if dlse is not None:  # the kernels index lse's gradient as lse: contiguous (lse.sum()'s is stride 0)
         dlse = dlse.float().contiguous()
-    dq, dk, dv = torch.ops.softmax_kernels.attention_backward(
-        q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:12])
-    return (dq, dk, dv, *([None] * 7))
+    args = (q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, launches[4:8], launches[8:12])
+    if through_op or backward_through_op(dout) or transformed(q, k, v, dout):
+        return torch.ops.softmax_kernels.attention_backward(*args)
+    return _run_attention_backward(*args, traced=False)
 
 
-attention_forward.register_autograd(_attention_grad, setup_context=_attention_setup)
+attention_forward.register_autograd(lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse), *([None] * 7)),
+                                    setup_context=_attention_setup)
+
+# flash_attention's general kernels where autograd records an eager call: launched directly
+# through the one Function, not by the custom op (whose dispatch costs host time each call).
+_ATTENTION_AUTOGRAD = AutogradSpec(
+    "flash_attention", forward=lambda *args: _run_attention_forward(*args, traced=False), setup=_attention_setup,
+    backward=lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse, through_op=False), *([None] * 7)))
 
 
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
@@ -4098,8 +4119,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
     if plan is None:
-        plan = attention_plan(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
-                              batch_heads=q.shape[0] * q.shape[1], grouped=q.shape[1] != k.shape[1], **options)
+        planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
+        plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
+                       batch_heads=q.shape[0] * q.shape[1], grouped=q.shape[1] != k.shape[1], **options)
         if plan.path == "course":
             return _course_attention(q, k, v, options["is_causal"])
     elif not isinstance(plan, AttentionPlan):
@@ -4107,10 +4129,12 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     else:
         plan.check()
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
-    if needs_op(q, k, v):
-        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
-    else:
+    if not needs_op(q, k, v):
         out, lse = _run_attention_forward(*args, traced=False)
+    elif eager_autograd(q, k, v):
+        out, lse = _ATTENTION_AUTOGRAD.run(*args)
+    else:
+        out, lse = torch.ops.softmax_kernels.attention_forward(*args)
     return (out, lse) if return_lse else out
 
 
@@ -4679,7 +4703,9 @@ def _lce_setup_context(ctx, inputs, output):
         ctx.save_for_backward(dx, dW, db)
 
 
-def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
+def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = True):
+    """The gradients of x, W and bias; on the "rows" path by the backward op where ``through_op``
+    (the forward op's autograd) or where ``backward_through_op``, else launched directly."""
     if torch.is_grad_enabled():
         raise no_double_backward("linear_cross_entropy")
     plan = ctx.plan
@@ -4690,8 +4716,10 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
             raise NotImplementedError("linear_cross_entropy (reduction 'none') differentiates by backward only: "
                                       "its gradient of the losses must not be a dual tensor (forward-mode AD) nor "
                                       "a torch.func transform's tensor")
-        dx, dW, db = torch.ops.softmax_kernels.linear_cross_entropy_backward(*ctx.saved_tensors, dloss, *plan.args())
-    elif torch.compiler.is_compiling():
+        backward = (torch.ops.softmax_kernels.linear_cross_entropy_backward
+                    if through_op or backward_through_op(dloss) else _lce_backward)
+        dx, dW, db = backward(*ctx.saved_tensors, dloss, *plan.args())
+    elif backward_through_op(dloss):  # traced, or a batch of gradients (is_grads_batched): out of place
         dx, dW, db = (g * dloss for g in ctx.saved_tensors)
     else:
         # In place: dW is as large as W, and a copy would double the peak memory.
@@ -4706,6 +4734,11 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb):
 
 
 linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
+
+# Where autograd records an eager call: the one Function, not the custom op's dispatch.
+_LCE_AUTOGRAD = AutogradSpec(
+    "linear_cross_entropy", forward=_lce_forward, setup=_lce_setup_context,
+    backward=lambda ctx, *grads: _lce_autograd_backward(ctx, *grads, through_op=False))
 
 
 @on_input_device
@@ -4739,8 +4772,13 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      grads=grads)
     check_targets(target, W.shape[0], ignore_index)
-    run = torch.ops.softmax_kernels.linear_cross_entropy_forward if needs_op(x2, W, bias) else _lce_forward
-    loss, lse = run(x2, W, t, bias, weight, *plan.args())[:2]
+    args = (x2, W, t, bias, weight, *plan.args())
+    if not needs_op(x2, W, bias):
+        loss, lse = _lce_forward(*args)[:2]
+    elif eager_autograd(*(a for a in (x2, W, bias, t, weight) if a is not None)):
+        loss, lse = _LCE_AUTOGRAD.run(*args)[:2]
+    else:
+        loss, lse = torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[:2]
     if reduction == "none":
         loss = loss.reshape(target.shape)
     return (loss, lse.reshape(target.shape)) if return_lse else loss

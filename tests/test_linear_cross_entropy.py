@@ -8,6 +8,7 @@ the row kernel's tile, so every path of the chunk loop runs in the interpreter.
 
 from __future__ import annotations
 
+import gc
 import weakref
 
 import pytest
@@ -579,10 +580,14 @@ def test_memory_is_the_gradients_and_one_buffer(reduction):
     xl, Wl = x.clone().requires_grad_(), W.clone().requires_grad_()
     with PeakBytes() as whole:
         loss = linear_cross_entropy(xl, Wl, target, reduction=reduction, launch=launch)
+        # The interpreter's host copies of a launch's arguments sit in reference cycles (Triton's
+        # GridExecutor) and keep the chunk buffer's storage until collected; a GPU launch has none.
+        gc.collect()
         dloss = torch.ones_like(loss)
         dx, dW = torch.autograd.grad(loss, (xl, Wl), dloss)
     del loss, dx, dW
-    assert whole.peak <= grads + small, f"forward + backward: {whole.peak} bytes, gradients {grads}"
+    # An eager call runs its chunk loop at this level, so the buffer counts here too.
+    assert whole.peak <= grads + buffer + small, f"forward + backward: {whole.peak} bytes, gradients {grads}"
     with PeakBytes() as forward:
         plan = linear_cross_entropy_plan(BT, H, V, x.dtype, reduction, launch=launch, grads=(True, True, False))
         _lce_forward(x, W, target, None, None, *plan.args())
