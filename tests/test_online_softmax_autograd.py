@@ -339,7 +339,7 @@ def _eager_cases():
            lambda a, b, c: torch.ops.softmax_kernels.attention_forward(a, b, c, *attention_args)[0],
            (q, kv, randn((1, 2, 40, 16), torch.float32, seed=83)))
     xl, wl = randn((20, 16), torch.float32, seed=84), randn((30, 16), torch.float32, seed=85)
-    target = torch.randint(0, 30, (20,), generator=torch.Generator().manual_seed(86))
+    target = torch.randint(0, 30, (20,), generator=torch.Generator().manual_seed(86)).to(xl.device)
     for reduction in ("mean", "none"):
         lce_plan = fsm.linear_cross_entropy_plan(20, 16, 30, torch.float32, reduction, grads=(True, True, False))
         yield (f"linear_cross_entropy {reduction}", "KernelFunction",
