@@ -83,7 +83,9 @@ class BenchGroup:
     # one line per implementation (and block size), one panel per other case value;
     # ("bar", metric) draws metric per case, one bar per implementation; ("ratio", metric) draws
     # metric (a ratio to a baseline) as horizontal bars, one panel per value of the first case
-    # column, a line at 1. None: no plot.
+    # column, a line at 1; ("strip", metric) draws it for groups of hundreds of cases: a column
+    # of dots (one a case) per value of the first case column and implementation, a bar at their
+    # geometric mean, a line at 1. None: no plot.
     plot: tuple[str, str] | None = None
     csv_impls: tuple[str, ...] | None = None
     pivot: tuple[str, dict] | None = None
@@ -516,7 +518,7 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
         return False
     kind, what = group.plot
     ok = df[df["failure"].isna() & df["forward_ms_mean"].notna()]
-    if kind in ("bar", "ratio"):  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
+    if kind in ("bar", "ratio", "strip"):  # a speed-up is empty where the case's baseline did not run (e.g. -k triton): no bar
         ok = ok[ok[what].notna()]
     if ok.empty:
         return False
@@ -563,6 +565,36 @@ def plot_group(group: BenchGroup, df, path: Path, gpu: str) -> bool:
             ax.grid(True, axis="x", alpha=0.3)
         handles = [plt.Rectangle((0, 0), 1, 1, color=f"C{k}") for k in range(len(impls))]
         axes[-1][0].legend(handles, impls, fontsize=7, loc="lower right")
+    elif kind == "strip":
+        names = sorted(ok[group.case[0]].unique())
+        impls = list(dict.fromkeys(ok["impl"]))
+        width = 0.8 / len(impls)
+        fig, ax = plt.subplots(figsize=(max(6.0, 1.1 * len(names) * len(impls)), 5.0))
+        for i, name in enumerate(names):
+            here = ok[ok[group.case[0]] == name]
+            present = [impl for impl in impls if (here["impl"] == impl).any()]
+            for slot, impl in enumerate(present):
+                k = impls.index(impl)
+                values = here[here["impl"] == impl][what].astype(float).sort_values()
+                x = i + (slot - (len(present) - 1) / 2) * width
+                spread = [x + width * 0.35 * (2 * j / max(1, len(values) - 1) - 1) for j in range(len(values))]
+                ax.scatter(spread, values, s=9, color=f"C{k}", alpha=0.55, linewidths=0,
+                           label=impl if impl not in ax.get_legend_handles_labels()[1] else None)
+                mean = math.exp(sum(map(math.log, values)) / len(values))
+                ax.hlines(mean, x - width * 0.45, x + width * 0.45, color=f"C{k}", linewidth=2.5)
+                ax.annotate(f"{mean:.2f}", (x, mean), textcoords="offset points", xytext=(0, 4), ha="center", fontsize=7)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_yscale("log")
+        plain = matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}")
+        ax.yaxis.set_major_formatter(plain)
+        ax.yaxis.set_minor_formatter(plain)
+        ax.tick_params(axis="y", which="minor", labelsize=7)
+        counts = ok.groupby(group.case[0])[group.case[1]].nunique() if len(group.case) > 1 else None
+        ax.set_xticks(range(len(names)))
+        ax.set_xticklabels([f"{n}\n{counts[n]} cases" if counts is not None else str(n) for n in names], fontsize=8)
+        ax.set_ylabel(f"{what} (log; a dot a case, bar: geometric mean)")
+        ax.legend(fontsize=7)
+        ax.grid(True, axis="y", which="both", alpha=0.3)
     else:
         cases = list(ok.groupby(list(group.case), dropna=False, sort=False))
         impls = list(dict.fromkeys(_label(["impl", *variant], tuple(r)) for r in ok[["impl", *variant]].itertuples(index=False)))
@@ -1254,9 +1286,9 @@ def main(argv=None) -> int:
             kind, _, metric = drawn.partition(":")
             layout = data["bench_groups"].get(name, {})
             known = {*layout.get("columns", ()), *layout.get("case", ()), *METRICS, *layout.get("speedups", {})}
-            if not layout or kind not in ("line", "bar", "ratio") or metric not in known:
+            if not layout or kind not in ("line", "bar", "ratio", "strip") or metric not in known:
                 parser.error(f"--plot {spec}: expected GROUP=KIND:METRIC with a group of this run "
-                             f"({', '.join(data['bench_groups'])}), KIND line, bar or ratio, and METRIC one of its "
+                             f"({', '.join(data['bench_groups'])}), KIND line, bar, ratio or strip, and METRIC one of its "
                              f"columns or metrics")
             layout["plot"] = [kind, metric]
     try:

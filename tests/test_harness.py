@@ -469,6 +469,19 @@ def test_ratio_plot_and_a_plot_added_at_rebuild(tmp_path):
                  "--plot", "grid=ratio:speedup"]) == 0
     assert (tmp_path / "drawn" / "grid.png").stat().st_size > 0
     assert (tmp_path / "drawn" / "grid.csv").read_bytes() == (tmp_path / "as_run" / "grid.csv").read_bytes()
+    # The strip plot (a dot a case): its height does not grow with the cases, as the ratio plot's does.
+    many = [dict(workload=w, case=str(c), impl=i, ms=ms) for w in "ab" for c in range(60)
+            for i, ms in (("torch", 2.0), ("triton", 1.0 + c / 100))]
+    (tmp_path / "many.json").write_text(json.dumps(run_json(group, many, [])))
+    heights = {}
+    for kind in ("ratio", "strip"):
+        assert main(["rebuild", str(tmp_path / "many.json"), "--outputs-dir", str(tmp_path / kind),
+                     "--plot", f"grid={kind}:speedup"]) == 0
+        from PIL import Image
+
+        with Image.open(tmp_path / kind / "grid.png") as image:
+            heights[kind] = image.size[1]
+    assert heights["strip"] < 600 < heights["ratio"], heights
     for bad in ("other=ratio:speedup", "grid=pie:speedup", "grid=ratio", "grid=ratio:nosuch"):
         with pytest.raises(SystemExit):
             main(["rebuild", str(tmp_path / "run.json"), "--plot", bad])
