@@ -4057,6 +4057,10 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
     """(dq, dk, dv): by the backward op where ``through_op`` (the forward op's autograd) or where
     ``backward_through_op``, else its kernels launched directly (an eager backward)."""
     if torch.is_grad_enabled():
+        if torch._C._are_functorch_transforms_active():  # torch.func's grad, vjp, jacrev: no first derivative either
+            raise NotImplementedError("flash_attention's general kernels differentiate by backward only "
+                                      "(out.backward(), torch.autograd.grad), not under torch.func's grad, vjp or "
+                                      "jacrev; torch.func.vmap is supported")
         raise no_double_backward("flash_attention")
     q, k, v, out, lse = ctx.saved_tensors
     scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
@@ -4074,11 +4078,20 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
 attention_forward.register_autograd(lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse), *([None] * 7)),
                                     setup_context=_attention_setup)
 
+def _attention_vmap(info, in_dims, q, k, v, *options):
+    """torch.func.vmap's rule: the mapped dimension joins the batch (an unmapped input repeated for it)."""
+    folded = [(t.expand(info.batch_size, *t.shape) if dim is None else batch_first(t, dim)).flatten(0, 1)
+              for t, dim in zip((q, k, v), in_dims[:3])]
+    out, lse = _ATTENTION_AUTOGRAD.apply(*folded, *options)
+    return (out.unflatten(0, (info.batch_size, -1)), lse.unflatten(0, (info.batch_size, -1))), (0, 0)
+
+
 # flash_attention's general kernels where autograd records an eager call: launched directly
 # through the one Function, not by the custom op (whose dispatch costs host time each call).
 _ATTENTION_AUTOGRAD = AutogradSpec(
     "flash_attention", forward=lambda *args: _run_attention_forward(*args, traced=False), setup=_attention_setup,
-    backward=lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse, through_op=False), *([None] * 7)))
+    backward=lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse, through_op=False), *([None] * 7)),
+    vmap=_attention_vmap)
 
 
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:

@@ -279,6 +279,32 @@ def test_lse_alone_and_no_double_backward():
         torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
+def test_vmap_and_transforms_it_refuses():
+    """torch.func.vmap folds its dimension into the batch (an unmapped k or v shared), with or
+    without gradients; torch.func's grad and forward-mode AD are refused by name, not answered
+    with a zero tangent or a misleading error."""
+    from torch import func
+
+    q, k, v = randn((3, 1, 4, 8, 16), torch.float32, 4), randn((1, 2, 10, 16), torch.float32, 5), \
+        randn((3, 1, 2, 10, 16), torch.float32, 6)
+
+    def f(q, v):
+        return flash_attention(q, k, v, is_causal=True, causal_align="bottom_right", enable_gqa=True)
+
+    looped = torch.stack([f(q[i], v[i]) for i in range(3)])
+    assert torch.equal(func.vmap(f)(q, v), looped)
+    leaves = [q.clone().requires_grad_(), v.clone().requires_grad_()]
+    mapped = torch.autograd.grad(func.vmap(f)(*leaves).square().sum(), leaves)
+    each = [t.clone().requires_grad_() for t in (q, v)]
+    for got, want in zip(mapped, torch.autograd.grad(torch.stack([f(each[0][i], each[1][i]) for i in range(3)])
+                                                      .square().sum(), each)):
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-6)
+    with pytest.raises(NotImplementedError, match="not under torch.func's grad"):
+        func.grad(lambda q: f(q, v[0]).square().sum())(q[0])
+    with pytest.raises(NotImplementedError, match="forward-mode"):
+        func.jvp(lambda q: f(q, v[0]), (q[0],), (torch.ones_like(q[0]),))
+
+
 def test_empty_inputs():
     """No queries: empty outputs; no keys: every query sees none (out 0, lse -inf, zero gradients)."""
     q = randn((2, 2, 0, 16), torch.float32, 0)
