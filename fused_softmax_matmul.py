@@ -3510,11 +3510,13 @@ class AttentionPlan:
     dkdv: FlashLaunch
     splits: int = 1  # the forward's key range in this many parts (``attention_splits``)
     path: str = "general"
+    heads_in_tile: int = 1  # query heads of one group sharing a forward tile (``attention_heads_in_tile``)
 
     def check(self) -> None:
         for kernel in FLASH_KERNELS:
             getattr(self, kernel).check(f"plan.{kernel}")
         check_int("plan.splits", self.splits, 1, 1024)
+        check_block("plan.heads_in_tile", self.heads_in_tile, 1, self.forward.block_m)
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
@@ -3546,26 +3548,46 @@ def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int
     return max(1, min(cdiv(ATTENTION_SPLIT_PROGRAMS, programs), n_keys // ATTENTION_SPLIT_MIN_KEYS))
 
 
+# A decode step's tile: at most this many heads of a group (4 queries' rows each of 16).
+ATTENTION_DECODE_HEADS = 4
+
+
+def attention_heads_in_tile(group: int, n_queries: int, block_m: int) -> int:
+    """How many query heads of a group share a forward tile: in a decode step (one query, a tile
+    of 16 rows) the group's heads fill the empty rows and each key and value tile is read once for
+    them all; a power of two dividing the group, at most ``ATTENTION_DECODE_HEADS`` (design notes:
+    decode tiles); 1 (one head a tile) for more queries."""
+    heads = 1
+    while n_queries == 1 and group % (2 * heads) == 0 and 2 * heads <= min(ATTENTION_DECODE_HEADS, block_m):
+        heads *= 2
+    return heads
+
+
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
                    causal_align: str = "top_left", window: tuple | None = None, batch_heads: int = 1,
-                   grouped: bool = False, scale: float | None = None, softcap: float | None = None,
+                   grouped: bool | int = False, scale: float | None = None, softcap: float | None = None,
                    return_lse: bool = False) -> AttentionPlan:
     """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads
     and options: a pure function. Path "course" for what FlashAttentionTriton takes as it is (no
     GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
     window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
     flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
-    >= 16 that covers a short sequence (a decode step runs 16-query tiles)."""
+    >= 16 that covers a short sequence (a decode step runs 16-query tiles); ``grouped`` True or
+    the group's size (query heads a key/value head serves), where a short sequence's forward
+    tiles take several heads of a group (``attention_heads_in_tile``)."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
              for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
-    splits = attention_splits(batch_heads, n_queries, n_keys, tiles["forward"].block_m)
+    block_m = tiles["forward"].block_m
+    heads = attention_heads_in_tile(int(grouped), n_queries, block_m) if grouped else 1
+    splits = attention_splits(batch_heads // heads, n_queries, n_keys, block_m // heads)
     course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
               and (scale is None or scale == d ** -0.5) and n_keys > 0
               and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
-    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general")
+    return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general",
+                         heads_in_tile=heads)
 
 
 # Eager calls plan once per shape and options (a trace plans in its own cache).
@@ -3705,10 +3727,10 @@ def attention_forward_kernel(
     stride_os, stride_ob, stride_oh, stride_om, stride_od,
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
-    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one (batch, query head) against the keys of its key/value
-    head (query head // group) that the mask shows them, within its split of split_keys keys (a
+    """One program: BLOCK_M queries of one (batch, query head) (or BLOCK_M / HEADS of HEADS heads
+    of one group) against the keys of its key/value head (query head // group) that the mask shows them, within its split of split_keys keys (a
     multiple of BLOCK_N; one split holds them all unless the plan splits the keys). out and lse:
     (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its
     own sum, and the caller merges the splits by their lse."""
@@ -3716,19 +3738,33 @@ def attention_forward_kernel(
     cap2 = tl.cast(cap2, tl.float32)
     pid = tl.program_id(0)
     split = (pid % n_splits).to(tl.int64)
-    b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+    # With HEADS > 1 the tile's rows are HEADS query heads of one group (h the first) times
+    # QUERIES queries each, head-major: they read the same key and value tiles.
+    QUERIES: tl.constexpr = BLOCK_M // HEADS
+    if HEADS == 1:
+        b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
+        query_start = tile * BLOCK_M
+        rows = query_start + tl.arange(0, BLOCK_M)
+        q_base = q_ptr + b * stride_qb + h * stride_qh
+    else:
+        b, h, tile = _attention_head(pid // n_splits, n_batch * (n_heads // HEADS), n_queries, n_heads // HEADS,
+                                     QUERIES, HAS_HI)
+        h = h * HEADS
+        query_start = tile * QUERIES
+        rows = query_start + tl.arange(0, BLOCK_M) % QUERIES
+        heads = h + tl.arange(0, BLOCK_M) // QUERIES
+        q_base = q_ptr + b * stride_qb + (heads * stride_qh)[:, None]
+        o_base = o_ptr + split * stride_os + b * stride_ob + (heads * stride_oh)[:, None]
+        lse_rows = ((split * n_batch + b) * n_heads + heads) * n_queries + rows
     hk = h // group
-    query_start = tile * BLOCK_M
-    rows = query_start + tl.arange(0, BLOCK_M)
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
-    q = _attention_load(q_ptr + b * stride_qb + h * stride_qh, rows, n_queries, stride_qm, dims, stride_qd,
-                        D, HEAD_DIM, True)
+    q = _attention_load(q_base, rows, n_queries, stride_qm, dims, stride_qd, D, HEAD_DIM, True)
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM_V), tl.float32)
-    start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, BLOCK_M, BLOCK_N,
+    start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, QUERIES, BLOCK_N,
                                                        HAS_LO, HAS_HI)
     # This split's keys only: the bounds stay tile-aligned, whole tiles stay whole.
     split_start = split * split_keys
@@ -3749,10 +3785,11 @@ def attention_forward_kernel(
         BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
     # A query that sees no key (or only -inf logits) has l = 0: output 0 and L = -inf.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    _attention_store(o_ptr + split * stride_os + b * stride_ob + h * stride_oh, out, rows, n_queries, stride_om,
-                     dims_v, stride_od, DV)
-    tl.store(lse_ptr + ((split * n_batch + b) * n_heads + h) * n_queries + rows, (m + tl.math.log2(l)) * LN_2,
-             mask=rows < n_queries)
+    if HEADS == 1:
+        o_base = o_ptr + split * stride_os + b * stride_ob + h * stride_oh
+        lse_rows = ((split * n_batch + b) * n_heads + h) * n_queries + rows
+    _attention_store(o_base, out, rows, n_queries, stride_om, dims_v, stride_od, DV)
+    tl.store(lse_ptr + lse_rows, (m + tl.math.log2(l)) * LN_2, mask=rows < n_queries)
 
 
 @triton.jit
@@ -3950,11 +3987,11 @@ def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, s
 def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:
     """The custom ops' plain values for a plan: scale, the bounds as ints with flags (an absent
     bound's int is unused), softcap (0.0: none), and each kernel's [block_m, block_n, warps,
-    stages] (forward, dq, dkdv) then the forward's key splits."""
+    stages] (forward, dq, dkdv) then the forward's key splits and heads a tile."""
     launches = [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
                 for field in ("block_m", "block_n", "num_warps", "num_stages")]
     return (scale, plan.lo or 0, plan.hi or 0, plan.lo is not None, plan.hi is not None, softcap or 0.0,
-            [*launches, plan.splits])
+            [*launches, plan.splits, plan.heads_in_tile])
 
 
 def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
@@ -3987,11 +4024,13 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     if out.numel() == 0:
         return q.new_empty(out_shape), lse[0]
     qk_scale, cap2 = _attention_scalars(scale, softcap)
-    grid = one_axis_grid(splits * batch * heads * cdiv(n_queries, launch[0]), "the attention forward")
+    tile_heads = launches[13]
+    grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
+                         "the attention forward")
     jit_kernel(attention_forward_kernel, traced=traced)[grid](
         q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
         split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
-        **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
+        HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
     if splits == 1:
         return out, lse[0]
     # The whole key range's lse is the logsumexp of the splits'; out their sum weighted by
@@ -4133,14 +4172,18 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     check_flag("return_lse", return_lse)
     if plan is None:
         planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
+        group = q.shape[1] // k.shape[1]
         plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
-                       batch_heads=q.shape[0] * q.shape[1], grouped=q.shape[1] != k.shape[1], **options)
+                       batch_heads=q.shape[0] * q.shape[1], grouped=group if group > 1 else False, **options)
         if plan.path == "course":
             return _course_attention(q, k, v, options["is_causal"])
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:
         plan.check()
+        if (q.shape[1] // k.shape[1]) % plan.heads_in_tile:
+            raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
+                             f"key/value head serves ({q.shape[1] // k.shape[1]})")
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):
         out, lse = _run_attention_forward(*args, traced=False)

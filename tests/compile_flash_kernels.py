@@ -71,8 +71,18 @@ def attention_cases() -> list:
                               PRECISION=fsm.dot_precision(dtype), UPCAST=False)
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
+            if name == "forward":
+                constexprs["HEADS"] = plan.heads_in_tile
             cases.append((kernel, elements[dtype], constexprs,
                           dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
+    # A decode step of Llama-3-8B-like grouped heads: the forward's tile holds 4 heads of a group.
+    plan = fsm.attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right",
+                              batch_heads=256, grouped=4)
+    assert plan.heads_in_tile == 4, plan
+    cases.append((fsm.attention_forward_kernel, "bf16", dict(
+        D=128, DV=128, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n,
+        HAS_LO=False, HAS_HI=True, SOFTCAP=False, PRECISION="ieee", UPCAST=False, HEADS=4),
+        dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
     # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
     cases.append((fsm.attention_backward_dkdv_kernel, "fp16", dict(
         D=64, DV=64, HEAD_DIM=64, HEAD_DIM_V=64, BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False,

@@ -19,7 +19,8 @@ import torch
 import torch.nn.functional as F
 
 from fused_softmax_matmul import (
-    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_mask_bounds, attention_plan, attention_visible_pairs,
+    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_heads_in_tile, attention_mask_bounds, attention_plan,
+    attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
@@ -55,6 +56,9 @@ CPU_CASES = {
     "bottom-right-5q-70k": Case(1, 2, 2, 5, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
     "decode-1q-70k-gqa": Case(2, 4, 2, 1, 70, 24, 24, dict(is_causal=True, causal_align="bottom_right",
                                                            enable_gqa=True)),
+    # a decode step: four heads of a group in one forward tile, a window across its key tiles
+    "gqa8:2-1q-window": Case(1, 8, 2, 1, 70, 16, 16, dict(window=(20, 4), causal_align="bottom_right",
+                                                          enable_gqa=True)),
     # bottom-right with more queries than keys: the first 30 queries see no key (out 0, lse -inf)
     "bottom-right-50q-20k": Case(1, 2, 2, 50, 20, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
     "window-7-3": Case(1, 2, 2, 70, 70, 16, 16, dict(window=(7, 3))),  # masked tiles on both sides of whole ones
@@ -352,6 +356,8 @@ BAD_INPUTS = {
     "enable-gqa-int": (lambda: _qkv(), dict(enable_gqa=1), TypeError, "enable_gqa must be a bool"),
     "return-lse-str": (lambda: _qkv(), dict(return_lse="yes"), TypeError, "return_lse must be a bool"),
     "plan-type": (lambda: _qkv(), dict(plan={"forward": None}), TypeError, "plan must be an AttentionPlan"),
+    "plan-heads-in-tile": (lambda: _qkv(hq=6, hk=2), dict(enable_gqa=True, plan=dataclasses.replace(
+        attention_plan(16, 16, torch.float32, 5, 7), heads_in_tile=2)), ValueError, "plan.heads_in_tile"),
 }
 
 
@@ -404,6 +410,14 @@ def test_plan_tiles_and_bounds():
     assert attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256).splits > 1
     assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32).splits == 1
     assert attention_plan(128, 128, torch.bfloat16, 1, 1000, batch_heads=8).splits == 1
+    # A decode step's forward tile of 16 rows takes 4 heads of a group of 4 (each key tile read
+    # once for them), splitting the keys over the fewer programs; more queries, or a group of 3, one.
+    decode = attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256, grouped=4)
+    assert decode.heads_in_tile == 4 and decode.forward.block_m == 16
+    assert decode.splits > attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256).splits
+    assert attention_heads_in_tile(8, 1, 16) == 4 and attention_heads_in_tile(4, 2, 16) == 1
+    assert attention_heads_in_tile(3, 1, 16) == 1 and attention_heads_in_tile(6, 1, 16) == 2
+    assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32, grouped=4).heads_in_tile == 1
 
 
 # ----------------------------------------------------------------------------------------------
@@ -482,7 +496,7 @@ def test_cuda_graph_replay_matches_eager():
 
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["llama-gqa-causal", "decode", "gemma-window-softcap"])
+@pytest.mark.parametrize("name", ["llama-gqa-causal", "decode", "decode-1q", "gemma-window-softcap"])
 def test_model_shapes_on_gpu(name, dtype):
     """The benchmark's model shapes at a shorter length, against float64 (the reference holds
     every logit in float64: 1024 x 2048 per head here)."""
@@ -490,6 +504,8 @@ def test_model_shapes_on_gpu(name, dtype):
         "llama-gqa-causal": Case(1, 8, 2, 1024, 1024, 128, 128, dict(is_causal=True, enable_gqa=True)),
         "decode": Case(2, 8, 2, 16, 2048, 128, 128, dict(is_causal=True, causal_align="bottom_right",
                                                          enable_gqa=True)),
+        "decode-1q": Case(2, 8, 2, 1, 8192, 128, 128, dict(is_causal=True, causal_align="bottom_right",
+                                                           enable_gqa=True)),
         "gemma-window-softcap": Case(1, 4, 2, 1024, 1024, 256, 256, dict(
             is_causal=True, window=(255, 0), softcap=50.0, enable_gqa=True), 4.0),
     }[name]
