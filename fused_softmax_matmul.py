@@ -3548,7 +3548,7 @@ def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int
     return max(1, min(cdiv(ATTENTION_SPLIT_PROGRAMS, programs), n_keys // ATTENTION_SPLIT_MIN_KEYS))
 
 
-# A decode step's tile: at most this many heads of a group (4 queries' rows each of 16).
+# A decode step's tile of 16 rows: at most this many heads of a group, 4 rows a head.
 ATTENTION_DECODE_HEADS = 4
 
 
@@ -3572,9 +3572,9 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
     window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
     flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
-    >= 16 that covers a short sequence (a decode step runs 16-query tiles); ``grouped`` True or
-    the group's size (query heads a key/value head serves), where a short sequence's forward
-    tiles take several heads of a group (``attention_heads_in_tile``)."""
+    >= 16 that covers a short sequence (a decode step runs 16-query tiles). ``grouped``: the
+    group's size (query heads a key/value head serves), with which a decode step's forward tile
+    takes several heads of a group (``attention_heads_in_tile``); True: grouped, one head a tile."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
@@ -3729,9 +3729,10 @@ def attention_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one (batch, query head) (or BLOCK_M / HEADS of HEADS heads
-    of one group) against the keys of its key/value head (query head // group) that the mask shows them, within its split of split_keys keys (a
-    multiple of BLOCK_N; one split holds them all unless the plan splits the keys). out and lse:
+    """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS queries of each
+    of HEADS heads of one group, against the keys of their key/value head (query head // group)
+    that the mask shows them, within its split of split_keys keys (a multiple of BLOCK_N; one
+    split holds them all unless the plan splits the keys). out and lse:
     (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its
     own sum, and the caller merges the splits by their lse."""
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -4181,6 +4182,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     else:
         plan.check()
+        bounds = attention_mask_bounds(q.shape[2], k.shape[2], options["is_causal"], options["causal_align"],
+                                       options["window"])
+        if (plan.lo, plan.hi) != bounds:
+            raise ValueError(f"plan's mask bounds (lo, hi) = {(plan.lo, plan.hi)} are not this call's {bounds} (from "
+                             "is_causal, causal_align, window and the lengths): plan with the same options")
         if (q.shape[1] // k.shape[1]) % plan.heads_in_tile:
             raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
                              f"key/value head serves ({q.shape[1] // k.shape[1]})")

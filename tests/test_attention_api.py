@@ -87,7 +87,7 @@ SMALL_TILES = {kernel: FlashLaunch(16, 16, 4, 1) for kernel in ("forward", "dq",
 
 
 def small_tile_plan(case: Case, dtype: torch.dtype) -> AttentionPlan:
-    plan = attention_plan(case.d, case.dv, dtype, case.n_queries, case.n_keys,
+    plan = attention_plan(case.d, case.dv, dtype, case.n_queries, case.n_keys, grouped=case.heads // case.kv_heads,
                           **{k: v for k, v in case.options.items() if k in ("is_causal", "causal_align", "window")})
     return dataclasses.replace(plan, **SMALL_TILES)
 
@@ -358,6 +358,8 @@ BAD_INPUTS = {
     "plan-type": (lambda: _qkv(), dict(plan={"forward": None}), TypeError, "plan must be an AttentionPlan"),
     "plan-heads-in-tile": (lambda: _qkv(hq=6, hk=2), dict(enable_gqa=True, plan=dataclasses.replace(
         attention_plan(16, 16, torch.float32, 5, 7), heads_in_tile=2)), ValueError, "plan.heads_in_tile"),
+    "plan-other-mask": (lambda: _qkv(), dict(is_causal=True, plan=attention_plan(16, 16, torch.float32, 5, 7)),
+                        ValueError, "plan's mask bounds"),
 }
 
 
