@@ -4175,8 +4175,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
         group = q.shape[1] // k.shape[1]
         plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
-                       batch_heads=q.shape[0] * q.shape[1], grouped=group if group > 1 else False, **options)
-        if plan.path == "course":
+                       batch_heads=q.shape[0] * q.shape[1],
+                       grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)
+        # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
+        if plan.path == "course" and not transformed(q, k, v):
             return _course_attention(q, k, v, options["is_causal"])
     elif not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
@@ -4393,11 +4395,14 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
             raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
         if weight.device != x.device:
             raise ValueError(f"weight is on {weight.device} but x is on {x.device}: they must be on one device")
+        if weight.requires_grad and torch.is_grad_enabled():
+            raise NotImplementedError("linear_cross_entropy is not differentiable in weight (nor is F.cross_entropy): "
+                                      "pass weight.detach()")
     if transformed(x, W, bias):  # a custom op has no forward-mode formula nor torch.func rules
         raise NotImplementedError("linear_cross_entropy differentiates by backward only (loss.backward(), "
                                   "torch.autograd.grad): x, W and bias must not be dual tensors (forward-mode AD) "
                                   "nor torch.func transforms' tensors (grad, jvp, vmap)")
-    return x.reshape(-1, x.shape[-1]), W, bias, target.reshape(-1)
+    return x.reshape(target.numel(), x.shape[-1]), W, bias, target.reshape(-1)
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
@@ -4829,6 +4834,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     notes: Linear cross-entropy.
     """
     x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)
+    check_flag("return_lse", return_lse)
     grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
     plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
@@ -4959,6 +4965,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
     if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
         vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
     x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes)
+    check_flag("return_lse", return_lse)
     plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      vocab_start=vocab_start, n_classes=n_classes)

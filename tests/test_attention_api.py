@@ -307,6 +307,13 @@ def test_vmap_and_transforms_it_refuses():
         func.grad(lambda q: f(q, v[0]).square().sum())(q[0])
     with pytest.raises(NotImplementedError, match="forward-mode"):
         func.jvp(lambda q: f(q, v[0]), (q[0],), (torch.ones_like(q[0]),))
+    # A plain call (the course's kernels outside transforms) takes the same rule and refusals.
+    kp = randn((1, 1, 10, 16), torch.float32, 7)
+    plain = func.vmap(lambda q: flash_attention(q, kp, kp))(q[:, :, :1])  # the general kernels there
+    torch.testing.assert_close(plain, torch.stack([flash_attention(q[i, :, :1], kp, kp) for i in range(3)]),
+                               atol=1e-6, rtol=1e-5)
+    with pytest.raises(NotImplementedError, match="not under torch.func's grad"):
+        func.grad(lambda q: flash_attention(q, kp, kp).square().sum())(q[0, :, :1])
 
 
 def test_empty_inputs():
@@ -321,6 +328,10 @@ def test_empty_inputs():
     assert torch.equal(out, torch.zeros_like(out)) and (lse == NEG_INF).all()
     (dq,) = torch.autograd.grad(out.sum(), q)
     assert torch.equal(dq, torch.zeros_like(dq))
+    # no query heads, grouped: empty, as SDPA gives
+    out = flash_attention(randn((1, 0, 7, 16), torch.float32, 0), k.new_zeros((1, 2, 9, 16)),
+                          k.new_zeros((1, 2, 9, 16)), enable_gqa=True)
+    assert out.shape == (1, 0, 7, 16)
 
 
 # ----------------------------------------------------------------------------------------------

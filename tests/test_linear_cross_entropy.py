@@ -410,6 +410,9 @@ def _bad(name):
         "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
         "softcap_nan": (dict(softcap=float("nan")), ValueError, "softcap must be in"),
         "z_loss_negative": (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
+        "return_lse": (dict(return_lse="no"), TypeError, "return_lse must be a bool"),
+        "weight_grad": (dict(weight=torch.rand(20, device=x.device, requires_grad=True)), NotImplementedError,
+                        "not differentiable in weight"),
     }
     kwargs, error, match = cases[name]
     args = dict(x=x, W=W, target=target)
@@ -421,11 +424,23 @@ def _bad(name):
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
                                   "launch_rows", "launch_block", "target_leading", "bias_shape",
                                   "bias_dtype", "weight_shape", "weight_int", "smoothing_range", "smoothing_type",
-                                  "softcap_zero", "softcap_nan", "z_loss_negative"])
+                                  "softcap_zero", "softcap_nan", "z_loss_negative", "return_lse", "weight_grad"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
     with pytest.raises(error, match=match):
         linear_cross_entropy(**args)
+
+
+def test_no_hidden_features():
+    """H = 0: every logit 0 (x @ W^T of nothing), so the loss is log(V), as F.cross_entropy gives,
+    with empty gradients for x and W."""
+    x = torch.zeros((4, 0), device=DEVICE, requires_grad=True)
+    W = torch.zeros((10, 0), device=DEVICE, requires_grad=True)
+    target = torch.arange(4, device=DEVICE)
+    loss = linear_cross_entropy(x, W, target)
+    torch.testing.assert_close(loss, F.cross_entropy(F.linear(x, W), target))
+    dx, dW = torch.autograd.grad(loss, (x, W))
+    assert dx.shape == (4, 0) and dW.shape == (10, 0)
 
 
 def test_launch_is_bounded_by_V_and_H_not_by_BT():
