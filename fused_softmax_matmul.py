@@ -972,7 +972,7 @@ def _fused_vmap(info, in_dims, x, V, plan):
         out, lse = _FUSED_AUTOGRAD.apply(x.flatten(1, 2), V, plan)
         return (out.unflatten(1, x.shape[1:3]), lse.unflatten(1, x.shape[1:3])), (1, 1)
     # Else the batch folds into the kernel's batch (an unbatched x repeated for it).
-    x = x.expand(info.batch_size, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    x = batch_first(x, x_dim, info.batch_size)
     V = batch_first(V, v_dim)
     out, lse = _FUSED_AUTOGRAD.apply(x.flatten(0, 1), V.flatten(0, 1), plan)
     return (out.unflatten(0, x.shape[:2]), lse.unflatten(0, x.shape[:2])), (0, 0)
@@ -2240,7 +2240,7 @@ def _matmul_vmap(info, in_dims, x, W, name, launch):
         x = batch_first(x, x_dim)
         out = _MATMUL_AUTOGRAD.apply(x.flatten(0, 1), W, name, launch)
         return out.unflatten(0, x.shape[:2]), 0
-    xs = x.expand(n, *x.shape) if x_dim is None else batch_first(x, x_dim)
+    xs = batch_first(x, x_dim, n)
     return torch.stack([_MATMUL_AUTOGRAD.apply(a, b, name, launch) for a, b in zip(xs, batch_first(W, w_dim))]), 0
 
 
@@ -4120,8 +4120,7 @@ attention_forward.register_autograd(lambda ctx, dout, dlse: (*_attention_grad(ct
 
 def _attention_vmap(info, in_dims, q, k, v, *options):
     """torch.func.vmap's rule: the mapped dimension joins the batch (an unmapped input repeated for it)."""
-    folded = [(t.expand(info.batch_size, *t.shape) if dim is None else batch_first(t, dim)).flatten(0, 1)
-              for t, dim in zip((q, k, v), in_dims[:3])]
+    folded = [batch_first(t, dim, info.batch_size).flatten(0, 1) for t, dim in zip((q, k, v), in_dims[:3])]
     out, lse = _ATTENTION_AUTOGRAD.apply(*folded, *options)
     return (out.unflatten(0, (info.batch_size, -1)), lse.unflatten(0, (info.batch_size, -1))), (0, 0)
 
@@ -4843,7 +4842,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     args = (x2, W, t, bias, weight, *plan.args())
     if not needs_op(x2, W, bias):
         loss, lse = _lce_forward(*args)[:2]
-    elif eager_autograd(*(a for a in (x2, W, bias, t, weight) if a is not None)):
+    elif eager_autograd(x2, W, bias, t, weight):
         loss, lse = _LCE_AUTOGRAD.run(*args)[:2]
     else:
         loss, lse = torch.ops.softmax_kernels.linear_cross_entropy_forward(*args)[:2]

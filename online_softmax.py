@@ -212,9 +212,9 @@ def needs_op(*tensors) -> bool:
 def eager_autograd(*tensors) -> bool:
     """Whether a call that autograd records (``needs_op``) takes ``KernelFunction``
     (``AutogradSpec.run``), which launches directly, rather than its custom op and the dispatcher:
-    not traced, and plain tensors only; or a call that carries a tangent or a transform's wrapper
-    (``transformed``), which only the Function carries."""
-    return (not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors)
+    not traced, and plain tensors only (None: an absent optional input); or a call that carries a
+    tangent or a transform's wrapper (``transformed``), which only the Function carries."""
+    return (not torch.compiler.is_compiling() and all(type(t) in PLAIN_TENSORS for t in tensors if t is not None)
             or transformed(*tensors))
 
 
@@ -463,10 +463,13 @@ def softmax_tangent(y: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return (yf * (tf - (yf * tf).sum(-1, keepdim=True))).to(y.dtype)
 
 
-def batch_first(t: torch.Tensor, dim: int | None) -> torch.Tensor:
+def batch_first(t: torch.Tensor, dim: int | None, size: int | None = None) -> torch.Tensor:
     """A vmap rule's operand with its batch dimension (dim, None where unbatched) first: for a
-    softmax over the last dimension, rows like any others."""
-    return t if dim is None else t.movedim(dim, 0)
+    softmax over the last dimension, rows like any others. With ``size``, an unbatched operand
+    is repeated (a view) along a new first dimension of that size."""
+    if dim is None:
+        return t if size is None else t.expand(size, *t.shape)
+    return t.movedim(dim, 0)
 
 
 # -- Launching: grids, and the kernel as launched ----------------------------------------------
