@@ -3794,6 +3794,30 @@ def attention_forward_kernel(
 
 
 @triton.jit
+def attention_merge_kernel(parts_ptr, part_lse_ptr, out_ptr, lse_ptr, n_rows, n_splits, DV: tl.constexpr,
+                           HEAD_DIM_V: tl.constexpr):
+    """Row pid's out and lse over the whole key range, from the key splits' partial outs
+    (n_splits, n_rows, DV) float32, each normalised over its own keys, and their lses (natural
+    log): lse = logsumexp of the splits', out their sum weighted by exp(lse_split - lse). A row
+    no split shows a key keeps out 0 and lse -inf."""
+    row = tl.program_id(0).to(tl.int64)
+    m = float("-inf")
+    for split in range(n_splits):
+        m = tl.maximum(m, tl.load(part_lse_ptr + split * n_rows + row))
+    m_sub = tl.where(m == float("-inf"), 0.0, m)
+    dims = tl.arange(0, HEAD_DIM_V)
+    acc = tl.zeros((HEAD_DIM_V,), tl.float32)
+    total = 0.0
+    for split in range(n_splits):
+        weight = tl.exp(tl.load(part_lse_ptr + split * n_rows + row) - m_sub)
+        acc += weight * tl.load(parts_ptr + (split * n_rows + row) * DV + dims, mask=dims < DV, other=0.0)
+        total += weight
+    tl.store(out_ptr + row * DV + dims, (acc / tl.where(total == 0.0, 1.0, total)).to(out_ptr.dtype.element_ty),
+             mask=dims < DV)
+    tl.store(lse_ptr + row, tl.where(total == 0.0, float("-inf"), m_sub + tl.log(total)))
+
+
+@triton.jit
 def _attention_dq_tiles(
     dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
     n_queries, n_keys, qk_scale, cap2, lo, hi,
@@ -4034,11 +4058,11 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
         HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
     if splits == 1:
         return out, lse[0]
-    # The whole key range's lse is the logsumexp of the splits'; out their sum weighted by
-    # exp(lse_split - lse). A query no split shows a key keeps out 0 and lse -inf.
-    total = torch.logsumexp(lse, dim=0)
-    weights = torch.exp(lse - total.masked_fill(total == float("-inf"), 0.0))
-    return (out * weights[..., None]).sum(dim=0).to(q.dtype), total
+    merged, total = q.new_empty(out_shape), lse.new_empty(lse.shape[1:])
+    rows = batch * heads * n_queries
+    jit_kernel(attention_merge_kernel, traced=traced)[one_axis_grid(rows, "the attention forward's merge")](
+        out, lse, merged, total, rows, splits, DV=dv, HEAD_DIM_V=max(16, next_power_of_2(dv)), num_warps=1)
+    return merged, total
 
 
 # The op autograd and torch.compile see; eager calls that record no gradient launch directly.
