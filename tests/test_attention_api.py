@@ -468,26 +468,37 @@ def test_compiles_fullgraph(fresh_compile):
         torch.testing.assert_close(got, want, atol=0, rtol=0)
 
 
+DECODE_OPTIONS = dict(is_causal=True, causal_align="bottom_right", enable_gqa=True)
+COMPILED_CASES = {"options": Case(2, 8, 2, 300, 500, 96, 96, COMPILED_OPTIONS, 2.0),
+                  # one query over many keys: the forward splits the keys and merges them (a second kernel)
+                  "decode-split": Case(2, 8, 2, 1, 8192, 128, 128, DECODE_OPTIONS)}
+
+
 @needs_gpu
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_compiled_fullgraph_on_gpu(fresh_compile, dtype):
+@pytest.mark.parametrize("name", COMPILED_CASES)
+def test_compiled_fullgraph_on_gpu(fresh_compile, name, dtype):
     """Inductor traces into the Triton launches (triton_op) and re-launches them with its own
     arguments: the same answers as eager, within float64's judge."""
-    case = Case(2, 8, 2, 300, 500, 96, 96, COMPILED_OPTIONS, 2.0)
+    case = COMPILED_CASES[name]
     q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
+    if name == "decode-split":
+        assert attention_plan(case.d, case.dv, DTYPES[dtype], 1, case.n_keys, batch_heads=case.batch * case.heads,
+                              grouped=case.heads // case.kv_heads, is_causal=True, causal_align="bottom_right").splits > 1
     leaves = [t.requires_grad_() for t in (q, k, v)]
-    ours = _compiled_step(COMPILED_OPTIONS)(*leaves, dout, dlse)
-    assert_matches_float64([t.detach() for t in ours], q, k, v, dout, dlse, COMPILED_OPTIONS)
+    ours = _compiled_step(case.options)(*leaves, dout, dlse)
+    assert_matches_float64([t.detach() for t in ours], q, k, v, dout, dlse, case.options)
 
 
 @needs_gpu
-def test_cuda_graph_replay_matches_eager():
+@pytest.mark.parametrize("name", COMPILED_CASES)
+def test_cuda_graph_replay_matches_eager(name):
     """Forward and backward captured in one CUDA graph (no host sync, no allocation outside its
     pool), replayed on new inputs copied into the captured ones: the same bits as eager calls."""
-    case = Case(2, 8, 2, 300, 500, 128, 128, COMPILED_OPTIONS)
+    case = dataclasses.replace(COMPILED_CASES[name], d=128, dv=128)
     q, k, v, dout, dlse = make_inputs(case, torch.bfloat16)
     leaves = [t.requires_grad_() for t in (q, k, v)]
-    step = _options_step(COMPILED_OPTIONS)
+    step = _options_step(case.options)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up off the capture: Triton compiles, autograd sets up

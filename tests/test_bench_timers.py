@@ -5,6 +5,7 @@ GPU only (CUDA events, CUDA graphs and triton.testing's timers do not exist in t
 
 from __future__ import annotations
 
+import math
 import os
 import statistics
 
@@ -69,6 +70,12 @@ def test_host_time_of_an_empty_launch_is_the_floor():
     assert 1.0 < floor < 500.0, floor  # tens of microseconds on the H100 machine
     x = torch.randn(4096, 1024, device="cuda")
     assert host_us(lambda: row_softmax(x)) >= 0.5 * floor, "an op's launch cannot cost less than an empty one's"
+
+
+def test_host_time_of_a_call_that_waits_for_the_gpu_is_not_given():
+    """A call that reads a value back waits for the spin: its time is the GPU's, not the host's."""
+    x = torch.randn(4096, 1024, device="cuda")
+    assert math.isnan(host_us(lambda: row_softmax(x).sum().item()))
 
 
 def test_graph_replay_equals_eager():
