@@ -2194,24 +2194,26 @@ def host_us(fn) -> float:
     The GPU spins while n calls are queued back to back, so no launch waits for the GPU and the
     host's cost alone is timed. Where the spin had ended before the calls were queued, they
     waited for the GPU (a value read back, or a full launch queue): that time is not the host's
-    alone, and the answer is NaN (an empty cell). In the interpreter there is no queue: one
-    call's wall time.
+    alone, and after a second try with a spin four times as long (a slow host's hiccup) the
+    answer is NaN (an empty cell). In the interpreter there is no queue: one call's wall time.
     """
     if not ON_GPU:
         return host_ms_once(fn) * 1e3
     once_ms = host_ms_once(fn)
     n = max(1, min(HOST_US_MAX_CALLS, int(HOST_US_TARGET_MS / max(once_ms, 1e-3))))
-    spin_ms = 2 * n * once_ms + 1.0
-    torch.cuda._sleep(int(clock_cycles_per_ms() * spin_ms))
-    spun = torch.cuda.Event()
-    spun.record()
-    t0 = time.perf_counter()
-    for _ in range(n):
-        fn()
-    seconds = time.perf_counter() - t0
-    waited = spun.query()
-    _sync()
-    return math.nan if waited else seconds / n * 1e6
+    for spin_ms in (2 * n * once_ms + 1.0, 8 * n * once_ms + 4.0):
+        torch.cuda._sleep(int(clock_cycles_per_ms() * spin_ms))
+        spun = torch.cuda.Event()
+        spun.record()
+        t0 = time.perf_counter()
+        for _ in range(n):
+            fn()
+        seconds = time.perf_counter() - t0
+        waited = spun.query()
+        _sync()
+        if not waited:
+            return seconds / n * 1e6
+    return math.nan
 
 
 @dataclasses.dataclass
