@@ -4157,6 +4157,22 @@ _ATTENTION_AUTOGRAD = AutogradSpec(
     vmap=_attention_vmap)
 
 
+def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, options: dict) -> None:
+    """A plan a caller hands ``flash_attention``: an ``AttentionPlan``, valid (``check``), of this
+    call's mask bounds, its heads a tile dividing the group. Errors name what differs."""
+    if not isinstance(plan, AttentionPlan):
+        raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
+    plan.check()
+    bounds = attention_mask_bounds(q.shape[2], k.shape[2], options["is_causal"], options["causal_align"],
+                                   options["window"])
+    if (plan.lo, plan.hi) != bounds:
+        raise ValueError(f"plan's mask bounds (lo, hi) = {(plan.lo, plan.hi)} are not this call's {bounds} (from "
+                         "is_causal, causal_align, window and the lengths): plan with the same options")
+    if (q.shape[1] // k.shape[1]) % plan.heads_in_tile:
+        raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
+                         f"key/value head serves ({q.shape[1] // k.shape[1]})")
+
+
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the
     strides allow, else copies), and back."""
@@ -4194,7 +4210,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     """
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
-    if plan is None:
+    if plan is not None:
+        _check_given_plan(plan, q, k, options)
+    else:
         planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
         group = q.shape[1] // k.shape[1]
         plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
@@ -4203,18 +4221,6 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
         if plan.path == "course" and not transformed(q, k, v):
             return _course_attention(q, k, v, options["is_causal"])
-    elif not isinstance(plan, AttentionPlan):
-        raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
-    else:
-        plan.check()
-        bounds = attention_mask_bounds(q.shape[2], k.shape[2], options["is_causal"], options["causal_align"],
-                                       options["window"])
-        if (plan.lo, plan.hi) != bounds:
-            raise ValueError(f"plan's mask bounds (lo, hi) = {(plan.lo, plan.hi)} are not this call's {bounds} (from "
-                             "is_causal, causal_align, window and the lengths): plan with the same options")
-        if (q.shape[1] // k.shape[1]) % plan.heads_in_tile:
-            raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
-                             f"key/value head serves ({q.shape[1] // k.shape[1]})")
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):
         out, lse = _run_attention_forward(*args, traced=False)
