@@ -2185,17 +2185,18 @@ def spin_cycles_for(fn) -> tuple[int, float]:
 
 
 HOST_US_TARGET_MS = 5.0  # enough queued calls for the clock's resolution and the loop's noise to vanish
-HOST_US_MAX_CALLS = 100  # well under CUDA's launch queue, so enqueueing never waits for the GPU
+HOST_US_MAX_CALLS = 100  # calls, not launches: a call of many launches may still fill CUDA's queue
 
 
-def host_us(fn) -> float:
+def host_us(fn) -> float | None:
     """Host time to enqueue one call of fn, in microseconds, with the GPU kept busy.
 
     The GPU spins while n calls are queued back to back, so no launch waits for the GPU and the
     host's cost alone is timed. Where the spin had ended before the calls were queued, they
     waited for the GPU (a value read back, or a full launch queue): that time is not the host's
     alone, and after a second try with a spin four times as long (a slow host's hiccup) the
-    answer is NaN (an empty cell). In the interpreter there is no queue: one call's wall time.
+    answer is None (null in the JSON, an empty cell). In the interpreter there is no queue: one
+    call's wall time.
     """
     if not ON_GPU:
         return host_ms_once(fn) * 1e3
@@ -2213,7 +2214,7 @@ def host_us(fn) -> float:
         _sync()
         if not waited:
             return seconds / n * 1e6
-    return math.nan
+    return None
 
 
 @dataclasses.dataclass
