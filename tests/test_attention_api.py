@@ -86,10 +86,15 @@ CASES = GPU_CASES if ON_GPU else CPU_CASES
 SMALL_TILES = {kernel: FlashLaunch(16, 16, 4, 1) for kernel in ("forward", "dq", "dkdv")}
 
 
+def case_plan(case: Case, dtype: torch.dtype, **sizes) -> AttentionPlan:
+    """``attention_plan`` of the case's shapes and mask options (``sizes``: batch_heads, say)."""
+    masks = {k: v for k, v in case.options.items() if k in ("is_causal", "causal_align", "window")}
+    return attention_plan(case.d, case.dv, dtype, case.n_queries, case.n_keys, grouped=case.heads // case.kv_heads,
+                          **sizes, **masks)
+
+
 def small_tile_plan(case: Case, dtype: torch.dtype) -> AttentionPlan:
-    plan = attention_plan(case.d, case.dv, dtype, case.n_queries, case.n_keys, grouped=case.heads // case.kv_heads,
-                          **{k: v for k, v in case.options.items() if k in ("is_causal", "causal_align", "window")})
-    return dataclasses.replace(plan, **SMALL_TILES)
+    return dataclasses.replace(case_plan(case, dtype), **SMALL_TILES)
 
 
 def make_inputs(case: Case, dtype: torch.dtype, seed: int = 0):
@@ -483,8 +488,7 @@ def test_compiled_fullgraph_on_gpu(fresh_compile, name, dtype):
     case = COMPILED_CASES[name]
     q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
     if name == "decode-split":
-        assert attention_plan(case.d, case.dv, DTYPES[dtype], 1, case.n_keys, batch_heads=case.batch * case.heads,
-                              grouped=case.heads // case.kv_heads, is_causal=True, causal_align="bottom_right").splits > 1
+        assert case_plan(case, DTYPES[dtype], batch_heads=case.batch * case.heads).splits > 1
     leaves = [t.requires_grad_() for t in (q, k, v)]
     ours = _compiled_step(case.options)(*leaves, dout, dlse)
     assert_matches_float64([t.detach() for t in ours], q, k, v, dout, dlse, case.options)
