@@ -2393,23 +2393,24 @@ def _check_any_device(name: str, t) -> None:
 
 def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     """The checks both flash attentions make before any work; returns is_causal as a bool.
-    ``kernels``: the inputs go to the Triton kernels (on Triton's device), else any one device.
-    Errors are TypeError/ValueError naming the argument."""
+    ``kernels``: the inputs go to the Triton kernels (on Triton's device; (batch, n, d) or (batch,
+    heads, n, d)), else any one device ((batch, n, d)). Errors are TypeError/ValueError naming the argument."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if kernels:
-            check_tensor(name, t, 3)
+            check_tensor(name, t, (3, 4) if name == "Q" else Q.dim())
         else:
             _check_any_device(name, t)
     check_same("Q", Q, "K", K)
     check_same("Q", Q, "V", V)
     is_causal = causal_flag(is_causal)
-    batch, _, d = Q.shape
+    batch, d = tuple(Q.shape[:-2]), Q.shape[-1]
     k_shape = tuple(K.shape)
-    if k_shape[0] != batch or k_shape[2] != d:
-        raise ValueError(f"K must be (batch, n_keys, d) with Q's batch {batch} and d {d}, got K of shape {k_shape}")
+    if k_shape[:-2] != batch or k_shape[-1] != d:
+        what = "(batch, n_keys, d) with Q's batch" if Q.dim() == 3 else "(batch, heads, n_keys, d) with Q's (batch, heads)"
+        raise ValueError(f"K must be {what} {batch[0] if Q.dim() == 3 else batch} and d {d}, got K of shape {k_shape}")
     if tuple(V.shape) != k_shape:
         raise ValueError(f"V must have K's shape {k_shape}, got {tuple(V.shape)}")
-    if k_shape[1] == 0:
+    if k_shape[-2] == 0:
         raise ValueError("K has no keys (n_keys = 0): a softmax over no keys is undefined")
     if d == 0:
         raise ValueError("Q has d = 0: the scale 1/sqrt(d) is undefined")
@@ -2561,10 +2562,11 @@ FLASH_MAX_OFFSET = 2**31 - 1
 
 
 def check_flash_offsets(**tensors) -> None:
-    """ValueError, naming the tensor, if one batch element of a (batch, n, d) tensor spans past FLASH_MAX_OFFSET."""
+    """ValueError, naming the tensor, if one batch element (and head) of a (batch, [heads,] n, d)
+    tensor spans past FLASH_MAX_OFFSET."""
     for name, t in tensors.items():
-        _, n, d = t.shape
-        _, stride_row, stride_dim = t.stride()
+        n, d = t.shape[-2:]
+        stride_row, stride_dim = t.stride()[-2:]
         span = (n - 1) * stride_row + (d - 1) * stride_dim
         if span > FLASH_MAX_OFFSET:
             raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
@@ -2735,12 +2737,12 @@ def _flash_tma_reason(**tensors) -> str | None:
 
 
 def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
-    """Why a TMA descriptor cannot read the 3-D tensor t, or None: it needs a contiguous last
-    dimension, a 16-byte aligned address and the first two strides positive multiples of 16 bytes."""
-    if t.stride(2) != 1:
+    """Why a TMA descriptor cannot read the tensor t, or None: it needs a contiguous last
+    dimension, a 16-byte aligned address and the other strides positive multiples of 16 bytes."""
+    if t.stride(-1) != 1:
         return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
-    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:2]):
-        return (f"TMA needs {name}'s address and its first two strides in bytes to be positive multiples of "
+    if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:-1]):
+        return (f"TMA needs {name}'s address and its strides but the last in bytes to be positive multiples of "
                 f"16, got strides {t.stride()} of {t.element_size()}-byte elements")
     return None
 
@@ -2774,9 +2776,16 @@ def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constex
 
 
 @triton.jit
-def _flash_tile_ptrs(ptr, batch, rows, dims, stride_b, stride_row, stride_dim):
-    """Pointers to a (rows x head dims) tile of one batch element of a (batch, n, d) tensor."""
-    return ptr + batch * stride_b + rows[:, None] * stride_row + dims[None, :] * stride_dim
+def _flash_head(ptr, batch, n_heads, stride_b, stride_h):
+    """ptr at flat batch element ``batch`` (int64) of a (batch, heads, n, d) tensor: batch
+    element batch // n_heads, head batch % n_heads."""
+    return ptr + (batch // n_heads) * stride_b + (batch % n_heads) * stride_h
+
+
+@triton.jit
+def _flash_tile_ptrs(ptr, batch, n_heads, rows, dims, stride_b, stride_h, stride_row, stride_dim):
+    """Pointers to a (rows x head dims) tile of one flat batch element (``_flash_head``)."""
+    return _flash_head(ptr, batch, n_heads, stride_b, stride_h) + rows[:, None] * stride_row + dims[None, :] * stride_dim
 
 
 @triton.jit
@@ -2866,27 +2875,28 @@ def _flash_forward_tiles(
 @triton.jit
 def flash_attention_forward_kernel(
     q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr,
-    n_batch, n_queries, n_keys, qk_scale,
-    stride_qb, stride_qm, stride_qd,
-    stride_kb, stride_kn, stride_kd,
-    stride_vb, stride_vn, stride_vd,
-    stride_ob, stride_om, stride_od,
+    n_batch, n_heads, n_queries, n_keys, qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_ob, stride_oh, stride_om, stride_od,
     stride_lb, stride_lm,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one batch element against all the keys they see (grid: batch x query tiles)."""
+    """One program: BLOCK_M queries of one batch element against all the keys they see (grid:
+    batch x query tiles). n_batch counts (batch, head) pairs, lse's rows among them."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, IS_CAUSAL)
     query_start = tile * BLOCK_M
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, n_heads, rows, dims, stride_qb, stride_qh, stride_qm, stride_qd),
                 mask=row_ok[:, None], other=0.0)
     tile_keys = tl.arange(0, BLOCK_N)
-    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
-    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, n_heads, tile_keys, dims, stride_kb, stride_kh, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, n_heads, tile_keys, dims, stride_vb, stride_vh, stride_vn, stride_vd)
 
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
@@ -2899,7 +2909,7 @@ def flash_attention_forward_kernel(
 
     # A row with no finite logit has l = 0 (and acc = 0): output 0 and L = -inf, as SDPA gives.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
-    tl.store(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
+    tl.store(_flash_tile_ptrs(o_ptr, batch, n_heads, rows, dims, stride_ob, stride_oh, stride_om, stride_od),
              out.to(o_ptr.dtype.element_ty), mask=row_ok[:, None])
     # Back from base 2: L = ln(sum exp(S)) = (m + log2(l)) * ln(2).
     tl.store(lse_ptr + batch * stride_lb + rows * stride_lm, (m + tl.math.log2(l)) * LN_2, mask=row_ok)
@@ -2953,15 +2963,15 @@ def _flash_dkdv_tiles(
 @triton.jit
 def flash_attention_backward_dkdv_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-    n_batch, n_queries, n_keys, sm_scale, qk_scale,
-    stride_qb, stride_qm, stride_qd,
-    stride_kb, stride_kn, stride_kd,
-    stride_vb, stride_vn, stride_vd,
-    stride_gb, stride_gm, stride_gd,
+    n_batch, n_heads, n_queries, n_keys, sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gm, stride_gd,
     stride_lb, stride_lm,
     stride_db, stride_dm,
-    stride_dkb, stride_dkn, stride_dkd,
-    stride_dvb, stride_dvn, stride_dvd,
+    stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+    stride_dvb, stride_dvh, stride_dvn, stride_dvd,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL_TILE_MASKS: tl.constexpr,
 ):
@@ -2980,13 +2990,13 @@ def flash_attention_backward_dkdv_kernel(
     keys = key_start + tl.arange(0, BLOCK_N)
     key_ok = keys < n_keys
     dims = tl.arange(0, HEAD_DIM)
-    k = tl.load(_flash_tile_ptrs(k_ptr, batch, keys, dims, stride_kb, stride_kn, stride_kd),
+    k = tl.load(_flash_tile_ptrs(k_ptr, batch, n_heads, keys, dims, stride_kb, stride_kh, stride_kn, stride_kd),
                 mask=key_ok[:, None], other=0.0)
-    v = tl.load(_flash_tile_ptrs(v_ptr, batch, keys, dims, stride_vb, stride_vn, stride_vd),
+    v = tl.load(_flash_tile_ptrs(v_ptr, batch, n_heads, keys, dims, stride_vb, stride_vh, stride_vn, stride_vd),
                 mask=key_ok[:, None], other=0.0)
     tile_rows = tl.arange(0, BLOCK_M)
-    q_ptrs = _flash_tile_ptrs(q_ptr, batch, tile_rows, dims, stride_qb, stride_qm, stride_qd)
-    do_ptrs = _flash_tile_ptrs(do_ptr, batch, tile_rows, dims, stride_gb, stride_gm, stride_gd)
+    q_ptrs = _flash_tile_ptrs(q_ptr, batch, n_heads, tile_rows, dims, stride_qb, stride_qh, stride_qm, stride_qd)
+    do_ptrs = _flash_tile_ptrs(do_ptr, batch, n_heads, tile_rows, dims, stride_gb, stride_gh, stride_gm, stride_gd)
     lse_ptrs = lse_ptr + batch * stride_lb
     delta_ptrs = delta_ptr + batch * stride_db
 
@@ -3019,9 +3029,9 @@ def flash_attention_backward_dkdv_kernel(
                                BLOCK_M, True, False, PRECISION, UPCAST, True)
     # S = scale * Q K^T, so dK picks up the scale; the logits' log2(e) lives only inside exp2.
     dk = dk * sm_scale
-    tl.store(_flash_tile_ptrs(dk_ptr, batch, keys, dims, stride_dkb, stride_dkn, stride_dkd),
+    tl.store(_flash_tile_ptrs(dk_ptr, batch, n_heads, keys, dims, stride_dkb, stride_dkh, stride_dkn, stride_dkd),
              dk.to(dk_ptr.dtype.element_ty), mask=key_ok[:, None])
-    tl.store(_flash_tile_ptrs(dv_ptr, batch, keys, dims, stride_dvb, stride_dvn, stride_dvd),
+    tl.store(_flash_tile_ptrs(dv_ptr, batch, n_heads, keys, dims, stride_dvb, stride_dvh, stride_dvn, stride_dvd),
              dv.to(dv_ptr.dtype.element_ty), mask=key_ok[:, None])
 
 
@@ -3048,15 +3058,15 @@ def _flash_dq_tiles(
 @triton.jit
 def flash_attention_backward_dq_kernel(
     q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, o_ptr,
-    n_batch, n_queries, n_keys, sm_scale, qk_scale,
-    stride_qb, stride_qm, stride_qd,
-    stride_kb, stride_kn, stride_kd,
-    stride_vb, stride_vn, stride_vd,
-    stride_gb, stride_gm, stride_gd,
+    n_batch, n_heads, n_queries, n_keys, sm_scale, qk_scale,
+    stride_qb, stride_qh, stride_qm, stride_qd,
+    stride_kb, stride_kh, stride_kn, stride_kd,
+    stride_vb, stride_vh, stride_vn, stride_vd,
+    stride_gb, stride_gh, stride_gm, stride_gd,
     stride_lb, stride_lm,
     stride_db, stride_dm,
-    stride_dqb, stride_dqm, stride_dqd,
-    stride_ob, stride_om, stride_od,
+    stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+    stride_ob, stride_oh, stride_om, stride_od,
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
@@ -3074,18 +3084,18 @@ def flash_attention_backward_dq_kernel(
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims = tl.arange(0, HEAD_DIM)
-    q = tl.load(_flash_tile_ptrs(q_ptr, batch, rows, dims, stride_qb, stride_qm, stride_qd),
+    q = tl.load(_flash_tile_ptrs(q_ptr, batch, n_heads, rows, dims, stride_qb, stride_qh, stride_qm, stride_qd),
                 mask=row_ok[:, None], other=0.0)
-    do = tl.load(_flash_tile_ptrs(do_ptr, batch, rows, dims, stride_gb, stride_gm, stride_gd),
+    do = tl.load(_flash_tile_ptrs(do_ptr, batch, n_heads, rows, dims, stride_gb, stride_gh, stride_gm, stride_gd),
                  mask=row_ok[:, None], other=0.0)
     lse = _flash_load_lse(lse_ptr + batch * stride_lb, rows * stride_lm, row_ok)
-    o = tl.load(_flash_tile_ptrs(o_ptr, batch, rows, dims, stride_ob, stride_om, stride_od),
+    o = tl.load(_flash_tile_ptrs(o_ptr, batch, n_heads, rows, dims, stride_ob, stride_oh, stride_om, stride_od),
                 mask=row_ok[:, None], other=0.0)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
     tl.store(delta_ptr + batch * stride_db + rows * stride_dm, delta, mask=row_ok)
     tile_keys = tl.arange(0, BLOCK_N)
-    k_ptrs = _flash_tile_ptrs(k_ptr, batch, tile_keys, dims, stride_kb, stride_kn, stride_kd)
-    v_ptrs = _flash_tile_ptrs(v_ptr, batch, tile_keys, dims, stride_vb, stride_vn, stride_vd)
+    k_ptrs = _flash_tile_ptrs(k_ptr, batch, n_heads, tile_keys, dims, stride_kb, stride_kh, stride_kn, stride_kd)
+    v_ptrs = _flash_tile_ptrs(v_ptr, batch, n_heads, tile_keys, dims, stride_vb, stride_vh, stride_vn, stride_vd)
 
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
@@ -3094,7 +3104,7 @@ def flash_attention_backward_dq_kernel(
     dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
                          n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
     dq = dq * sm_scale
-    tl.store(_flash_tile_ptrs(dq_ptr, batch, rows, dims, stride_dqb, stride_dqm, stride_dqd),
+    tl.store(_flash_tile_ptrs(dq_ptr, batch, n_heads, rows, dims, stride_dqb, stride_dqh, stride_dqm, stride_dqd),
              dq.to(dq_ptr.dtype.element_ty), mask=row_ok[:, None])
 
 
@@ -3114,12 +3124,37 @@ def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept
         kept.append(replay)
 
 
+def flash_output_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor of t's shape, dtype and device for the flash kernels to write: where
+    t is a (batch, heads, n, d) view whose heads lie inside its rows (a fused qkv projection's),
+    a view of a (batch, n, heads, d) tensor (so the model's reshape back to (batch, n, heads x d)
+    copies nothing), else contiguous."""
+    if t.dim() == 4 and t.stride(1) < t.stride(2):
+        batch, heads, n, d = t.shape
+        return t.new_empty((batch, n, heads, d)).transpose(1, 2)
+    return empty_like_contiguous(t)
+
+
+def flash_dims(Q: torch.Tensor) -> tuple[int, int, int, int]:
+    """(batch x heads, heads, n, d) of a (batch, n, d) tensor (one head) or a (batch, heads, n, d) one."""
+    if Q.dim() == 3:
+        return Q.shape[0], 1, Q.shape[1], Q.shape[2]
+    batch, heads, n, d = Q.shape
+    return batch * heads, heads, n, d
+
+
+def flash_strides(t: torch.Tensor) -> tuple[int, int, int, int]:
+    """(batch, head, row, dim) strides of a (batch, n, d) tensor (head stride 0) or a 4-d one."""
+    stride = t.stride()
+    return (stride[0], 0, stride[1], stride[2]) if t.dim() == 3 else stride
+
+
 def _triton_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                           is_causal: bool, launch: FlashLaunch, kept: list | None = None) -> None:
     """The Triton forward into O and L; kept as a Replay of (Q, K, V, O, L)."""
-    batch, n_queries, d = Q.shape
-    args = (Q, K, V, O, L, batch, n_queries, K.shape[1], d ** -0.5 * LOG2_E.value,
-            *Q.stride(), *K.stride(), *V.stride(), *O.stride(), *L.stride())
+    batch, heads, n_queries, d = flash_dims(Q)
+    args = (Q, K, V, O, L, batch, heads, n_queries, K.shape[-2], d ** -0.5 * LOG2_E.value,
+            *flash_strides(Q), *flash_strides(K), *flash_strides(V), *flash_strides(O), L.stride(-2), L.stride(-1))
     options = dict(HEAD_DIM=d, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, IS_CAUSAL=is_causal,
                    num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
     _launch_flash(_flash_kernel(flash_attention_forward_kernel), flash_grid(batch, n_queries, launch.block_m), args,
@@ -3131,22 +3166,22 @@ def _triton_flash_backward(which: str, Q: torch.Tensor, K: torch.Tensor, V: torc
                            launch: FlashLaunch, kept: list | None = None) -> None:
     """A Triton backward kernel: "dq" (outputs (dQ,); writes D into delta) or "dkdv" (outputs
     (dK, dV); reads D); kept as a Replay of its first eight tensors."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
+    batch, heads, n_queries, d = flash_dims(Q)
+    n_keys = K.shape[-2]
     head = (Q, K, V, dO, L, delta)
-    tail = (batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value,
-            *Q.stride(), *K.stride(), *V.stride(), *dO.stride(), *L.stride(), *delta.stride())
+    tail = (batch, heads, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value, *flash_strides(Q),
+            *flash_strides(K), *flash_strides(V), *flash_strides(dO), L.stride(-2), L.stride(-1), *delta.stride())
     options = dict(HEAD_DIM=d, IS_CAUSAL=is_causal, BLOCK_M=launch.block_m, BLOCK_N=launch.block_n,
                    num_warps=launch.num_warps, num_stages=launch.num_stages, **_flash_kernel_args(Q.dtype))
     if which == "dq":
         (dQ,) = outputs
         _launch_flash(_flash_kernel(flash_attention_backward_dq_kernel), flash_grid(batch, n_queries, launch.block_m),
-                      (*head, dQ, O, *tail, *dQ.stride(), *O.stride()), options, 8, kept)
+                      (*head, dQ, O, *tail, *flash_strides(dQ), *flash_strides(O)), options, 8, kept)
         return
     dK, dV = outputs
     options["FULL_TILE_MASKS"] = dkdv_full_tile_masks(d, is_causal, n_queries)
     _launch_flash(_flash_kernel(flash_attention_backward_dkdv_kernel), flash_grid(batch, n_keys, launch.block_n),
-                  (*head, dK, dV, *tail, *dK.stride(), *dV.stride()), options, 8, kept)
+                  (*head, dK, dV, *tail, *flash_strides(dK), *flash_strides(dV)), options, 8, kept)
 
 
 @functools.lru_cache(maxsize=None)
@@ -3203,10 +3238,10 @@ def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: 
                   dO: torch.Tensor | None = None) -> FlashPlan:
     """``flash_plan`` for these tensors on their GPU (Gluon kernels only in eager calls on real
     tensors, where TMA reads Q, K, V and dO: a contiguous dO can still be an unaligned slice)."""
-    batch, n_queries, d = Q.shape
+    batch, _, n_queries, d = flash_dims(Q)
     capability = None if torch.compiler.is_compiling() or is_fake(Q) else _gluon_capability(Q.device)
     tma = capability is not None and _flash_tma_reason(Q=Q, K=K, V=V, dO=dO) is None
-    return flash_plan(batch, n_queries, K.shape[1], d, Q.dtype, is_causal, sms=_sm_count(Q.device),
+    return flash_plan(batch, n_queries, K.shape[-2], d, Q.dtype, is_causal, sms=_sm_count(Q.device),
                       capability=capability, tma=tma, launches=launches)
 
 
@@ -3222,17 +3257,17 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
     key = None if launches is not None else replay_key((Q, K, V), (is_causal, _float32_matmul_precision()))
     kept = _FLASH_REPLAYS.get(key) if key is not None else None
     if kept is not None:
-        O, L = empty_like_contiguous(Q), Q.new_empty(Q.shape[:2], dtype=torch.float32)
+        O, L = flash_output_like(Q), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
         if kept[0](Q, K, V, O, L):
             return O, L, kept[1]
     is_causal = check_attention_inputs(Q, K, V, is_causal)
     # Every check before the hand-off: the ops' fakes check nothing (the plan checks d and launches).
     plan = flash_plan_of(Q, K, V, is_causal, launches)
-    O = empty_like_contiguous(Q)
+    O = flash_output_like(Q)
     check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
     if _through_ops(Q, launches):
         return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
-    L = Q.new_empty(Q.shape[:2], dtype=torch.float32)
+    L = Q.new_empty(Q.shape[:-1], dtype=torch.float32)
     steps = [] if key is not None else None
     if O.numel() and plan.path("forward") == "gluon":
         _gluon_flash_forward(Q, K, V, is_causal, O, L, kept=steps)
@@ -3253,14 +3288,14 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
         return torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
     if _through_ops(Q, launches):
         return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
-    dQ, dK, dV = torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)
+    dQ, dK, dV = flash_output_like(Q), flash_output_like(K), flash_output_like(V)
     key = None if launches is not None else replay_key((Q, K, V, dO, *keyed), (is_causal, _float32_matmul_precision()))
     chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
     check_flash_offsets(dO=dO)
     plan = flash_plan_of(Q, K, V, is_causal, launches, dO)
-    batch, n_queries, device = Q.shape[0], Q.shape[1], Q.device
+    (batch, _, n_queries, _), device = flash_dims(Q), Q.device
     delta = torch.empty((batch, n_queries), dtype=torch.float32, device=device)
     steps = [] if key is not None else None
     # dQ first: it writes D (delta), which the dK/dV kernel reads.
@@ -3280,7 +3315,7 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
 
 
 @kernel_op("flash_forward_by_path", lambda Q, K, V, is_causal: (
-    Q.new_empty(Q.shape), Q.new_empty(Q.shape[:2], dtype=torch.float32)), opaque=True)
+    flash_output_like(Q), Q.new_empty(Q.shape[:-1], dtype=torch.float32)), opaque=True)
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs: what
@@ -3289,7 +3324,7 @@ def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
 
 
 @kernel_op("flash_backward_by_path", lambda Q, K, V, O, L, dO, is_causal: (
-    torch.empty_like(Q), torch.empty_like(K), torch.empty_like(V)), opaque=True)
+    flash_output_like(Q), flash_output_like(K), flash_output_like(V)), opaque=True)
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
@@ -3301,7 +3336,9 @@ class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
     Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS``, float32,
-    float16 or bfloat16 -> O in Q's dtype. Saves Q, K, V, O and L: (batch, n_queries) float32;
+    float16 or bfloat16 -> O in Q's dtype; or SDPA's (batch, heads, n, d), in any strides (a fused
+    qkv projection's views read in place, O then a (batch, n, heads, d) tensor's view: see
+    ``flash_output_like``). Saves Q, K, V, O and L: Q's shape but d, float32;
     the backward is dQ's kernel (which also makes D = rowsum(dO * O)), then dK and dV's.
     ``flash_plan`` picks each kernel (Gluon on Hopper where it measured faster) and its launch;
     ``launches`` maps "forward", "dkdv" or "dq" to a ``FlashLaunch`` of its Triton kernel (tuning).
@@ -3326,10 +3363,14 @@ class FlashAttentionTriton(torch.autograd.Function):
     def backward(ctx, dO):
         Q, K, V, O, L = ctx.saved_tensors
         if _differentiates_twice():
-            return (*flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, ctx.is_causal), None, None)
+            grads = flash_pytorch_gradients_twice_differentiable(*(t.flatten(0, -3) for t in (Q, K, V, dO)),
+                                                                 ctx.is_causal)
+            return (*(g.view(t.shape) for g, t in zip(grads, (Q, K, V))), None, None)
         # One operand dtype, and dense rows: a stride-0 dO (y.sum()'s gradient) would be read an
-        # element at a time in every tile; O and L are the forward's own, fresh and contiguous.
-        dO = dO.to(Q.dtype).contiguous()
+        # element at a time in every tile (a model's transposed dO is read in place).
+        dO = dO.to(Q.dtype)
+        if dO.stride(-1) != 1 or 0 in dO.stride():
+            dO = dO.contiguous()
         return (*_flash_backward(Q, K, V, O, L, dO, ctx.is_causal, ctx.launches), None, None)
 
 
@@ -4173,14 +4214,6 @@ def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, options: dict) -> 
                          f"key/value head serves ({q.shape[1] // k.shape[1]})")
 
 
-def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> torch.Tensor:
-    """flash_attention by FlashAttentionTriton: heads folded into its batch (views where the
-    strides allow, else copies), and back."""
-    batch, heads, n_queries, d = q.shape
-    out = FlashAttentionTriton.apply(*(t.reshape(batch * heads, t.shape[2], d) for t in (q, k, v)), is_causal)
-    return out.view(batch, heads, n_queries, d)
-
-
 @on_input_device
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                     scale: float | None = None, enable_gqa: bool = False, causal_align: str = "top_left",
@@ -4220,7 +4253,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
                        grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
         if plan.path == "course" and not transformed(q, k, v):
-            return _course_attention(q, k, v, options["is_causal"])
+            return FlashAttentionTriton.apply(q, k, v, options["is_causal"])
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):
         out, lse = _run_attention_forward(*args, traced=False)
@@ -5404,32 +5437,34 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_flash_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                            v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL: gl.constexpr):
+                            v_free, first, n_work, n_batch, n_heads, n_queries, n_keys, IS_CAUSAL: gl.constexpr):
         """The producer: for each of the program's tiles, each consumer's Q tile once its last one
         is released, then every step's K and V tiles into the ring (a slot is free again once
         every consumer has released it). Ring slots and phases run on across tiles."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
         it = 0
         t = 0
         for w in range(first, n_work, gl.num_programs(0)):
             batch, off_m, full_steps, n_steps = _gluon_flash_tile(w, n_batch, n_queries, n_keys, IS_CAUSAL,
                                                                   CONSUMERS * BLOCK_M, BLOCK_N)
+            b = batch // n_heads
+            h = batch % n_heads
             for c in gl.static_range(CONSUMERS):
                 mbarrier.wait(q_free.index(c), (t & 1) ^ 1)  # a fresh barrier's "free" wait passes at once
                 mbarrier.expect(q_ready.index(c), q_desc.block_type.nbytes)
-                _tma_load(q_desc, [batch, off_m + c * BLOCK_M, 0], q_ready.index(c), q_bufs.index(c))
+                _tma_load(q_desc, [b, h, off_m + c * BLOCK_M, 0], q_ready.index(c), q_bufs.index(c))
             for i in range(n_steps):
                 slot = it % STAGES
                 phase = (it // STAGES) & 1
                 mbarrier.wait(k_free.index(slot), phase ^ 1)
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [batch, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
+                _tma_load(k_desc, [b, h, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
                 mbarrier.wait(v_free.index(slot), phase ^ 1)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [batch, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+                _tma_load(v_desc, [b, h, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
                 it += 1
             t += 1
 
@@ -5468,8 +5503,8 @@ if _GLUON is not None:
         work on P_{i-1} V_{i-1}, then wait for that and rescale O. PINGPONG: the two consumers take
         turns to issue their products (this consumer's turn barrier at turn_phase)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
-        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
-        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[4]
         slot = j % STAGES
         phase = (j // STAGES) & 1
         prev = (j - 1) % STAGES
@@ -5496,8 +5531,8 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, o_bufs, q_ready_all, q_free_all, k_ready, k_free, v_ready, v_free,
                               turns, o_desc, lse_ptr, stride_lb, stride_lm,
-                              first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
-                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
+                              first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale,
+                              IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                               CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer warpgroup CONSUMER: in each of the program's tiles, the queries from the tile's
         first + CONSUMER * BLOCK_M, through every step of the shared K and V ring; steps before
@@ -5508,9 +5543,9 @@ if _GLUON is not None:
         q_ready = q_ready_all.index(CONSUMER)
         q_free = q_free_all.index(CONSUMER)
         CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
-        BLOCK_M: gl.constexpr = q_buf.type.shape[1]
-        HEAD_DIM: gl.constexpr = q_buf.type.shape[2]
-        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        BLOCK_M: gl.constexpr = q_buf.type.shape[2]
+        HEAD_DIM: gl.constexpr = q_buf.type.shape[3]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         dtype: gl.constexpr = q_buf.dtype
         LN2: gl.constexpr = 0.6931471805599453
@@ -5572,7 +5607,7 @@ if _GLUON is not None:
             tma.store_wait(0)  # the last tile's O has left the buffer
             o_buf.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))
             fence_async_shared()
-            _tma_store(o_desc, [batch, off_m, 0], o_buf)  # rows past n_queries are not written
+            _tma_store(o_desc, [batch // n_heads, batch % n_heads, off_m, 0], o_buf)  # rows past n_queries are not written
             lse = (m + gl.log2(l)) * LN2
             gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + rows * stride_lm, lse, mask=rows < n_queries)
             it += n_steps
@@ -5581,16 +5616,16 @@ if _GLUON is not None:
         tma.store_wait(0)
 
     @gluon.jit
-    def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lm, n_batch, n_queries,
-                                     n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
+    def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lm, n_batch, n_heads,
+                                     n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
                                      CONSUMER_REGISTERS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
         """Attention output and log-sum-exp of tiles of CONSUMERS x BLOCK_M queries: the work items
         are batch x query tiles (``_gluon_flash_tile``), and program p takes items p, p + grid,
         ... (a grid of one program an item, or a persistent grid of fewer)."""
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
         dtype: gl.constexpr = q_desc.dtype
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
@@ -5632,35 +5667,37 @@ if _GLUON is not None:
         gl.warp_specialize([
             (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
                                      turns, o_desc, lse_ptr, stride_lb, stride_lm,
-                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
+                                     first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale, IS_CAUSAL,
                                      s_layout, acc_layout, p_layout, 0, PINGPONG)),
             (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
                                      turns, o_desc, lse_ptr, stride_lb, stride_lm,
-                                     first, n_work, n_batch, n_queries, n_keys, qk_scale, IS_CAUSAL,
+                                     first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale, IS_CAUSAL,
                                      s_layout, acc_layout, p_layout, 1, PINGPONG)),
             (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
-                                   v_ready, v_free, first, n_work, n_batch, n_queries, n_keys, IS_CAUSAL)),
+                                   v_ready, v_free, first, n_work, n_batch, n_heads, n_queries, n_keys, IS_CAUSAL)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
     @gluon.jit
     def _gluon_backward_loader(held_a, held_b, streamed_a, streamed_b, held_a_bufs, held_b_bufs, a_bufs, b_bufs,
-                               held_ready, ready, free, batch, held_start, stream_start, n_steps):
+                               held_ready, ready, free, batch, n_heads, held_start, stream_start, n_steps):
         """The producer of both backward kernels: each consumer's pair of held tiles once (K and V
         for dK/dV, Q and dO for dQ), then every step's pair of streamed tiles into the ring."""
         STAGES: gl.constexpr = a_bufs.type.shape[0]
         CONSUMERS: gl.constexpr = held_a_bufs.type.shape[0]
-        HELD: gl.constexpr = held_a.block_type.shape[1]
-        STEP: gl.constexpr = streamed_a.block_type.shape[1]
+        HELD: gl.constexpr = held_a.block_type.shape[2]
+        STEP: gl.constexpr = streamed_a.block_type.shape[2]
+        b = batch // n_heads
+        h = batch % n_heads
         mbarrier.expect(held_ready, CONSUMERS * (held_a.block_type.nbytes + held_b.block_type.nbytes))
         for c in gl.static_range(CONSUMERS):
-            _tma_load(held_a, [batch, held_start + c * HELD, 0], held_ready, held_a_bufs.index(c))
-            _tma_load(held_b, [batch, held_start + c * HELD, 0], held_ready, held_b_bufs.index(c))
+            _tma_load(held_a, [b, h, held_start + c * HELD, 0], held_ready, held_a_bufs.index(c))
+            _tma_load(held_b, [b, h, held_start + c * HELD, 0], held_ready, held_b_bufs.index(c))
         for it in range(n_steps):
             slot = it % STAGES
             mbarrier.wait(free.index(slot), ((it // STAGES) & 1) ^ 1)  # a fresh barrier's "free" wait passes at once
             mbarrier.expect(ready.index(slot), streamed_a.block_type.nbytes + streamed_b.block_type.nbytes)
-            _tma_load(streamed_a, [batch, stream_start + it * STEP, 0], ready.index(slot), a_bufs.index(slot))
-            _tma_load(streamed_b, [batch, stream_start + it * STEP, 0], ready.index(slot), b_bufs.index(slot))
+            _tma_load(streamed_a, [b, h, stream_start + it * STEP, 0], ready.index(slot), a_bufs.index(slot))
+            _tma_load(streamed_b, [b, h, stream_start + it * STEP, 0], ready.index(slot), b_bufs.index(slot))
 
     @gluon.jit
     def _gluon_backward_ring(held_a, held_b, streamed_a, streamed_b, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
@@ -5697,8 +5734,8 @@ if _GLUON is not None:
         MASKED: queries past the end, or (causal) before a key, weigh 0 in P^T and dS^T (a
         padding query's zeros against an infinite key would make NaN)."""
         STAGES: gl.constexpr = q_bufs.type.shape[0]
-        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
-        HEAD_DIM: gl.constexpr = q_bufs.type.shape[3]
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_bufs.type.shape[4]
         slot = it % STAGES
         start = query_start + it * BLOCK_M
         cols = start + gl.arange(0, BLOCK_M, gl.SliceLayout(0, s_layout))
@@ -5730,17 +5767,17 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_dkdv_consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-                             stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn, stride_dkd,
-                             stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start, n_steps, n_diagonal,
+                             stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh, stride_dkn,
+                             stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, batch, n_heads, key_start, query_start, n_steps, n_diagonal,
                              n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL: gl.constexpr,
                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                              CONSUMER: gl.constexpr):
         """Consumer warpgroup CONSUMER: dK and dV of keys key_start + CONSUMER * BLOCK on, over every
         query step: the first n_diagonal steps (causal) and those past n_whole (a ragged last
         query tile) masked, the rest not."""
-        BLOCK: gl.constexpr = k_bufs.type.shape[2]
-        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
-        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
+        BLOCK: gl.constexpr = k_bufs.type.shape[3]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[4]
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
         first_key = key_start + CONSUMER * BLOCK
         k = k_bufs.index(CONSUMER).reshape([BLOCK, HEAD_DIM])
         v = v_bufs.index(CONSUMER).reshape([BLOCK, HEAD_DIM])
@@ -5769,25 +5806,26 @@ if _GLUON is not None:
         dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
         row_ok = gl.expand_dims(rows < n_keys, 1)
         offsets = gl.expand_dims(rows.to(gl.int64), 1)
-        b = batch.to(gl.int64)
-        gl.store(dk_ptr + b * stride_dkb + offsets * stride_dkn + gl.expand_dims(dims, 0) * stride_dkd,
+        b = batch.to(gl.int64) // n_heads
+        h = batch.to(gl.int64) % n_heads
+        gl.store(dk_ptr + b * stride_dkb + h * stride_dkh + offsets * stride_dkn + gl.expand_dims(dims, 0) * stride_dkd,
                  dk.to(dk_ptr.dtype.element_ty), mask=row_ok)
-        gl.store(dv_ptr + b * stride_dvb + offsets * stride_dvn + gl.expand_dims(dims, 0) * stride_dvd,
+        gl.store(dv_ptr + b * stride_dvb + h * stride_dvh + offsets * stride_dvn + gl.expand_dims(dims, 0) * stride_dvd,
                  dv.to(dv_ptr.dtype.element_ty), mask=row_ok)
 
     @gluon.jit
     def flash_attention_backward_dkdv_gluon_kernel(
             q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
-            stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn, stride_dkd,
-            stride_dvb, stride_dvn, stride_dvd, n_batch, n_queries, n_keys, sm_scale, qk_scale,
+            stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh, stride_dkn, stride_dkd,
+            stride_dvb, stride_dvh, stride_dvn, stride_dvd, n_batch, n_heads, n_queries, n_keys, sm_scale, qk_scale,
             IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
             CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """dK and dV of CONSUMERS x BLOCK keys a program, from every query that sees them (the
         queries' D = rowsum(dO * O) already in delta). Causal: the first key tiles, which the
         most queries see, across all batch elements first."""
-        BLOCK: gl.constexpr = k_desc.block_type.shape[1]
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
+        BLOCK: gl.constexpr = k_desc.block_type.shape[2]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK == 16 * num_warps, "a consumer's keys are one warpgroup MMA's height")
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
@@ -5824,17 +5862,19 @@ if _GLUON is not None:
 
         gl.warp_specialize([
             (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
-                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn,
-                                    stride_dkd, stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start,
+                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh,
+                                    stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, batch,
+                                    n_heads, key_start, query_start,
                                     n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL,
                                     s_layout, acc_layout, p_layout, 0)),
             (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
-                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkn,
-                                    stride_dkd, stride_dvb, stride_dvn, stride_dvd, batch, key_start, query_start,
+                                    dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh,
+                                    stride_dkn, stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, batch,
+                                    n_heads, key_start, query_start,
                                     n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL,
                                     s_layout, acc_layout, p_layout, 1)),
             (_gluon_backward_loader, (k_desc, v_desc, q_desc, do_desc, k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready,
-                                      free, batch, key_start, query_start, n_steps)),
+                                      free, batch, n_heads, key_start, query_start, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
     @gluon.jit
@@ -5851,8 +5891,8 @@ if _GLUON is not None:
         """Step ``it``: dQ += dS K for this consumer's queries and one key tile. MASKED: keys past
         the end, or (causal) after a query, weigh 0 in dS (a padding key's exp may be inf)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
-        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
-        HEAD_DIM: gl.constexpr = k_bufs.type.shape[3]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
+        HEAD_DIM: gl.constexpr = k_bufs.type.shape[4]
         slot = it % STAGES
         mbarrier.wait(ready.index(slot), (it // STAGES) & 1)
         k = k_bufs.index(slot).reshape([BLOCK_N, HEAD_DIM])
@@ -5873,25 +5913,27 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr, o_ptr,
-                           stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm, stride_dqd,
-                           stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps, n_queries, n_keys,
+                           stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh, stride_dqm,
+                           stride_dqd, stride_ob, stride_oh, stride_om, stride_od, batch, n_heads, off_m, full_steps, n_steps, n_queries, n_keys,
                            sm_scale, qk_scale, IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr,
                            acc_layout: gl.constexpr, p_layout: gl.constexpr, CONSUMER: gl.constexpr):
         """Consumer warpgroup CONSUMER: D and dQ of queries off_m + CONSUMER * BLOCK_M on, over every
         key step; steps from full_steps on (the causal diagonal, a ragged last key tile) masked."""
-        BLOCK_M: gl.constexpr = q_bufs.type.shape[2]
-        HEAD_DIM: gl.constexpr = q_bufs.type.shape[3]
-        BLOCK_N: gl.constexpr = k_bufs.type.shape[2]
+        BLOCK_M: gl.constexpr = q_bufs.type.shape[3]
+        HEAD_DIM: gl.constexpr = q_bufs.type.shape[4]
+        BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
         # O and dO rows for D: 8 contiguous elements a thread (one 16-byte load).
         io_layout: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [4, 1], [1, 0])
         first = off_m + CONSUMER * BLOCK_M
         b = batch.to(gl.int64)
+        o_ptr += (b // n_heads) * stride_ob + (b % n_heads) * stride_oh
+        dq_ptr += (b // n_heads) * stride_dqb + (b % n_heads) * stride_dqh
         q = q_bufs.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM])
         do = do_bufs.index(CONSUMER).reshape([BLOCK_M, HEAD_DIM])
         io_rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, io_layout))
         io_ok = io_rows < n_queries
         io_dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, io_layout))
-        o = gl.load(o_ptr + b * stride_ob + gl.expand_dims(io_rows.to(gl.int64), 1) * stride_om
+        o = gl.load(o_ptr + gl.expand_dims(io_rows.to(gl.int64), 1) * stride_om
                     + gl.expand_dims(io_dims, 0) * stride_od, mask=gl.expand_dims(io_ok, 1), other=0.0)
         rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, s_layout))
         row_ok = rows < n_queries
@@ -5916,22 +5958,22 @@ if _GLUON is not None:
         dq = dq * sm_scale
         out_rows = first + gl.arange(0, BLOCK_M, gl.SliceLayout(1, acc_layout))
         dims = gl.arange(0, HEAD_DIM, gl.SliceLayout(0, acc_layout))
-        gl.store(dq_ptr + b * stride_dqb + gl.expand_dims(out_rows.to(gl.int64), 1) * stride_dqm
+        gl.store(dq_ptr + gl.expand_dims(out_rows.to(gl.int64), 1) * stride_dqm
                  + gl.expand_dims(dims, 0) * stride_dqd, dq.to(dq_ptr.dtype.element_ty),
                  mask=gl.expand_dims(out_rows < n_queries, 1))
 
     @gluon.jit
     def flash_attention_backward_dq_gluon_kernel(
             q_desc, k_desc, v_desc, do_desc, lse_ptr, delta_ptr, dq_ptr, o_ptr,
-            stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm, stride_dqd,
-            stride_ob, stride_om, stride_od, n_batch, n_queries, n_keys, sm_scale, qk_scale,
+            stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh, stride_dqm, stride_dqd,
+            stride_ob, stride_oh, stride_om, stride_od, n_batch, n_heads, n_queries, n_keys, sm_scale, qk_scale,
             IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
             CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
         """D and dQ of CONSUMERS x BLOCK_M queries a program, from every key they see (the tiles of
         ``_gluon_flash_tile``: causal, the last query tiles of every batch element first)."""
-        BLOCK_M: gl.constexpr = q_desc.block_type.shape[1]
-        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[2]
-        BLOCK_N: gl.constexpr = k_desc.block_type.shape[1]
+        BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
+        HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
+        BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "a consumer's queries are one warpgroup MMA's height")
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
@@ -5954,17 +5996,19 @@ if _GLUON is not None:
 
         gl.warp_specialize([
             (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,
-                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm,
-                                  stride_dqd, stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps,
+                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh,
+                                  stride_dqm, stride_dqd, stride_ob, stride_oh, stride_om, stride_od, batch, n_heads,
+                                  off_m, full_steps, n_steps,
                                   n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout,
                                   0)),
             (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,
-                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqm,
-                                  stride_dqd, stride_ob, stride_om, stride_od, batch, off_m, full_steps, n_steps,
+                                  o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh,
+                                  stride_dqm, stride_dqd, stride_ob, stride_oh, stride_om, stride_od, batch, n_heads,
+                                  off_m, full_steps, n_steps,
                                   n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL, s_layout, acc_layout, p_layout,
                                   1)),
             (_gluon_backward_loader, (q_desc, do_desc, k_desc, v_desc, q_bufs, do_bufs, k_bufs, v_bufs, qd_ready,
-                                      ready, free, batch, off_m, 0, n_steps)),
+                                      ready, free, batch, n_heads, off_m, 0, n_steps)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
 
@@ -6076,8 +6120,9 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
                           persistent: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L): FlashAttentionTriton's forward by the warp-specialised Hopper kernel.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), float16 or bfloat16, d 64 or 128 ->
-    O in Q's dtype and L = logsumexp of each query's scaled logits, (batch, n_queries) float32.
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) (or (batch, heads, n, d) each), float16
+    or bfloat16, d 64 or 128 -> O in Q's dtype and L = logsumexp of each query's scaled logits,
+    Q's shape but d, float32.
     ValueError where ``gluon_flash_unsupported`` says why not. Forward only: inputs that require
     grad or carry a tangent are refused. ``stages``: K and V ring slots (3 fit at d = 64 only);
     ``pingpong``: the consumers take turns to issue their products; ``persistent``: one program
@@ -6097,10 +6142,22 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     check_flag("pingpong", pingpong)
     if persistent is not None:
         check_flag("persistent", persistent)
-    O = torch.empty(Q.shape, dtype=Q.dtype, device=Q.device)
-    L = torch.empty(Q.shape[:2], dtype=torch.float32, device=Q.device)
+    O, L = flash_output_like(Q), torch.empty(Q.shape[:-1], dtype=torch.float32, device=Q.device)
     _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong, persistent=persistent)
     return O, L
+
+
+def _flash_descriptors(gl_dtype, *tiles) -> list:
+    """``_gluon_descriptors`` of (tensor, rows) pairs as (batch, heads, n, d) tensors, tiles of one
+    head's rows x d (a (batch, n, d) tensor as one head)."""
+    shaped = []
+    for t, rows in tiles:
+        batch_heads, heads, n, d = flash_dims(t)
+        strides = flash_strides(t)
+        shaped.append(GluonTensorDescriptor(t, [batch_heads // heads, heads, n, d],
+                                            [strides[0], strides[1] or strides[0], *strides[2:]], [1, 1, rows, d],
+                                            _nvmma_layout((1, 1, rows, d), gl_dtype)))
+    return shaped
 
 
 def _gluon_setup(Q: torch.Tensor, ring_bytes: int, what: str) -> tuple:
@@ -6120,18 +6177,18 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
                          programs: int | None = None) -> None:
     """``flash_attention_gluon`` past its checks, into O and L; kept (``_launch_flash``) as a
     DescriptorReplay of (Q, K, V, O, L). ``programs`` caps a persistent grid (tests)."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
+    batch, heads, n_queries, d = flash_dims(Q)
+    n_keys = K.shape[-2]
     ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
     gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of K and V tiles ({GLUON_FLASH_BLOCK_N} x {d}) and "
                                               f"{GLUON_FLASH_CONSUMERS} Q and O tiles")
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, GLUON_FLASH_BLOCK_N, d]
-    descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (O, q_block))
+    descs = _flash_descriptors(gl_dtype, (Q, GLUON_BLOCK_M), (K, GLUON_FLASH_BLOCK_N), (V, GLUON_FLASH_BLOCK_N),
+                               (O, GLUON_BLOCK_M))
     n_work = batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M)
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
     grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
-    args = (*descs, L, *L.stride(), batch, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
+    args = (*descs, L, L.stride(-2), L.stride(-1), batch, heads, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong)
     _launch_flash(jit_kernel(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))
@@ -6142,15 +6199,15 @@ def _gluon_flash_dkdv(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, dO: tor
                       stages: int = GLUON_DKDV_STAGES, kept: list | None = None) -> None:
     """dK and dV by the Hopper kernel from L and the dQ kernel's delta; kept as a DescriptorReplay
     of (Q, K, V, dO, L, delta, dK, dV)."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
+    batch, heads, n_queries, d = flash_dims(Q)
+    n_keys = K.shape[-2]
     ring = (2 * GLUON_FLASH_CONSUMERS + 2 * stages) * GLUON_BLOCK_M * d * Q.element_size()
     gl_dtype, options = _gluon_setup(Q, ring, f"{stages} slots of Q and dO tiles and {GLUON_FLASH_CONSUMERS} K and "
                                               f"V tiles ({GLUON_BLOCK_M} x {d})")
-    descs = _gluon_descriptors(gl_dtype, *((t, [1, GLUON_BLOCK_M, d]) for t in (Q, K, V, dO)))
+    descs = _flash_descriptors(gl_dtype, *((t, GLUON_BLOCK_M) for t in (Q, K, V, dO)))
     grid = (batch * cdiv(n_keys, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    args = (*descs, L, delta, dK, dV, *L.stride(), *delta.stride(), *dK.stride(), *dV.stride(),
-            batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
+    args = (*descs, L, delta, dK, dV, L.stride(-2), L.stride(-1), *delta.stride(), *flash_strides(dK),
+            *flash_strides(dV), batch, heads, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DKDV_CONSUMER_REGISTERS)
     _launch_flash(jit_kernel(flash_attention_backward_dkdv_gluon_kernel, traced=False), grid, args, options, 8, kept,
                   tuple(descs))
@@ -6161,17 +6218,16 @@ def _gluon_flash_dq(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
                     stages: int = GLUON_DQ_STAGES, block_n: int | None = None, kept: list | None = None) -> None:
     """D into delta and dQ by the Hopper kernel from O and L; ``block_n``: keys a step (None:
     ``gluon_dq_block_n``'s). Kept as a DescriptorReplay of (Q, K, V, dO, L, delta, dQ, O)."""
-    batch, n_queries, d = Q.shape
-    n_keys = K.shape[1]
+    batch, heads, n_queries, d = flash_dims(Q)
+    n_keys = K.shape[-2]
     block_n = block_n or gluon_dq_block_n(d, n_keys)
     ring = (2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M + 2 * stages * block_n) * d * Q.element_size()
     gl_dtype, options = _gluon_setup(Q, ring, f"{GLUON_FLASH_CONSUMERS} Q and dO tiles and {stages} slots of K and "
                                               f"V tiles ({block_n} x {d})")
-    q_block, kv_block = [1, GLUON_BLOCK_M, d], [1, block_n, d]
-    descs = _gluon_descriptors(gl_dtype, (Q, q_block), (K, kv_block), (V, kv_block), (dO, q_block))
+    descs = _flash_descriptors(gl_dtype, (Q, GLUON_BLOCK_M), (K, block_n), (V, block_n), (dO, GLUON_BLOCK_M))
     grid = (batch * cdiv(n_queries, GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M),)
-    args = (*descs, L, delta, dQ, O, *L.stride(), *delta.stride(), *dQ.stride(), *O.stride(),
-            batch, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
+    args = (*descs, L, delta, dQ, O, L.stride(-2), L.stride(-1), *delta.stride(), *flash_strides(dQ),
+            *flash_strides(O), batch, heads, n_queries, n_keys, d ** -0.5, d ** -0.5 * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_DQ_CONSUMER_REGISTERS)
     _launch_flash(jit_kernel(flash_attention_backward_dq_gluon_kernel, traced=False), grid, args, options, 8, kept,
                   tuple(descs))

@@ -97,9 +97,12 @@ CASES = [
     (fsm.flash_attention_backward_dq_kernel, "bf16", dict(IS_CAUSAL=True, PRECISION="ieee")),
     (fsm.flash_attention_forward_kernel, "fp32", dict(IS_CAUSAL=False, PRECISION="tf32x3")),
     # Inductor also passes ints equal to 1 as constants: one batch element, one query, one key.
-    (fsm.flash_attention_backward_dkdv_kernel, "fp16", dict(IS_CAUSAL=False, PRECISION="ieee", n_batch=1, n_queries=1)),
-    (fsm.flash_attention_forward_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_batch=1, n_keys=1)),
-    (fsm.flash_attention_backward_dq_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_queries=1, n_keys=1)),
+    # (A (batch, n, d) input is one head: n_heads = 1.)
+    (fsm.flash_attention_backward_dkdv_kernel, "fp16", dict(IS_CAUSAL=False, PRECISION="ieee", n_batch=1, n_queries=1,
+                                                            n_heads=1)),
+    (fsm.flash_attention_forward_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_batch=1, n_keys=1, n_heads=1)),
+    (fsm.flash_attention_backward_dq_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_queries=1, n_keys=1,
+                                                          n_heads=1)),
 ]
 
 

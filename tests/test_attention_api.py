@@ -213,17 +213,24 @@ def test_same_answer_as_sdpa(options):
                                atol=2e-6, rtol=2e-6)
 
 
-def test_fused_qkv_view_is_read_in_place():
+@pytest.mark.parametrize("D", [40, 32], ids=["general", "course"])
+def test_fused_qkv_view_is_read_in_place(D):
     """q, k, v as a model holds them: one (B, N, 3, H, D) projection, each (B, N, H, D) part
     transposed to (B, H, N, D) without a copy. The kernels read those strides, the gradients
-    reach the projection, and the answers are those of contiguous copies."""
-    B, N, H, D = 2, 37, 3, 40
+    reach the projection, and the answers are those of contiguous copies. The course's kernels
+    (D 32) write out and dq in (B, N, H, D) too, so that the model's reshape back copies nothing."""
+    B, N, H = 2, 37, 3
     qkv = randn((B, N, 3, H, D), torch.float32, 0).requires_grad_()
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     assert not q.is_contiguous() and q.data_ptr() == qkv.data_ptr()
+    assert attention_plan(D, D, torch.float32, N, N, is_causal=True).path == ("course" if D == 32 else "general")
+    grad_layouts = []
+    q.register_hook(lambda g: grad_layouts.append(g.transpose(1, 2).is_contiguous()))
     out = flash_attention(q, k, v, is_causal=True)
     dout = randn(out.shape, torch.float32, 1)
     (dqkv,) = torch.autograd.grad((out * dout).sum(), [qkv])
+    if D == 32:
+        assert out.transpose(1, 2).is_contiguous() and grad_layouts == [True]
     copies = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
     want = flash_attention(*copies, is_causal=True)
     grads = torch.autograd.grad((want * dout).sum(), copies)
@@ -234,8 +241,7 @@ def test_fused_qkv_view_is_read_in_place():
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_plain_calls_take_the_course_kernels(is_causal):
-    """A call FlashAttentionTriton can take runs there (its tuned kernels; heads that do not fold
-    into its batch are copied), with the answers of the general kernels (forced by a plan); an
+    """A call FlashAttentionTriton can take runs there (its tuned kernels, in SDPA's layout), with the answers of the general kernels (forced by a plan); an
     option it lacks keeps the general ones."""
     q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
         randn((2, 3, 45, 32), torch.float32, 2)
@@ -246,7 +252,7 @@ def test_plain_calls_take_the_course_kernels(is_causal):
     general = [dict(return_lse=True), dict(scale=0.5), dict(d=24, dv=24), dict(dv=16), dict(grouped=True),
                dict(window=(4, 0)), dict(softcap=5.0), dict(nk=0), dict(is_causal=True, causal_align="bottom_right")]
     assert [path(**o) for o in general] == ["general"] * len(general)
-    q = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads: no flat view, copied
+    q = randn((2, 37, 3, 32), torch.float32, 3).transpose(1, 2)  # (B, N, H, D) heads, read in place
     dout = randn(q.shape, torch.float32, 4)
     zeros = torch.zeros(q.shape[:3], device=q.device)
     course = run_ours(q, k, v, dout, zeros, {"is_causal": is_causal},

@@ -582,6 +582,10 @@ TRITON_BAD_INPUTS = [
     ("d-48", lambda: (*_inputs(d=48), False), ValueError, r"d \(the last dimension of Q, K, V\) must be one of"),
     ("d-8", lambda: (*_inputs(d=8), False), ValueError, r"d \(the last dimension of Q, K, V\) must be one of"),
     ("d-256", lambda: (*_inputs(d=256), False), ValueError, r"d \(the last dimension of Q, K, V\) must be one of"),
+    # SDPA's (batch, heads, n, d): K and V of Q's rank, batch and heads.
+    ("K-3d-Q-4d", lambda: (_inputs()[0][None], *_inputs()[1:], False), ValueError, "K must have 4 dimensions"),
+    ("K-other-heads", lambda: (_inputs()[0][None], _inputs()[1].expand(1, 2, 8, 16), _inputs()[2][None], False),
+     ValueError, r"K must be \(batch, heads, n_keys, d\) with Q's \(batch, heads\) \(1, 1\)"),
     ("launch-not-dict", lambda: (*_inputs(), False, [FlashLaunch(16, 16, 4, 1)]), TypeError, "launches must be a dict"),
     ("launch-unknown-kernel", lambda: (*_inputs(), False, {"fwd": FlashLaunch(16, 16, 4, 1)}), ValueError,
      "launches has unknown kernel 'fwd'"),
