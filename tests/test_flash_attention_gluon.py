@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from fused_softmax_matmul import (
-    attention_logsumexp, attention_reference, flash_attention_gluon, gluon_flash_unsupported,
+    FlashAttentionTriton, attention_logsumexp, attention_reference, flash_attention_gluon, flash_plan_of,
+    gluon_flash_unsupported,
 )
 from support import DTYPES, ON_GPU, assert_close, attention_inputs
 
@@ -123,3 +124,35 @@ def test_refuses_by_name_what_it_cannot_take():
         with pytest.raises(ValueError, match="flash_attention_gluon cannot take these inputs"):
             with torch.no_grad():
                 flash_attention_gluon(Q.detach(), Q.detach(), Q.detach())
+
+
+# (batch, heads, n, d, is_causal): the Gluon kernels each shape takes (``flash_plan`` on an H100's 132 SMs).
+VIEW_CASES = {
+    "d64-full": (4, 4, 2048, 64, False),  # forward (persistent: full, 2048 keys), dQ and dK/dV
+    "d64-causal": (4, 4, 2048, 64, True),  # forward and dQ in Gluon, dK/dV in Triton
+    "d128-causal": (2, 3, 320, 128, True),  # all three, ragged tiles
+}
+
+
+@needs_hopper_gluon
+@pytest.mark.parametrize("name", VIEW_CASES)
+def test_gluon_kernels_read_a_models_qkv_views_in_place(name):
+    """q, k, v as (batch, heads, n, d) views of one (batch, n, 3, heads, d) projection: the Gluon
+    kernels' 4-d TMA descriptors read them where they lie, and out and the gradients (written in
+    (batch, n, heads, d)) equal those of contiguous copies bit for bit: the same tiles, computed
+    the same way."""
+    batch, heads, n, d, is_causal = VIEW_CASES[name]
+    qkv = torch.randn((batch, n, 3, heads, d), dtype=torch.bfloat16, device="cuda").requires_grad_()
+    views = [qkv[:, :, i].transpose(1, 2) for i in range(3)]
+    plan = flash_plan_of(*views, is_causal)
+    assert set(plan.gluon) == ({"forward", "dq"} if name == "d64-causal" else {"forward", "dq", "dkdv"})
+    dout = torch.randn((batch, n, heads, d), dtype=torch.bfloat16, device="cuda").transpose(1, 2)
+    out = FlashAttentionTriton.apply(*views, is_causal)
+    (dqkv,) = torch.autograd.grad(out, qkv, dout)
+    copies = [t.detach().contiguous().requires_grad_() for t in views]
+    want = FlashAttentionTriton.apply(*copies, is_causal)
+    grads = torch.autograd.grad(want, copies, dout.contiguous())
+    assert out.transpose(1, 2).is_contiguous()
+    assert torch.equal(out, want)
+    for i, g in enumerate(grads):
+        assert torch.equal(dqkv[:, :, i].transpose(1, 2), g), f"gradient {i}"
