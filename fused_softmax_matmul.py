@@ -3128,8 +3128,9 @@ def flash_output_like(t: torch.Tensor) -> torch.Tensor:
     """An uninitialised tensor of t's shape, dtype and device for the flash kernels to write: where
     t is a (batch, heads, n, d) view whose heads lie inside its rows (a fused qkv projection's),
     a view of a (batch, n, heads, d) tensor (so the model's reshape back to (batch, n, heads x d)
-    copies nothing), else contiguous."""
-    if t.dim() == 4 and t.stride(1) < t.stride(2):
+    copies nothing), else contiguous (heads expanded from one, stride 0, too: rows heads x d apart
+    would span past t's, and ``check_flash_offsets``' 32 bits, heads times sooner)."""
+    if t.dim() == 4 and 0 < t.stride(1) < t.stride(2):
         batch, heads, n, d = t.shape
         return t.new_empty((batch, n, heads, d)).transpose(1, 2)
     return empty_like_contiguous(t)
@@ -3264,7 +3265,7 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
     # Every check before the hand-off: the ops' fakes check nothing (the plan checks d and launches).
     plan = flash_plan_of(Q, K, V, is_causal, launches)
     O = flash_output_like(Q)
-    check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ, dK (K's shape) and dV too
+    check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ too; dK and dV are checked in the backward
     if _through_ops(Q, launches):
         return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
     L = Q.new_empty(Q.shape[:-1], dtype=torch.float32)
@@ -3284,8 +3285,8 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
     Q's dtype: the chain an earlier call kept under (Q, K, V, dO, *keyed), else the plan's two
     kernels (kept as one chain)."""
-    if Q.numel() == 0:
-        return torch.zeros_like(Q), torch.zeros_like(K), torch.zeros_like(V)
+    if Q.numel() == 0:  # in the layouts of the op's fake
+        return tuple(flash_output_like(t).zero_() for t in (Q, K, V))
     if _through_ops(Q, launches):
         return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
     dQ, dK, dV = flash_output_like(Q), flash_output_like(K), flash_output_like(V)
@@ -3293,7 +3294,7 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     chain = _FLASH_REPLAYS.get(key) if key is not None else None
     if chain is not None and chain(Q, K, V, O, L, dO, dQ, dK, dV):
         return dQ, dK, dV
-    check_flash_offsets(dO=dO)
+    check_flash_offsets(dO=dO, dK=dK, dV=dV)
     plan = flash_plan_of(Q, K, V, is_causal, launches, dO)
     (batch, _, n_queries, _), device = flash_dims(Q), Q.device
     delta = torch.empty((batch, n_queries), dtype=torch.float32, device=device)
@@ -3328,7 +3329,9 @@ def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
-    unchecked). O and L are in the key: a direct call's need not be fresh and contiguous."""
+    unchecked). O and L are in the key: a direct call's need not be fresh and contiguous (the
+    kernels read L's rows flat: (batch, heads, n) as a (batch x heads, n) view, or a copy)."""
+    L = L.flatten(0, -2)
     return _flash_backward(Q, K, V, O, L, dO, is_causal, keyed=(O, L))
 
 

@@ -1073,6 +1073,52 @@ def test_offsets_past_32_bits_are_refused():
         fsm.check_flash_offsets(dO=wide)
 
 
+def test_heads_expanded_from_one_get_contiguous_gradients(monkeypatch):
+    """K and V heads expanded from one (stride 0, MQA written as expand): their gradients are
+    written contiguous, rows d apart, not heads x d apart as a qkv view's (which would span heads
+    times past K's own span, unseen by the forward's offset check); out and the gradients equal
+    those of contiguous copies of the expanded K and V bit for bit."""
+    Q = randn((1, 4, 16, 16), torch.float32, 0)
+    K1, V1 = randn((1, 1, 16, 16), torch.float32, 1), randn((1, 1, 16, 16), torch.float32, 2)
+    dO = randn(Q.shape, torch.float32, 3)
+    # Every span the forward checks (Q, K, V, O: 15 x 16 + 15) fits; 4 heads of rows 64 apart would not.
+    monkeypatch.setattr(fsm, "FLASH_MAX_OFFSET", 15 * 16 + 15)
+    leaves = [t.detach().clone().requires_grad_() for t in (Q, K1, V1)]
+    K, V = (t.expand(1, 4, 16, 16) for t in leaves[1:])
+    layouts = []
+    K.register_hook(lambda g: layouts.append(g.is_contiguous()))
+    out = FlashAttentionTriton.apply(leaves[0], K, V, True)
+    grads = torch.autograd.grad(out, leaves, dO)
+    assert layouts == [True]
+    copies = [t.detach().clone().requires_grad_() for t in (Q, K1, V1)]
+    want = FlashAttentionTriton.apply(copies[0], *(t.expand(1, 4, 16, 16).contiguous() for t in copies[1:]), True)
+    assert torch.equal(out, want)
+    for name, g, w in zip(("dQ", "dK", "dV"), grads, torch.autograd.grad(want, copies, dO)):
+        assert torch.equal(g, w), name
+
+
+def test_backward_op_reads_any_layout_of_L():
+    """flash_backward_by_path called directly with (batch, heads, n) O and L of other strides (its
+    docstring: they need not be fresh and contiguous): the kernels read L's rows as (batch x heads)
+    flat, so such an L answers as the contiguous one; empty inputs answer in the layouts of the fake."""
+    qkv = randn((2, 20, 3, 3, 16), torch.float32, 0)
+    Q, K, V = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+    dO = randn(Q.shape, torch.float32, 1)
+    O, L = fsm.flash_forward_by_path(Q, K, V, True)
+    want = fsm.flash_backward_by_path(Q, K, V, O, L, dO, True)
+    L_heads_outer = L.transpose(0, 1).contiguous().transpose(0, 1)  # no (batch x heads) view of it
+    for name, g, w in zip(("dQ", "dK", "dV"), fsm.flash_backward_by_path(Q, K, V, O, L_heads_outer, dO, True), want):
+        assert torch.equal(g, w), name
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    empty = (qkv[:, :0, 0].transpose(1, 2), K, V)  # no queries: dQ empty, dK and dV zeros
+    O, L = fsm.flash_forward_by_path(*empty, True)
+    real = fsm.flash_backward_by_path(*empty, O, L, O, True)
+    with FakeTensorMode() as mode:
+        fake = fsm.flash_backward_by_path(*(mode.from_tensor(t) for t in (*empty, O, L, O)), True)
+    assert [g.stride() for g in real] == [g.stride() for g in fake]
+    assert not any(g.any() for g in real)
+
+
 def test_launch_choice_follows_the_shape():
     """Few query tiles per SM take 64-query forward tiles; causal dK/dV takes 64-key tiles at
     d = 64 whatever the length (the 128-key tile spills beside the diagonal loop)."""
