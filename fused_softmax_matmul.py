@@ -2406,7 +2406,8 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
     batch, d = tuple(Q.shape[:-2]), Q.shape[-1]
     k_shape = tuple(K.shape)
     if k_shape[:-2] != batch or k_shape[-1] != d:
-        what = "(batch, n_keys, d) with Q's batch" if Q.dim() == 3 else "(batch, heads, n_keys, d) with Q's (batch, heads)"
+        what = ("(batch, n_keys, d) with Q's batch" if Q.dim() == 3
+                else "(batch, heads, n_keys, d) with Q's (batch, heads)")
         raise ValueError(f"K must be {what} {batch[0] if Q.dim() == 3 else batch} and d {d}, got K of shape {k_shape}")
     if tuple(V.shape) != k_shape:
         raise ValueError(f"V must have K's shape {k_shape}, got {tuple(V.shape)}")
@@ -2785,7 +2786,8 @@ def _flash_head(ptr, batch, n_heads, stride_b, stride_h):
 @triton.jit
 def _flash_tile_ptrs(ptr, batch, n_heads, rows, dims, stride_b, stride_h, stride_row, stride_dim):
     """Pointers to a (rows x head dims) tile of one flat batch element (``_flash_head``)."""
-    return _flash_head(ptr, batch, n_heads, stride_b, stride_h) + rows[:, None] * stride_row + dims[None, :] * stride_dim
+    base = _flash_head(ptr, batch, n_heads, stride_b, stride_h)
+    return base + rows[:, None] * stride_row + dims[None, :] * stride_dim
 
 
 @triton.jit
@@ -5535,8 +5537,8 @@ if _GLUON is not None:
     def _gluon_flash_consumer(q_bufs, k_bufs, v_bufs, o_bufs, q_ready_all, q_free_all, k_ready, k_free, v_ready, v_free,
                               turns, o_desc, lse_ptr, stride_lb, stride_lm,
                               first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale,
-                              IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
-                              CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
+                              IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr, acc_layout: gl.constexpr,
+                              p_layout: gl.constexpr, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
         """Consumer warpgroup CONSUMER: in each of the program's tiles, the queries from the tile's
         first + CONSUMER * BLOCK_M, through every step of the shared K and V ring; steps before
         the tile's full_steps need no mask. Ring slots, phases and turns run on across tiles. O
@@ -5610,7 +5612,8 @@ if _GLUON is not None:
             tma.store_wait(0)  # the last tile's O has left the buffer
             o_buf.reshape([BLOCK_M, HEAD_DIM]).store(out.to(dtype))
             fence_async_shared()
-            _tma_store(o_desc, [batch // n_heads, batch % n_heads, off_m, 0], o_buf)  # rows past n_queries are not written
+            # Rows past n_queries are not written.
+            _tma_store(o_desc, [batch // n_heads, batch % n_heads, off_m, 0], o_buf)
             lse = (m + gl.log2(l)) * LN2
             gl.store(lse_ptr + batch.to(gl.int64) * stride_lb + rows * stride_lm, lse, mask=rows < n_queries)
             it += n_steps
@@ -5771,8 +5774,9 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_dkdv_consumer(k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr, dv_ptr,
                              stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh, stride_dkn,
-                             stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, batch, n_heads, key_start, query_start, n_steps, n_diagonal,
-                             n_whole, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL: gl.constexpr,
+                             stride_dkd, stride_dvb, stride_dvh, stride_dvn, stride_dvd, batch, n_heads, key_start,
+                             query_start, n_steps, n_diagonal, n_whole, n_queries, n_keys, sm_scale, qk_scale,
+                             IS_CAUSAL: gl.constexpr,
                              s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                              CONSUMER: gl.constexpr):
         """Consumer warpgroup CONSUMER: dK and dV of keys key_start + CONSUMER * BLOCK on, over every
@@ -5917,9 +5921,10 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_dq_consumer(q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr, o_ptr,
                            stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh, stride_dqm,
-                           stride_dqd, stride_ob, stride_oh, stride_om, stride_od, batch, n_heads, off_m, full_steps, n_steps, n_queries, n_keys,
-                           sm_scale, qk_scale, IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr,
-                           acc_layout: gl.constexpr, p_layout: gl.constexpr, CONSUMER: gl.constexpr):
+                           stride_dqd, stride_ob, stride_oh, stride_om, stride_od, batch, n_heads, off_m, full_steps,
+                           n_steps, n_queries, n_keys, sm_scale, qk_scale, IS_CAUSAL: gl.constexpr,
+                           s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
+                           CONSUMER: gl.constexpr):
         """Consumer warpgroup CONSUMER: D and dQ of queries off_m + CONSUMER * BLOCK_M on, over every
         key step; steps from full_steps on (the causal diagonal, a ragged last key tile) masked."""
         BLOCK_M: gl.constexpr = q_bufs.type.shape[3]

@@ -100,7 +100,8 @@ CASES = [
     # (A (batch, n, d) input is one head: n_heads = 1.)
     (fsm.flash_attention_backward_dkdv_kernel, "fp16", dict(IS_CAUSAL=False, PRECISION="ieee", n_batch=1, n_queries=1,
                                                             n_heads=1)),
-    (fsm.flash_attention_forward_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_batch=1, n_keys=1, n_heads=1)),
+    (fsm.flash_attention_forward_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_batch=1, n_keys=1,
+                                                      n_heads=1)),
     (fsm.flash_attention_backward_dq_kernel, "fp16", dict(IS_CAUSAL=True, PRECISION="ieee", n_queries=1, n_keys=1,
                                                           n_heads=1)),
 ]

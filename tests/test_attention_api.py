@@ -241,8 +241,8 @@ def test_fused_qkv_view_is_read_in_place(D):
 
 @pytest.mark.parametrize("is_causal", [False, True], ids=["full", "causal"])
 def test_plain_calls_take_the_course_kernels(is_causal):
-    """A call FlashAttentionTriton can take runs there (its tuned kernels, in SDPA's layout), with the answers of the general kernels (forced by a plan); an
-    option it lacks keeps the general ones."""
+    """A call FlashAttentionTriton can take runs there (its tuned kernels, in SDPA's layout), with
+    the answers of the general kernels (forced by a plan); an option it lacks keeps the general ones."""
     q, k, v = randn((2, 3, 37, 32), torch.float32, 0), randn((2, 3, 45, 32), torch.float32, 1), \
         randn((2, 3, 45, 32), torch.float32, 2)
     assert check_flash_attention_inputs(q, k, v, is_causal, None, False, "top_left", None, None)["scale"] == 32 ** -0.5
