@@ -930,7 +930,8 @@ def _fused_softmax_grad(ctx, dout, need: tuple, through_op: bool) -> tuple:
     return (dx if need_x else None), (dV if need_V else None)
 
 
-_fused_softmax_op.register_autograd(
+torch.library.register_autograd(
+    _fused_softmax_op,
     lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[:2], True), *[None] * 7),
     setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
@@ -2161,8 +2162,9 @@ def _family_op(name: str):
         ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
 
     op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
-    op.register_autograd(lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
-                         setup_context=setup)
+    torch.library.register_autograd(
+        op, lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
+        setup_context=setup)
     return op
 
 
@@ -4185,8 +4187,9 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
     return _run_attention_backward(*args, traced=False)
 
 
-attention_forward.register_autograd(lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse), *([None] * 7)),
-                                    setup_context=_attention_setup)
+torch.library.register_autograd(
+    attention_forward, lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse), *([None] * 7)),
+    setup_context=_attention_setup)
 
 def _attention_vmap(info, in_dims, q, k, v, *options):
     """torch.func.vmap's rule: the mapped dimension joins the batch (an unmapped input repeated for it)."""
@@ -4867,7 +4870,8 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = T
             *([None] * (ctx.n_inputs - 4)))
 
 
-linear_cross_entropy_forward.register_autograd(_lce_autograd_backward, setup_context=_lce_setup_context)
+torch.library.register_autograd(linear_cross_entropy_forward, _lce_autograd_backward,
+                                setup_context=_lce_setup_context)
 
 # Where autograd records an eager call: the one Function, not the custom op's dispatch.
 _LCE_AUTOGRAD = AutogradSpec(

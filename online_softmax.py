@@ -293,25 +293,45 @@ OP_NAMESPACE = "softmax_kernels"
 
 
 def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
-    """Decorator: the launch function becomes the torch custom op ``softmax_kernels::name``.
+    """Decorator: the launch function becomes the torch op ``softmax_kernels::name``.
 
     Compiled, it is a ``torch.library.triton_op``: torch.compile traces through it to the Triton
     launches (written ``wrap_triton(kernel)[grid](...)``) and can capture them in a CUDA graph. In
     the interpreter it is an opaque ``torch.library.custom_op``: triton_op traces its body with
     fake tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
     empty outputs of the right shapes, dtypes and devices) is its meta implementation either way.
-    Autograd is registered on the returned op (``op.register_autograd``) by the caller.
-    ``opaque`` keeps it a custom op when compiled too: torch.compile calls its body as it is.
+    Autograd is registered on the returned op (``torch.library.register_autograd``) by the caller.
+    ``opaque`` keeps it opaque when compiled too: torch.compile calls its body as it is. An opaque
+    op is defined with ``torch.library.Library`` and returned as its OpOverload: the dispatcher
+    calls the body straight, without a custom_op's Python layers, which a compiled step pays on
+    each call (see outputs/README.md, design notes: plain opaque ops).
     """
     def register(fn):
-        make = torch.library.custom_op if INTERPRET or opaque else torch.library.triton_op
+        body = on_input_device(fn)
+        if opaque:
+            return _plain_op(name, fn, body, fake, mutates_args)
+        make = torch.library.custom_op if INTERPRET else torch.library.triton_op
         # On its inputs' device wherever the body runs as it is: called through the dispatcher
         # (a tensor subclass, a recorded backward), or opaque in a compiled graph. A triton_op that
         # torch.compile traces puts its launches in the graph instead (outputs/README.md).
-        op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(on_input_device(fn))
+        op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(body)
         op.register_fake(fake)
         return op
     return register
+
+
+_LIBRARY = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+
+
+def _plain_op(name: str, fn, body, fake, mutates_args):
+    """``softmax_kernels::name`` with the schema of fn's annotations, body its kernel on every
+    device, fake its FakeTensor kernel: the OpOverload."""
+    schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
+    _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
+    _LIBRARY.impl(name, body, "CompositeExplicitAutograd")
+    op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
+    torch.library.register_fake(op, fake, lib=_LIBRARY)
+    return op
 
 
 def no_double_backward(public: str) -> RuntimeError:
@@ -329,7 +349,7 @@ def refuse_second_derivative(op, public: str) -> None:
     def second(ctx, *grads):  # noqa: ARG001 - autograd's signature
         raise no_double_backward(public)
 
-    op.register_autograd(second)
+    torch.library.register_autograd(op, second)
 
 
 # -- Autograd: one Function for every op, configured per op ------------------------------------
@@ -1289,10 +1309,12 @@ def _online_softmax_backward_grad(ctx, ddx):
     return grad_y, grad_dy, None, None
 
 
-_online_softmax_op.register_autograd(_online_softmax_grad, setup_context=_save_output_and_blocks)
+torch.library.register_autograd(_online_softmax_op, _online_softmax_grad,
+                                setup_context=_save_output_and_blocks)
 
 
-_online_softmax_backward_op.register_autograd(_online_softmax_backward_grad, setup_context=_save_backward_inputs)
+torch.library.register_autograd(_online_softmax_backward_op, _online_softmax_backward_grad,
+                                setup_context=_save_backward_inputs)
 
 
 def _online_backward_3d(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
@@ -2072,10 +2094,11 @@ def _row_softmax_backward_grad(ctx, ddx):
     return _softmax_double_backward(y2, dy2, ddx, _row_softmax_backward_op)
 
 
-_row_softmax_op.register_autograd(_row_softmax_grad, setup_context=_save_output_and_blocks)
+torch.library.register_autograd(_row_softmax_op, _row_softmax_grad, setup_context=_save_output_and_blocks)
 
 
-_row_softmax_backward_op.register_autograd(_row_softmax_backward_grad, setup_context=_save_backward_inputs)
+torch.library.register_autograd(_row_softmax_backward_op, _row_softmax_backward_grad,
+                                setup_context=_save_backward_inputs)
 
 
 _ROW_REPLAYS = Replays("row_softmax")
