@@ -638,12 +638,10 @@ def _save_png(fig, path: Path) -> None:
 
 
 # A case whose mean round passes its median by more than DISTURBED_SKEW is measured again, at most
-# MAX_REMEASURES times: the tables report means, and such a mean says more about the machine than
-# about the code. In the H100 attention grids at c54c9fb and 780f88b (996 cases of 15 rounds) the
-# mean sat within 8 % of the median but for 11 cases at 1.10-4.1x; the seven of 780f88b had 3-4
-# rounds each thrown away for host stalls as well, and their slowest round at 2.3-13x the median
-# (one at 0.35x of its baseline whose fp16 twin ran at 0.99x). The slowest round alone is no
-# measure: a timer of thousands of samples (do_bench) has some at 2-3x the median, the mean unmoved.
+# MAX_REMEASURES times: the tables report means, and such a mean says more about the machine (host
+# stalls) than about the code. In H100 attention grids (996 cases of 15 rounds) the mean sat within
+# 8 % of the median but for 11 cases, at 1.10-4.1x. The slowest round alone is no measure: a timer of
+# thousands of samples (do_bench) has some at 2-3x the median, the mean unmoved.
 DISTURBED_SKEW = 1.1
 MAX_REMEASURES = 2
 

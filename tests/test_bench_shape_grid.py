@@ -18,9 +18,9 @@ most of an hour on an H100:
   each workload's grid). They compile once per shape, some 570 compiles for the whole grid, most
   of its time; elsewhere the Triton op is set against PyTorch eager (and each SDPA backend), and
   the rows' ``baselines`` column says so.
-- Attention in float16 off the core cases: in the whole grid at 413ba09 the float16 speed-up of
-  every one of the 64 attention cases was within 2.3 % of its bfloat16 twin's (0.977-1.022x), the
-  kernels being the same; the core keeps two float16 cases.
+- Attention in float16 off the core cases: the kernels are the same as in bfloat16, and in the
+  whole grid every float16 speed-up was within 2.3 % of its bfloat16 twin's (outputs/README.md,
+  design notes: Harness); the core keeps two float16 cases.
 
 Every timed case is marked ``slow``: ``-m "not slow"`` leaves them out.
 
