@@ -1119,6 +1119,21 @@ def test_backward_op_reads_any_layout_of_L():
     assert not any(g.any() for g in real)
 
 
+def test_opaque_ops_are_plain_torch_ops():
+    """The ops a compiled step calls as they are run their body straight from the dispatcher: no
+    Python autograd layer between (a custom_op's, which a step paid on every call: design notes,
+    plain opaque ops); a second definition of their names is refused."""
+    for op in (fsm.flash_forward_by_path, fsm.flash_backward_by_path):
+        assert isinstance(op, torch._ops.OpOverload)
+        assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd"), op
+
+    def again(Q: torch.Tensor) -> torch.Tensor:
+        return Q
+
+    with pytest.raises(RuntimeError, match="flash_forward_by_path"):
+        fsm.kernel_op("flash_forward_by_path", lambda Q: Q, opaque=True)(again)
+
+
 def test_launch_choice_follows_the_shape():
     """Few query tiles per SM take 64-query forward tiles; causal dK/dV takes 64-key tiles at
     d = 64 whatever the length (the 128-key tile spills beside the diagonal loop)."""
