@@ -2184,10 +2184,14 @@ def spin_cycles_for(fn) -> tuple[int, float]:
 
 HOST_US_TARGET_MS = 5.0  # enough queued calls for the clock's resolution and the loop's noise to vanish
 HOST_US_MAX_CALLS = 100  # calls, not launches: a call of many launches may still fill CUDA's queue
+# The median of this many measurements: a call of milliseconds (a model's step) is one or two calls
+# a measurement, which one host hiccup (a collection, another process) can set far off.
+HOST_US_SAMPLES = 5
 
 
 def host_us(fn) -> float | None:
-    """Host time to enqueue one call of fn, in microseconds, with the GPU kept busy.
+    """Host time to enqueue one call of fn, in microseconds, with the GPU kept busy: the median
+    of HOST_US_SAMPLES measurements.
 
     The GPU spins while n calls are queued back to back, so no launch waits for the GPU and the
     host's cost alone is timed. Where the spin had ended before the calls were queued, they
@@ -2200,6 +2204,17 @@ def host_us(fn) -> float | None:
         return host_ms_once(fn) * 1e3
     once_ms = host_ms_once(fn)
     n = max(1, min(HOST_US_MAX_CALLS, int(HOST_US_TARGET_MS / max(once_ms, 1e-3))))
+    samples = []
+    for _ in range(HOST_US_SAMPLES):
+        us = _host_us_once(fn, n, once_ms)
+        if us is None:
+            return None
+        samples.append(us)
+    return statistics.median(samples)
+
+
+def _host_us_once(fn, n: int, once_ms: float) -> float | None:
+    """One measurement of ``host_us``: n calls queued behind a spin, or None where they waited."""
     for spin_ms in (2 * n * once_ms + 1.0, 8 * n * once_ms + 4.0):
         torch.cuda._sleep(int(clock_cycles_per_ms() * spin_ms))
         spun = torch.cuda.Event()
