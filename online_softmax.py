@@ -297,40 +297,56 @@ def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
 
     Compiled, it is a ``torch.library.triton_op``: torch.compile traces through it to the Triton
     launches (written ``wrap_triton(kernel)[grid](...)``) and can capture them in a CUDA graph. In
-    the interpreter it is an opaque ``torch.library.custom_op``: triton_op traces its body with
-    fake tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
+    the interpreter it is a ``torch.library.custom_op``: triton_op traces its body with fake
+    tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
     empty outputs of the right shapes, dtypes and devices) is its meta implementation either way.
     Autograd is registered on the returned op (``torch.library.register_autograd``) by the caller.
     ``opaque`` keeps it opaque when compiled too: torch.compile calls its body as it is. An opaque
-    op is defined with ``torch.library.Library`` and returned as its OpOverload: the dispatcher
-    calls the body straight, without a custom_op's Python layers, which a compiled step pays on
-    each call (see outputs/README.md, design notes: plain opaque ops).
+    op is defined with ``torch.library.Library`` (``_plain_op``) and returned as its OpOverload.
+    The body runs on its inputs' device wherever it runs as it is: called through the dispatcher
+    (a tensor subclass, a recorded backward), or opaque in a compiled graph. A triton_op that
+    torch.compile traces puts its launches in the graph instead (outputs/README.md).
     """
     def register(fn):
         body = on_input_device(fn)
         if opaque:
             return _plain_op(name, fn, body, fake, mutates_args)
         make = torch.library.custom_op if INTERPRET else torch.library.triton_op
-        # On its inputs' device wherever the body runs as it is: called through the dispatcher
-        # (a tensor subclass, a recorded backward), or opaque in a compiled graph. A triton_op that
-        # torch.compile traces puts its launches in the graph instead (outputs/README.md).
         op = make(f"{OP_NAMESPACE}::{name}", mutates_args=mutates_args)(body)
         op.register_fake(fake)
         return op
     return register
 
 
-_LIBRARY = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+# Each opaque op's Library by name. Kept across a reload of this module (which runs it again in the
+# same namespace): the ops another module defined stay. A name defined again drops its old Library,
+# and with it the old definition, as custom_op does.
+_OPAQUE_LIBRARIES = globals().get("_OPAQUE_LIBRARIES", {})
 
 
 def _plain_op(name: str, fn, body, fake, mutates_args):
-    """``softmax_kernels::name`` with the schema of fn's annotations, body its kernel on every
-    device, fake its FakeTensor kernel: the OpOverload."""
-    schema = torch.library.infer_schema(fn, mutates_args=mutates_args)
-    _LIBRARY.define(name + schema, tags=(torch.Tag.pt2_compliant_tag,))
-    _LIBRARY.impl(name, body, "CompositeExplicitAutograd")
+    """``softmax_kernels::name`` with the schema of fn's annotations, fake its FakeTensor kernel,
+    body its kernel on every device, called by the dispatcher straight: no custom_op's Python
+    layers (autograd wrapper, alias checks), which a compiled step pays on each call (see
+    outputs/README.md, design notes: plain opaque ops). So the body returns fresh tensors, never
+    an input or its view, unchecked. An op given no autograd refuses inputs that record a
+    gradient (torch's fallback would drop it with a warning). The OpOverload."""
+    _OPAQUE_LIBRARIES.pop(name, None)
+    lib = _OPAQUE_LIBRARIES[name] = torch.library.Library(OP_NAMESPACE, "FRAGMENT")
+    lib.define(name + torch.library.infer_schema(fn, mutates_args=mutates_args), tags=(torch.Tag.pt2_compliant_tag,))
+
+    def kernel(*args, **kwargs):
+        # Under an op's registered autograd the body runs with grad off (or no input wanting one).
+        if torch.is_grad_enabled() and any(isinstance(a, torch.Tensor) and a.requires_grad
+                                           for a in (*args, *kwargs.values())):
+            raise RuntimeError(f"{OP_NAMESPACE}::{name} has no derivative of its own and an input requires grad "
+                               "(its gradient would be dropped): call the public op it serves, or call it under "
+                               "torch.no_grad()")
+        return body(*args, **kwargs)
+
+    lib.impl(name, kernel, "CompositeExplicitAutograd")
     op = getattr(getattr(torch.ops, OP_NAMESPACE), name).default
-    torch.library.register_fake(op, fake, lib=_LIBRARY)
+    torch.library.register_fake(op, fake, lib=lib)
     return op
 
 

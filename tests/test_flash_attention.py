@@ -1122,16 +1122,32 @@ def test_backward_op_reads_any_layout_of_L():
 def test_opaque_ops_are_plain_torch_ops():
     """The ops a compiled step calls as they are run their body straight from the dispatcher: no
     Python autograd layer between (a custom_op's, which a step paid on every call: design notes,
-    plain opaque ops); a second definition of their names is refused."""
+    plain opaque ops). Having no derivative, they refuse inputs that record a gradient, which
+    torch's fallback would drop."""
     for op in (fsm.flash_forward_by_path, fsm.flash_backward_by_path):
         assert isinstance(op, torch._ops.OpOverload)
         assert not torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), "Autograd"), op
+    Q = randn((2, 20, 16), torch.float32, 0).requires_grad_()
+    with pytest.raises(RuntimeError, match="flash_forward_by_path has no derivative of its own"):
+        fsm.flash_forward_by_path(Q, Q, Q, True)
+    with torch.no_grad():
+        assert torch.equal(fsm.flash_forward_by_path(Q, Q, Q, True)[0], fsm.FlashAttentionTriton.apply(Q, Q, Q, True))
 
-    def again(Q: torch.Tensor) -> torch.Tensor:
-        return Q
 
-    with pytest.raises(RuntimeError, match="flash_forward_by_path"):
-        fsm.kernel_op("flash_forward_by_path", lambda Q: Q, opaque=True)(again)
+def test_opaque_ops_survive_reloads():
+    """Reloading the module that defines the ops keeps the ones the other module defined; reloading
+    that one defines them again, as custom_op does (a fresh process: reloads touch every module)."""
+    script = (
+        "import importlib, torch, online_softmax, fused_softmax_matmul as f\n"
+        "importlib.reload(online_softmax)\n"
+        "Q = torch.randn(1, 8, 16)\n"
+        "a = f.flash_forward_by_path(Q, Q, Q, True)[0]\n"
+        "f = importlib.reload(f)\n"
+        "assert torch.equal(torch.ops.softmax_kernels.flash_forward_by_path(Q, Q, Q, True)[0], a)\n"
+        "print('ok')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def test_launch_choice_follows_the_shape():
