@@ -1145,8 +1145,8 @@ def test_opaque_ops_survive_reloads():
         "f = importlib.reload(f)\n"
         "assert torch.equal(torch.ops.softmax_kernels.flash_forward_by_path(Q, Q, Q, True)[0], a)\n"
         "print('ok')\n")
-    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "TRITON_INTERPRET": "1"})
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
