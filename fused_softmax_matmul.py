@@ -3140,6 +3140,11 @@ def flash_output_like(t: torch.Tensor) -> torch.Tensor:
     return empty_like_contiguous(t)
 
 
+def flash_forward_outputs(Q: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(O, L) for the forward kernels to write: O as ``flash_output_like``, L Q's shape but d, float32."""
+    return flash_output_like(Q), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
+
+
 def flash_dims(Q: torch.Tensor) -> tuple[int, int, int, int]:
     """(batch x heads, heads, n, d) of a (batch, n, d) tensor (one head) or a (batch, heads, n, d) one."""
     if Q.dim() == 3:
@@ -3262,7 +3267,7 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
     key = None if launches is not None else replay_key((Q, K, V), (is_causal, _float32_matmul_precision()))
     kept = _FLASH_REPLAYS.get(key) if key is not None else None
     if kept is not None:
-        O, L = flash_output_like(Q), Q.new_empty(Q.shape[:-1], dtype=torch.float32)
+        O, L = flash_forward_outputs(Q)
         if kept[0](Q, K, V, O, L):
             return O, L, kept[1]
     is_causal = check_attention_inputs(Q, K, V, is_causal)
@@ -3319,8 +3324,7 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     return dQ, dK, dV
 
 
-@kernel_op("flash_forward_by_path", lambda Q, K, V, is_causal: (
-    flash_output_like(Q), Q.new_empty(Q.shape[:-1], dtype=torch.float32)), opaque=True)
+@kernel_op("flash_forward_by_path", lambda Q, K, V, is_causal: flash_forward_outputs(Q), opaque=True)
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
     """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs: what
@@ -6154,7 +6158,7 @@ def flash_attention_gluon(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_
     check_flag("pingpong", pingpong)
     if persistent is not None:
         check_flag("persistent", persistent)
-    O, L = flash_output_like(Q), torch.empty(Q.shape[:-1], dtype=torch.float32, device=Q.device)
+    O, L = flash_forward_outputs(Q)
     _gluon_flash_forward(Q, K, V, is_causal, O, L, stages, pingpong, persistent=persistent)
     return O, L
 
