@@ -28,7 +28,7 @@ from fused_softmax_matmul import (
     attention_reference, flash_attention_bytes, flash_grid, flash_launches, flash_plan, flash_plan_of,
 )
 from online_softmax import forget_kept_launches
-from support import DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files
+from support import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files
 
 IMPLS = {"flash_pytorch": FlashAttentionPytorch, "flash_triton": FlashAttentionTriton}
 
@@ -1136,17 +1136,18 @@ def test_opaque_ops_are_plain_torch_ops():
 
 def test_opaque_ops_survive_reloads():
     """Reloading the module that defines the ops keeps the ones the other module defined; reloading
-    that one defines them again, as custom_op does (a fresh process: reloads touch every module)."""
+    that one defines them again, as custom_op does (a fresh process: reloads touch every module),
+    on the suite's device."""
     script = (
         "import importlib, torch, online_softmax, fused_softmax_matmul as f\n"
         "importlib.reload(online_softmax)\n"
-        "Q = torch.randn(1, 8, 16)\n"
+        f"Q = torch.randn(1, 8, 16, device='{DEVICE}')\n"
         "a = f.flash_forward_by_path(Q, Q, Q, True)[0]\n"
         "f = importlib.reload(f)\n"
         "assert torch.equal(torch.ops.softmax_kernels.flash_forward_by_path(Q, Q, Q, True)[0], a)\n"
         "print('ok')\n")
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
-                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "1"})
+                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0" if ON_GPU else "1"})
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
