@@ -3406,6 +3406,9 @@ ATTENTION_MAX_HEAD_DIM = 256
 # Head dims step by 8: 16-bit rows of 8 elements are 16-byte vectors, what every model's head has.
 ATTENTION_HEAD_DIM_STEP = 8
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
+# A window side past 2^30 keys shows every key of sequences up to 2^30 long (longer ones need rows
+# at most 1 element apart, for a head's 32-bit offsets): capped there, a bound plus a row stays in int32.
+ATTENTION_MAX_WINDOW = 2**30
 # 2 log2(e): tanh(x) = 1 - 2 / (exp2(x * TANH_EXP2) + 1).
 TANH_EXP2 = tl.constexpr(2.8853900817779268)
 
@@ -3414,7 +3417,8 @@ def attention_mask_bounds(n_queries: int, n_keys: int, is_causal: bool = False, 
                           window: tuple | None = None) -> tuple[int | None, int | None]:
     """(lo, hi): query i sees key j when lo <= j - i <= hi (None: no bound on that side)."""
     offset = n_keys - n_queries if causal_align == "bottom_right" else 0
-    left, right = window if window is not None else (None, None)
+    left, right = ((None, None) if window is None else
+                   (None if n is None else min(n, ATTENTION_MAX_WINDOW) for n in window))
     lo = None if left is None else offset - left
     his = ([offset] if is_causal else []) + ([offset + right] if right is not None else [])
     return lo, (min(his) if his else None)
@@ -3526,7 +3530,7 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
     if tuple(v.shape[:3]) != (batch, kv_heads, n_keys):
         raise ValueError(f"v must be (batch, kv_heads, n_keys, dv) with k's {(batch, kv_heads, n_keys)}, got v of "
                          f"shape {tuple(v.shape)}")
-    if kv_heads == 0 or heads % kv_heads:
+    if heads % kv_heads if kv_heads else heads:  # no heads at all: empty, as SDPA gives
         raise ValueError(f"q's heads ({heads}) must be a multiple of k's and v's heads ({kv_heads})")
     if heads != kv_heads and not enable_gqa:
         raise ValueError(f"q has {heads} heads and k, v have {kv_heads}: grouped-query attention needs enable_gqa=True "
@@ -4221,9 +4225,10 @@ def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, options: dict) -> 
     if (plan.lo, plan.hi) != bounds:
         raise ValueError(f"plan's mask bounds (lo, hi) = {(plan.lo, plan.hi)} are not this call's {bounds} (from "
                          "is_causal, causal_align, window and the lengths): plan with the same options")
-    if (q.shape[1] // k.shape[1]) % plan.heads_in_tile:
+    group = q.shape[1] // max(k.shape[1], 1)
+    if group % plan.heads_in_tile:
         raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
-                         f"key/value head serves ({q.shape[1] // k.shape[1]})")
+                         f"key/value head serves ({group})")
 
 
 @on_input_device
@@ -4259,7 +4264,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         _check_given_plan(plan, q, k, options)
     else:
         planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
-        group = q.shape[1] // k.shape[1]
+        group = q.shape[1] // max(k.shape[1], 1)
         plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
                        batch_heads=q.shape[0] * q.shape[1],
                        grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)

@@ -343,6 +343,38 @@ def test_empty_inputs():
     out = flash_attention(randn((1, 0, 7, 16), torch.float32, 0), k.new_zeros((1, 2, 9, 16)),
                           k.new_zeros((1, 2, 9, 16)), enable_gqa=True)
     assert out.shape == (1, 0, 7, 16)
+    # no heads at all (q's and k's): empty, as SDPA gives, on either path and with a plan
+    q, k = randn((1, 0, 7, 16), torch.float32, 0), randn((1, 0, 9, 16), torch.float32, 1)
+    plan = attention_plan(16, 16, torch.float32, 7, 9)
+    for options in (dict(), dict(scale=0.5, return_lse=True), dict(plan=plan)):
+        got = flash_attention(q, k, k, **options)
+        assert (got[0] if isinstance(got, tuple) else got).shape == F.scaled_dot_product_attention(q, k, k).shape
+
+
+@pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
+def test_window_past_any_length_is_unbounded(causal_align):
+    """A window side of any size (2^31 - 5, sys.maxsize, 2^64 as "unlimited") shows what None
+    shows, gradients included: near 2^31 a bound plus a row overflowed the kernels' int32, past
+    int64 (more queries than keys, bottom-right) the bound was no kernel argument at all."""
+    case = Case(1, 2, 2, 13, 9, 16, 16)
+    q, k, v, dout, dlse = make_inputs(case, torch.float32)
+    for window, same in (((0, 2**31 - 5), (0, None)), ((2**63 - 1, 0), (None, 0)), ((3, 2**64), (3, None))):
+        want = run_ours(q, k, v, dout, dlse, dict(window=same, causal_align=causal_align))
+        got = run_ours(q, k, v, dout, dlse, dict(window=window, causal_align=causal_align))
+        for name, a, b in zip(("out", "lse", "dq", "dk", "dv"), got, want):
+            torch.testing.assert_close(a, b, atol=1e-6, rtol=1e-6, msg=lambda m: f"{window} {name}: {m}")
+        reference = flash_attention_reference(q, k, v, window=window, causal_align=causal_align)[0]
+        torch.testing.assert_close(reference, want[0], atol=1e-6, rtol=1e-6)
+
+
+@pytest.mark.xfail(strict=True, reason="the kernels' tanh, 1 - 2 / (e^2x + 1), has float32's absolute error near 0, "
+                   "not a relative one: each logit is off by softcap x 6e-8 (a kernel change: a series near 0, as "
+                   "_tanh of the linear cross-entropy has)")
+def test_softcap_of_a_model_is_as_accurate_as_torch():
+    """Gemma 2's attention softcap (50), float32: logits well inside the cap, where tanh is near 0."""
+    case = Case(1, 2, 2, 37, 45, 16, 16, dict(softcap=50.0))
+    q, k, v, dout, dlse = make_inputs(case, torch.float32)
+    assert_matches_float64(run_ours(q, k, v, dout, dlse, case.options), q, k, v, dout, dlse, case.options)
 
 
 # ----------------------------------------------------------------------------------------------
