@@ -354,8 +354,8 @@ def test_empty_inputs():
 @pytest.mark.parametrize("causal_align", ["top_left", "bottom_right"])
 def test_window_past_any_length_is_unbounded(causal_align):
     """A window side of any size (2^31 - 5, sys.maxsize, 2^64 as "unlimited") shows what None
-    shows, gradients included: near 2^31 a bound plus a row overflowed the kernels' int32, past
-    int64 (more queries than keys, bottom-right) the bound was no kernel argument at all."""
+    shows, gradients included: uncapped, near 2^31 a bound plus a row would overflow the kernels'
+    int32, and past int64 (more queries than keys, bottom-right) a bound is no kernel argument."""
     case = Case(1, 2, 2, 13, 9, 16, 16)
     q, k, v, dout, dlse = make_inputs(case, torch.float32)
     for window, same in (((0, 2**31 - 5), (0, None)), ((2**63 - 1, 0), (None, 0)), ((3, 2**64), (3, None))):
