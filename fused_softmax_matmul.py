@@ -4658,7 +4658,8 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
     None for the loss alone; dx, dW: where the gradients go, or None; db: a float32 (V,) sum or None."""
     BT, V = x.shape[0], W.shape[0]
-    weight32 = weight.float() if weight is not None else None
+    # The row kernel reads the class weights with unit stride: a view (w[::2], an expand) is copied.
+    weight32 = weight.float().contiguous() if weight is not None else None
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
     apart = factor is not None and plan.target_apart
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None

@@ -362,6 +362,24 @@ def test_strided_inputs():
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("layout", ["every other", "expanded"])
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_strided_class_weights(layout, reduction):
+    """A float32 weight that is a view (every other entry, or one value expanded): the row kernel
+    reads the weights with unit stride, so they reach it contiguous; with label smoothing, whose
+    terms read every class's weight."""
+    x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
+    w = 0.5 + torch.rand((202,), generator=generator(5), device=DEVICE)
+    weight = w[::2] if layout == "every other" else w[:1].expand(101)
+    options = dict(weight=weight, label_smoothing=0.1)
+    ours = loss_and_grads_with(linear_cross_entropy, x, W, target, reduction, upstream_for(reduction, 21), options,
+                               launch=SMALL_LAUNCH)
+    ref = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, reduction, upstream_for(reduction, 21),
+                              dict(options, weight=weight.contiguous()))
+    for out, want in zip(ours, ref):
+        torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("bad", [-1, 101, 10**6])
 def test_target_out_of_range_is_a_clear_error(bad):
     x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
