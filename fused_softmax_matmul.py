@@ -1006,7 +1006,11 @@ def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan,
     """softmax(x) @ V as ``plan`` says: materialised, or its kernel launched directly (``keep``
     receives the launch), through the autograd Function or through the custom op."""
     if plan.path == "materialized":
-        return torch.bmm(row_softmax(x), V)
+        if not torch.compiler.is_compiling() and _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
+            return torch.bmm(row_softmax(x), V)
+        # fused_softmax does not autocast (the kernel paths cannot): torch.bmm would, in autocast's dtype.
+        with torch.autocast(x.device.type, enabled=False):
+            return torch.bmm(row_softmax(x), V)
     if plan.call == "eager":
         return _launch_fused_softmax(x, V, plan, False, keep)[0]
     if plan.call == "autograd":

@@ -577,6 +577,22 @@ def test_materialize_refuses_what_it_cannot_honour():
         fused_softmax(x, V, launch=FusedLaunch(16), materialize=True)
 
 
+@pytest.mark.parametrize("materialize", [True, False], ids=["materialized", "fused"])
+def test_autocast_changes_neither_dtype_nor_values(materialize):
+    """fused_softmax does not autocast (README: the x @ W ops and the loss do): under
+    torch.autocast either path returns x's dtype and the values and gradients it gives outside."""
+    x, V = (t.requires_grad_() for t in softmax_matmul_inputs(2, 9, 20, 24, torch.float32, seed=7))
+    with torch.autocast(DEVICE, dtype=torch.bfloat16):
+        out = fused_softmax(x, V, materialize=materialize)
+    xe, Ve = (t.detach().requires_grad_() for t in (x, V))
+    eager = fused_softmax(xe, Ve, materialize=materialize)
+    assert out.dtype == x.dtype
+    torch.testing.assert_close(out, eager, rtol=0, atol=0)
+    dout = randn(out.shape, out.dtype, 8)
+    for got, want in zip(torch.autograd.grad(out, (x, V), dout), torch.autograd.grad(eager, (xe, Ve), dout)):
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+
+
 # ----------------------------------------------------------------------------------------------
 # torch.compile and CUDA graphs
 # ----------------------------------------------------------------------------------------------
