@@ -4456,6 +4456,7 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
         raise ValueError("W must have at least one row (class)")
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
+    check_dense("target", target)
     if target.dtype != torch.int64:
         raise TypeError(f"target must hold int64 class indices, got {target.dtype}")
     if target.shape != x.shape[:-1]:
@@ -4474,6 +4475,7 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
         if not isinstance(weight, torch.Tensor) or not weight.is_floating_point():
             raise TypeError(f"weight must be a floating-point torch.Tensor of class weights, got "
                             f"{weight.dtype if isinstance(weight, torch.Tensor) else type(weight).__name__}")
+        check_dense("weight", weight)
         if weight.shape != (classes,):
             raise ValueError(f"weight must have shape ({classes},), one weight per class; got {tuple(weight.shape)}")
         if weight.device != x.device:

@@ -423,6 +423,9 @@ def _bad(name):
         "bias_dtype": (dict(bias=W[:, 0].half()), TypeError, "bias has dtype torch.float16"),
         "weight_shape": (dict(weight=W[:-1, 0]), ValueError, r"weight must have shape \(20,\)"),
         "weight_int": (dict(weight=target), TypeError, "weight must be a floating-point"),
+        "weight_sparse": (dict(weight=torch.rand(20, device=x.device).to_sparse()), TypeError,
+                          "weight must be a dense"),
+        "target_sparse": (dict(target=target.to_sparse()), TypeError, "target must be a dense"),
         "smoothing_range": (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
         "smoothing_type": (dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a float"),
         "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
@@ -441,7 +444,7 @@ def _bad(name):
 @pytest.mark.parametrize("name", ["x_rank", "x_int", "dtype_mix", "W_shape", "W_empty", "target_dtype",
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
                                   "launch_rows", "launch_block", "target_leading", "bias_shape",
-                                  "bias_dtype", "weight_shape", "weight_int", "smoothing_range", "smoothing_type",
+                                  "bias_dtype", "weight_shape", "weight_int", "weight_sparse", "target_sparse", "smoothing_range", "smoothing_type",
                                   "softcap_zero", "softcap_nan", "z_loss_negative", "return_lse", "weight_grad"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
