@@ -3710,8 +3710,8 @@ def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl
     cap2 tanh(a b^T qk_scale) where qk_scale = scale / softcap and cap2 = softcap log2(e)."""
     s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST) * qk_scale
     if SOFTCAP:
-        # One exp2's tanh errs by float32's unit near 0, softcap x 6e-8 a logit: under float32's own
-        # rounding of its logits only where the inputs are 16-bit; float32's take _tanh's series there.
+        # One exp2's tanh errs by float32's unit near 0 (softcap x 6e-8 a logit): 16-bit inputs'
+        # rounding hides that, float32's does not, so float32 takes _tanh's series.
         if a.dtype == tl.float32:
             s = _tanh(s) * cap2
         else:
