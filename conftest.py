@@ -1202,6 +1202,17 @@ def committed_destination(path: Path) -> bool:
     return path.resolve().is_relative_to(ROOT / "outputs")
 
 
+def percentage(text: str) -> float:
+    """A --max-slowdown or --tolerance: a number of percent, 0 or more."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a percentage of 0 or more, got {text}")
+    return value
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python3 conftest.py", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -1220,7 +1231,7 @@ def main(argv=None) -> int:
                        help="a one-GPU run's JSON: compare the merged run's medians with its medians on the cases "
                             "both measured, name those more than --tolerance apart (exit status 1 if any), and "
                             "record both runs' wall times under compared_with_one_gpu in the output")
-    merge.add_argument("--tolerance", type=float, default=3.0, metavar="PERCENT",
+    merge.add_argument("--tolerance", type=percentage, default=3.0, metavar="PERCENT",
                        help="largest difference of two medians, in percent of the one-GPU median (default 3)")
     for command in (rebuild, merge):
         command.add_argument("--committed", action="store_true",
@@ -1230,7 +1241,7 @@ def main(argv=None) -> int:
     headline.add_argument("--check", action="store_true", help="write nothing; exit 1 if a block differs from the record")
     gate = sub.add_parser("gate", help="a run's medians against the record's: exit 1 if a case is slower than allowed")
     gate.add_argument("json", type=Path, help="the run's JSON (benchmark.json in its --outputs-dir)")
-    gate.add_argument("--max-slowdown", type=float, default=5.0, metavar="PERCENT", help="default 5")
+    gate.add_argument("--max-slowdown", type=percentage, default=5.0, metavar="PERCENT", help="default 5")
     parts = sub.add_parser("parts", help="the record's parts, what each holds and its minutes (planned, and from "
                                          "the record)")
     for command in (headline, gate, parts):
@@ -1247,6 +1258,8 @@ def main(argv=None) -> int:
         return record_command(args, refuse)
     if args.command == "merge":
         dest, what = args.output.parent, f"--output {args.output}"
+        if args.output.is_dir():
+            return refuse(f"{what}: is a directory; give the path of the merged JSON to write")
     else:
         dest = args.outputs_dir or args.json.parent
         what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
@@ -1306,6 +1319,10 @@ def main(argv=None) -> int:
             missing = [p.name for p in RECORD_PARTS if p.name not in data["bench_run"].get("record_parts", ())]
             if data["bench_run"].get("record_parts") and missing:
                 print(f"NOTE not yet the whole record: parts {', '.join(missing)} are missing", file=sys.stderr)
+            for name, part in runs:
+                if not (part.get("bench_run") or {}).get("complete", True):
+                    print(f"NOTE {name} is a partial run (it did not end on its own): so is the merged run, its "
+                          f"tables NAME.partial.csv", file=sys.stderr)
         for path in write_tables(data, dest):
             print(path)
     finally:
@@ -1321,7 +1338,12 @@ def record_command(args, refuse) -> int:
     except BadRun as bad:
         return refuse(str(bad))
     # The gate's default: the record of the run's own GPU kind.
-    path = args.record or record_json((run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else None)
+    gpu = (run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else None
+    path = args.record or record_json(gpu)
+    if run and args.record is None and not path.exists():
+        records = ", ".join(str(p.relative_to(ROOT)) for p in sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))) or "none"
+        return refuse(f"no record of {gpu} runs is committed (no {path.relative_to(ROOT)}); name the record to compare "
+                      f"{args.json} with: --record JSON (the records: {records})")
     if args.command != "gate" and args.record is None and not path.exists():
         data = None  # no record committed yet: the blocks say so, the parts have no measured minutes
     else:
@@ -1339,6 +1361,9 @@ def record_command(args, refuse) -> int:
             return refuse(str(error))
         print("\n".join(slower + [f"{shared} cases compared with {path}, {len(slower)} slower by more than "
                                    f"{args.max_slowdown:g} %"]))
+        if not shared:
+            print(f"python3 conftest.py gate: none of {args.json}'s cases is in {path}: nothing was compared",
+                  file=sys.stderr)
         return 1 if slower or not shared else 0
     try:
         stale = stale_blocks(data, path, write=not args.check)

@@ -518,12 +518,19 @@ def parse_spec(spec: str) -> tuple[str, str]:
 def load(label: str, target: str) -> Candidate:
     """Import the module and adapt every public name it defines; an import error is the candidate's record."""
     cand = Candidate(label, target)
+    path = Path(target)
+    from_file = target.endswith(".py") or path.is_file()
+    # A target that is not there is a mistyped option (refused before any case), not the candidate's record.
+    if from_file and not path.is_file():
+        raise pytest.UsageError(f"--candidate {target}: no such file")
+    spec = importlib.util.spec_from_file_location(f"softmax_kernels_candidate_{label}", path.resolve()) \
+        if from_file else None
+    if from_file and spec is None:
+        raise pytest.UsageError(f"--candidate {target}: not a Python file (.py)")
+    if not from_file and not _importable(target):
+        raise pytest.UsageError(f"--candidate {target}: no file nor importable module of that name")
     try:
-        path = Path(target)
-        if target.endswith(".py") or path.is_file():
-            if not path.is_file():
-                raise FileNotFoundError(f"no file {target}")
-            spec = importlib.util.spec_from_file_location(f"softmax_kernels_candidate_{label}", path.resolve())
+        if from_file:
             module = importlib.util.module_from_spec(spec)
             sys.modules[spec.name] = module  # dataclasses and pickling look modules up by name
             spec.loader.exec_module(module)
@@ -536,6 +543,17 @@ def load(label: str, target: str) -> Candidate:
         if hasattr(module, name):
             cand.names[name] = adapt(name, getattr(module, name))
     return cand
+
+
+def _importable(name: str) -> bool:
+    """Whether a module of that dotted name can be found (a package it sits in that raises on import: yes, the
+    import records why)."""
+    try:
+        return importlib.util.find_spec(name) is not None
+    except ModuleNotFoundError:
+        return False
+    except Exception:  # noqa: BLE001 - a parent package that fails to import: the import itself says why
+        return True
 
 
 def configure(config) -> None:

@@ -10,6 +10,7 @@ the command line's committed outputs/ is pointed at a temporary copy where a tes
 
 from __future__ import annotations
 
+import contextlib
 import json
 import signal
 import time
@@ -202,6 +203,69 @@ def test_merge_names_parts_by_path(tmp_path, capsys):
     a, c = tmp_path / "a" / "benchmark.json", tmp_path / "c" / "benchmark.json"
     assert conftest.main(["merge", str(a), str(c), "--output", str(tmp_path / "m.json")]) == 2
     assert f"{c}: test_grid[0] was measured (or failed) in {a} already" in capsys.readouterr().err
+
+
+def named_run(tmp_path: Path, name: str, gpu: str | None = "NVIDIA_H200", complete: bool = True, n: int = 0) -> Path:
+    """probe_run at commit abc on a GPU kind, its case names numbered from n, written at tmp_path/name."""
+    data = probe_run()
+    data["commit_info"] = {"id": "abc"}
+    data["bench_run"] = {"gpu": gpu, "complete": complete}
+    for i, b in enumerate(data["benchmarks"]):
+        b["fullname"] = f"test_grid[{n + i}]"
+    path = tmp_path / name
+    path.write_text(json.dumps(data))
+    return path
+
+
+# (arguments, with {tmp} for tmp_path; what the one line on stderr says). Each is refused (exit 2).
+BAD_ARGUMENTS = {
+    "merge into a directory": (["merge", "{tmp}/a.json", "{tmp}/b.json", "--output", "{tmp}"],
+                               "--output {tmp}: is a directory"),
+    "gate of a kind without a record": (["gate", "{tmp}/a.json"], "no record of NVIDIA_A100 runs is committed"),
+    "gate without a GPU kind's record": (["gate", "{tmp}/interpreter.json"], "no record of interpreter runs is committed"),
+    "a negative slowdown": (["gate", "{tmp}/a.json", "--record", "{tmp}/b.json", "--max-slowdown", "-5"],
+                            "--max-slowdown: expected a percentage of 0 or more, got -5"),
+    "a negative tolerance": (["merge", "{tmp}/a.json", "--against", "{tmp}/b.json", "--output", "{tmp}/m.json",
+                              "--tolerance", "-1"], "--tolerance: expected a percentage of 0 or more, got -1"),
+}
+
+
+@pytest.mark.parametrize("what", list(BAD_ARGUMENTS))
+def test_each_bad_argument_is_one_line_naming_it(tmp_path, capsys, what, monkeypatch):
+    monkeypatch.setattr(conftest, "ROOT", tmp_path)  # outputs/ holds no record of any kind
+    named_run(tmp_path, "a.json", gpu="NVIDIA_A100")
+    named_run(tmp_path, "b.json", gpu="NVIDIA_A100", n=2)
+    named_run(tmp_path, "interpreter.json", gpu="interpreter")
+    args, message = BAD_ARGUMENTS[what]
+    with pytest.raises(SystemExit) if "negative" in what else contextlib.nullcontext():  # argparse's own refusal
+        assert conftest.main([a.format(tmp=tmp_path) for a in args]) == 2
+    err = capsys.readouterr().err
+    assert message.format(tmp=tmp_path) in err.strip().splitlines()[-1] and "Traceback" not in err, err
+    assert not (tmp_path / "m.json").exists()
+
+
+def test_a_gate_that_compares_nothing_says_why_it_fails(tmp_path, capsys):
+    run, record = named_run(tmp_path, "run.json"), named_run(tmp_path, "record.json", n=2)
+    assert conftest.main(["gate", str(run), "--record", str(record)]) == 1
+    assert f"none of {run}'s cases is in {record}" in capsys.readouterr().err
+
+
+def test_a_merge_of_a_partial_run_says_so(tmp_path, capsys):
+    a, b = named_run(tmp_path, "a.json"), named_run(tmp_path, "b.json", complete=False, n=2)
+    assert conftest.main(["merge", str(a), str(b), "--output", str(tmp_path / "m" / "benchmark.json")]) == 0
+    out, err = capsys.readouterr()
+    assert f"NOTE {b} is a partial run" in err and "grid.partial.csv" in out, (out, err)
+
+
+@pytest.mark.parametrize("target,message", [
+    ("no_such_file.py", "no such file"),
+    ("no_such_module", "no file nor importable module of that name"),
+    ("README.md", "not a Python file"),
+])
+def test_a_candidate_that_is_not_there_is_refused_before_any_case(target, message):
+    proc = run_pytest(["--candidate", target, "--collect-only", "-q", "tests/test_bench_softmax.py"], cwd=ROOT)
+    assert proc.returncode == 4, proc.output[-4000:]  # pytest's usage error, not a passing run
+    assert f"--candidate {target}: {message}" in proc.output and "Traceback" not in proc.output, proc.output[-4000:]
 
 
 # A benchmark group's own bound catching a wrong kernel, serial and under xdist: test_harness_xdist.py.
