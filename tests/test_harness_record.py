@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import ast
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -284,3 +285,16 @@ def test_the_command_line_runs_without_torch(tmp_path):
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, f"{args[0]}: {proc.stdout}{proc.stderr}"
     assert (tmp_path / "tables" / "softmax.csv").exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# The README's install step gives what its benchmark commands run (python3 -m tox, pytest, ...)
+# ----------------------------------------------------------------------------------------------
+def test_the_bench_extra_holds_the_tools_the_readme_names():
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11 and later
+    extra = tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["optional-dependencies"]
+    held = {re.split(r"[<>=!~ \[;]", requirement, maxsplit=1)[0].lower() for requirement in extra["bench"]}
+    (line,) = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
+               if line.startswith('pip install ".[bench]"')]
+    named = {tool.strip().lower() for tool in line.split("tools:", 1)[1].split(",")}
+    assert named == held, f"README.md's install line names {sorted(named)}, pyproject.toml's bench extra holds {sorted(held)}"
