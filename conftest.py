@@ -1341,7 +1341,8 @@ def record_command(args, refuse) -> int:
     gpu = (run.get("bench_run") or {}).get("gpu") or REFERENCE_GPU if run else None
     path = args.record or record_json(gpu)
     if run and args.record is None and not path.exists():
-        records = ", ".join(str(p.relative_to(ROOT)) for p in sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))) or "none"
+        records = ", ".join(str(p.relative_to(ROOT)) for p in sorted((ROOT / "outputs").glob(f"*/{RUN_JSON}"))
+                            if p.parent.name != "cpu") or "none"  # outputs/cpu/: the interpreter's, never committed
         return refuse(f"no record of {gpu} runs is committed (no {path.relative_to(ROOT)}); name the record to compare "
                       f"{args.json} with: --record JSON (the records: {records})")
     if args.command != "gate" and args.record is None and not path.exists():
