@@ -4223,9 +4223,10 @@ _ATTENTION_AUTOGRAD = AutogradSpec(
     vmap=_attention_vmap)
 
 
-def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, options: dict) -> None:
+def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, group: int, options: dict) -> None:
     """A plan a caller hands ``flash_attention``: an ``AttentionPlan``, valid (``check``), of this
-    call's mask bounds, its heads a tile dividing the group. Errors name what differs."""
+    call's mask bounds, its heads a tile dividing the group (query heads a key/value head serves).
+    Errors name what differs."""
     if not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     plan.check()
@@ -4234,7 +4235,6 @@ def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, options: dict) -> 
     if (plan.lo, plan.hi) != bounds:
         raise ValueError(f"plan's mask bounds (lo, hi) = {(plan.lo, plan.hi)} are not this call's {bounds} (from "
                          "is_causal, causal_align, window and the lengths): plan with the same options")
-    group = q.shape[1] // max(k.shape[1], 1)
     if group % plan.heads_in_tile:
         raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
                          f"key/value head serves ({group})")
@@ -4269,11 +4269,11 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     """
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
+    group = q.shape[1] // max(k.shape[1], 1)
     if plan is not None:
-        _check_given_plan(plan, q, k, options)
+        _check_given_plan(plan, q, k, group, options)
     else:
         planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
-        group = q.shape[1] // max(k.shape[1], 1)
         plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
                        batch_heads=q.shape[0] * q.shape[1],
                        grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)
