@@ -28,7 +28,9 @@ from fused_softmax_matmul import (
     attention_reference, flash_attention_bytes, flash_grid, flash_launches, flash_plan, flash_plan_of,
 )
 from online_softmax import forget_kept_launches
-from support import DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files
+from support import (
+    DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files,
+)
 
 IMPLS = {"flash_pytorch": FlashAttentionPytorch, "flash_triton": FlashAttentionTriton}
 

@@ -297,4 +297,5 @@ def test_the_bench_extra_holds_the_tools_the_readme_names():
     (line,) = [line for line in (ROOT / "README.md").read_text(encoding="utf-8").splitlines()
                if line.startswith('pip install ".[bench]"')]
     named = {tool.strip().lower() for tool in line.split("tools:", 1)[1].split(",")}
-    assert named == held, f"README.md's install line names {sorted(named)}, pyproject.toml's bench extra holds {sorted(held)}"
+    assert named == held, (f"README.md's install line names {sorted(named)}, pyproject.toml's bench extra holds "
+                           f"{sorted(held)}")

@@ -444,7 +444,8 @@ def _bad(name):
 @pytest.mark.parametrize("name", ["x_rank", "x_int", "dtype_mix", "W_shape", "W_empty", "target_dtype",
                                   "target_shape", "target_list", "reduction", "ignore_index", "launch",
                                   "launch_rows", "launch_block", "target_leading", "bias_shape",
-                                  "bias_dtype", "weight_shape", "weight_int", "weight_sparse", "target_sparse", "smoothing_range", "smoothing_type",
+                                  "bias_dtype", "weight_shape", "weight_int", "weight_sparse", "target_sparse",
+                                  "smoothing_range", "smoothing_type",
                                   "softcap_zero", "softcap_nan", "z_loss_negative", "return_lse", "weight_grad"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
