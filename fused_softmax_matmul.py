@@ -4302,9 +4302,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
 LCE_REDUCTIONS = ("mean", "sum", "none")
 _INT64 = torch.iinfo(torch.int64)
 # Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
-# capped at a quarter of dW (rows <= H / 4) down to the minimum (design notes: Linear cross-entropy).
+# capped at a quarter of dW (rows <= H / 4) down to the minimum; a narrow H takes more rows, up to
+# LCE_MAX_FILL_ROWS, so that dx's product (rows x H) fills a wave of LCE_FILL_TILE tiles on every
+# SM (design notes: Linear cross-entropy).
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
+LCE_FILL_TILE = 128 * 128
+LCE_MAX_FILL_ROWS = 4096
 # cuBLAS's tiles are 64 to 256 rows: chunks are whole multiples of 128 rows where BT allows.
 LCE_ROW_MULTIPLE = 128
 
@@ -4410,13 +4414,14 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
                               ignore_index: int = -100, label_smoothing: float = 0.0, softcap: float | None = None,
                               z_loss: float = 0.0, launch: LinearCrossEntropyLaunch | None = None,
                               vocab_start: int | None = None, n_classes: int | None = None,
-                              grads: tuple = (False, False, False), interpret: bool = INTERPRET
-                              ) -> LinearCrossEntropyPlan:
+                              grads: tuple = (False, False, False), interpret: bool = INTERPRET,
+                              sms: int | None = None) -> LinearCrossEntropyPlan:
     """The plan of a call with x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within
-    [LCE_MIN_ROWS, LCE_MAX_ROWS] in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer grows
-    with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is that
-    shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError / ValueError
-    naming a bad option or launch."""
+    [LCE_MIN_ROWS, LCE_MAX_ROWS], or on a GPU of ``sms`` SMs the rows that fill it with dx's
+    product (at most LCE_MAX_FILL_ROWS), in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer
+    grows with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is
+    that shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError /
+    ValueError naming a bad option or launch."""
     check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
     if reduction not in LCE_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
@@ -4429,6 +4434,9 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
         check_int("vocab_start", vocab_start, 0, n_classes - V)
     if launch is None:
         rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
+        if sms:
+            fill = cdiv(cdiv(sms * LCE_FILL_TILE, max(H, 1)), LCE_ROW_MULTIPLE) * LCE_ROW_MULTIPLE
+            rows = max(rows, min(fill, LCE_MAX_FILL_ROWS))
         block_v = min(next_power_of_2(V), 8192 // dtype.itemsize)
         launch = LinearCrossEntropyLaunch(max(1, min(BT, rows)), max(block_v, 16), 8 if block_v >= 2048 else 4)
     elif not isinstance(launch, LinearCrossEntropyLaunch):
@@ -4930,7 +4938,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
     plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
-                                     grads=grads)
+                                     grads=grads, sms=_sm_count(x2.device) if x2.is_cuda else None)
     check_targets(target, W.shape[0], ignore_index)
     args = (x2, W, t, bias, weight, *plan.args())
     if not needs_op(x2, W, bias):
@@ -5060,7 +5068,8 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
     check_flag("return_lse", return_lse)
     plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
-                                     vocab_start=vocab_start, n_classes=n_classes)
+                                     vocab_start=vocab_start, n_classes=n_classes,
+                                     sms=_sm_count(x2.device) if x2.is_cuda else None)
     check_targets(target, n_classes, ignore_index)
     loss, lse = _VOCAB_PARALLEL_AUTOGRAD.run(x2, W_shard, bias, t, weight, group, plan)[:2]
     if reduction == "none":

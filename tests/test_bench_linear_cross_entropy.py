@@ -175,7 +175,8 @@ def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None)
     if impl == "triton":
-        launch = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype]).launch
+        sms = torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else None
+        launch = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype], sms=sms).launch
         launch_columns = dataclasses.asdict(launch)
     # A string, "none" without: a case column must compare equal to itself (pandas makes None NaN)
     # and sort against its other values (no mix of str and float).

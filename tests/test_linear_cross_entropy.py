@@ -9,6 +9,7 @@ the row kernel's tile, so every path of the chunk loop runs in the interpreter.
 from __future__ import annotations
 
 import gc
+import json
 import weakref
 
 import pytest
@@ -18,8 +19,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 from fused_softmax_matmul import (
-    LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch, LinearCrossEntropyPlan, _lce_forward,
-    linear_cross_entropy, linear_cross_entropy_plan, linear_cross_entropy_ref,
+    LCE_FILL_TILE, LCE_MAX_FILL_ROWS, LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch,
+    LinearCrossEntropyPlan, _lce_forward, linear_cross_entropy, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
 from conftest import graph_replay
 from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, record_files, relative_error
@@ -488,6 +489,22 @@ def test_launch_is_bounded_by_V_and_H_not_by_BT():
     assert linear_cross_entropy_plan(100, 32, 7, torch.float32).launch == LinearCrossEntropyLaunch(100, 16, 4)
 
 
+def test_a_narrow_H_fills_the_GPU_with_dx_product():
+    """On a GPU of ``sms`` SMs, chunks hold the rows whose dx (rows x H) is a wave of 128 x 128
+    tiles on every SM, where that is more than the H / 4 rule gives, up to LCE_MAX_FILL_ROWS."""
+    def rows(BT, H, V, sms=132):
+        return linear_cross_entropy_plan(BT, H, V, torch.bfloat16, sms=sms).chunk_rows
+
+    assert rows(8192, 768, 50304) == 2816 and 2816 * 768 >= 132 * LCE_FILL_TILE > 2688 * 768  # GPT-2
+    assert rows(2048, 768, 50257) == 2048  # all the rows: one chunk
+    assert rows(16384, 2048, 151936) == 1152  # Qwen: 132 x 128 x 128 / 2048 = 1056, rounded up
+    assert rows(8192, 2304, 256000) == 1024
+    assert rows(8192, 4096, 128256) == rows(8192, 4096, 128256, sms=None) == 1024  # H / 4 gives more already
+    assert rows(8192, 64, 1000) == LCE_MAX_FILL_ROWS
+    assert rows(8192, 768, 50304, sms=66) == 1408  # half the SMs, half the rows
+    assert rows(16384, 2048, 151936, sms=None) == 512  # the interpreter: programs run one after another
+
+
 # ----------------------------------------------------------------------------------------------
 # The plan: a pure function of shapes, dtype and options (no kernel runs here)
 # ----------------------------------------------------------------------------------------------
@@ -554,6 +571,8 @@ def test_plan_gives_the_launch_the_record_ran():
         pytest.skip("no linear_cross_entropy_benchmark*.csv under outputs/")
     for record in records:
         ran = {}
+        run = json.loads((record.parent / "benchmark.json").read_text())
+        sms = (run["machine_info"].get("gpu") or {}).get("sm_count")  # None: the interpreter's record
         with open(record, newline="") as f:
             for row in csv.DictReader(f):
                 if row["impl"] == "triton" and row["chunk_rows"] and row.get("programs", "0") == "0":
@@ -561,7 +580,7 @@ def test_plan_gives_the_launch_the_record_ran():
                     ran.setdefault(case, set()).add(tuple(int(row[k]) for k in ("chunk_rows", "block_v", "num_warps")))
         assert ran, f"{record} has no triton row with its launch"
         for (BT, H, V, dtype), launches in ran.items():
-            plan = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype])
+            plan = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype], sms=sms)
             launch = (plan.chunk_rows, plan.block_v, plan.num_warps)
             assert launch in launches, f"{record.name} {BT} x {H} x {V}: plan {launch}, ran {sorted(launches)}"
 
@@ -702,7 +721,8 @@ def test_bfloat16_lm_head_accuracy_and_memory(BT, H, V):
     extra = torch.cuda.max_memory_allocated() - before
     for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref32, theirs):
         assert relative(out, ref) <= 2 * relative(torch_out, ref) + 1e-6, name
-    launch = linear_cross_entropy_plan(BT, H, V, torch.bfloat16).launch
+    sms = torch.cuda.get_device_properties(x.device).multi_processor_count
+    launch = linear_cross_entropy_plan(BT, H, V, torch.bfloat16, sms=sms).launch
     element = x.element_size()
     clones = (x.numel() + W.numel()) * element  # loss_and_grads clones x and W, the call's inputs
     gradients = (x.numel() + W.numel()) * element
