@@ -4304,7 +4304,7 @@ _INT64 = torch.iinfo(torch.int64)
 # Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
 # capped at a quarter of dW (rows <= H / 4) down to the minimum; a narrow H takes more rows, up to
 # LCE_MAX_FILL_ROWS, so that dx's product (rows x H) fills a wave of LCE_FILL_TILE tiles on every
-# SM (design notes: Linear cross-entropy).
+# SM (design notes: Linear cross-entropy, SM fill).
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 LCE_FILL_TILE = 128 * 128
