@@ -116,12 +116,14 @@ def test_online_softmax_strided_input(view, dtype):
     check_softmax(out, x)
 
 
-@pytest.mark.parametrize("impl", ["online_softmax", "OnlineSoftmax.apply"])
+@pytest.mark.parametrize("impl", ["online_softmax", "OnlineSoftmax.apply", "naive_softmax"])
 @pytest.mark.parametrize("shape", [(0, 3, 5), (2, 0, 5), (2, 3, 0)], ids=["batch=0", "d1=0", "d2=0"])
 def test_online_softmax_empty(impl, shape):
     """An empty input gives an empty output of its shape and dtype, as torch, and a zero-size gradient."""
     x = torch.zeros(shape, device=DEVICE, requires_grad=True)
-    out = online_softmax(x, 16, 16) if impl == "online_softmax" else OnlineSoftmax.apply(x, 16, 16)
+    calls = {"online_softmax": lambda: online_softmax(x, 16, 16),
+             "OnlineSoftmax.apply": lambda: OnlineSoftmax.apply(x, 16, 16), "naive_softmax": lambda: naive_softmax(x)}
+    out = calls[impl]()
     assert out.shape == torch.softmax(x, dim=-1).shape and out.dtype == x.dtype
     if impl == "OnlineSoftmax.apply":
         out.backward(torch.ones_like(out))
