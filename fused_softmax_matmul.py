@@ -3711,7 +3711,8 @@ def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl
     s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST) * qk_scale
     if SOFTCAP:
         # One exp2's tanh errs by float32's unit near 0 (softcap x 6e-8 a logit): 16-bit inputs'
-        # rounding hides that, float32's does not, so float32 takes _tanh's series.
+        # rounding hides that at models' caps (not from about 1e4), float32's does not, so
+        # float32 takes _tanh's series.
         if a.dtype == tl.float32:
             s = _tanh(s) * cap2
         else:
@@ -4257,7 +4258,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     * ``causal_align``: "top_left" (SDPA's: query i sees keys j <= i) or "bottom_right" (j <= i +
       n_keys - n_queries: decode, or new queries over a cache); windows align the same way.
     * ``window=(left, right)``: query i sees keys i - left <= j <= i + right (None: unbounded).
-    * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2).
+    * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2). With 16-bit
+      inputs a logit errs by up to softcap x 6e-8: under their rounding at models' caps (30-50),
+      above it from about 1e4 (float32 inputs: as accurate as torch at any cap).
     * A query that sees no key gets output 0, lse -inf and zero gradients, as in SDPA.
     * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s (tuning, tests): the general
       kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
