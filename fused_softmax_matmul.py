@@ -4191,7 +4191,8 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
             raise NotImplementedError("flash_attention's general kernels differentiate by backward only "
                                       "(out.backward(), torch.autograd.grad), not under torch.func's grad, vjp or "
                                       "jacrev; torch.func.vmap is supported")
-        raise no_double_backward("flash_attention")
+        raise no_double_backward("flash_attention", "flash_attention_reference (materialised, in PyTorch): "
+                                                    "torch.func's transforms do not run these kernels either")
     q, k, v, out, lse = ctx.saved_tensors
     scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
     if dout is None and dlse is None:
@@ -4876,7 +4877,8 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = T
     """The gradients of x, W and bias; on the "rows" path by the backward op where ``through_op``
     (the forward op's autograd) or where ``backward_through_op``, else launched directly."""
     if torch.is_grad_enabled():
-        raise no_double_backward("linear_cross_entropy")
+        raise no_double_backward("linear_cross_entropy", "linear_cross_entropy_ref (the logits in memory): "
+                                                         "torch.func's transforms do not run this op either")
     plan = ctx.plan
     if dloss is None:  # grads are not materialised: None stands for a zero upstream gradient
         return (None,) * ctx.n_inputs

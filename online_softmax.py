@@ -352,12 +352,12 @@ def _plain_op(name: str, fn, body, fake, mutates_args):
     return op
 
 
-def no_double_backward(public: str) -> RuntimeError:
-    """The error every op without a second derivative raises, naming where to get one."""
+def no_double_backward(public: str, instead: str = "torch.func, e.g. torch.func.hessian(f)(x) or "
+                                                  "torch.func.jacrev(torch.func.jacrev(f))") -> RuntimeError:
+    """The error every op without a second derivative raises, naming where to get one (``instead``)."""
     return RuntimeError(f"{public}: double backward (a second backward through a gradient taken with "
                         "create_graph=True) is not supported by its Triton backward (no double backward); for "
-                        "second derivatives use torch.func, e.g. torch.func.hessian(f)(x) or "
-                        "torch.func.jacrev(torch.func.jacrev(f))")
+                        f"second derivatives use {instead}")
 
 
 def refuse_second_derivative(op, public: str) -> None:

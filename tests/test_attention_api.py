@@ -290,7 +290,7 @@ def test_lse_alone_and_no_double_backward():
     torch.testing.assert_close(dk.double(), want[1], atol=1e-5, rtol=1e-5)
     assert torch.equal(dv, torch.zeros_like(dv))  # lse does not depend on v
     out = flash_attention(q, k, v, scale=0.5)  # the general kernels (not the course's, which have one)
-    with pytest.raises(RuntimeError, match="double backward"):
+    with pytest.raises(RuntimeError, match="double backward.*use flash_attention_reference"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
 
 
