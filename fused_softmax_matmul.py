@@ -4192,7 +4192,7 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
                                       "(out.backward(), torch.autograd.grad), not under torch.func's grad, vjp or "
                                       "jacrev; torch.func.vmap is supported")
         raise no_double_backward("flash_attention", "flash_attention_reference (materialised, in PyTorch): "
-                                                    "torch.func's transforms do not run these kernels either")
+                                                    "torch.func's grad, jacrev and hessian do not run these kernels")
     q, k, v, out, lse = ctx.saved_tensors
     scale, lo, hi, has_lo, has_hi, softcap, launches = ctx.options
     if dout is None and dlse is None:
@@ -4436,6 +4436,8 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
     if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
         check_int("n_classes", n_classes, V, _INT64.max)
         check_int("vocab_start", vocab_start, 0, n_classes - V)
+    if sms is not None:
+        check_int("sms", sms, 1, 2**31 - 1)
     if launch is None:
         rows = min(LCE_MAX_ROWS, max(LCE_MIN_ROWS, H // 4 // LCE_ROW_MULTIPLE * LCE_ROW_MULTIPLE))
         if sms:

@@ -93,7 +93,7 @@ def naive_softmax(x: torch.Tensor) -> torch.Tensor:
 
     For x of M rows and N columns, counted in elements (see ``naive_softmax_bytes``):
     """
-    if x.shape[-1] == 0:  # max has no rows' maximum to give: torch.softmax's empty answer
+    if x.numel() == 0:  # max over no columns raises: torch.softmax's empty answer
         return torch.softmax(x, dim=-1)
     x_max = x.max(dim=-1, keepdim=True).values  # read MN, write M
     z = x - x_max  # read MN + M, write MN

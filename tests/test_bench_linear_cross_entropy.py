@@ -31,7 +31,7 @@ from conftest import BenchGroup, Unavailable, caller_form, compiled, compiled_op
 from fused_softmax_matmul import (
     linear_cross_entropy, linear_cross_entropy_flops, linear_cross_entropy_plan, linear_cross_entropy_ref,
 )
-from support import DTYPES, ON_GPU, ROUNDOFF_FACTOR, at_one_case, matmul_roundoff, relative_error
+from support import DEVICE, DTYPES, ON_GPU, ROUNDOFF_FACTOR, at_one_case, matmul_roundoff, relative_error
 from test_linear_cross_entropy import linear_cross_entropy_inputs
 
 GROUP = BenchGroup(
@@ -175,7 +175,7 @@ def test_linear_cross_entropy(bench, BT, H, V, softcap, dtype, mode, impl):
     launch = None
     launch_columns = dict(chunk_rows=None, block_v=None, num_warps=None)
     if impl == "triton":
-        sms = torch.cuda.get_device_properties(0).multi_processor_count if ON_GPU else None
+        sms = torch.cuda.get_device_properties(DEVICE).multi_processor_count if ON_GPU else None
         launch = linear_cross_entropy_plan(BT, H, V, DTYPES[dtype], sms=sms).launch
         launch_columns = dataclasses.asdict(launch)
     # A string, "none" without: a case column must compare equal to itself (pandas makes None NaN)

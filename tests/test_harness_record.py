@@ -299,3 +299,19 @@ def test_the_bench_extra_holds_the_tools_the_readme_names():
     named = {tool.strip().lower() for tool in line.split("tools:", 1)[1].split(",")}
     assert named == held, (f"README.md's install line names {sorted(named)}, pyproject.toml's bench extra holds "
                            f"{sorted(held)}")
+
+
+def test_the_front_door_and_the_record_stay_within_their_sizes():
+    """What a newcomer reads and clones: README.md at most 12,000 bytes, outputs/README.md at most
+    20,000, the committed outputs/ at most 5 MB in at most 40 files, none of them Python."""
+    root = Path(conftest.__file__).parent
+    assert (root / "README.md").stat().st_size <= 12_000
+    assert (root / "outputs" / "README.md").stat().st_size <= 20_000
+    try:
+        listed = subprocess.run(["git", "ls-files", "outputs"], cwd=root, capture_output=True, text=True, check=True)
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout: the committed files are not known")
+    files = [root / name for name in listed.stdout.splitlines()]
+    assert files and len(files) <= 40, len(files)
+    assert sum(f.stat().st_size for f in files) <= 5_000_000
+    assert not [f for f in files if f.suffix == ".py"]

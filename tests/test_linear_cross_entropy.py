@@ -400,7 +400,7 @@ def test_second_backward_and_double_backward_raise():
         loss = linear_cross_entropy(x, W, target, reduction=reduction)
         with pytest.raises(RuntimeError, match="no double backward.*use linear_cross_entropy_ref"):
             torch.autograd.grad(loss.sum(), x, create_graph=True)
-    with pytest.raises(NotImplementedError):  # what the error's other route would meet
+    with pytest.raises(NotImplementedError, match="differentiates by backward only"):  # torch.func's route
         torch.func.hessian(lambda x: linear_cross_entropy(x, W, target))(x)
 
 
@@ -552,6 +552,9 @@ def test_plan_takes_a_launch_as_given():
     (dict(vocab_start=30, n_classes=40), ValueError, "vocab_start must be an int from 0 to 20, got 30"),
     (dict(vocab_start=-1, n_classes=40), ValueError, "vocab_start must be an int from 0 to 20, got -1"),
     (dict(vocab_start=0, n_classes=10), ValueError, "n_classes must be an int from 20"),
+    (dict(sms=0), ValueError, "sms must be an int from 1"),
+    (dict(sms=True), TypeError, "sms must be an int, got bool"),
+    (dict(sms=1.5), TypeError, "sms must be an int, got float"),
 ])
 def test_plan_refuses_bad_options(options, error, match):
     with pytest.raises(error, match=match):
@@ -573,7 +576,8 @@ def test_plan_gives_the_launch_the_record_ran():
         pytest.skip("no linear_cross_entropy_benchmark*.csv under outputs/")
     for record in records:
         ran = {}
-        run = json.loads((record.parent / "benchmark.json").read_text())
+        run = json.loads((record.parent / ("benchmark.partial.json" if ".partial." in record.name
+                                           else "benchmark.json")).read_text())
         sms = (run["machine_info"].get("gpu") or {}).get("sm_count")  # None: the interpreter's record
         with open(record, newline="") as f:
             for row in csv.DictReader(f):

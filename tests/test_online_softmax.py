@@ -130,6 +130,11 @@ def test_online_softmax_empty(impl, shape):
         assert x.grad.shape == x.shape
 
 
+def test_naive_softmax_of_a_scalar_is_one():
+    """A 0-d tensor is one row of one column to torch.softmax: 1."""
+    assert torch.equal(naive_softmax(torch.tensor(1.5, device=DEVICE)), torch.softmax(torch.tensor(1.5, device=DEVICE), -1))
+
+
 # ----------------------------------------------------------------------------------------------
 # Invariants of every row softmax
 # ----------------------------------------------------------------------------------------------
