@@ -816,15 +816,15 @@ RECORD_PARTS = (
                 "tests/test_bench_flash_attention.py::test_leaderboard"), minutes=5),
     RecordPart("grid-core", "the shape grid's core cases, every workload, with torch.compile and FlexAttention",
                GRID_TESTS, minutes=4, core=True),
-    RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=2, core=False),
+    RecordPart("grid-attention", "the shape grid's other attention cases", GRID_TESTS[:1], minutes=3, core=False),
     RecordPart("grid-softmax", "the shape grid's other row softmax and softmax(x) @ V cases", GRID_TESTS[1:3],
-               minutes=3, core=False),
-    RecordPart("grid-matmul-softmax", "the shape grid's other softmax(x @ W) cases", GRID_TESTS[3:], minutes=2,
+               minutes=5, core=False),
+    RecordPart("grid-matmul-softmax", "the shape grid's other softmax(x @ W) cases", GRID_TESTS[3:], minutes=3,
                core=False),
     RecordPart("models", "flash_attention at models' shapes, the LM-head loss against its peers, training steps "
                          "of a GPT-2-like and a Llama-like model",
                (_GRID + "test_attention_models", "tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",
-                "tests/test_bench_model_step.py::test_model_step"), minutes=5),
+                "tests/test_bench_model_step.py::test_model_step"), minutes=6),
 )
 # The README's benchmark command (tox -e gpu): the headline groups and the grid's core cases.
 MAIN_JOB = ("headline", "grid-core")
