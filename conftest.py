@@ -177,7 +177,8 @@ def run_problem(data) -> str | None:
             BenchGroup.from_layout(layout)
         except (TypeError, AttributeError) as exc:
             return f"group {name!r} has a malformed layout: {exc}"
-    for key, need in (("benchmarks", ("group", "stats", "extra_info")), ("failed_cases", ("group", "row", "reason"))):
+    for key, need in (("benchmarks", ("fullname", "group", "stats", "extra_info")),
+                      ("failed_cases", ("test", "group", "row", "reason"))):
         records = data.get(key, [])
         if not isinstance(records, list):
             return f"its {key} is a JSON {type(records).__name__}, not a list"
@@ -188,6 +189,10 @@ def run_problem(data) -> str | None:
                                             and all(isinstance(record["stats"].get(k), (int, float))
                                                     for k in ("mean", "stddev", "median", "min"))):
                 return f"benchmarks[{i}] has no stats (mean, stddev, median, min) or extra_info"
+            if key == "benchmarks" and not 0 < record["stats"]["median"] < math.inf:
+                return f"benchmarks[{i}] ({record['fullname']}) has a median of {record['stats']['median']}, not a time"
+            if key == "failed_cases" and not (isinstance(record["row"], dict) and isinstance(record["group"], str)):
+                return f"failed_cases[{i}] ({record['test']}) has no row object or group name"
     for key in ("ceilings", "bench_run", "machine_info", "commit_info"):
         if data.get(key) is not None and not isinstance(data[key], dict):
             return f"its {key} is a JSON {type(data[key]).__name__}, not an object"
@@ -1163,21 +1168,27 @@ def with_block(text: str, marker: str, body: str) -> str:
 def stale_blocks(data: dict | None, path: Path, write: bool = False) -> list[str]:
     """The generated blocks that differ from what the record ``data`` (read from ``path``; None:
     no record) gives, each file written anew with ``write``."""
-    stale = []
-    for name, marker, make in GENERATED:
+    stale, fresh_files = [], []
+    for name, marker, make in GENERATED:  # every block made before any file is written
         file = ROOT / name
-        text = file.read_text(encoding="utf-8")
-        fresh = with_block(text, marker, make(data, path) if data is not None else no_record(path))
+        try:
+            text = file.read_text(encoding="utf-8")
+            fresh = with_block(text, marker, make(data, path) if data is not None else no_record(path))
+        except (OSError, ValueError) as error:
+            raise ValueError(f"{name}: {getattr(error, 'strerror', None) or error}") from None
         if fresh != text:
             stale.append(f"{name} ({marker})")
-            if write:
-                file.write_text(fresh, encoding="utf-8")
+            fresh_files.append((file, fresh))
+    if write:
+        for file, fresh in fresh_files:
+            file.write_text(fresh, encoding="utf-8")
     return stale
 
 
 def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
     """A run's medians against the record's, case by case: lines for the cases slower by more than
-    ``max_slowdown`` (a fraction), and how many cases both measured. ValueError where the two are
+    ``max_slowdown`` (a fraction) or failing where the record timed them, and how many cases both
+    hold. ValueError where the two are
     of different GPU kinds or timing settings (every case would differ)."""
     settings = [run_settings(d) for d in (run, record)]
     if settings[0] != settings[1]:
@@ -1185,6 +1196,11 @@ def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str]
                          f"{settings[1]}")
     old = {b["fullname"]: b["stats"]["median"] for b in record.get("benchmarks", [])}
     slower, shared = [], 0
+    for case in run.get("failed_cases", []):  # the record timed it; this run could not
+        if case["test"] in old:
+            shared += 1
+            slower.append(f"FAILED {case['test']}: the record's {old[case['test']] * 1e3:.4g} ms, now "
+                          f"{case['reason']}")
     for b in run.get("benchmarks", []):
         if b["fullname"] in old:
             shared += 1
@@ -1208,8 +1224,9 @@ def percentage(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value >= 0:
+    if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a percentage of 0 or more, got {text}")
+    value = abs(value)  # -0 is 0
     return value
 
 
@@ -1260,6 +1277,9 @@ def main(argv=None) -> int:
         dest, what = args.output.parent, f"--output {args.output}"
         if args.output.is_dir():
             return refuse(f"{what}: is a directory; give the path of the merged JSON to write")
+        inputs = [*args.parts, *([args.against] if args.against is not None else [])]
+        if any(args.output.resolve() == Path(p).resolve() for p in inputs):
+            return refuse(f"{what} is one of the runs it reads: give the merged JSON another path")
     else:
         dest = args.outputs_dir or args.json.parent
         what = f"--outputs-dir {dest}" if args.outputs_dir else f"the JSON's directory {dest} (no --outputs-dir)"
@@ -1278,6 +1298,10 @@ def main(argv=None) -> int:
             data = dict(runs[0][1]) if args.against is not None and len(runs) == 1 else merge_runs(runs)
         except ValueError as error:
             return refuse(str(error))
+        if committed_destination(dest) and not data["bench_run"].get("complete", True):
+            partial = [name for name, part in runs if not (part.get("bench_run") or {}).get("complete", True)]
+            return refuse(f"{', '.join(partial)}: a partial run (it did not end on its own) makes no record: merge "
+                          "it outside outputs/, or run its part again")
         if len(runs) > 1:
             data["bench_run"]["command"] = " ".join(["python3 conftest.py", *(argv if argv is not None else sys.argv[1:])])
         if args.against is not None:
@@ -1361,7 +1385,7 @@ def record_command(args, refuse) -> int:
         except ValueError as error:
             return refuse(str(error))
         print("\n".join(slower + [f"{shared} cases compared with {path}, {len(slower)} slower by more than "
-                                   f"{args.max_slowdown:g} %"]))
+                                   f"{args.max_slowdown:g} % or failing"]))
         if not shared:
             print(f"python3 conftest.py gate: none of {args.json}'s cases is in {path}: nothing was compared",
                   file=sys.stderr)

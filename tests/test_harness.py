@@ -390,13 +390,16 @@ def test_an_unwritable_destination_fails_before_any_benchmark(tmp_path, option):
 # ----------------------------------------------------------------------------------------------
 def run_json(group, measured: list[dict], failed: list[dict]) -> dict:
     """A run's JSON as the harness writes it, with one round of 1 ms per 'ms' of each measured row."""
-    def benchmark(row):
+    def benchmark(i, row):
         ms = row.pop("ms")
-        return {"group": group.name, "stats": {"mean": ms * 1e-3, "stddev": 0.0, "median": ms * 1e-3, "min": ms * 1e-3},
+        return {"fullname": f"test_{group.name}[{i}]", "group": group.name,
+                "stats": {"mean": ms * 1e-3, "stddev": 0.0, "median": ms * 1e-3, "min": ms * 1e-3},
                 "extra_info": {**row, "host_us": 10 * ms, "flops": None, "bytes_moved": None}}
 
-    return {"benchmarks": [benchmark(dict(r)) for r in measured], "bench_groups": {group.name: group.layout()},
-            "failed_cases": [{"group": group.name, "row": r, "reason": why} for r, why in failed],
+    return {"benchmarks": [benchmark(i, dict(r)) for i, r in enumerate(measured)],
+            "bench_groups": {group.name: group.layout()},
+            "failed_cases": [{"test": f"test_{group.name}[failed {i}]", "group": group.name, "row": r, "reason": why}
+                             for i, (r, why) in enumerate(failed)],
             "ceilings": {}, "machine_info": {}, "bench_run": {"complete": True}}
 
 

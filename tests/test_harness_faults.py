@@ -228,6 +228,12 @@ BAD_ARGUMENTS = {
                             "--max-slowdown: expected a percentage of 0 or more, got -5"),
     "a negative tolerance": (["merge", "{tmp}/a.json", "--against", "{tmp}/b.json", "--output", "{tmp}/m.json",
                               "--tolerance", "-1"], "--tolerance: expected a percentage of 0 or more, got -1"),
+    "an endless slowdown": (["gate", "{tmp}/a.json", "--record", "{tmp}/b.json", "--max-slowdown", "inf"],
+                            "--max-slowdown: expected a percentage of 0 or more, got inf"),
+    "a merge over its input": (["merge", "{tmp}/a.json", "{tmp}/b.json", "--output", "{tmp}/a.json"],
+                               "--output {tmp}/a.json is one of the runs it reads"),
+    "a benchmark with no name": (["merge", "{tmp}/a.json", "{tmp}/nameless.json", "--output", "{tmp}/m.json"],
+                                 "{tmp}/nameless.json: benchmarks[0] lacks one of fullname"),
 }
 
 
@@ -237,18 +243,35 @@ def test_each_bad_argument_is_one_line_naming_it(tmp_path, capsys, what, monkeyp
     named_run(tmp_path, "a.json", gpu="NVIDIA_A100")
     named_run(tmp_path, "b.json", gpu="NVIDIA_A100", n=2)
     named_run(tmp_path, "interpreter.json", gpu="interpreter")
+    nameless = json.loads((tmp_path / "b.json").read_text())
+    del nameless["benchmarks"][0]["fullname"]
+    (tmp_path / "nameless.json").write_text(json.dumps(nameless))
+    original = (tmp_path / "a.json").read_text()
     args, message = BAD_ARGUMENTS[what]
-    with pytest.raises(SystemExit) if "negative" in what else contextlib.nullcontext():  # argparse's own refusal
+    percent = {"--max-slowdown", "--tolerance"} & set(args)
+    with pytest.raises(SystemExit) if percent else contextlib.nullcontext():  # argparse's own refusal
         assert conftest.main([a.format(tmp=tmp_path) for a in args]) == 2
     err = capsys.readouterr().err
     assert message.format(tmp=tmp_path) in err.strip().splitlines()[-1] and "Traceback" not in err, err
-    assert not (tmp_path / "m.json").exists()
+    assert not (tmp_path / "m.json").exists() and (tmp_path / "a.json").read_text() == original
 
 
 def test_a_gate_that_compares_nothing_says_why_it_fails(tmp_path, capsys):
     run, record = named_run(tmp_path, "run.json"), named_run(tmp_path, "record.json", n=2)
     assert conftest.main(["gate", str(run), "--record", str(record)]) == 1
     assert f"none of {run}'s cases is in {record}" in capsys.readouterr().err
+
+
+def test_a_partial_run_makes_no_record(committed, capsys):
+    """Merged into the committed outputs/, a partial run would leave the record's old tables beside
+    its .partial ones: refused, nothing written."""
+    tmp = committed.parent.parent
+    a, b = named_run(tmp, "a.json"), named_run(tmp, "b.json", complete=False, n=2)
+    before = sorted(p.name for p in committed.parent.rglob("*"))
+    assert conftest.main(["merge", str(a), str(b), "--output", str(committed.parent / "benchmark.json"),
+                          "--committed"]) == 2
+    assert f"{b}: a partial run" in capsys.readouterr().err
+    assert sorted(p.name for p in committed.parent.rglob("*")) == before
 
 
 def test_a_merge_of_a_partial_run_says_so(tmp_path, capsys):

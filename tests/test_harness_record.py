@@ -154,6 +154,19 @@ def test_headline_writes_the_blocks_then_check_finds_them_current(tmp_path, monk
     capsys.readouterr()
 
 
+def test_headline_writes_nothing_when_a_file_lacks_its_block(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(conftest, "ROOT", tmp_path)
+    (tmp_path / "outputs").mkdir()
+    names = list(GENERATED_FILES)
+    for name, marker in GENERATED_FILES.items():
+        text = f"<!-- {marker}:begin -->\n<!-- {marker}:end -->\n" if name == names[0] else "no block\n"
+        (tmp_path / name).write_text(text)
+    before = (tmp_path / names[0]).read_text()
+    assert main(["headline"]) == 2
+    assert names[1] in capsys.readouterr().err
+    assert (tmp_path / names[0]).read_text() == before, "one file written, the other refused"
+
+
 # ----------------------------------------------------------------------------------------------
 # The gate
 # ----------------------------------------------------------------------------------------------
@@ -173,6 +186,30 @@ def test_the_gate_command_fails_on_a_slower_case(tmp_path, capsys):
     assert main(["gate", str(now), "--record", str(record)]) == 1
     assert "1 cases compared" in capsys.readouterr().out
     assert main(["gate", str(record), "--record", str(record)]) == 0
+
+
+def test_the_gate_fails_a_case_that_now_fails(tmp_path, capsys):
+    """A case the record timed that the run could not run is a failure, not a case left out."""
+    record, now = tmp_path / "record.json", tmp_path / "now.json"
+    timed = bench("softmax", "torch", 1.0, n=1)
+    record.write_text(json.dumps(run([timed, bench("softmax", "triton_row", 1.0, n=1)], {"softmax": ("n",)})))
+    failed = {"test": timed["fullname"], "group": "softmax", "row": {"n": 1, "impl": "torch"},
+              "reason": "OutOfMemoryError: 2 GiB"}
+    now.write_text(json.dumps(run([bench("softmax", "triton_row", 1.0, n=1)], {"softmax": ("n",)}, failed=[failed])))
+    assert main(["gate", str(now), "--record", str(record)]) == 1
+    out = capsys.readouterr().out
+    assert f"FAILED {timed['fullname']}: the record's 1 ms, now OutOfMemoryError" in out and "2 cases compared" in out
+
+
+@pytest.mark.parametrize("median", [float("nan"), 0.0, -1e-3, float("inf")])
+def test_a_median_that_is_no_time_is_refused(tmp_path, capsys, median):
+    record, now = tmp_path / "record.json", tmp_path / "now.json"
+    record.write_text(json.dumps(run([bench("softmax", "torch", 1.0, n=1)], {"softmax": ("n",)})))
+    odd = bench("softmax", "torch", 1.0, n=1)
+    odd["stats"]["median"] = median
+    now.write_text(json.dumps(run([odd], {"softmax": ("n",)})))
+    assert main(["gate", str(now), "--record", str(record)]) == 2
+    assert "has a median of" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------
