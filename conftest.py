@@ -207,6 +207,8 @@ def read_part(path: Path) -> dict:
             line = json.loads(text)
         except json.JSONDecodeError:
             continue
+        if not isinstance(line, dict):  # not a line this harness writes
+            continue
         if "run" in line:
             data["bench_run"] = {**line["run"], "complete": False}
             data["machine_info"] = line.get("machine_info", {})
@@ -358,7 +360,7 @@ def write_json(data: dict, path: Path) -> None:
 def write_run(data: dict, out: Path) -> list[Path]:
     """The run's JSON (``write_json``), then its tables, built from the file's bytes."""
     out.mkdir(parents=True, exist_ok=True)
-    complete = data.get("bench_run", {}).get("complete", True)
+    complete = (data.get("bench_run") or {}).get("complete", True)
     path = out / (RUN_JSON if complete else RUN_JSON.replace(".json", ".partial.json"))
     write_json(data, path)
     return [path, *write_tables(json.loads(path.read_text(encoding="utf-8")), out)]
@@ -374,7 +376,7 @@ def write_tables(data: dict, out: Path) -> list[Path]:
 
     A run that did not end on its own writes ``NAME.partial.csv``: its tables say so, and a whole
     table beside them stays as it was."""
-    complete = data.get("bench_run", {}).get("complete", True)
+    complete = (data.get("bench_run") or {}).get("complete", True)
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (group, df) in tables_from_json(data).items():
@@ -392,7 +394,7 @@ def write_tables(data: dict, out: Path) -> list[Path]:
         written.append(path)
         if group.plot is not None:
             png = table_path(out, group, complete, ".png")
-            if plot_group(group, df, png, data.get("machine_info", {}).get("gpu", {}).get("name", "?")):
+            if plot_group(group, df, png, ((data.get("machine_info") or {}).get("gpu") or {}).get("name", "?")):
                 written.append(png)
     return written
 
@@ -725,7 +727,8 @@ def run_wall_s(data: dict) -> float | None:
     """A run's wall time from its JSON: its own, or the sum of its parts' for a merged run (they ran
     one after another); None where a run (or a part) recorded none."""
     parts = data.get("merged_from")
-    walls = [(p.get("bench_run") or {}).get("wall_s") for p in parts] if parts else [data.get("bench_run", {}).get("wall_s")]
+    runs = parts or [data]
+    walls = [(p.get("bench_run") or {}).get("wall_s") for p in runs]
     return None if None in walls else round(sum(walls), 1)
 
 

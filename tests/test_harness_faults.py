@@ -326,3 +326,20 @@ def test_ordinary_calls_raise_no_numpy_warnings():
         warnings.simplefilter("error", RuntimeWarning)
         fused_softmax(x, V)
         row_softmax(x[0])
+
+
+def test_null_sections_and_lines_rebuild_as_tables(tmp_path):
+    """A run's bench_run and machine_info may be null (load_run takes them), and a .part may hold a
+    line that is JSON but no object: the tables are written all the same."""
+    data = probe_run()
+    data["bench_run"] = data["machine_info"] = None
+    run = tmp_path / "run.json"
+    run.write_text(json.dumps(data))
+    assert conftest.main(["rebuild", str(run), "--outputs-dir", str(tmp_path / "a")]) == 0
+    assert (tmp_path / "a" / "grid.csv").exists()
+    part = tmp_path / "benchmark.json.part"
+    lines = [{"run": {"gpu": "NVIDIA_H200"}}, {"group": probe_run()["bench_groups"]["grid"]}, None,
+             *({"benchmark": b} for b in probe_run()["benchmarks"])]
+    part.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    assert conftest.main(["rebuild", str(part), "--outputs-dir", str(tmp_path / "b")]) == 0
+    assert (tmp_path / "b" / "grid.partial.csv").exists()
