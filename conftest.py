@@ -677,6 +677,22 @@ def run_settings(data: dict) -> dict:
     return {k: (data.get("bench_run") or {}).get(k) for k in MERGE_SETTINGS}
 
 
+def merged_commit(data: dict) -> dict:
+    """What parts of one run share of their commit: its id and whether the tree was dirty (not how
+    the id was found, nor the branch's name)."""
+    info = data.get("commit_info") or {}
+    return {"id": info.get("id"), "dirty": info.get("dirty")}
+
+
+def merged_gpu(data: dict) -> dict:
+    """What parts of one run share of their GPU: all it records, the driver as its distinct versions
+    (a run over several GPUs lists one a GPU)."""
+    gpu = dict((data.get("machine_info") or {}).get("gpu") or {})
+    if isinstance(gpu.get("driver"), str):
+        gpu["driver"] = sorted(set(gpu["driver"].splitlines()))
+    return gpu
+
+
 def merge_runs(parts: list[tuple[str, dict]]) -> dict:
     """One run's JSON from the JSONs of runs that each measured part of the same cases (a grid
     split over calls), so that one set of tables holds them: same commit, same GPU and run
@@ -698,10 +714,12 @@ def merge_runs(parts: list[tuple[str, dict]]) -> dict:
             held[part] = name
         if not (data.get("commit_info") or {}).get("id"):
             raise ValueError(f"{name}: it records no commit (a .part written before its header carried one?)")
-        for what, of in (("commit", lambda d: d.get("commit_info")), ("GPU", lambda d: d.get("machine_info", {}).get("gpu")),
-                         ("run settings", run_settings)):
-            if of(data) != of(first):
-                raise ValueError(f"{name}: its {what} ({of(data)}) differs from {first_name}'s ({of(first)})")
+        for what, of in (("commit", merged_commit), ("GPU", merged_gpu), ("run settings", run_settings)):
+            mine, theirs = of(data), of(first)
+            if mine != theirs:
+                keys = sorted(k for k in {*mine, *theirs} if mine.get(k) != theirs.get(k))
+                raise ValueError(f"{name}: its {what} differs from {first_name}'s in "
+                                 + ", ".join(f"{k} ({mine.get(k)!r} against {theirs.get(k)!r})" for k in keys))
         for group, layout in (data.get("bench_groups") or {}).items():
             if merged["bench_groups"].setdefault(group, layout) != layout:
                 raise ValueError(f"{name}: group {group!r} has another layout than in an earlier part")

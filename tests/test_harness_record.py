@@ -274,9 +274,17 @@ def test_parts_of_one_commit_merge_into_the_record_and_no_part_twice(tmp_path):
     with pytest.raises(ValueError, match="record part 'headline' is in a.json already"):
         merge_runs([("a.json", a), ("c.json", run([bench("softmax", "torch", 1.0, n=3)], {"softmax": ("n",)},
                                                   parts=("headline",)))])
-    with pytest.raises(ValueError, match="its commit"):
+    with pytest.raises(ValueError, match="its commit differs from a.json's in id .'fedcba9876543210' against"):
         merge_runs([("a.json", a), ("d.json", run([bench("softmax", "torch", 1.0, n=4)], {"softmax": ("n",)},
                                                   commit="fedcba9876543210"))])
+    # How the commit was found, and a GPU's driver listed once a GPU (a run over two), are no difference.
+    e, f = (run([bench("softmax", "torch", 1.0, n=n)], {"softmax": ("n",)}) for n in (6, 7))
+    f["commit_info"]["source"] = "environment variable SOFTMAX_KERNELS_COMMIT"
+    e["machine_info"]["gpu"]["driver"], f["machine_info"]["gpu"]["driver"] = "580.1", "580.1\n580.1"
+    assert len(merge_runs([("e.json", e), ("f.json", f)])["benchmarks"]) == 2
+    f["machine_info"]["gpu"]["driver"] = "575.2"
+    with pytest.raises(ValueError, match=r"its GPU differs from e.json's in driver \(\['575.2'\] against"):
+        merge_runs([("e.json", e), ("f.json", f)])
     with pytest.raises(ValueError, match="its GPU|run settings"):
         merge_runs([("a.json", a), ("e.json", run([bench("softmax", "torch", 1.0, n=5)], {"softmax": ("n",)},
                                                   gpu="NVIDIA_H200"))])
