@@ -201,7 +201,8 @@ def run_problem(data) -> str | None:
 
 def read_part(path: Path) -> dict:
     """A run JSON (marked incomplete) from the lines of a ``.part`` file; a torn last line is dropped."""
-    data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {}}
+    data: dict = {"benchmarks": [], "failed_cases": [], "bench_groups": {}, "ceilings": {}, "machine_info": {},
+                  "bench_run": {"complete": False}}  # partial also where its header line is lost
     for text in path.read_text(encoding="utf-8").splitlines():
         try:
             line = json.loads(text)

@@ -343,3 +343,6 @@ def test_null_sections_and_lines_rebuild_as_tables(tmp_path):
     part.write_text("".join(json.dumps(line) + "\n" for line in lines))
     assert conftest.main(["rebuild", str(part), "--outputs-dir", str(tmp_path / "b")]) == 0
     assert (tmp_path / "b" / "grid.partial.csv").exists()
+    part.write_text("".join(json.dumps(line) + "\n" for line in lines[1:]))  # the header line torn away
+    assert conftest.main(["rebuild", str(part), "--outputs-dir", str(tmp_path / "c")]) == 0
+    assert [p.name for p in (tmp_path / "c").glob("grid*.csv")] == ["grid.partial.csv"]
