@@ -1029,7 +1029,7 @@ def _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize) -> FusedSoftmaxPlan:
     gluon = capability is not None and (call == "eager" or isinstance(launch, GluonSoftmaxLaunch))
     facts = (int(x.shape[0]), int(x.shape[1]), int(x.shape[2]), int(V.shape[2]), x.dtype)
     options = dict(x_aligned=not any(s * x.element_size() % 16 for s in x.stride()[:2]),
-                   tma=_tma_reason(x, V) if gluon else None, sms=_sm_count(x.device) if x.is_cuda else None,
+                   tma=_tma_reason(x, V) if gluon else None, sms=_sm_count(x.device),
                    capability=capability, setting=_float32_matmul_precision(), BLOCK_1=BLOCK_1, BLOCK_2=BLOCK_2,
                    launch=launch, materialize=materialize, call=call)
     if launch is None and not torch.compiler.is_compiling():  # a trace plans once, in its own cache
@@ -1210,8 +1210,8 @@ RESCALE_MERGE = 1024
 
 
 def _sm_count(device: torch.device) -> int | None:
-    """SMs of the device; None in the interpreter, where programs run one after another."""
-    if INTERPRET:
+    """SMs of the device; None off CUDA and in the interpreter, where programs run one after another."""
+    if INTERPRET or device.type != "cuda":
         return None
     return _device_sms(_device_index(device))
 
@@ -4945,7 +4945,7 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     grads = tuple(torch.is_grad_enabled() and a is not None and a.requires_grad for a in (x2, W, bias))
     plan = linear_cross_entropy_plan(*x2.shape, W.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
-                                     grads=grads, sms=_sm_count(x2.device) if x2.is_cuda else None)
+                                     grads=grads, sms=_sm_count(x2.device))
     check_targets(target, W.shape[0], ignore_index)
     args = (x2, W, t, bias, weight, *plan.args())
     if not needs_op(x2, W, bias):
@@ -5076,7 +5076,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
     plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,
                                      vocab_start=vocab_start, n_classes=n_classes,
-                                     sms=_sm_count(x2.device) if x2.is_cuda else None)
+                                     sms=_sm_count(x2.device))
     check_targets(target, n_classes, ignore_index)
     loss, lse = _VOCAB_PARALLEL_AUTOGRAD.run(x2, W_shard, bias, t, weight, group, plan)[:2]
     if reduction == "none":
