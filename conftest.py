@@ -1210,8 +1210,8 @@ def stale_blocks(data: dict | None, path: Path, write: bool = False) -> list[str
 def gate_report(run: dict, record: dict, max_slowdown: float) -> tuple[list[str], int]:
     """A run's medians against the record's, case by case: lines for the cases slower by more than
     ``max_slowdown`` (a fraction) or failing where the record timed them, and how many cases both
-    hold. ValueError where the two are
-    of different GPU kinds or timing settings (every case would differ)."""
+    hold. ValueError where the two are of different GPU kinds or timing settings (every case would
+    differ)."""
     settings = [run_settings(d) for d in (run, record)]
     if settings[0] != settings[1]:
         raise ValueError(f"the run and the record differ in their GPU or timing settings: {settings[0]} against "
@@ -1248,8 +1248,7 @@ def percentage(text: str) -> float:
         value = -1.0
     if not 0 <= value < math.inf:
         raise argparse.ArgumentTypeError(f"expected a percentage of 0 or more, got {text}")
-    value = abs(value)  # -0 is 0
-    return value
+    return abs(value)  # -0 is 0
 
 
 def main(argv=None) -> int:
