@@ -4510,11 +4510,17 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
-    """ValueError naming the first class index outside [0, V) that is not ignore_index: one host
-    sync, skipped where nothing may be read back (a trace, a CUDA-graph capture, a FakeTensor)."""
+    """A class index outside [0, V) that is not ignore_index: on the CPU a ValueError naming the
+    first; on CUDA a device-side assertion, as F.cross_entropy's, with no host sync (a read back
+    idles the GPU while the host queues the rest: see outputs/README.md, design notes: target
+    check). Skipped in a trace, a CUDA-graph capture or on a FakeTensor: the row's loss and
+    gradient are NaN there."""
     if torch.compiler.is_compiling() or is_fake(target):
         return
-    if target.is_cuda and torch.cuda.is_current_stream_capturing():
+    if target.is_cuda:
+        if not torch.cuda.is_current_stream_capturing():
+            ok = ((target >= 0) & (target < V)) | (target == ignore_index)
+            torch._assert_async(ok.all(), f"target holds a class index outside [0, {V}) that is not ignore_index")
         return
     bad = ((target < 0) | (target >= V)) & (target != ignore_index)
     if bool(bad.any()):
@@ -4935,9 +4941,10 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     ("mean" divides it by the cross-entropy's denominator). ``launch`` overrides the plan's chunk
     and tile (``linear_cross_entropy_plan``).
 
-    Raises TypeError / ValueError naming a bad argument, and ValueError for a target outside [0,
-    V) that is not ignore_index (one host sync; under torch.compile or CUDA-graph capture that
-    row's loss and gradient are NaN instead). Precision and memory: outputs/README.md, design
+    Raises TypeError / ValueError naming a bad argument. A target outside [0, V) that is not
+    ignore_index: a ValueError naming it on the CPU; on CUDA, as F.cross_entropy, a device-side
+    assertion (no host sync; the error surfaces at the next synchronisation); under
+    torch.compile or CUDA-graph capture that row's loss and gradient are NaN instead. Precision and memory: outputs/README.md, design
     notes: Linear cross-entropy.
     """
     x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)

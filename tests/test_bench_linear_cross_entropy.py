@@ -128,7 +128,7 @@ IMPLS = {
     "cce": peer("cut_cross_entropy", cce),
     "triton": lambda launch: functools.partial(linear_cross_entropy, launch=launch),
     # The op as a caller may run it, at its own launch: under torch.compile(fullgraph=True), and
-    # replayed from a CUDA graph (its eager target check, a host sync, is skipped while capturing).
+    # replayed from a CUDA graph (its target check, a device-side assertion, is skipped while capturing).
     "triton_compiled": lambda launch: compiled_op(linear_cross_entropy),
     "triton_graph": lambda launch: linear_cross_entropy,
     # --candidate's linear_cross_entropy (tests/candidates.py), called f(x, W, target): a case

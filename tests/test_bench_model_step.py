@@ -8,8 +8,7 @@ same steps (max_loss_diff). loss_noise is bfloat16's own share of that: PyTorch'
 losses against its float32 ones. On the GPU a project case fails when its losses are further from
 the float32 ones than twice PyTorch's eager bfloat16 losses are (the project's accuracy rule).
 host_us is the host's time to enqueue one step while the GPU is kept busy; empty for a step that
-reads a value back (the project's eager loss checks its class indices on the host): it waits for
-the GPU there, and the host's own time cannot be told apart.
+reads a value back: it waits for the GPU there, and the host's own time cannot be told apart.
 
     pytest --benchmark-only -p no:xdist tests/test_bench_model_step.py
 

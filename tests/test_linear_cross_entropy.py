@@ -10,7 +10,11 @@ from __future__ import annotations
 
 import gc
 import json
+import os
+import subprocess
+import sys
 import weakref
+from pathlib import Path
 
 import pytest
 import torch
@@ -381,12 +385,51 @@ def test_strided_class_weights(layout, reduction):
         torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.skipif(ON_GPU, reason="on CUDA a bad target is a device-side assertion (the test below)")
 @pytest.mark.parametrize("bad", [-1, 101, 10**6])
 def test_target_out_of_range_is_a_clear_error(bad):
     x, W, target = linear_cross_entropy_inputs(21, 32, 101, torch.float32)
     target[11] = bad
     with pytest.raises(ValueError, match=rf"target\[11\] = {bad} is not a class index in \[0, 101\)"):
         linear_cross_entropy(x, W, target)
+
+
+@needs_gpu
+def test_target_out_of_range_on_cuda_is_a_device_assertion():
+    """On CUDA, as F.cross_entropy: a device-side assertion naming what is wrong, raised at a later
+    call into CUDA (no host sync of its own). In a subprocess: it leaves the CUDA context unusable."""
+    script = (
+        "import torch\n"
+        "from fused_softmax_matmul import linear_cross_entropy\n"
+        "x, W = torch.randn(21, 32, device='cuda'), torch.randn(101, 32, device='cuda')\n"
+        "target = torch.randint(0, 101, (21,), device='cuda')\n"
+        "target[11] = 101\n"
+        "torch.cuda.synchronize()\n"
+        "loss = linear_cross_entropy(x, W, target)\n"
+        "torch.cuda.synchronize()\n"
+        "print('no error')\n")
+    done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert done.returncode != 0 and "no error" not in done.stdout, done.stdout
+    assert "target holds a class index outside [0, 101) that is not ignore_index" in done.stderr, done.stderr[-3000:]
+    assert "device-side assert" in done.stderr, done.stderr[-3000:]
+
+
+@needs_gpu
+@pytest.mark.parametrize("reduction", ["mean", "none"])
+def test_no_host_sync_on_cuda(reduction):
+    """Forward and backward queue their work and return: torch's sync debug mode raises on any
+    call that waits for the GPU."""
+    x, W, target = linear_cross_entropy_inputs(300, 64, 1000, torch.bfloat16)
+    x.requires_grad_()
+    W.requires_grad_()
+    linear_cross_entropy(x, W, target, reduction=reduction).sum().backward()  # compiles outside the check
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        linear_cross_entropy(x, W, target, reduction=reduction).sum().backward()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
 
 
 def test_second_backward_and_double_backward_raise():
