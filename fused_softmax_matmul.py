@@ -55,7 +55,7 @@ from online_softmax import (
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
     launch_kept, on_input_device, other_device, no_double_backward, refuse_second_derivative, empty_like_contiguous,
-    AutogradSpec,
+    AutogradSpec, register_autograd,
 )
 from torch._subclasses.fake_tensor import is_fake
 
@@ -930,7 +930,7 @@ def _fused_softmax_grad(ctx, dout, need: tuple, through_op: bool) -> tuple:
     return (dx if need_x else None), (dV if need_V else None)
 
 
-torch.library.register_autograd(
+register_autograd(
     _fused_softmax_op,
     lambda ctx, dout, _dlse: (*_fused_softmax_grad(ctx, dout, ctx.needs_input_grad[:2], True), *[None] * 7),
     setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
@@ -2166,7 +2166,7 @@ def _family_op(name: str):
         ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
 
     op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
-    torch.library.register_autograd(
+    register_autograd(
         op, lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
         setup_context=setup)
     return op
@@ -3224,21 +3224,32 @@ def _exporting() -> bool:
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
-def compiled_gluon_route(Q: torch.Tensor) -> bool:
+# Under torch.compile the Gluon kernels run in opaque ops, whose host cost (some 0.3 ms a forward
+# and backward) only a large call's GPU time hides: from this much work, batch x heads x n_queries
+# x n_keys x d, halved when causal (see outputs/README.md, design notes: compiled attention route).
+GLUON_COMPILED_MIN_WORK = 2**35
+
+
+def compiled_gluon_route(Q: torch.Tensor, K: torch.Tensor, is_causal: bool) -> bool:
     """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
     ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
     alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
-    traceable launches only) where ``gluon_flash_unfit`` takes the GPU, dtype and head dim
-    (see outputs/README.md, design notes: compiled attention route)."""
-    return (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
-            and Q.device.type == "cuda"
-            and gluon_flash_unfit(Q.dtype, Q.shape[-1], _traced_capability(_device_index(Q.device))) is None)
+    traceable launches only) where ``gluon_flash_unfit`` takes the GPU, dtype and head dim and
+    the call holds ``GLUON_COMPILED_MIN_WORK``; elsewhere the trace holds the Triton launches."""
+    if not (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
+            and Q.device.type == "cuda"):
+        return False
+    batch, _, n_queries, d = flash_dims(Q)
+    work = batch * n_queries * K.shape[-2] * d // (2 if is_causal else 1)
+    return (work >= GLUON_COMPILED_MIN_WORK
+            and gluon_flash_unfit(Q.dtype, d, _traced_capability(_device_index(Q.device))) is None)
 
 
-def _through_ops(Q: torch.Tensor, launches: dict | None) -> bool:
+def _through_ops(Q: torch.Tensor, K: torch.Tensor, is_causal: bool, launches: dict | None) -> bool:
     """Whether FlashAttentionTriton hands its work to the opaque ops: ``compiled_gluon_route`` (no
     launch override), or FakeTensors outside a trace (shape propagation: the ops' fakes answer)."""
-    return launches is None and compiled_gluon_route(Q) or (not torch.compiler.is_compiling() and is_fake(Q))
+    return (launches is None and compiled_gluon_route(Q, K, is_causal)
+            or (not torch.compiler.is_compiling() and is_fake(Q)))
 
 
 def _gluon_capability(device: torch.device) -> tuple[int, int] | None:
@@ -3279,7 +3290,7 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
     plan = flash_plan_of(Q, K, V, is_causal, launches)
     O = flash_output_like(Q)
     check_flash_offsets(Q=Q, K=K, V=V, O=O)  # O stands for dQ too; dK and dV are checked in the backward
-    if _through_ops(Q, launches):
+    if _through_ops(Q, K, is_causal, launches):
         return (*flash_forward_by_path(Q, K, V, is_causal), is_causal)
     L = Q.new_empty(Q.shape[:-1], dtype=torch.float32)
     steps = [] if key is not None else None
@@ -3300,7 +3311,7 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
     kernels (kept as one chain)."""
     if Q.numel() == 0:  # in the layouts of the op's fake
         return tuple(flash_output_like(t).zero_() for t in (Q, K, V))
-    if _through_ops(Q, launches):
+    if _through_ops(Q, K, is_causal, launches):
         return flash_backward_by_path(Q, K, V, O, L, dO, is_causal)
     dQ, dK, dV = flash_output_like(Q), flash_output_like(K), flash_output_like(V)
     key = None if launches is not None else replay_key((Q, K, V, dO, *keyed), (is_causal, _float32_matmul_precision()))
@@ -4206,7 +4217,7 @@ def _attention_grad(ctx, dout, dlse, through_op: bool = True):
     return _run_attention_backward(*args, traced=False)
 
 
-torch.library.register_autograd(
+register_autograd(
     attention_forward, lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse), *([None] * 7)),
     setup_context=_attention_setup)
 
@@ -4912,7 +4923,7 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = T
             *([None] * (ctx.n_inputs - 4)))
 
 
-torch.library.register_autograd(linear_cross_entropy_forward, _lce_autograd_backward,
+register_autograd(linear_cross_entropy_forward, _lce_autograd_backward,
                                 setup_context=_lce_setup_context)
 
 # Where autograd records an eager call: the one Function, not the custom op's dispatch.

@@ -302,7 +302,7 @@ def kernel_op(name: str, fake, mutates_args=(), opaque: bool = False):
     the interpreter it is a ``torch.library.custom_op``: triton_op traces its body with fake
     tensors, which an interpreted kernel cannot take. ``fake`` (the op's signature, returning
     empty outputs of the right shapes, dtypes and devices) is its meta implementation either way.
-    Autograd is registered on the returned op (``torch.library.register_autograd``) by the caller.
+    Autograd is registered on the returned op (``register_autograd``) by the caller.
     ``opaque`` keeps it opaque when compiled too: torch.compile calls its body as it is. An opaque
     op is defined with ``torch.library.Library`` (``_plain_op``) and returned as its OpOverload.
     The body runs on its inputs' device wherever it runs as it is: called through the dispatcher
@@ -352,6 +352,14 @@ def _plain_op(name: str, fn, body, fake, mutates_args):
     return op
 
 
+def register_autograd(op, backward, setup_context=None) -> None:
+    """``torch.library.register_autograd(op, ...)``; an opaque op's (``_plain_op``) in the Library
+    that defines it, so that a reload of its module, which drops that Library, drops the autograd
+    with it (registered apart, it outlived the op and a second registration was refused)."""
+    lib = _OPAQUE_LIBRARIES.get(getattr(op, "_opname", None)) if isinstance(op, torch._ops.OpOverload) else None
+    torch.library.register_autograd(op, backward, setup_context=setup_context, lib=lib)
+
+
 def no_double_backward(public: str, instead: str = "torch.func, e.g. torch.func.hessian(f)(x) or "
                                                   "torch.func.jacrev(torch.func.jacrev(f))") -> RuntimeError:
     """The error every op without a second derivative raises, naming where to get one (``instead``)."""
@@ -367,7 +375,7 @@ def refuse_second_derivative(op, public: str) -> None:
     def second(ctx, *grads):  # noqa: ARG001 - autograd's signature
         raise no_double_backward(public)
 
-    torch.library.register_autograd(op, second)
+    register_autograd(op, second)
 
 
 # -- Autograd: one Function for every op, configured per op ------------------------------------
@@ -1327,11 +1335,11 @@ def _online_softmax_backward_grad(ctx, ddx):
     return grad_y, grad_dy, None, None
 
 
-torch.library.register_autograd(_online_softmax_op, _online_softmax_grad,
+register_autograd(_online_softmax_op, _online_softmax_grad,
                                 setup_context=_save_output_and_blocks)
 
 
-torch.library.register_autograd(_online_softmax_backward_op, _online_softmax_backward_grad,
+register_autograd(_online_softmax_backward_op, _online_softmax_backward_grad,
                                 setup_context=_save_backward_inputs)
 
 
@@ -2112,10 +2120,10 @@ def _row_softmax_backward_grad(ctx, ddx):
     return _softmax_double_backward(y2, dy2, ddx, _row_softmax_backward_op)
 
 
-torch.library.register_autograd(_row_softmax_op, _row_softmax_grad, setup_context=_save_output_and_blocks)
+register_autograd(_row_softmax_op, _row_softmax_grad, setup_context=_save_output_and_blocks)
 
 
-torch.library.register_autograd(_row_softmax_backward_op, _row_softmax_backward_grad,
+register_autograd(_row_softmax_backward_op, _row_softmax_backward_grad,
                                 setup_context=_save_backward_inputs)
 
 

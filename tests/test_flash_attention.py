@@ -391,7 +391,8 @@ def _gluon_routes(monkeypatch, where: str, inputs: str, dtype: torch.dtype, d: i
     monkeypatch.setattr(fsm, "GLUON_UNAVAILABLE", NO_GLUON if where == "no-gluon" else None)
     monkeypatch.setattr(fsm, "_device_capability", lambda index: capability)
     monkeypatch.setattr(fsm, "_sm_count", lambda device: 132)
-    batch, n = (32, 0) if inputs == "empty" else (32, 4096)  # every kernel's Gluon version faster, non-empty
+    # Every kernel's Gluon version faster, and work enough for the compiled route, non-empty.
+    batch, n = (32, 0) if inputs == "empty" else (32, 4096)
     Q, K, V = (torch.empty(batch, n, d, dtype=dtype) for _ in range(3))
     if inputs == "unreadable":
         K = torch.empty(batch, d, n, dtype=dtype).transpose(1, 2)
@@ -403,7 +404,7 @@ def _gluon_routes(monkeypatch, where: str, inputs: str, dtype: torch.dtype, d: i
     plan_of = flash_plan_of(Q, K, V, False)
     with monkeypatch.context() as tracing:
         tracing.setattr(torch.compiler, "is_compiling", lambda: True)
-        compiled = fsm.compiled_gluon_route(Q)
+        compiled = fsm.compiled_gluon_route(Q, K, False)
     return reason, plan.gluon, plan_of.gluon, compiled
 
 
@@ -427,7 +428,24 @@ def test_gluon_routes_follow_one_rule(monkeypatch, where, inputs, kinds):
         assert (reason is None) if kind == "ok" else REASON_KINDS[kind] in (reason or ""), f"{cell}: {reason}"
         takes = set(fsm.FLASH_KERNELS) if kind == "ok" else set()
         assert set(plan) == set(plan_of) == takes, f"{cell}: flash_plan {plan}, flash_plan_of {plan_of}"
-        assert compiled == (kind in ("ok", "tma", "empty")), f"{cell}: compiled_gluon_route {compiled}"
+        assert compiled == (kind in ("ok", "tma")), f"{cell}: compiled_gluon_route {compiled}"
+
+
+@pytest.mark.parametrize("batch,n_queries,n_keys,d,causal,opaque", [
+    (16, 8192, 8192, 64, True, True), (64, 4096, 4096, 128, True, True), (128, 4096, 4096, 64, False, True),
+    (32, 4096, 4096, 64, True, False), (96, 1024, 1024, 64, True, False), (8, 4096, 4096, 128, False, False),
+    (1, 32768, 32768, 64, True, True), (32, 8192, 16, 64, False, False)])
+def test_compiled_gluon_route_needs_work(monkeypatch, batch, n_queries, n_keys, d, causal, opaque):
+    """Under torch.compile the opaque Gluon ops take only calls of GLUON_COMPILED_MIN_WORK or more
+    (batch x n_queries x n_keys x d, causal halved; design notes: compiled attention route): a
+    GPT-2 layer's (96, 1024, 64) traces its Triton launches, (16, 8192, 64) causal does not."""
+    monkeypatch.setattr(fsm, "GLUON_UNAVAILABLE", None)
+    monkeypatch.setattr(fsm, "_device_capability", lambda index: (9, 0))
+    Q = torch.empty(batch, n_queries, d, dtype=torch.bfloat16, device="meta").as_subclass(_SaysCuda)
+    K = torch.empty(batch, n_keys, d, dtype=torch.bfloat16, device="meta").as_subclass(_SaysCuda)
+    with monkeypatch.context() as tracing:
+        tracing.setattr(torch.compiler, "is_compiling", lambda: True)
+        assert fsm.compiled_gluon_route(Q, K, causal) == opaque
 
 @pytest.mark.parametrize("capability,dtype,d", [((9, 0), "bfloat16", 64), ((9, 0), "float32", 64),
                                                 ((9, 0), "float16", 32), ((8, 0), "bfloat16", 128)])
@@ -882,9 +900,11 @@ def test_cuda_graph_replay_matches_eager(monkeypatch, is_causal, path):
 
 @pytest.mark.skipif(_gluon_missing() is not None, reason=_gluon_missing() or "")
 def test_compiled_call_runs_the_gluon_kernels(monkeypatch):
-    """torch.compile(apply, fullgraph=True) on Hopper at d = 128 bf16 (compiled_gluon_route): the
-    opaque ops run the Gluon forward, dQ and dK/dV kernels, as an eager call would, keep their
-    launches and replay them on the next call (no kernel chosen again); results against float64."""
+    """torch.compile(apply, fullgraph=True) on Hopper at d = 128 bf16 (compiled_gluon_route, its
+    least work lowered to this small case): the opaque ops run the Gluon forward, dQ and dK/dV
+    kernels, as an eager call would, keep their launches and replay them on the next call (no
+    kernel chosen again); results against float64."""
+    monkeypatch.setattr(fsm, "GLUON_COMPILED_MIN_WORK", 0)
     calls = []
     for name in ("_gluon_flash_forward", "_gluon_flash_dq", "_gluon_flash_dkdv"):
         def counted(*args, _name=name, _launch=getattr(fsm, name), **kwargs):
@@ -994,7 +1014,7 @@ def test_compiled_route_through_opaque_ops(monkeypatch):
     they run: here (no Gluon) the Triton ones, stood in for by PyTorch, launched at run time and
     not traced; O and the gradients as the reference's."""
     monkeypatch.setattr(fsm, "_flash_kernel", lambda kernel: kernel)
-    monkeypatch.setattr(fsm, "compiled_gluon_route", lambda Q: torch.compiler.is_compiling())
+    monkeypatch.setattr(fsm, "compiled_gluon_route", lambda Q, K, is_causal: torch.compiler.is_compiling())
     launched_while_tracing = []
     for name in ("_triton_flash_forward", "_triton_flash_backward"):
         def record(*args, _launch=getattr(fsm, name)):
