@@ -7,8 +7,11 @@ its timing it trains ``TRACE_STEPS`` steps and compares its losses with PyTorch'
 same steps (max_loss_diff). loss_noise is bfloat16's own share of that: PyTorch's eager bfloat16
 losses against its float32 ones. On the GPU a project case fails when its losses are further from
 the float32 ones than twice PyTorch's eager bfloat16 losses are (the project's accuracy rule).
-host_us is the host's time to enqueue one step while the GPU is kept busy; empty for a step that
-reads a value back: it waits for the GPU there, and the host's own time cannot be told apart.
+step_ms is the GPU's time a step (the harness keeps the GPU busy while the host enqueues);
+wall_ms is a training loop's: steps back to back, timed until the GPU has run them, the host's
+enqueueing included, where a host-bound step is slower than its step_ms. host_us is the host's
+time to enqueue one step while the GPU is kept busy; empty for a step that reads a value back: it
+waits for the GPU there, and the host's own time cannot be told apart.
 
     pytest --benchmark-only -p no:xdist tests/test_bench_model_step.py
 
@@ -24,6 +27,7 @@ import gc
 import json
 import math
 import os
+import statistics
 import time
 
 import pytest
@@ -36,7 +40,7 @@ from support import DEVICE, ON_GPU, UNIT_ROUNDOFF, needs_gpu
 GROUP = BenchGroup(
     name="model_step",
     csv="model_step_benchmark.csv",
-    columns=("config", "impl", "compiled", "step_ms", "speedup_vs_torch", "tokens_per_s", "peak_MiB",
+    columns=("config", "impl", "compiled", "step_ms", "speedup_vs_torch", "wall_ms", "tokens_per_s", "peak_MiB",
              "loss_first", "loss_last", "max_loss_diff", "loss_noise", "loss_error"),
     case=("config", "compiled"),
     impls=IMPLS,
@@ -62,6 +66,9 @@ else:
     MODES = ("eager",)
     AUTOCAST = None
     TRACE_STEPS = 2
+
+# wall_ms: the median over WALL_ROUNDS of a step's share of WALL_STEPS steps back to back.
+WALL_STEPS, WALL_ROUNDS = (5, 3) if ON_GPU else (1, 1)
 
 # PyTorch's eager losses per (config, autocast dtype), from the case that made them.
 _TRACES: dict = {}
@@ -107,6 +114,20 @@ def sync() -> None:
         torch.cuda.synchronize()
 
 
+def loop_ms(step, steps: int, rounds: int) -> float:
+    """A training loop's time a step (ms): the median over ``rounds`` of ``steps`` steps run back to
+    back, from the first one's call until the GPU has run the last."""
+    times = []
+    for _ in range(rounds):
+        sync()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            step()
+        sync()
+        times.append((time.perf_counter() - t0) / steps * 1e3)
+    return statistics.median(times)
+
+
 def max_abs_diff(a: list[float], b: list[float]) -> float:
     return max(abs(x - y) for x, y in zip(a, b))
 
@@ -133,12 +154,14 @@ def test_model_step(bench, config, compiled, impl):
         def step():
             return train_step(state["call"], state["optimizer"], inputs, targets, AUTOCAST)
 
+        found["step"] = step
         return step, None
 
     def trace_columns(_out, _inputs) -> dict:
         losses, float32 = found["losses"], found["float32"]
         columns = {"loss_first": losses[0], "loss_last": losses[-1],
-                   "max_loss_diff": max_abs_diff(losses, found["reference"])}
+                   "max_loss_diff": max_abs_diff(losses, found["reference"]),
+                   "wall_ms": loop_ms(found["step"], WALL_STEPS, WALL_ROUNDS)}
         if float32 is not None:
             columns.update(loss_noise=max_abs_diff(_TRACES[(config, AUTOCAST)], float32),
                            loss_error=max_abs_diff(losses, float32))
@@ -149,7 +172,7 @@ def test_model_step(bench, config, compiled, impl):
         # trace: at most twice PyTorch's own bfloat16 error (loss_noise), with a floor of a few
         # float32 roundings of the loss for steps where PyTorch's error happens to vanish. The
         # other columns are the record's, bounded only by being numbers.
-        bounds = dict.fromkeys(("loss_first", "loss_last", "max_loss_diff"), math.inf)
+        bounds = dict.fromkeys(("loss_first", "loss_last", "max_loss_diff", "wall_ms"), math.inf)
         float32 = found["float32"]
         if float32 is not None:
             floor = 4 * UNIT_ROUNDOFF[torch.float32] * max(map(abs, float32))

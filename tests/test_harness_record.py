@@ -360,3 +360,24 @@ def test_the_front_door_and_the_record_stay_within_their_sizes():
     assert files and len(files) <= 40, len(files)
     assert sum(f.stat().st_size for f in files) <= 5_000_000
     assert not [f for f in files if f.suffix == ".py"]
+
+
+def test_model_step_targets_compare_a_training_loops_wall_time():
+    """Issue 47's targets compare a step's wall time in a loop (``wall_ms``, the host included)
+    where the record has it: a host-bound step whose GPU time beats torch's may still lose; a
+    record from before the column compares the GPU's time a step."""
+    from conftest import _model_step_compiled, _model_step_eager
+
+    def step(impl, compiled, ms, wall=None, peak=1000.0):
+        row = dict(config="gpt2", compiled=compiled, forward_peak_MiB=peak)
+        if wall is not None:
+            row["wall_ms"] = wall
+        return bench("model_step", impl, ms, "tests/test_bench_model_step.py::test_model_step", **row)
+
+    groups = {"model_step": ("config", "compiled")}
+    with_wall = run([step("torch", "compile", 18.0, 18.2), step("project", "compile", 17.8, 20.8),
+                     step("torch", "eager", 26.0, 26.1), step("project", "eager", 25.0, 27.3, peak=500.0)], groups)
+    assert _model_step_compiled(with_wall) == ("0.87x (wall time a step)", False)
+    assert _model_step_eager(with_wall) == ("0.96x at 0.50x the memory (wall time a step)", False)
+    gpu_only = run([step("torch", "compile", 18.0), step("project", "compile", 17.0)], groups)
+    assert _model_step_compiled(gpu_only) == ("1.06x", True)
