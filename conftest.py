@@ -851,7 +851,7 @@ RECORD_PARTS = (
     RecordPart("models", "flash_attention at models' shapes, the LM-head loss against its peers, training steps "
                          "of a GPT-2-like and a Llama-like model",
                (_GRID + "test_attention_models", "tests/test_bench_linear_cross_entropy.py::test_linear_cross_entropy",
-                "tests/test_bench_model_step.py::test_model_step"), minutes=6),
+                "tests/test_bench_model_step.py::test_model_step"), minutes=7),
 )
 # The README's benchmark command (tox -e gpu): the headline groups and the grid's core cases.
 MAIN_JOB = ("headline", "grid-core")

@@ -3237,12 +3237,11 @@ def compiled_gluon_route(Q: torch.Tensor, K: torch.Tensor, is_causal: bool) -> b
     traceable launches only) where ``gluon_flash_unfit`` takes the GPU, dtype and head dim and
     the call holds ``GLUON_COMPILED_MIN_WORK``; elsewhere the trace holds the Triton launches."""
     if not (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
-            and Q.device.type == "cuda"):
+            and Q.device.type == "cuda"
+            and gluon_flash_unfit(Q.dtype, Q.shape[-1], _traced_capability(_device_index(Q.device))) is None):
         return False
     batch, _, n_queries, d = flash_dims(Q)
-    work = batch * n_queries * K.shape[-2] * d // (2 if is_causal else 1)
-    return (work >= GLUON_COMPILED_MIN_WORK
-            and gluon_flash_unfit(Q.dtype, d, _traced_capability(_device_index(Q.device))) is None)
+    return bool(batch * n_queries * K.shape[-2] * d // (2 if is_causal else 1) >= GLUON_COMPILED_MIN_WORK)
 
 
 def _through_ops(Q: torch.Tensor, K: torch.Tensor, is_causal: bool, launches: dict | None) -> bool:
@@ -3369,9 +3368,10 @@ class FlashAttentionTriton(torch.autograd.Function):
     ``flash_plan`` picks each kernel (Gluon on Hopper where it measured faster) and its launch;
     ``launches`` maps "forward", "dkdv" or "dq" to a ``FlashLaunch`` of its Triton kernel (tuning).
     No host synchronisation: torch.compile(fullgraph=True) traces it and CUDA graphs capture it
-    (compiled on Hopper, through the opaque ops of ``compiled_gluon_route``). An eager call with
-    an earlier call's key (``replay_key``) replays that call's kept launches. A backward under
-    create_graph=True runs the recorded PyTorch tiling (twice differentiable).
+    (compiled on Hopper from GLUON_COMPILED_MIN_WORK of work, through the opaque ops of
+    ``compiled_gluon_route``). An eager call with an earlier call's key (``replay_key``) replays
+    that call's kept launches. A backward under create_graph=True runs the recorded PyTorch
+    tiling (twice differentiable).
     """
 
     @staticmethod

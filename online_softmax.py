@@ -356,7 +356,8 @@ def register_autograd(op, backward, setup_context=None) -> None:
     """``torch.library.register_autograd(op, ...)``; an opaque op's (``_plain_op``) in the Library
     that defines it, so that a reload of its module, which drops that Library, drops the autograd
     with it (registered apart, it outlived the op and a second registration was refused)."""
-    lib = _OPAQUE_LIBRARIES.get(getattr(op, "_opname", None)) if isinstance(op, torch._ops.OpOverload) else None
+    namespace, _, name = op.name().partition("::") if isinstance(op, torch._ops.OpOverload) else ("", "", "")
+    lib = _OPAQUE_LIBRARIES.get(name) if namespace == OP_NAMESPACE else None
     torch.library.register_autograd(op, backward, setup_context=setup_context, lib=lib)
 
 

@@ -67,8 +67,9 @@ else:
     AUTOCAST = None
     TRACE_STEPS = 2
 
-# wall_ms: the median over WALL_ROUNDS of a step's share of WALL_STEPS steps back to back.
-WALL_STEPS, WALL_ROUNDS = (5, 3) if ON_GPU else (1, 1)
+# wall_ms: the median over WALL_ROUNDS of a step's share of WALL_STEPS steps back to back (a round
+# fills and drains the GPU's queue once: over 20 steps, a few % of a step at most).
+WALL_STEPS, WALL_ROUNDS = (20, 5) if ON_GPU else (1, 1)
 
 # PyTorch's eager losses per (config, autocast dtype), from the case that made them.
 _TRACES: dict = {}
@@ -118,13 +119,19 @@ def loop_ms(step, steps: int, rounds: int) -> float:
     """A training loop's time a step (ms): the median over ``rounds`` of ``steps`` steps run back to
     back, from the first one's call until the GPU has run the last."""
     times = []
-    for _ in range(rounds):
-        sync()
-        t0 = time.perf_counter()
-        for _ in range(steps):
-            step()
-        sync()
-        times.append((time.perf_counter() - t0) / steps * 1e3)
+    collecting = gc.isenabled()
+    gc.disable()  # as the harness's timed rounds: no collection inside a round
+    try:
+        for _ in range(rounds):
+            sync()
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            sync()
+            times.append((time.perf_counter() - t0) / steps * 1e3)
+    finally:
+        if collecting:
+            gc.enable()
     return statistics.median(times)
 
 

@@ -359,7 +359,7 @@ class _SaysCuda(torch.Tensor):
 # by its kind), or "ok". Rows: where the tensors are (no Gluon, a CPU tensor, or a GPU of that
 # capability) and what the inputs are (TMA reads them, TMA cannot (a transposed K), empty);
 # columns: dtype and head dim. The eager plan takes Gluon kernels at "ok" only; the compiled
-# route (which sees neither alignment nor length in a trace) at "ok", "tma" and "empty".
+# route (which sees no alignment in a trace, and asks for GLUON_COMPILED_MIN_WORK) at "ok" and "tma".
 GLUON_ROUTE_COLUMNS = [(dtype, d) for dtype in ("float32", "float16", "bfloat16") for d in (32, 64, 128)]
 GLUON_ROUTES = """
 no-gluon readable   | gluon gluon gluon | gluon gluon gluon | gluon gluon gluon
@@ -1057,10 +1057,10 @@ def test_function_body_traces_with_no_graph_break(monkeypatch):
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_gluon_forward_path and the compiled tests run the real kernels")
 def test_compiled_function_keeps_the_triton_forward(monkeypatch):
     """Where compiled_gluon_route does not hold (here float32 in the interpreter; elsewhere other
-    GPUs, launch overrides, torch.export) but an eager call would take the Gluon kernels (here:
-    Gluon said to run on this device and to read the inputs), torch.compile(fullgraph=True)
-    traces the Triton kernels' launches (Gluon kernels are no wrap_triton user kernels): the
-    trace never reaches a Gluon kernel."""
+    GPUs, calls of little work, launch overrides, torch.export) but an eager call would take the
+    Gluon kernels (here: Gluon said to run on this device and to read the inputs),
+    torch.compile(fullgraph=True) traces the Triton kernels' launches (Gluon kernels are no
+    wrap_triton user kernels): the trace never reaches a Gluon kernel."""
     for name, which in (("forward", "forward"), ("backward_dkdv", "dkdv"), ("backward_dq", "dq")):
         monkeypatch.setattr(fsm, f"flash_attention_{name}_kernel", _StandInKernel(which))
     monkeypatch.setattr(fsm, "_gluon_capability", lambda device: (9, 0))
@@ -1171,6 +1171,8 @@ def test_opaque_ops_survive_reloads():
     done = subprocess.run([sys.executable, "-c", script], cwd=Path(__file__).parent.parent, capture_output=True,
                           text=True, timeout=300, env={**os.environ, "TRITON_INTERPRET": "0" if ON_GPU else "1"})
     assert done.stdout.strip() == "ok", done.stderr[-3000:]
+    # The reloaded op's autograd replaces the old one's with it, not over a registration left behind.
+    assert "Overriding a previously registered kernel" not in done.stderr, done.stderr[-3000:]
 
 
 def test_launch_choice_follows_the_shape():

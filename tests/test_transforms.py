@@ -237,7 +237,7 @@ def _fake_calls():
     yield "matmul", lambda x, w: fsm.matmul(x, w), [(6, 37), (37, 30)]
     for name in ("matmul_softmax_fused_tiled", "matmul_softmax_fused_simple", "matmul_softmax_unfused"):
         yield name, lambda x, w, name=name: getattr(fsm, name)(x, w), [(6, 37), (37, 30)]
-    yield ("linear_cross_entropy",  # its eager bounds check reads the targets back: not from a fake
+    yield ("linear_cross_entropy",  # its bounds check reads the targets back on the CPU: not from a fake
            lambda x, w: fsm.linear_cross_entropy(x, w, torch.zeros(6, dtype=torch.long, device=x.device)),
            [(6, 37), (30, 37)])
     yield "FlashAttentionTriton", lambda q, k, v: fsm.FlashAttentionTriton.apply(q, k, v, True), [(1, 32, 16)] * 3
