@@ -1055,14 +1055,20 @@ class Target:
     measure: object
 
 
+def _ratio_summary(ratios: list, statistic: str = "min") -> tuple[str, float]:
+    """A target's figure for speed-ups over cases: "min 0.95x over 4 cases" (one case: "0.95x"), and the value."""
+    value = geomean(ratios) if statistic == "geomean" else min(ratios)
+    cases = f" over {len(ratios)} cases" if len(ratios) > 1 else ""
+    return f"{statistic + ' ' if len(ratios) > 1 else ''}{value:.2f}x{cases}", value
+
+
 def _ratio_target(group: str, ours: str, baselines: tuple, threshold: float, statistic: str = "min", where=None):
     def measure(data):
         ratios = [r for _, r in case_ratios(data, group, ours, baselines, where)]
         if not ratios:
             return None
-        value = geomean(ratios) if statistic == "geomean" else min(ratios)
-        cases = f" over {len(ratios)} cases" if len(ratios) > 1 else ""
-        return f"{statistic + ' ' if len(ratios) > 1 else ''}{value:.2f}x{cases}", value >= threshold
+        text, value = _ratio_summary(ratios, statistic)
+        return text, value >= threshold
     return measure
 
 
@@ -1125,9 +1131,8 @@ def _model_step_compiled(data):
     pairs, what = _model_step_pairs(data, "compile")
     if not pairs:
         return None
-    speed = min(p[0] for p in pairs)
-    cases = f" over {len(pairs)} cases" if len(pairs) > 1 else ""
-    return f"{'min ' if len(pairs) > 1 else ''}{speed:.2f}x{cases}{what}", speed >= 1.05
+    text, speed = _ratio_summary([p[0] for p in pairs])
+    return text + what, speed >= 1.05
 
 
 def _model_step_eager(data):

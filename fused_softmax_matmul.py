@@ -4526,16 +4526,15 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
     idles the GPU while the host queues the rest: see outputs/README.md, design notes: target
     check). Skipped in a trace, a CUDA-graph capture or on a FakeTensor: the row's loss and
     gradient are NaN there."""
-    if torch.compiler.is_compiling() or is_fake(target):
+    if (torch.compiler.is_compiling() or is_fake(target)
+            or (target.is_cuda and torch.cuda.is_current_stream_capturing())):
         return
+    ok = ((target >= 0) & (target < V)) | (target == ignore_index)
     if target.is_cuda:
-        if not torch.cuda.is_current_stream_capturing():
-            ok = ((target >= 0) & (target < V)) | (target == ignore_index)
-            torch._assert_async(ok.all(), f"target holds a class index outside [0, {V}) that is not ignore_index")
+        torch._assert_async(ok.all(), f"target holds a class index outside [0, {V}) that is not ignore_index")
         return
-    bad = ((target < 0) | (target >= V)) & (target != ignore_index)
-    if bool(bad.any()):
-        first = tuple(int(i) for i in bad.nonzero()[0])
+    if not bool(ok.all()):
+        first = tuple(int(i) for i in (~ok).nonzero()[0])
         raise ValueError(f"target[{', '.join(map(str, first))}] = {int(target[first])} is not a class index in "
                          f"[0, {V}) (V = W.shape[0]) nor ignore_index = {ignore_index}")
 
@@ -4923,8 +4922,7 @@ def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = T
             *([None] * (ctx.n_inputs - 4)))
 
 
-register_autograd(linear_cross_entropy_forward, _lce_autograd_backward,
-                                setup_context=_lce_setup_context)
+register_autograd(linear_cross_entropy_forward, _lce_autograd_backward, setup_context=_lce_setup_context)
 
 # Where autograd records an eager call: the one Function, not the custom op's dispatch.
 _LCE_AUTOGRAD = AutogradSpec(
@@ -4955,8 +4953,8 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     Raises TypeError / ValueError naming a bad argument. A target outside [0, V) that is not
     ignore_index: a ValueError naming it on the CPU; on CUDA, as F.cross_entropy, a device-side
     assertion (no host sync; the error surfaces at the next synchronisation); under
-    torch.compile or CUDA-graph capture that row's loss and gradient are NaN instead. Precision and memory: outputs/README.md, design
-    notes: Linear cross-entropy.
+    torch.compile or CUDA-graph capture that row's loss and gradient are NaN instead. Precision
+    and memory: outputs/README.md, design notes: Linear cross-entropy.
     """
     x2, W, bias, t = check_linear_cross_entropy_inputs(x, W, target, bias, weight)
     check_flag("return_lse", return_lse)

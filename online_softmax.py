@@ -1337,11 +1337,11 @@ def _online_softmax_backward_grad(ctx, ddx):
 
 
 register_autograd(_online_softmax_op, _online_softmax_grad,
-                                setup_context=_save_output_and_blocks)
+                  setup_context=_save_output_and_blocks)
 
 
 register_autograd(_online_softmax_backward_op, _online_softmax_backward_grad,
-                                setup_context=_save_backward_inputs)
+                  setup_context=_save_backward_inputs)
 
 
 def _online_backward_3d(y: torch.Tensor, dy: torch.Tensor, BLOCK_1: int, BLOCK_2: int) -> torch.Tensor:
@@ -2125,7 +2125,7 @@ register_autograd(_row_softmax_op, _row_softmax_grad, setup_context=_save_output
 
 
 register_autograd(_row_softmax_backward_op, _row_softmax_backward_grad,
-                                setup_context=_save_backward_inputs)
+                  setup_context=_save_backward_inputs)
 
 
 _ROW_REPLAYS = Replays("row_softmax")
