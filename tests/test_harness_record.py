@@ -76,6 +76,21 @@ def test_the_headline_is_the_medians_and_their_ratio_at_each_headline_case(tmp_p
     assert len([line for line in table.splitlines() if line.startswith("| ") and "---" not in line]) == len(HEADLINE) + 1
 
 
+def test_the_model_steps_headline_is_its_wall_time_where_the_record_has_it(tmp_path):
+    """The GPT-2 step's row compares a step's wall time in a loop (the host included); a record
+    from before that column gives the GPU's time, unmarked."""
+    def step(impl, ms, wall=None):
+        return bench("model_step", impl, ms, config="gpt2", compiled="compile",
+                     **({} if wall is None else {"wall_ms": wall}))
+
+    groups = {"model_step": ("config", "compiled")}
+    table = headline_markdown(run([step("torch", 18.0, 18.0), step("project", 17.8, 20.0)], groups), tmp_path / "b.json")
+    assert "torch.compile(model) (wall time) | 20 | 18 | 0.90x |" in table, table
+    assert "Wall time: steps back to back, the host included." in table
+    table = headline_markdown(run([step("torch", 18.0), step("project", 17.8)], groups), tmp_path / "b.json")
+    assert "torch.compile(model) | 17.8 | 18 | 1.01x |" in table and "Wall time" not in table, table
+
+
 def test_a_headline_case_that_picks_several_rows_is_an_error(tmp_path):
     data = run([bench("softmax", "torch", 0.27, **SOFTMAX), bench("softmax", "torch", 0.3, **{**SOFTMAX, "x": 1})],
                {"softmax": ("M", "N", "dtype")})
