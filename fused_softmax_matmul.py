@@ -4,13 +4,11 @@
 the (d1, d2) softmax to memory in between; the fused kernel keeps each block of the softmax in
 registers and folds it straight into the product, so the softmax never exists in memory.
 
-Float32 matrix products follow PyTorch's own switch, ``torch.get_float32_matmul_precision()``:
-under 'highest' (PyTorch's default) the tensor-core product is split into three TF32 products
-(``input_precision="tf32x3"``), which is as accurate as a float32 product (on Hopper, large
-products of softmax(x @ W) and ``matmul`` split their operands once, beforehand:
-``matmul_presplit_kernel``); under 'high' or 'medium' a single TF32 product is used, as PyTorch
-then does for its own matmuls. Float16 and
-bfloat16 inputs multiply in their own precision and accumulate in float32.
+Float32 products follow ``torch.get_float32_matmul_precision()``: under 'highest' (the default)
+three TF32 products (``input_precision="tf32x3"``), as accurate as float32 (on Hopper, large
+softmax(x @ W) and ``matmul`` products split their operands once, beforehand:
+``matmul_presplit_kernel``); under 'high' or 'medium' one TF32 product, as PyTorch's own matmuls.
+Float16 and bfloat16 inputs multiply in their own precision and accumulate in float32.
 
 Sections, each workload in the same order (header, reference, bytes and flops models, launch
 type and chooser, jit helpers, kernels, wrappers, autograd):
@@ -82,8 +80,7 @@ __all__ = [
 # ----------------------------------------------------------------------------------------------
 @torch.compiler.assume_constant_result
 def _float32_matmul_precision() -> str:
-    # torch.compile cannot put a string-valued torch call in its graph; it takes the setting as a
-    # constant of the compiled code instead (as Inductor does for its own matmuls).
+    # torch.compile cannot graph a string-valued call; it takes the setting as a constant, as Inductor does.
     return torch.get_float32_matmul_precision()
 
 
@@ -95,23 +92,18 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def upcast_dot_operands(dtype: torch.dtype) -> bool:
-    """In the interpreter, tl.dot on bfloat16 returns wrong values (triton issue 11584).
-
-    There the kernels round their operands to bfloat16 as on a GPU and multiply them in float32:
-    the products of two bfloat16 values are exact in float32, so this is the GPU's arithmetic.
-    """
+    """Multiply bfloat16 operands in float32 (exact for their products): the interpreter's bfloat16
+    tl.dot returns wrong values (triton issue 11584)."""
     return INTERPRET and dtype == torch.bfloat16
 
 
 def round_to_tf32(dtype: torch.dtype) -> bool:
     """Round the softmax weights to TF32 in the kernel before a "tf32" product (compiled only).
 
-    A TF32 tensor core reads the top 10 of a float32's 23 mantissa bits: it truncates, every
-    error towards zero. On the weights that bias does not cancel, since the row sum l adds them
-    untruncated, so softmax(x) @ V had several times torch's error under 'high' (cuBLAS
-    rounds). Rounded weights, summed as rounded, remove it. V's truncation
-    bias is about one TF32 unit, within torch's own error; whether V is rounded too is a matter
-    of speed (``_round_v``). The interpreter multiplies in float32 and needs no rounding.
+    A TF32 tensor core truncates float32 to 10 mantissa bits, every error towards zero; the row
+    sum l adds the weights untruncated, so the bias would not cancel (cuBLAS rounds). Weights
+    rounded, and summed as rounded, remove it. V's bias is within torch's error: rounding V is a
+    matter of speed (``_round_v``). The interpreter multiplies in float32.
     """
     return not INTERPRET and dtype == torch.float32 and dot_precision(dtype) == "tf32"
 
@@ -119,10 +111,7 @@ def round_to_tf32(dtype: torch.dtype) -> bool:
 @triton.jit
 def _tf32_rounded(t):
     """float32 t rounded to the nearest TF32 value (half away from zero); inf and NaN unchanged.
-
-    Adding half a TF32 unit (bit 12) to the bits carries into the kept bits exactly when the
-    dropped 13 bits are at least half a unit; clearing them then leaves the rounded magnitude.
-    """
+    Adding half a unit (bit 12) carries into the kept bits exactly when the dropped 13 bits reach it."""
     bits = t.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x1000) & -8192).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(t) < float("inf"), rounded, t)
@@ -134,12 +123,9 @@ LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
 
 
-# Gluon, Hopper kernels written warp by warp: its modules here, or why they are unusable. Each
-# op's plan names its Gluon path beside its Triton ones; the Gluon kernels sit in one section at
-# the end of the module.
+# Gluon (Hopper kernels written warp by warp): its modules, or why they are unusable. Its kernels close the module.
 _GLUON_DTYPES = (torch.float16, torch.bfloat16)
-# softmax(x) @ V takes float32 too, as TF32 products: one under 'high' and 'medium', three
-# (tf32x3: the weights and V each split into a TF32 value and the rest) under 'highest'.
+# float32 softmax(x) @ V runs as one TF32 product, or as three (tf32x3) under 'highest'.
 _GLUON_SOFTMAX_DTYPES = _GLUON_DTYPES + (torch.float32,)
 
 
@@ -181,9 +167,8 @@ def check_operands(x, name: str, other, ndim: int) -> None:
 
 
 def _empty_rows_on_16_bytes(shape: tuple, dtype: torch.dtype, device) -> torch.Tensor:
-    """An uninitialised tensor of ``shape`` whose rows (runs of the last dimension) each start on
-    16 bytes: the last dimension's stride rounded up, the columns past it never read. TMA and
-    cuBLAS's tensor-core products need rows so aligned."""
+    """An empty tensor of ``shape`` whose rows start on 16 bytes (the row stride rounded up), as TMA
+    and cuBLAS's tensor-core products need."""
     *lead, n = shape
     per_16_bytes = 16 // dtype.itemsize
     return torch.empty((*lead, cdiv(n, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[..., :n]
@@ -198,16 +183,11 @@ def _backward_fake(x, W, *rest):
 # ----------------------------------------------------------------------------------------------
 # softmax(x) @ V
 # ----------------------------------------------------------------------------------------------
-# ``fused_softmax_kernel`` streams x and V once, with a running max and sum per row; the
-# backward recomputes the softmax from x and the rows' log-sum-exp the forward saved. A call:
-# checks, ``fused_softmax_plan`` (pure), then ``_run_fused_softmax``.
+# ``fused_softmax_kernel`` streams x and V once (running max and sum per row); the backward recomputes
+# the softmax from x and the saved log-sum-exp. A call: checks, ``fused_softmax_plan``, ``_run_fused_softmax``.
 def softmax_mult(x: torch.Tensor, V: torch.Tensor, dim: int = -1) -> torch.Tensor:
-    """Reference: the softmax of x, written to memory, then multiplied by V.
-
-    x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3).
-    Bytes: the softmax reads x and writes P (2 * d1 * d2 per batch element); the product reads P
-    and V and writes the output.
-    """
+    """Reference: the softmax of x, written to memory, then multiplied by V (``softmax_mult_bytes``).
+    x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3)."""
     return F.softmax(x, dim=dim) @ V
 
 
@@ -237,12 +217,9 @@ def check_softmax_matmul_inputs(x, V) -> None:
 
 @dataclass(frozen=True)
 class FusedLaunch:
-    """Launch parameters of ``fused_softmax_kernel`` beyond the user's BLOCK_1 and BLOCK_2.
-
-    block_3 columns of V per program (a power of two from 16, ``tl.dot``'s least, to 512);
-    lazy_rescale: rescale the accumulator only when a row's max grew by more than 8;
-    transposed: compute out^T = V^T @ P^T, so the product's tall side is block_3.
-    """
+    """Launch parameters of ``fused_softmax_kernel`` beyond BLOCK_1 and BLOCK_2: block_3 columns of V
+    a program (a power of two, 16 to 512); lazy_rescale: rescale the accumulator only when a row's
+    max grew by more than 8; transposed: compute out^T = V^T @ P^T, the product's tall side block_3."""
 
     block_3: int
     num_warps: int = 4
@@ -270,15 +247,12 @@ _FUSED_LAUNCHES = {
 }
 # Shared memory a launch may plan for: an H100 block can have 227 KiB.
 _SHARED_MEMORY_BUDGET = 227 * 1024
-# Past this many columns of V the products dominate: 16-bit and TF32 products are faster with
-# the softmax materialised, and TF32 ones from 64 columns where the fused kernel has fewer than
-# TF32_FUSED_MIN_PROGRAMS_PER_SM programs a SM (see outputs/README.md, design notes: materialized path).
+# Past FUSED_MAX_D3 columns of V (TF32: 64, with under TF32_FUSED_MIN_PROGRAMS_PER_SM programs a SM) the
+# products dominate and the materialised softmax is faster (outputs/README.md, design notes: materialized path).
 FUSED_MAX_D3 = 128
 TF32_FUSED_MIN_PROGRAMS_PER_SM = 3
-# Where the Gluon kernel beat the path before it on an H100: (tl.dot precision, d3 from, d3 to,
-# least d2, least programs a SM), its programs 128 rows of x and a d3 tile each. Wider d3, and
-# 16-bit d3 257-383 (a part-empty second tile), were not measured (see outputs/README.md,
-# design notes: Gluon route).
+# Where the Gluon kernel is faster on an H100: (tl.dot precision, d3 from, d3 to, least d2, least programs a SM),
+# a program 128 rows of x and a d3 tile; other d3 unmeasured (outputs/README.md, design notes: Gluon route).
 GLUON_FUSED_WINS = (
     ("ieee", 1, 128, 512, 0.7), ("ieee", 129, 256, 1024, 0.7), ("ieee", 384, 512, 3000, 0.96),
     ("tf32x3", 1, 512, 1024, 0.7), ("tf32", 1, 512, 1024, 0.7), ("tf32", 1, 512, 2048, 0.48),
@@ -337,10 +311,9 @@ def _backward_blocks(BLOCK_1: int, BLOCK_2: int, d3: int) -> tuple[int, int, int
 
 @dataclass(frozen=True)
 class FusedSoftmaxPlan:
-    """What a ``fused_softmax`` call runs: path "gluon", "fused" (the Triton kernel) or
-    "materialized" (``row_softmax``, then ``torch.bmm``); call "eager" (direct launches), "autograd"
-    (``_FUSED_AUTOGRAD``) or "op" (the custom op); the Triton tiles (the backward's too), the
-    forward kernel's launch (a ``FusedLaunch`` or a ``GluonSoftmaxLaunch``), tl.dot's precision."""
+    """A ``fused_softmax`` call's path ("gluon", "fused": Triton, "materialized": ``row_softmax`` then bmm),
+    call ("eager": direct launches, "autograd": ``_FUSED_AUTOGRAD``, "op": the custom op), Triton tiles
+    (the backward's too), forward launch and tl.dot precision."""
 
     path: str
     call: str = "eager"
@@ -351,7 +324,7 @@ class FusedSoftmaxPlan:
 
     @property
     def op_args(self) -> tuple:
-        """The custom op's arguments after x and V: the tiles and the FusedLaunch's fields."""
+        """The custom op's arguments after x and V."""
         launch = self.launch
         return (self.BLOCK_1, self.BLOCK_2, launch.block_3, launch.num_warps, launch.num_stages, launch.lazy_rescale,
                 launch.transposed)
@@ -361,15 +334,13 @@ def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype
                        tma: str | None = None, sms: int | None = None, capability: tuple[int, int] | None = None,
                        setting: str = "highest", BLOCK_1=None, BLOCK_2=None, launch=None, materialize=None,
                        call: str = "eager") -> FusedSoftmaxPlan:
-    """``fused_softmax``'s plan for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``; facts:
-    x's batch and row strides multiples of 16 bytes (``x_aligned``), why TMA cannot read x and V
-    (``tma``), the GPU's ``sms`` and ``capability`` (None where no Gluon kernel compiles), torch's
-    float32 matmul ``setting``; options: fused_softmax's and ``call`` (``FusedSoftmaxPlan``).
-
-    A GluonSoftmaxLaunch asks for "gluon", ``materialize`` or the Triton kernel's parameters for a
-    Triton path; else the fastest where measured (GLUON_FUSED_WINS in eager calls, FUSED_MAX_D3),
-    else "fused". Raises TypeError or ValueError naming a bad option, KernelCapacityError past
-    shared memory."""
+    """``fused_softmax``'s plan for x (batch, d1, d2) and V (batch, d2, d3) of ``dtype``. Facts: x's batch
+    and row strides on 16 bytes (``x_aligned``), why TMA cannot read x and V (``tma``), the GPU's ``sms``
+    and ``capability`` (None where no Gluon kernel compiles), torch's float32 matmul ``setting``;
+    options: fused_softmax's and ``call``. A GluonSoftmaxLaunch asks for "gluon", ``materialize`` or
+    Triton parameters for a Triton path; else the fastest measured (GLUON_FUSED_WINS in eager calls,
+    FUSED_MAX_D3), else "fused". Raises TypeError or ValueError naming a bad option,
+    KernelCapacityError past shared memory."""
     gluon_launch = isinstance(launch, GluonSoftmaxLaunch)
     if not (launch is None or gluon_launch or isinstance(launch, FusedLaunch)):
         raise TypeError(f"launch must be a FusedLaunch or a GluonSoftmaxLaunch, got {type(launch).__name__}")
@@ -417,8 +388,7 @@ def fused_softmax_plan(batch: int, d1: int, d2: int, d3: int, dtype: torch.dtype
     return FusedSoftmaxPlan(path, call, BLOCK_1, BLOCK_2, launch, precision)
 
 
-# A call whose facts and options were seen takes their plan. typed: 16, 16.0 and True differ;
-# launch overrides are not kept (FusedLaunch(lazy_rescale=1) equals its valid form).
+# typed: 16, 16.0 and True differ; launches are not cached (FusedLaunch(lazy_rescale=1) equals its valid form).
 _cached_plan = functools.lru_cache(maxsize=4096, typed=True)(fused_softmax_plan)
 
 
@@ -477,15 +447,12 @@ def _tma_reason(x: torch.Tensor, V: torch.Tensor) -> str | None:
 
 @dataclass(frozen=True)
 class GluonSoftmaxLaunch:
-    """Tiles of ``fused_softmax_gluon``: d2 per step (block_n), d3 per program (block_d3), ring
-    slots, whether the two consumer warpgroups take turns to issue their products (pingpong),
-    whether a consumer rescales its accumulator only when a row's max grew by more than 8
-    (lazy_rescale; else at every step), and whether 16-bit weights reach the products through
-    shared memory (p_smem: 64 x block_n a consumer) rather than as their register operand.
-
-    A slot holds an x tile of GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M rows and a V tile of
-    block_n x block_d3 (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype.
-    """
+    """Tiles of ``fused_softmax_gluon``: d2 a step (block_n), d3 a program (block_d3), ring slots
+    (stages), whether the two consumer warpgroups take turns to issue their products (pingpong),
+    whether a consumer rescales only when a row's max grew by more than 8 (lazy_rescale), whether
+    16-bit weights reach the products through shared memory (p_smem: 64 x block_n a consumer)
+    rather than as the register operand. A slot holds GLUON_SOFTMAX_ROWS x block_n of x and
+    block_n x block_d3 of V (two under tf32x3: V's TF32 value and the rest), in the inputs' dtype."""
 
     block_n: int
     block_d3: int
@@ -495,8 +462,7 @@ class GluonSoftmaxLaunch:
     p_smem: bool = False
 
     def check(self, dtype: torch.dtype = torch.bfloat16, precision: str | None = None) -> None:
-        """The fields' types and ranges, and the ring's shared memory and the accumulators'
-        registers for inputs of ``dtype`` under tl.dot's ``precision`` (``dot_precision``'s)."""
+        """The fields, the ring's shared memory and the accumulators' registers for ``dtype`` under ``precision``."""
         check_block("block_n", self.block_n, 16, 256)
         check_block("block_d3", self.block_d3, 16, 256)  # 256: the widest warpgroup MMA and TMA box
         check_int("stages", self.stages, 2, 8)
@@ -511,7 +477,7 @@ class GluonSoftmaxLaunch:
                 f"block_d3 must be at most {GLUON_TF32X3_MAX_D3} under tf32x3 (float32 under 'highest'), got "
                 f"{self.block_d3}: 2 x {self.block_n} x {self.block_d3} V tiles of {dtype} a slot are two float32 "
                 f"accumulators of 64 x {self.block_d3} a consumer, past its registers")
-        # The ring: each slot's x and V tiles and its barriers; p_smem: the consumers' weights.
+        # Each slot's x and V tiles and its barriers (32 bytes); p_smem: the consumers' weights.
         weights = GLUON_SOFTMAX_ROWS * self.block_n * dtype.itemsize if self.p_smem else 0
         ring = self.stages * ((GLUON_SOFTMAX_ROWS + parts * self.block_d3) * self.block_n * dtype.itemsize + 32) + weights
         if ring > _SHARED_MEMORY_BUDGET:
@@ -523,20 +489,17 @@ class GluonSoftmaxLaunch:
 
 
 def _gluon_v_parts(dtype: torch.dtype, precision: str | None = None) -> int:
-    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest, each a
-    TF32 product's operand), else 1."""
+    """V's tiles a ring slot holds: 2 for float32 under tf32x3 (V's TF32 value and the rest), else 1."""
     return 2 if dtype == torch.float32 and (precision or dot_precision(dtype)) == "tf32x3" else 1
 
 
 def gluon_softmax_launch(d2: int, d3: int, dtype: torch.dtype = torch.bfloat16,
                          precision: str | None = None) -> GluonSoftmaxLaunch:
-    """The default tiles for d2 and d3 in ``dtype`` under tl.dot's ``precision``: d3 in tiles of up
-    to 256 (the widest MMA; each tile repeats its rows' softmax), d2 in steps of up to 128 (64 in
-    float32: 256 bytes of a row) through 2 slots, the lazy rescale; narrower only where d2 or d3
-    is; 16 is the least (the MMA's K step for 16-bit operands, 32 bytes of a TMA box row). Under
-    tf32x3 d3 tiles of up to GLUON_TF32X3_MAX_D3. bfloat16 weights go through shared memory where
-    one d3 tile of 65 to 256 columns covers d3: as the register operand they take more byte
-    permutes than float16's. The choices and their figures: outputs/README.md, design notes: Gluon tiles."""
+    """The default tiles for d2 and d3 in ``dtype`` under ``precision``: d3 tiles of up to 256 (the widest
+    MMA; GLUON_TF32X3_MAX_D3 under tf32x3), d2 steps of up to 128 (64 in float32: 256 bytes), 2 slots, at
+    least 16 (the 16-bit MMA's K step); bfloat16 weights through shared memory where one d3 tile of 65 to
+    256 covers d3, as the register operand they take more byte permutes than float16's (outputs/README.md,
+    design notes: Gluon tiles)."""
     if dtype == torch.float32:
         widest_d3 = GLUON_TF32X3_MAX_D3 if _gluon_v_parts(dtype, precision) == 2 else 256
         return GluonSoftmaxLaunch(block_n=max(16, min(64, next_power_of_2(d2))),
@@ -571,19 +534,12 @@ def fused_softmax_kernel(
 ):
     """One program: BLOCK_1 rows of x against BLOCK_3 columns of V, streaming d2 in BLOCK_2 steps.
 
-    The grid is one axis of batch x n_tiles programs (the others take only 65535). Programs that
-    share rows of x differ only in their d3 tile and are numbered consecutively, so they run
-    together and all but the first read x from L2.
-
-    TRANSPOSED computes out^T = V^T @ softmax(x)^T: the product's M dimension is then BLOCK_3
-    instead of BLOCK_1, tall enough for Hopper's warpgroup MMA when BLOCK_1 is 16 or 32; the row
-    statistics run along axis 0 of x^T's tile, and the accumulator is (BLOCK_3, BLOCK_1).
-
-    STORE_LSE: the first d3 tile of each row block writes log(sum(exp(x))) per row, (batch, d1)
-    float32, from which the backward recomputes the softmax.
-
-    X_ALIGN, V_ALIGN: the batch and row strides of x and V come divided by these, d2 by K_ALIGN
-    (``vector_strides``, ``vector_align``): the masks on d2 then hold over whole vectors.
+    One grid axis of batch x n_tiles (the others take only 65535); the programs sharing rows of x
+    are numbered consecutively, so all but the first read x from L2. TRANSPOSED computes
+    out^T = V^T @ softmax(x)^T, M = BLOCK_3: tall enough for Hopper's warpgroup MMA when BLOCK_1 is
+    16 or 32; the accumulator is (BLOCK_3, BLOCK_1). STORE_LSE: the first d3 tile of each row block
+    writes the rows' log-sum-exp, (batch, d1) float32. x's and V's batch and row strides come
+    divided by X_ALIGN and V_ALIGN, d2 by K_ALIGN (``vector_strides``): masks on d2 hold over whole vectors.
     """
     d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
@@ -608,7 +564,6 @@ def fused_softmax_kernel(
         x_ptrs = x_base + rows[:, None].to(tl.int64) * stride_x1 + ks[None, :] * stride_x2
         v_ptrs = v_base + ks[:, None].to(tl.int64) * stride_v2 + cols[None, :] * stride_v3
         acc = tl.zeros((BLOCK_1, BLOCK_3), tl.float32)
-
     m = tl.full((BLOCK_1,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_1,), tl.float32)
     for start in range(0, d2, BLOCK_2):
@@ -622,9 +577,8 @@ def fused_softmax_kernel(
             v = tl.load(v_ptrs, mask=k_ok[:, None] & col_ok[None, :], other=0.0)
             m_new = tl.maximum(m, tl.max(x, axis=1))
         if LAZY_RESCALE:
-            # Rescale acc and l only when some row's max grew by more than 8: until then exp(x -
-            # m) against the stale m stays below e^8, far inside every dtype's range, and the
-            # final division uses the same m. Rows of only -inf keep m = -inf (-inf > -inf + 8 is false).
+            # Until a row's max grew by more than 8, exp(x - m) against the stale m stays below e^8, inside
+            # every dtype's range, and the final division uses the same m. -inf > -inf + 8 is false.
             if tl.max((m_new > m + 8.0).to(tl.int32), axis=0) > 0:
                 # A row still at -inf keeps alpha = 1 (exp(-inf - -inf) would be NaN).
                 alpha = tl.where(m_new > float("-inf"), tl.exp(m - m_new), 1.0)
@@ -646,7 +600,7 @@ def fused_softmax_kernel(
             p = _tf32_rounded(p)
         if ROUND_V:
             v = _tf32_rounded(v)
-        # The weights are summed as rounded for the product, so they are normalised exactly as used.
+        # l sums the weights as rounded, so they are normalised exactly as the product uses them.
         if TRANSPOSED:
             l += tl.sum(p.to(tl.float32), axis=0)
             acc = _dot_acc(v, p, acc, PRECISION, UPCAST)
@@ -655,7 +609,6 @@ def fused_softmax_kernel(
             acc = _dot_acc(p, v, acc, PRECISION, UPCAST)
         x_ptrs += BLOCK_2 * stride_x2
         v_ptrs += BLOCK_2 * stride_v2
-
     # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
     o_base = o_ptr + batch * stride_ob
     if TRANSPOSED:
@@ -706,17 +659,12 @@ def fused_softmax_backward_dx_kernel(
 ):
     """dx = P * (dP - delta) for BLOCK_1 rows, P = exp(x - lse) recomputed, dP = dO @ V^T.
 
-    delta = rowsum(P * dP) = rowsum(dO * O), since O = P @ V: one pass over d3 instead of two
-    over d2. A row of only -inf has lse = -inf, so P and dx are NaN there, as torch's are.
-
-    DELTA_FROM_DP (TF32 products): delta is summed from this kernel's own dP instead, in a first
-    pass over d2 that repeats the products. dP then carries errors of a TF32 unit (2^-11
-    relative), and only a delta made of the same dP cancels them where it matters: a row whose
-    softmax is nearly one-hot has dx_j = P_j (dP_j - delta) with delta ~ dP_j, so the two errors
-    in dP_j cancel as they do in torch's formula; rowsum(dO * O) has O's independent errors.
-
-    X_ALIGN, D_ALIGN: the batch and row strides of x and dx come divided by these, d2 by K_ALIGN
-    (``vector_strides``, ``vector_align``).
+    delta = rowsum(P * dP) = rowsum(dO * O), since O = P @ V: one pass over d3, not two over d2.
+    A row of only -inf has lse = -inf, so P and dx are NaN there, as torch's are.
+    DELTA_FROM_DP (TF32 products): delta from this kernel's own dP, in a first pass over d2. A TF32
+    dP errs by 2^-11, and where the softmax is nearly one-hot dx_j = P_j (dP_j - delta) with
+    delta ~ dP_j: only a delta of the same dP cancels that error; rowsum(dO * O) has O's own.
+    x's and dx's batch and row strides come divided by X_ALIGN and D_ALIGN, d2 by K_ALIGN.
     """
     d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
@@ -775,8 +723,8 @@ def fused_softmax_backward_dv_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROUND_TF32: tl.constexpr, X_ALIGN: tl.constexpr,
     K_ALIGN: tl.constexpr,
 ):
-    """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a
-    time. X_ALIGN: x's batch and row strides come divided by it, d2 by K_ALIGN (``vector_strides``)."""
+    """dV = P^T @ dO for a (BLOCK_2, BLOCK_3) tile, P^T recomputed a (BLOCK_2, BLOCK_1) block at a time;
+    x's batch and row strides come divided by X_ALIGN, d2 by K_ALIGN."""
     d2 = d2 * K_ALIGN
     stride_xb = stride_xb * X_ALIGN
     stride_x1 = stride_x1 * X_ALIGN
@@ -818,9 +766,8 @@ def _fused_lse(x: torch.Tensor) -> torch.Tensor:
 
 def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, constants: dict, store_lse: bool, wrap: bool,
                            keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """(softmax(x) @ V, with store_lse its per-row log-sum-exp, else None) by ``fused_softmax_kernel``
-    with ``constants`` (``_fused_constants``); ``keep`` receives the launch as a Replay of (x, V,
-    out, lse or out) (see ``launch_and_keep``)."""
+    """(softmax(x) @ V, its rows' log-sum-exp if store_lse else None) by ``fused_softmax_kernel``;
+    ``keep`` receives the launch as a Replay of (x, V, out, lse or out)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     out = _fused_output(x, V)
@@ -845,12 +792,10 @@ def _fused_softmax_forward(x: torch.Tensor, V: torch.Tensor, constants: dict, st
 
 def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, need_x: bool, need_V: bool,
                             wrap: bool):
-    """(dx, dV) of softmax(x) @ V from the forward's output and log-sum-exp; a gradient not
-    needed is an empty tensor, and its kernel is not launched."""
+    """(dx, dV) from the forward's output and log-sum-exp; one not needed is empty, its kernel not launched."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
-    # y.sum()'s gradient is expanded (stride 0): read in place it would cost the kernels their
-    # vector loads in every tile; one dense copy costs a single pass.
+    # An expanded gradient (y.sum()'s, stride 0) would cost every tile its vector loads; a copy costs one pass.
     dout = dout.contiguous()
     dx = torch.empty((batch, d1, d2) if need_x else (0,), dtype=x.dtype, device=x.device)
     dV = torch.empty((batch, d2, d3) if need_V else (0,), dtype=V.dtype, device=V.device)
@@ -862,8 +807,7 @@ def _fused_softmax_backward(x, V, out, lse, dout, BLOCK_1: int, BLOCK_2: int, ne
     b1, b2, b3 = _backward_blocks(BLOCK_1, BLOCK_2, int(d3))
     precision = dict(PRECISION=dot_precision(x.dtype), UPCAST=upcast_dot_operands(x.dtype),
                      ROUND_TF32=round_to_tf32(x.dtype))
-    # A TF32 dP (2^-11) needs the delta made of itself; tf32x3's and 16-bit inputs' float32
-    # products are accurate enough for delta = rowsum(dO * O) (one pass over d3, not two over d2).
+    # Only a TF32 dP (2^-11) needs the delta made of itself (fused_softmax_backward_dx_kernel).
     delta_from_dp = x.dtype == torch.float32 and dot_precision(x.dtype) == "tf32"
     x_strides, x_align = vector_strides(x)
     k_align = vector_align((d2,), x.element_size())
@@ -936,9 +880,8 @@ register_autograd(
     setup_context=lambda ctx, inputs, output: _fused_softmax_save(ctx, *inputs[:2], output, *inputs[2:4]))
 
 
-# ``fused_softmax`` where autograd records an eager call or a torch.func transform applies:
-# (softmax(x) @ V, the rows' log-sum-exp, not differentiable) by the plan's kernel launched
-# directly (its launch kept beside the plain calls'), the backward likewise where it may.
+# ``fused_softmax`` under eager autograd or a torch.func transform: (out, the rows' log-sum-exp) by the
+# plan's kernel launched directly (its launch kept beside the plain calls'), the backward likewise where it may.
 def _fused_autograd_forward(x, V, plan):
     key = replay_key((x, V), ((plan, "lse"),))
     replay = None if key is None else _FUSED_REPLAYS.get(key)
@@ -992,8 +935,7 @@ _FUSED_AUTOGRAD = AutogradSpec(
 
 def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, store_lse: bool,
                           keep=None) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The forward of a kernel path launched directly: (out, with store_lse the rows' log-sum-exp);
-    ``keep`` receives the launch as a replay of (x, V, out, lse or out)."""
+    """A kernel path's forward launched directly: (out, the rows' log-sum-exp if store_lse); ``keep`` as above."""
     if plan.path == "fused":
         constants = _fused_constants(x.dtype, plan.precision, *plan.op_args)
         return _fused_softmax_forward(x, V, constants, store_lse, wrap=False, keep=keep)
@@ -1003,8 +945,7 @@ def _launch_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPl
 
 
 def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan, keep=None) -> torch.Tensor:
-    """softmax(x) @ V as ``plan`` says: materialised, or its kernel launched directly (``keep``
-    receives the launch), through the autograd Function or through the custom op."""
+    """softmax(x) @ V as ``plan`` says: materialised, launched directly, through autograd or the custom op."""
     if plan.path == "materialized":
         if not torch.compiler.is_compiling() and _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
             return torch.bmm(row_softmax(x), V)
@@ -1019,8 +960,7 @@ def _run_fused_softmax(x: torch.Tensor, V: torch.Tensor, plan: FusedSoftmaxPlan,
 
 
 def _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize) -> FusedSoftmaxPlan:
-    """``fused_softmax_plan`` for a call on (x, V), after the input checks: the facts read from the
-    inputs and their device (TMA's only where a Gluon launch may follow)."""
+    """Checks (x, V), then ``fused_softmax_plan`` for facts read from them (TMA's only where Gluon may run)."""
     check_softmax_matmul_inputs(x, V)
     call = "eager" if not needs_op(x, V) else "autograd" if eager_autograd(x, V) else "op"
     capability = None
@@ -1042,8 +982,7 @@ def _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize) -> FusedSoftmaxPlan:
 
 def fused_softmax_path(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, BLOCK_2: int | None = None, *,
                        launch=None, materialize: bool | None = None) -> str:
-    """What ``fused_softmax(x, V, ...)`` runs here and now: "gluon", "fused" or "materialized"
-    (``fused_softmax_plan``)."""
+    """What ``fused_softmax(x, V, ...)`` runs here and now: "gluon", "fused" or "materialized"."""
     return _plan_call(x, V, BLOCK_1, BLOCK_2, launch, materialize).path
 
 
@@ -1052,16 +991,15 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
                   launch: FusedLaunch | GluonSoftmaxLaunch | None = None, materialize: bool | None = None) -> torch.Tensor:
     """softmax(x, dim=-1) @ V, with no softmax in memory where a fused kernel runs; differentiable in x and V.
 
-    x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32.
-    float16, bfloat16 or float32 (products as torch's float32 matmul setting says). Strided
-    inputs are read in place. ``fused_softmax_path`` says what runs (``fused_softmax_plan``):
-    the Gluon kernel on Hopper where it is faster (plain eager calls), the softmax materialised
-    (``row_softmax``, then ``torch.bmm``) where the products dominate, else the Triton kernel.
-    BLOCK_1 and BLOCK_2 (powers of two from 16 to 256) or a ``FusedLaunch`` ask for the Triton
-    kernel with these tiles, a ``GluonSoftmaxLaunch`` for the Gluon one; ``materialize`` True or
-    False for either Triton path. The kernels' backward recomputes the softmax from x and the
-    rows' log-sum-exp; it is not differentiable (a second derivative raises), the materialised
-    path's is. Raises TypeError/ValueError naming a bad argument.
+    x: (batch, d1, d2), V: (batch, d2, d3) -> (batch, d1, d3), in x's dtype, accumulated in fp32;
+    float16, bfloat16 or float32 (products as torch's float32 matmul setting says); strided inputs
+    read in place. ``fused_softmax_path`` says what runs: the Gluon kernel on Hopper where faster
+    (plain eager calls), the softmax materialised (``row_softmax``, then ``torch.bmm``) where the
+    products dominate, else the Triton kernel. BLOCK_1 and BLOCK_2 (powers of two, 16 to 256) or a
+    ``FusedLaunch`` ask for the Triton kernel, a ``GluonSoftmaxLaunch`` for the Gluon one;
+    ``materialize`` True or False for either Triton path. The kernels' backward recomputes the
+    softmax from x and the log-sum-exp and has no second derivative (it raises); the materialised
+    path's has. Raises TypeError/ValueError naming a bad argument.
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -1074,20 +1012,17 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     return _run_fused_softmax(x, V, plan, None if key is None else _FUSED_REPLAYS.keeper(key))
 
 
-# Eager calls' kept launches (``Replay``), by ``replay_key`` of the inputs and the call's options,
-# or of the plan for those that also store the log-sum-exp (``_FUSED_AUTOGRAD``).
+# Eager calls' kept launches, by ``replay_key`` of the inputs and options (of the plan where the lse is stored).
 _FUSED_REPLAYS = Replays("fused_softmax")
 
 
 # ----------------------------------------------------------------------------------------------
 # softmax(x @ W): the classifier / LM head
 # ----------------------------------------------------------------------------------------------
-# x: (B, K) activations, W: (K, C) class weights -> probabilities (B, C), softmax over classes.
-# Three Triton versions: unfused (``matmul``, then ``row_softmax``), simple (a program owns a row
-# block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales). A
-# call is checked (``check_matmul_call``), planned (``matmul_softmax_plan``) and run
-# (``_family_forward``). The backward: ``softmax_grad_kernel``, then dx and dW by ``matmul``.
-# The figures behind each route and threshold: outputs/README.md, "Design notes".
+# x: (B, K) @ W: (K, C) -> softmax over the C classes. Unfused (``matmul``, then ``row_softmax``), simple (a
+# program owns a row block and all C classes), tiled (tiles write exp(logit - tile max), a light pass rescales).
+# A call: ``check_matmul_call``, ``matmul_softmax_plan``, ``_family_forward``; the backward:
+# ``softmax_grad_kernel``, then ``matmul``. Thresholds' figures: outputs/README.md, "Design notes".
 
 
 def matmul_softmax_ref(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
@@ -1106,8 +1041,8 @@ def matmul_softmax_fused_bytes(B: int, K: int, C: int, element_size: int) -> int
 
 
 def matmul_softmax_tiled_bytes(B: int, K: int, C: int, element_size: int, launch: MatmulLaunch) -> int:
-    """The tiled version: one class tile moves the fused minimum; several, the unfused passes plus
-    a float32 (max, sum) a row and tile written and read; with K split, the partials too."""
+    """One class tile: the fused minimum; several: the unfused passes plus a float32 (max, sum) a row
+    and tile written and read; with K split, the partials too."""
     n_tiles = cdiv(C, launch.block_c)
     if n_tiles == 1:
         return matmul_softmax_fused_bytes(B, K, C, element_size) + split_k_bytes(B, K, launch)
@@ -1122,8 +1057,7 @@ def split_k_slices(K: int, block_k: int, split_k: int) -> tuple[int, int]:
 
 
 def split_k_bytes(B: int, K: int, launch: MatmulLaunch, C: int | None = None) -> int:
-    """``split_k_kernel``'s float32 partials (a slice, row block and class tile each, padded; C None:
-    one class tile), written and read once; 0 unsplit."""
+    """``split_k_kernel``'s padded float32 partials written and read (C None: one class tile); 0 unsplit."""
     if launch.split_k == 1:
         return 0
     n_splits = split_k_slices(K, launch.block_k, launch.split_k)[1]
@@ -1170,9 +1104,8 @@ class MatmulLaunch:
             raise ValueError(f"launch.presplit takes an unsplit K: split_k must be 1, got {self.split_k}")
 
 
-# K splits from SPLIT_K_LEAST_STEPS steps of block_k, in slices of SPLIT_K_SLICE_STEPS steps or more,
-# rows no thinner than SPLIT_K_ROWS (one class tile) or SPLIT_K_ROWS_16BIT (16-bit, the warpgroup
-# MMA's height), SPLIT_K_MAX_SLICES at most over several tiles. Design notes: split-K.
+# K splits from SPLIT_K_LEAST_STEPS steps of block_k, in slices of SPLIT_K_SLICE_STEPS or more, rows no thinner than
+# SPLIT_K_ROWS (one class tile) or SPLIT_K_ROWS_16BIT (the warpgroup MMA's height). Design notes: split-K.
 SPLIT_K_LEAST_STEPS = 16
 SPLIT_K_SLICE_STEPS = 2
 SPLIT_K_ROWS = 32
@@ -1182,14 +1115,13 @@ SPLIT_K_MAX_SLICES = 16
 NARROW_CLASS_TILE = 64
 # Float32 class tiles of at most this many classes take K steps of 128. Design notes: narrow tiles.
 NARROW_FLOAT32_CLASSES = 32
-# A 16-bit W within 4/5 of an H100's L2, K-major or in rows of no whole 32-byte sectors: bound by L2
-# reads, its products take the tile that reads least (``_l2_bound_tile``). Design notes: L2 tiles.
+# A 16-bit W within 4/5 of L2, K-major or in rows of no whole 32-byte sectors, is bound by L2 reads: its
+# products take the tile that reads least (``_l2_bound_tile``). Design notes: L2 tiles.
 L2_RESIDENT_W_BYTES = 40 << 20
 L2_BOUND_TILES_16BIT = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
 # 16 rows x 1024 classes of float32 accumulator: 64 registers a thread over 8 warps; twice spills.
 SIMPLE_MAX_CLASSES = 1024
-# TMA on sm_90 from these rows (W K-major) or B x K x C (W row-major): below, its descriptors'
-# host time outweighs the GPU time saved. Design notes: TMA.
+# TMA on sm_90 from these rows (W K-major) or B x K x C: below, descriptors cost more host time than TMA saves.
 TMA_LEAST_KMAJOR_ROWS = 256
 TMA_LEAST_PRODUCT = 1 << 32
 _TMA_DTYPES = (torch.float16, torch.bfloat16)
@@ -1202,8 +1134,7 @@ SPLIT_BYTES_PER_S = 2.5e12
 SPLIT_FIXED_S = 12e-6
 PRESPLIT_CHUNK_BYTES = 256 << 20
 PARTS_BLOCK = 64
-# The rescale's step (32 values a thread over 4 warps), programs an SM and tiles merged a step
-# (``rescale_split``). Design notes: rescale.
+# The rescale's step (32 values a thread, 4 warps), programs an SM, tiles merged a step. Design notes: rescale.
 RESCALE_VALUES = 4096
 RESCALE_PROGRAMS_PER_SM = 2
 RESCALE_MERGE = 1024
@@ -1256,9 +1187,8 @@ def tiled_launch(B: int, C: int, dtype: torch.dtype, device: torch.device, K: in
 @functools.lru_cache(maxsize=4096)
 def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | None,
                   w_kmajor: bool = False) -> MatmulLaunch:
-    """The launch of ``matmul`` and the tiled version: 16-bit 128 x 256 x 64 tiles (two warpgroups),
-    float32 32 x 128 x 32 (tf32x3 splits operands in registers); rows thinned, 16-bit class tiles
-    narrowed and a long K split where programs leave SMs idle. Design notes: matmul tiles."""
+    """``matmul``'s and the tiled version's: 16-bit 128 x 256 x 64 tiles, float32 32 x 128 x 32; rows thinned,
+    16-bit class tiles narrowed and a long K split where SMs idle. Design notes: matmul tiles."""
     if dtype == torch.float32:
         block_b, block_c, block_k, warps, stages = 32, 128, 32, 4, 3
     else:
@@ -1273,16 +1203,14 @@ def _tiled_launch(B: int, C: int, dtype: torch.dtype, sms: int | None, K: int | 
             block_b, block_c = 256, 128  # a K-major W from DRAM, read by TMA (design notes: TMA)
     block_c = max(16, min(block_c, next_power_of_2(C)))
     block_b = min(block_b, max(16, next_power_of_2(B)))  # at B = 32 a 64-row block is half padding
-    # A long K: slices fill the SMs better than thinner rows over one class tile, or where thin
-    # rows over several still leave most SMs idle.
+    # A long K: slices fill SMs better than thinner rows over one class tile, or than thin rows that leave SMs idle.
     n_tiles_c = cdiv(C, block_c)
     long_k = sms is not None and K is not None and K >= SPLIT_K_LEAST_STEPS * block_k
     one_tile = long_k and n_tiles_c == 1
     fill = sms // 2 if sms is not None and not one_tile else sms
     least = SPLIT_K_ROWS if one_tile else 16
     if dtype != torch.float32 and n_tiles_c > 1:
-        # 16-bit over several class tiles: rows down to the warpgroup MMA's height, then
-        # narrower class tiles (to NARROW_CLASS_TILE), and only then thinner rows or K slices.
+        # 16-bit, several class tiles: rows to the MMA's height, class tiles to NARROW_CLASS_TILE, then thin or split.
         block_b = _fill_sms(B, n_tiles_c, block_b, fill, least=min(block_b, SPLIT_K_ROWS_16BIT))
         while fill is not None and block_c > NARROW_CLASS_TILE and cdiv(B, block_b) * n_tiles_c < fill:
             block_c //= 2
@@ -1318,23 +1246,20 @@ def _simple_launch(B: int, C: int, dtype: torch.dtype, sms: int | None) -> Matmu
 
 
 def presplit_pays(B: int, K: int, C: int, w_kmajor: bool) -> bool:
-    """Whether the presplit path saves PRESPLIT_MARGIN times its split pass's time (12 bytes a value
-    and the launches) at the measured rates."""
+    """Whether presplit saves PRESPLIT_MARGIN times its split pass (12 bytes a value, launches) at measured rates."""
     pointer = TF32X3_KMAJOR_FLOPS if w_kmajor else TF32X3_FLOPS
     saved = 2 * B * K * C * (1 / pointer - 1 / PRESPLIT_FLOPS)
     return saved >= PRESPLIT_MARGIN * (12 * K * (B + C) / SPLIT_BYTES_PER_S + SPLIT_FIXED_S)
 
 
 def _presplit_wanted(B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool, setting: str) -> bool:
-    """Whether a plan with no launch given takes the presplit path on sm_90: a float32 'highest'
-    product of a K that ``presplit_pays`` for."""
+    """Whether a plan with no launch takes presplit on sm_90: float32 'highest' where ``presplit_pays``."""
     return dtype == torch.float32 and setting == "highest" and K > 0 and presplit_pays(B, K, C, w_kmajor)
 
 
 @functools.lru_cache(maxsize=4096)
 def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
-    """128 x 128 x 32 tiles, 8 warps, 3 stages; halved (4 warps, 4 stages from 64 x 128) while
-    fewer tiles than SMs remain, down to 64 x 64."""
+    """128 x 128 x 32 tiles, 8 warps, 3 stages; halved to 64 x 64 (4 warps, 4 stages) while tiles < SMs."""
     block_b = block_c = 128
     while block_b * block_c > 64 * 64 and cdiv(B, block_b) * cdiv(C, block_c) < sms:
         if block_b >= block_c:
@@ -1347,16 +1272,15 @@ def presplit_launch(B: int, C: int, sms: int) -> MatmulLaunch:
 
 
 def presplit_chunk(K: int, C: int, block_c: int) -> int:
-    """Classes of W split at a time: whole class tiles whose two parts fit PRESPLIT_CHUNK_BYTES
-    (at least one tile), no more than C's tiles hold."""
+    """Classes of W split at a time: whole class tiles (at least one) whose parts fit PRESPLIT_CHUNK_BYTES."""
     tiles = max(1, PRESPLIT_CHUNK_BYTES // (8 * max(K, 1) * block_c))
     return min(tiles, cdiv(C, block_c)) * block_c
 
 
 @functools.lru_cache(maxsize=4096)
 def rescale_split(B: int, n_tiles_c: int, block_c: int, sms: int | None) -> tuple[int, int]:
-    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: a row a program unless that gives
-    fewer than RESCALE_PROGRAMS_PER_SM programs an SM, then the fewest whole steps that give as many."""
+    """(tiles a step, tiles a program) of ``rescale_tiles_kernel``: a row a program, or the fewest whole
+    steps that give RESCALE_PROGRAMS_PER_SM programs an SM."""
     tiles = min(next_power_of_2(n_tiles_c), max(1, RESCALE_VALUES // block_c))
     if sms is None or B >= RESCALE_PROGRAMS_PER_SM * sms:
         return tiles, n_tiles_c
@@ -1384,17 +1308,15 @@ class MatmulPlan:
 
     @property
     def slots(self) -> tuple[int | None, int]:
-        """Where its buffers sit in a call's slots (x, W, out, *buffers): the (max, sum) table's slot
-        (None without one), then the path's first buffer's (split-K's partials, presplit's x hi)."""
+        """Slots in (x, W, out, *buffers) of the (max, sum) table (None without one) and the path's first buffer."""
         return (3, 4) if self.rescale is not None else (None, 3)
 
 
 def matmul_softmax_plan(name: str, B: int, K: int, C: int, dtype: torch.dtype, w_kmajor: bool = False,
                         tma_readable: bool = False, sms: int | None = None, capability: tuple | None = None,
                         setting: str = "highest", launch: MatmulLaunch | None = None) -> MatmulPlan:
-    """The plan of public op ``name`` for x (B, K) @ W (K, C) in ``dtype``: W K-major or not, both
-    operands TMA-readable (never traced), ``sms`` (None: the interpreter), the ``capability`` where
-    an sm_90 route may apply, the float32 matmul ``setting``, a checked ``launch`` or None."""
+    """Op ``name``'s plan for x (B, K) @ W (K, C) in ``dtype``: W K-major, operands TMA-readable (never traced),
+    ``sms`` (None: the interpreter), ``capability`` where sm_90 routes apply, float32 ``setting``, ``launch``."""
     simple = name == "matmul_softmax_fused_simple"
     precision = "ieee" if dtype != torch.float32 else "tf32x3" if setting == "highest" else "tf32"
     if launch is None:
@@ -1464,8 +1386,7 @@ def _plan_of(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch |
 
 @triton.jit
 def tile_coords(pid, n_tiles_b, n_tiles_c, GROUP_B: tl.constexpr):
-    """(row tile, class tile) of program pid: GROUP_B row blocks sweep the class tiles together, so
-    a group reuses its x rows and each W tile from L2."""
+    """(row tile, class tile) of pid: GROUP_B row blocks sweep the class tiles together, sharing L2."""
     per_group = GROUP_B * n_tiles_c
     first_b = (pid // per_group) * GROUP_B
     group_size = tl.minimum(n_tiles_b - first_b, GROUP_B)
@@ -1480,8 +1401,7 @@ def logits_tile(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """x[rows, k_start:k_end] @ W[k_start:k_end, cols] as a float32 (BLOCK_B, BLOCK_C) tile;
-    rows/cols past B/C give 0."""
+    """x[rows, k_start:k_end] @ W[k_start:k_end, cols], float32; rows/cols past B/C give 0."""
     ks = k_start + tl.arange(0, BLOCK_K)
     row_ok = rows < B
     col_ok = cols < C
@@ -1537,8 +1457,7 @@ def matmul_kernel(
 
 @triton.jit
 def store_tile(acc, rows, cols, B, C, out_ptr, stride_ob, stride_oc, SOFTMAX: tl.constexpr):
-    """Store a float32 tile of logits in out's dtype; with SOFTMAX (cols then hold every class)
-    their softmax over the classes instead."""
+    """Store a float32 tile of logits in out's dtype; SOFTMAX (cols hold every class): their softmax."""
     col_ok = cols < C
     if SOFTMAX:
         # Padding classes must weigh nothing: -inf, not the 0 the masked product left there.
@@ -1578,10 +1497,9 @@ def split_k_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, SOFTMAX: tl.constexpr, TILED: tl.constexpr, VEC: tl.constexpr,
     W_KMAJOR: tl.constexpr = False, X_TRANSPOSED: tl.constexpr = False,
 ):
-    """One K slice of one (row block, class tile): its float32 partial to part (n_splits, rows,
-    classes padded), then its tile's count bumped (acquire-release); the program completing the
-    count adds the partials in slice order and stores the logits, their softmax (SOFTMAX) or the
-    tile's part and (max, sum) (TILED, as ``matmul_softmax_tile_kernel``). Strides as ``matmul_kernel``'s."""
+    """One K slice of one (row block, class tile): its float32 partial to part, then the tile's count
+    bumped (acquire-release); the program completing the count adds the partials in slice order and
+    stores the logits, their softmax (SOFTMAX) or the tile's part and (max, sum) (TILED)."""
     stride_xb, stride_xk, stride_wk, stride_wc, stride_ob = undivided_strides(
         stride_xb, stride_xk, stride_wk, stride_wc, stride_ob, VEC, W_KMAJOR, X_TRANSPOSED)
     K, C = K * VEC, C * VEC
@@ -1599,12 +1517,10 @@ def split_k_kernel(
     # Rows past B are left out of the partials (at B = 1, 15 of a 16-row block's).
     live = (rows < B)[:, None]
     tl.store(part_ptr + part * slice_size + tile_offsets, acc, mask=live)
-    # One thread bumps the count; the barrier first has every thread's stores of the partial
-    # done, so the count's release covers them all (CUTLASS's semaphore does the same).
+    # One thread bumps the count: the barrier first has every thread's partial stored, so the release covers them.
     tl.debug_barrier()
     if tl.atomic_add(count_ptr + tile, 1) == n_splits - 1:
-        # Every slice has counted: the count goes back to 0 for the next launch, so the counts
-        # can live in one buffer across calls and CUDA-graph replays (see ``_split_k_counts``).
+        # Back to 0 for the next launch: one counts buffer serves calls and CUDA-graph replays (``_split_k_counts``).
         tl.atomic_xchg(count_ptr + tile, 0)
         total = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
         # Unrolled: four partials' loads in flight, not one L2 round trip after another.
@@ -1640,14 +1556,12 @@ def matmul_softmax_tile_kernel(
 
 @triton.jit
 def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c, stride_ob, stride_oc):
-    """Store a float32 tile of logits (class tile tile_c of n_tiles_c) as exp(logit - tile max) in
-    out's dtype, and per row the tile's max and sum of those weights in stats (2, B, n_tiles_c)."""
+    """Store logits as exp(logit - tile max) in out's dtype, and each row's tile max and sum in stats."""
     row_ok = rows < B
     col_ok = cols < C
     logits = tl.where(col_ok[None, :], acc, float("-inf"))
     tile_max = tl.max(logits, axis=1)
-    # A row whose logits in this tile are all -inf: its weights are 0 and its sum 0 (exp(-inf -
-    # -inf) would be NaN); its tile max stays -inf, which the rescale weighs as nothing.
+    # A row all -inf here: weights and sum 0, not NaN; its tile max stays -inf, which the rescale weighs as nothing.
     p = tl.exp(logits - tl.where(tile_max > float("-inf"), tile_max, 0.0)[:, None])
     o_ptrs = out_ptr + rows[:, None].to(tl.int64) * stride_ob + cols[None, :] * stride_oc
     tl.store(o_ptrs, p.to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
@@ -1659,8 +1573,7 @@ def store_tile_part(acc, rows, cols, B, C, out_ptr, stats_ptr, tile_c, n_tiles_c
 @triton.jit
 def tma_logits_tile(x_desc, w_desc, tile_b, tile_c, K, BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr,
                     BLOCK_K: tl.constexpr, W_KMAJOR: tl.constexpr, UPCAST: tl.constexpr):
-    """x @ W over one tile in float32 by TMA (zeros past B, C and K): x_desc over x (B, K), w_desc
-    over W (K, C) or with W_KMAJOR over W^T (C, K)."""
+    """x @ W over one tile in float32 by TMA (zeros past B, C and K); W_KMAJOR: w_desc is over W^T (C, K)."""
     acc = tl.zeros((BLOCK_B, BLOCK_C), tl.float32)
     for k in range(0, K, BLOCK_K):
         x = x_desc.load([tile_b * BLOCK_B, k])
@@ -1707,11 +1620,9 @@ def matmul_softmax_tma_tile_kernel(
 
 @triton.jit
 def _tf32_parts(t):
-    """float32 t as hi + lo: hi rounded to TF32, lo = t - hi (0 where t or hi is infinite or NaN:
-    hi carries those)."""
+    """float32 t as hi + lo: hi rounded to TF32, lo = t - hi (0 where t or hi is not finite: hi carries it)."""
     hi = _tf32_rounded(t)
-    # A finite t within half a TF32 unit of float32's largest rounds to inf: truncated instead, so
-    # lo stays finite and t's products stay as finite as torch's.
+    # A finite t that rounds to inf is truncated instead, so lo and t's products stay as finite as torch's.
     overflow = (tl.abs(hi) == float("inf")) & (tl.abs(t) < float("inf"))
     hi = tl.where(overflow, (t.to(tl.int32, bitcast=True) & -8192).to(tl.float32, bitcast=True), hi)
     lo = t - hi
@@ -1740,9 +1651,8 @@ def tf32_parts_kernel(src_ptr, hi_ptr, lo_ptr, flags_ptr, start, flag_start, R, 
 @triton.jit
 def tf32_transposed_parts_kernel(v_ptr, out_ptr, d2, d3, stride_vb, stride_v2, stride_v3, stride_ob, stride_op,
                                  stride_o3, PARTS: tl.constexpr, BLOCK_2: tl.constexpr, BLOCK_3: tl.constexpr):
-    """float32 V (batch, d2, d3) of any strides as its TF32 parts d3 by d2, out (batch, PARTS, d3,
-    d2) with d2 contiguous: part 0 V rounded to TF32, part 1 (PARTS = 2) the rest
-    (``_tf32_parts``). One program a (BLOCK_2, BLOCK_3) block of one batch element."""
+    """float32 V (batch, d2, d3), any strides, as out (batch, PARTS, d3, d2), d2 contiguous: part 0 V rounded
+    to TF32, part 1 (PARTS = 2) the rest. One program a (BLOCK_2, BLOCK_3) block."""
     blocks_3 = tl.cdiv(d3, BLOCK_3)
     ks = (tl.program_id(0) // blocks_3) * BLOCK_2 + tl.arange(0, BLOCK_2)
     cs = (tl.program_id(0) % blocks_3) * BLOCK_3 + tl.arange(0, BLOCK_3)
@@ -1761,10 +1671,9 @@ def tf32_transposed_parts_kernel(v_ptr, out_ptr, d2, d3, stride_vb, stride_v2, s
 def presplit_logits_tile(x_ptr, xl_ptr, w_ptr, wl_ptr, rows, w_rows, row_ok, col_ok, K,
                          BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr,
                          GUARD: tl.constexpr):
-    """x @ W over one tile in float32 as three TF32 products of parts split beforehand: x's (B, K)
-    at rows, W^T's (classes, K) at w_rows. Each step's products are summed from 0 and added to the
-    tile in float32, small ones first (in the MMA's sum the tile loses low bits). GUARD: non-finite
-    small products dropped, so the hi product carries the inputs' inf and NaN. Design notes: presplit."""
+    """x @ W over one tile as three TF32 products of presplit parts (x's at rows, W^T's at w_rows); each step's
+    products are summed from 0, small first, then added in float32 (in the MMA's sum the tile loses low
+    bits). GUARD: non-finite small products dropped; the hi product carries inf and NaN. Design notes: presplit."""
     ks = tl.arange(0, BLOCK_K)
     x_off = rows[:, None].to(tl.int64) * K + ks[None, :]
     w_off = w_rows[None, :].to(tl.int64) * K + ks[:, None]
@@ -1794,10 +1703,9 @@ def matmul_presplit_kernel(
     BLOCK_B: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_K: tl.constexpr, GROUP_B: tl.constexpr,
     SOFTMAX: tl.constexpr, TILED: tl.constexpr, GUARD: tl.constexpr,
 ):
-    """``presplit_logits_tile`` for chunk_tiles class tiles from first_tile (W's parts hold the
-    chunk), stored as ``matmul_kernel``, or with SOFTMAX / TILED as the softmax kernels store.
-    GUARD: a second launch over only the tiles whose x rows or W classes hold inf or NaN (flags
-    (B + C,)); one kernel with both loops would need shared memory for both pipelines."""
+    """``presplit_logits_tile`` for chunk_tiles class tiles from first_tile, stored as the other kernels store.
+    GUARD: a second launch over only tiles whose x rows or W classes hold inf or NaN (flags (B + C,)):
+    one kernel with both loops would need shared memory for both pipelines."""
     tile_b, tile_c = tile_coords(tl.program_id(0), n_tiles_b, chunk_tiles, GROUP_B)
     rows = tile_b * BLOCK_B + tl.arange(0, BLOCK_B)
     w_rows = tile_c * BLOCK_C + tl.arange(0, BLOCK_C)
@@ -1822,10 +1730,9 @@ def rescale_tiles_kernel(
     out_ptr, stats_ptr, B, C, n_tiles_c, tiles_per_program, stride_ob, stride_oc,
     BLOCK_C: tl.constexpr, TILES: tl.constexpr, MERGE: tl.constexpr, VEC: tl.constexpr, SHIFT: tl.constexpr,
 ):
-    """Program (row, q): merge the row's tiles' (max, sum) online, MERGE a step, then scale class
-    tiles [q x tiles_per_program, + tiles_per_program), TILES a (TILES, BLOCK_C) block (one exp a
-    tile). C and the row stride come divided by VEC. SHIFT > 1, rows off 16-byte boundaries (odd C):
-    blocks laid from the boundary before the row, whole vectors; the edges are program 0's."""
+    """Program (row, q): merge the row's tiles' (max, sum), MERGE a step, then scale class tiles from
+    q x tiles_per_program, TILES a block. C and the row stride come divided by VEC. SHIFT > 1 (rows off
+    16 bytes): blocks laid from the boundary before the row, whole vectors; the edges are program 0's."""
     stride_ob, C = stride_ob * VEC, C * VEC
     row = tl.program_id(0).to(tl.int64)
     ms = tl.arange(0, MERGE)
@@ -1842,7 +1749,6 @@ def rescale_tiles_kernel(
         shift = tl.where(new_max > float("-inf"), new_max, 0.0)
         row_sum = row_sum * tl.exp(row_max - shift) + tl.sum(tile_sum * tl.exp(tile_max - shift), axis=0)
         row_max = new_max
-
     # A row of only -inf ends with row_max -inf and row_sum 0: its scale is NaN, torch's answer.
     inv_sum = 1.0 / row_sum
     ts = tl.arange(0, TILES)
@@ -1922,8 +1828,8 @@ def tma_2d_unreadable(t: torch.Tensor) -> bool:
 
 
 def _device_facts(device: torch.device, sm90_route: bool = True) -> tuple[int | None, tuple | None]:
-    """(SMs, compute capability) of a device for ``matmul_softmax_plan``: (None, None) in the interpreter;
-    the capability None, not asked, where no ``sm90_route`` (TMA, presplit) may apply."""
+    """(SMs, capability) for ``matmul_softmax_plan``; (None, None) in the interpreter; capability None unless
+    ``sm90_route``."""
     sms = _sm_count(device)
     return sms, None if sms is None or not sm90_route else _device_capability(_device_index(device))
 
@@ -1935,8 +1841,8 @@ def check_launch(launch) -> None:
 
 
 def check_matmul_call(name: str, x, W, launch) -> None:
-    """x (B, K), W (K, C) of one dtype and device and a launch, before anything is allocated: TypeError
-    or ValueError naming the argument; KernelCapacityError where the simple kernel cannot hold C."""
+    """Checks x (B, K), W (K, C) and launch: TypeError or ValueError naming the argument, KernelCapacityError
+    where the simple kernel cannot hold C."""
     check_operands(x, "W", W, 2)
     if W.shape[0] != x.shape[1]:
         raise ValueError(f"W must have K = {x.shape[1]} rows (x's last dimension), got W of shape {tuple(W.shape)}")
@@ -1955,9 +1861,8 @@ def check_matmul_call(name: str, x, W, launch) -> None:
 
 
 def _matmul_args(x: torch.Tensor, W: torch.Tensor, out: torch.Tensor) -> tuple[tuple, dict]:
-    """The pointer kernels' (B, K, C, strides) and (VEC, W_KMAJOR, X_TRANSPOSED): K, C and the row
-    strides (W's class stride K-major, x's K stride transposed) divided by VEC, which the kernels
-    multiply back, so rows and masks cover whole vectors. Design notes: vector strides."""
+    """The pointer kernels' (B, K, C, strides) and (VEC, W_KMAJOR, X_TRANSPOSED): K, C and the row strides
+    divided by VEC, multiplied back in the kernels, so masks cover whole vectors. Design notes: vector strides."""
     (B, K), C = x.shape, W.shape[1]
     (xb, xk), (wk, wc), (ob, oc) = (tuple(t.stride()) for t in (x, W, out))  # no int(): see vector_strides
     kmajor, transposed = _w_kmajor(W), bool(xb == 1 and xk != 1)
@@ -1979,8 +1884,7 @@ def _output(x: torch.Tensor, W: torch.Tensor) -> torch.Tensor:
 
 @functools.lru_cache(maxsize=None)
 def _split_k_counts(device: torch.device, stream: int, size: int) -> torch.Tensor:
-    """split_k_kernel's zeroed counts, one buffer a device, stream and size, kept: the kernel leaves
-    them 0, and launches on a stream never overlap."""
+    """split_k_kernel's counts, one kept buffer a device, stream and size: the kernel leaves them 0."""
     return torch.zeros((size,), dtype=torch.int32, device=device)
 
 
@@ -2003,8 +1907,7 @@ def _workspace(kind: str, shape: tuple, device: torch.device):
 
 def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | None, slots: tuple,
             descriptors: tuple = ()) -> None:
-    """kernel[grid](*args, **options); ``kept`` gets (its Replay of the first len(slots) arguments,
-    a ``DescriptorReplay`` where they start with TMA ``descriptors``, or None; their slots)."""
+    """kernel[grid](*args, **options); ``kept`` gets (its Replay of the first len(slots) arguments or None, slots)."""
     replay = launch_kept(jit_kernel(kernel, wrap), grid, args, options, len(slots), descriptors, kept is not None)
     if kept is not None:
         kept.append((replay, slots))
@@ -2012,8 +1915,8 @@ def _launch(kernel, grid, args: tuple, options: dict, wrap: bool, kept: list | N
 
 def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None, wrap: bool,
                     keep=None) -> torch.Tensor:
-    """Public op ``name`` on checked x and W by its plan (``wrap``: a traced op body); ``keep`` gets
-    its launches as one replay of (x, W, out): the launch, or a chain making the buffers anew."""
+    """Op ``name`` on checked x and W by its plan (``wrap``: a traced op body); ``keep`` gets its launches as
+    one replay of (x, W, out)."""
     if name == "matmul_softmax_unfused":
         return _unfused_forward(x, W, launch, wrap, keep)
     out = _output(x, W)
@@ -2052,8 +1955,7 @@ def _family_forward(name: str, x: torch.Tensor, W: torch.Tensor, launch: MatmulL
 
 
 def _tma_descriptors(x: torch.Tensor, W: torch.Tensor, plan: MatmulPlan) -> tuple:
-    """TMA descriptors of x and of W (of W^T where K-major: a kept launch, which reads only the
-    address, takes W)."""
+    """TMA descriptors of x and of W (W^T where K-major; a kept launch reads only the address)."""
     launch, kmajor = plan.launch, plan.constants["W_KMAJOR"]
     w = W.t() if kmajor else W
     block = [launch.block_c, launch.block_k] if kmajor else [launch.block_k, launch.block_c]
@@ -2062,8 +1964,7 @@ def _tma_descriptors(x: torch.Tensor, W: torch.Tensor, plan: MatmulPlan) -> tupl
 
 
 def _presplit_forward(plan: MatmulPlan, slots: tuple, wrap: bool, kept: list | None) -> None:
-    """x's TF32 parts, then a chunk of W's classes at a time its parts and the products, over slots
-    (x, W, out[, table], x hi, x lo, W hi, W lo, flags)."""
+    """x's TF32 parts, then chunk by chunk W's parts and the products, over (x, W, out[, table], parts, flags)."""
     x, W, out = slots[:3]
     (B, K), C = x.shape, out.shape[1]
     (table, t), n_b, block_c = plan.slots, plan.tiles[0], plan.launch.block_c
@@ -2113,8 +2014,7 @@ def _softmax_grad(y: torch.Tensor, dy: torch.Tensor, wrap: bool) -> torch.Tensor
 
 def _matmul_backward(x: torch.Tensor, W: torch.Tensor, dz: torch.Tensor, need_x: bool, need_W: bool,
                      wrap: bool, product=None) -> tuple[torch.Tensor, torch.Tensor]:
-    """dx = dz @ W^T and dW = x^T @ dz (transposes read in place) by ``matmul``'s plan or ``product``;
-    a gradient not needed is an empty tensor."""
+    """dx = dz @ W^T and dW = x^T @ dz by ``matmul``'s plan or ``product``; one not needed is empty."""
     product = product or (lambda a, b: _family_forward("matmul", a, b, None, wrap))
     dz = dz.contiguous()  # an expanded (stride-0) upstream gradient would lose the vector loads
     dx = product(dz, W.t()) if need_x else x.new_empty((0,))
@@ -2135,10 +2035,8 @@ refuse_second_derivative(_matmul_softmax_backward_op, "matmul / softmax(x @ W)")
 
 
 def _matmul_grads(ctx, dout: torch.Tensor, need: tuple, eager: bool) -> tuple:
-    """(dx, dW) of a matmul-family call from its saved (x, W[, out]) and the gradient dout of its output,
-    None where ``need`` says not needed. The custom op's backward takes the backward op; an ``eager``
-    (``KernelFunction``) one takes torch's ops for a transform's gradient, which they see through, the
-    backward op where ``backward_through_op``, else kept launches."""
+    """(dx, dW), None where not ``need``ed, from the saved (x, W[, out]): by the backward op (the custom op's,
+    or where ``backward_through_op``), torch's ops under a transform, else kept launches."""
     x, W, *out = ctx.saved_tensors
     y, (need_x, need_W) = (out[0] if out else None), need
     if eager and transformed(x, W, *out, dout):
@@ -2153,18 +2051,15 @@ def _matmul_grads(ctx, dout: torch.Tensor, need: tuple, eager: bool) -> tuple:
 
 
 def _family_op(name: str):
-    """Custom op ``softmax_kernels::name`` over ``_family_forward``, with its backward. The unfused one
-    is opaque (``row_softmax`` does not launch through wrap_triton), making its buffers per call."""
+    """Custom op ``softmax_kernels::name`` with its backward; the unfused one is opaque (``row_softmax``
+    does not launch through wrap_triton)."""
     opaque = name == "matmul_softmax_unfused"
-
     def body(x: torch.Tensor, W: torch.Tensor, launch: list[int]) -> torch.Tensor:
         with no_cached_buffers() if opaque else contextlib.nullcontext():
             return _family_forward(name, x, W, MatmulLaunch(*launch[:-1], bool(launch[-1])) if launch else None,
                                    wrap=not opaque)
-
     def setup(ctx, inputs, output):
         ctx.save_for_backward(*inputs[:2], *((output,) if name != "matmul" else ()))
-
     op = kernel_op(name, lambda x, W, launch: x.new_empty((x.shape[0], W.shape[1])), opaque=opaque)(body)
     register_autograd(
         op, lambda ctx, dout: (*_matmul_grads(ctx, dout, ctx.needs_input_grad[:2], eager=False), None),
@@ -2181,8 +2076,7 @@ _ANY_AUTOCAST = getattr(torch._C, "_is_any_autocast_enabled", None)
 
 
 def autocast_operands(x, W) -> tuple:
-    """x and W as torch's matmul takes them: under autocast for x's device, floating tensors but
-    float64 ones cast to its dtype, differentiably; else as they are."""
+    """x and W as torch's matmul takes them: under autocast, non-float64 floats cast to its dtype."""
     if not torch.compiler.is_compiling() and _ANY_AUTOCAST is not None and not _ANY_AUTOCAST():
         return x, W  # the common case, in 0.1 us (a trace asks by device type below, which it can follow)
     if not isinstance(x, torch.Tensor):
@@ -2196,8 +2090,8 @@ def autocast_operands(x, W) -> tuple:
 
 
 def _matmul_family(name: str, x, W, launch: MatmulLaunch | None, checked: bool = True) -> torch.Tensor:
-    """Public op ``name``: the launches kept for the call's key, else its checks, then the Function
-    (autograd recording or a transform), the custom op (a trace, a subclass) or a run that keeps."""
+    """Op ``name``: the kept launches for the call's key, else checks, then the Function (autograd or a
+    transform), the custom op (a trace, a subclass) or a run that keeps its launches."""
     key = replay_key((x, W), (name, launch, _float32_matmul_precision()))
     if key is not None:
         replay = _MATMUL_REPLAYS.get(key)
@@ -2219,9 +2113,8 @@ def _kept_product(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return _matmul_family("matmul", a, b, None, checked=False)
 
 
-# A matmul-family call autograd records, eager (kept launches, no dispatcher; design notes: eager
-# autograd) or under torch.func (jvp, vmap). A backward recording a graph, traced or given a batch
-# of gradients takes the backward op.
+# A matmul-family call under eager autograd (design notes: eager autograd) or torch.func; a backward that
+# records a graph, is traced or is given a batch of gradients takes the backward op.
 def _matmul_autograd_setup(ctx, inputs, output):
     x, W, name = inputs[:3]
     ctx.softmax = name != "matmul"
@@ -2263,10 +2156,8 @@ _MATMUL_AUTOGRAD = AutogradSpec(
 
 @on_input_device
 def matmul(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
-    """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32.
-
-    ``launch`` overrides the plan's. Differentiable in x and W; under autocast the operands are
-    cast as torch's matmul casts them (as in the softmax(x @ W) versions).
+    """x @ W in Triton: x (B, K), W (K, C) -> (B, C) in x's dtype, accumulated in float32. ``launch``
+    overrides the plan's. Differentiable in x and W; autocast casts the operands as for torch's matmul.
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul", x, W, launch)
@@ -2281,11 +2172,9 @@ def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunc
 
 @on_input_device
 def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
-    """softmax(x @ W) in one kernel with all C classes of a row block in registers.
-
-    x: (B, K), W: (K, C) -> (B, C) in x's dtype. C at most ``SIMPLE_MAX_CLASSES``
-    (KernelCapacityError otherwise, before anything is allocated); a given ``launch`` must have
-    block_c >= C and split_k 1.
+    """softmax(x @ W) in one kernel, all C classes of a row block in registers. x: (B, K), W: (K, C) ->
+    (B, C) in x's dtype. C at most ``SIMPLE_MAX_CLASSES`` (else KernelCapacityError, before allocating);
+    a given ``launch`` must have block_c >= C and split_k 1.
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul_softmax_fused_simple", x, W, launch)
@@ -2293,12 +2182,10 @@ def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: Matmul
 
 @on_input_device
 def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
-    """softmax(x @ W) for any C, with no (B, C) buffer but the output.
-
-    x: (B, K), W: (K, C) -> (B, C) in x's dtype. One class tile: one kernel. Several: exp tiles
-    and a (2, B, tiles) float32 table, then ``rescale_tiles_kernel``. Workspace: K split, the
-    slices' float32 partials; float32 'highest' on sm_90 where ``presplit_pays``, TF32 parts of x
-    (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``).
+    """softmax(x @ W) for any C, with no (B, C) buffer but the output. x: (B, K), W: (K, C) -> (B, C) in
+    x's dtype. One class tile: one kernel; several: exp tiles and a (2, B, tiles) float32 table, then
+    ``rescale_tiles_kernel``. Workspace: with K split, float32 partials; presplit (float32 'highest' on
+    sm_90), TF32 parts of x (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``).
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul_softmax_fused_tiled", x, W, launch)
@@ -2307,27 +2194,21 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
 # ==============================================================================================
 # Attention
 # ==============================================================================================
-# softmax(Q K^T / sqrt(d)) V: the softmax-matmul above with its logits computed on the fly from
-# Q and K. Materialised, it moves an (n_queries, n_keys) matrix several times per batch element;
-# FlashAttention-2 keeps one tile of it on chip at a time: the forward saves only O and the row
-# log-sum-exp L, and the backward recomputes each tile of the softmax from L.
-#
-# Causal masking is top-left aligned (query i sees keys j <= i), as SDPA's is_causal. A row whose
-# visible logits are all -inf gets output 0 and L = -inf; NaN or +inf among them make the row NaN,
-# as in SDPA. What a causal row cannot see never reaches it, except 0 x NaN where a hidden V row
-# is NaN or infinite in a tile the row partly sees (SDPA's backends differ there too).
+# softmax(Q K^T / sqrt(d)) V with the logits computed on the fly. FlashAttention-2 keeps one tile of the
+# (n_queries, n_keys) matrix on chip at a time: the forward saves O and the rows' log-sum-exp L, the
+# backward recomputes each tile of the softmax from L. Causal is top-left aligned (query i sees keys
+# j <= i), as SDPA's is_causal. A row whose visible logits are all -inf gets 0 and L = -inf; NaN or +inf
+# make the row NaN. Hidden keys never reach a row, except 0 x NaN from a non-finite V row in a partly
+# seen tile (SDPA's backends differ there too).
 
-# Head dims of the Triton kernels: powers of two (tl.arange) from 16 (tl.dot's least) to 128
-# (above it one program's Q, K and V tiles no longer fit in shared memory).
+# Powers of two from 16 (tl.dot's least) to 128 (past it Q, K and V tiles overflow shared memory).
 FLASH_HEAD_DIMS = (16, 32, 64, 128)
 
 
 def attention_reference(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool = False) -> torch.Tensor:
     """Materialised attention in Q's dtype (float64 included): the answer every kernel must give.
-
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d). Per batch
-    element S = Q K^T writes nq nk elements, the softmax reads and writes them again, P V reads
-    them once more. (A row of only -inf logits gives NaN here; SDPA and the flash versions give 0.)
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> (batch, n_queries, d). A row of only -inf
+    logits gives NaN here (SDPA and the flash versions give 0).
     """
     S = attention_logits(Q, K, is_causal)
     return torch.softmax(S, dim=-1) @ V
@@ -2398,9 +2279,8 @@ def _check_any_device(name: str, t) -> None:
 
 
 def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
-    """The checks both flash attentions make before any work; returns is_causal as a bool.
-    ``kernels``: the inputs go to the Triton kernels (on Triton's device; (batch, n, d) or (batch,
-    heads, n, d)), else any one device ((batch, n, d)). Errors are TypeError/ValueError naming the argument."""
+    """Both flash attentions' checks, returning is_causal as a bool; ``kernels``: for the Triton kernels ((batch,
+    n, d) or (batch, heads, n, d)), else (batch, n, d) on any device. TypeError/ValueError naming the argument."""
     for name, t in (("Q", Q), ("K", K), ("V", V)):
         if kernels:
             check_tensor(name, t, (3, 4) if name == "Q" else Q.dim())
@@ -2425,16 +2305,15 @@ def check_attention_inputs(Q, K, V, is_causal, kernels: bool = True) -> bool:
 
 
 def _differentiates_twice() -> bool:
-    """Inside a backward: whether autograd records it (create_graph=True). A compiled backward
-    never does (torch.compile refuses double backward itself)."""
+    """Inside a backward: whether autograd records it (create_graph=True); a compiled backward never does."""
     return torch.is_grad_enabled() and not torch.compiler.is_compiling()
 
 
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in plain PyTorch
 # ----------------------------------------------------------------------------------------------
-# Key tiles of 128: each tile costs about a dozen PyTorch launches, and the live (n_queries, 128)
-# logits stay linear in the length. Query tiles of 64 only decide which queries a causal key tile skips.
+# Key tiles of 128: a tile costs about a dozen launches, and the live logits stay linear in the length.
+# Query tiles only decide which queries a causal key tile skips.
 FLASH_PYTORCH_KEY_TILE = 128
 FLASH_PYTORCH_QUERY_TILE = 64
 
@@ -2452,11 +2331,9 @@ def _flash_work_dtype(dtype: torch.dtype) -> torch.dtype:
 
 
 def flash_pytorch_forward(q, k, v, is_causal: bool):
-    """O and L of FlashAttention-2's tiling, in q's dtype. q: (batch, nq, d), k, v: (batch, nk, d).
-
-    FlashAttention-2's programs (one a query tile, each streaming the key tiles) are independent,
-    so here they run in lock-step: each step takes one key tile against every query tile that
-    sees it. Differentiable where autograd records (the second-derivative path)."""
+    """O and L of FlashAttention-2's tiling, in q's dtype. q: (batch, nq, d), k, v: (batch, nk, d). The
+    independent query-tile programs run in lock-step: a step takes one key tile against every query tile
+    that sees it. Differentiable where autograd records (the second-derivative path)."""
     batch, n_queries, d = q.shape
     n_keys = k.shape[1]
     scale = d ** -0.5
@@ -2468,8 +2345,7 @@ def flash_pytorch_forward(q, k, v, is_causal: bool):
         if is_causal:
             s.masked_fill_(causal_mask(n_queries - q0, ke - ks, q.device, q0, ks), float("-inf"))
         m_old = m[:, q0:]
-        # The running maximum only keeps exp() in range: O and L do not depend on it (detached,
-        # the recorded graph has no in-place hazard).
+        # The running max only keeps exp() in range (O and L do not depend on it): detached, no in-place hazard.
         m_new = torch.maximum(m_old, s.detach().amax(dim=-1))
         # A row of only -inf logits so far subtracts 0: exp(-inf - 0) = 0, not NaN.
         m_sub = m_new.masked_fill(m_new == float("-inf"), 0.0)
@@ -2510,8 +2386,7 @@ def flash_pytorch_backward(q, k, v, O, L, do, is_causal: bool):
 
 
 def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
-    """dQ, dK, dV whose own derivatives are right (a backward under create_graph=True): O and L
-    are recomputed where autograd records (the saved ones carry no history), then the backward."""
+    """dQ, dK, dV with right derivatives (create_graph=True): O and L recomputed with history, then the backward."""
     work = _flash_work_dtype(Q.dtype)
     q, k, v, do = Q.to(work), K.to(work), V.to(work), dO.to(work)
     O, L = flash_pytorch_forward(q, k, v, is_causal)
@@ -2521,10 +2396,9 @@ def flash_pytorch_gradients_twice_differentiable(Q, K, V, dO, is_causal: bool):
 
 class FlashAttentionPytorch(torch.autograd.Function):
     """``FlashAttentionPytorch.apply(Q, K, V, is_causal)``: FlashAttention-2 tiling in PyTorch.
-
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any one
-    device, float32, float16, bfloat16 or float64 (computed in float32, float64 in float64).
-    Saves Q, K, V, O and L: (batch, n_queries). Twice differentiable.
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d) -> O: (batch, n_queries, d), on any one device,
+    float32, float16, bfloat16 or float64 (computed in float32, float64 in float64). Saves Q, K, V, O and
+    L: (batch, n_queries). Twice differentiable.
     """
 
     @staticmethod
@@ -2552,12 +2426,10 @@ class FlashAttentionPytorch(torch.autograd.Function):
 # ----------------------------------------------------------------------------------------------
 # FlashAttention-2 in Triton
 # ----------------------------------------------------------------------------------------------
-# Every kernel splits its stream of tiles in two: tiles that need no mask, then the few that do
-# (the causal diagonal, the ragged end): the mask's compare and select per logit stay off the
-# bulk. Rows past the last query are never stored, so the forward and dQ compute them on zeros;
-# dK/dV sums over queries, so it masks them. Logits are in base 2 (scaled by log2(e)): one exp2
-# each. Float scalars are cast to float32 on entry: Inductor re-launches user kernels with fp64
-# floats, which would make tl.dot's accumulator fp64.
+# Each kernel streams unmasked tiles, then the few masked ones (causal diagonal, ragged end), keeping the
+# per-logit select off the bulk. Rows past the last query are never stored (the forward and dQ compute them
+# on zeros); dK/dV sums over queries, so it masks them. Logits are in base 2: one exp2 each. Float scalars
+# are cast to float32: Inductor re-launches user kernels with fp64 floats (an fp64 tl.dot accumulator).
 def flash_grid(batch: int, n_rows: int, block: int) -> tuple[int]:
     """One grid axis of batch x tiles programs (CUDA caps axes 1 and 2 at 65535, axis 0 at 2^31 - 1)."""
     tiles = cdiv(n_rows, block)
@@ -2569,8 +2441,7 @@ FLASH_MAX_OFFSET = 2**31 - 1
 
 
 def check_flash_offsets(**tensors) -> None:
-    """ValueError, naming the tensor, if one batch element (and head) of a (batch, [heads,] n, d)
-    tensor spans past FLASH_MAX_OFFSET."""
+    """ValueError naming a tensor one of whose (batch, head) elements spans past FLASH_MAX_OFFSET."""
     for name, t in tensors.items():
         n, d = t.shape[-2:]
         stride_row, stride_dim = t.stride()[-2:]
@@ -2600,10 +2471,8 @@ FLASH_KERNELS = ("forward", "dkdv", "dq")
 
 
 def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: bool = False) -> dict[str, FlashLaunch]:
-    """Each Triton kernel's launch on an H100 by head dim, dtype, few query tiles (``flash_plan``)
-    and causal masking. 16-bit forwards take 128 queries on 8 warps (two wgmma heights) and key
-    tiles of 64 from d = 64 (the fp32 logits beside the accumulator); float32 operands take twice
-    the bytes: half the tiles (see outputs/README.md, design notes: attention launches)."""
+    """Each Triton kernel's launch on an H100 by head dim, dtype, few query tiles (``flash_plan``) and
+    causal masking; float32 operands take half the tiles (outputs/README.md, design notes: attention launches)."""
     if d not in FLASH_HEAD_DIMS:
         raise ValueError(f"d (the last dimension of Q, K, V) must be one of {FLASH_HEAD_DIMS}, got {d}")
     if dtype == torch.float32:
@@ -2627,13 +2496,10 @@ def flash_launches(d: int, dtype: torch.dtype, few_tiles: bool = False, causal: 
             "dq": FlashLaunch(64, 64, 4, 2)}
 
 
-# Below this many 128-query tiles per SM the last wave of a 128-query forward is a large part of
-# its time: 64-query tiles then (see outputs/README.md, design notes: few query tiles).
+# Below this many 128-query tiles an SM the last wave dominates: 64-query tiles (design notes: few query tiles).
 FEW_TILES_PER_SM = 4
-# Where each Gluon kernel beat its Triton peer (``_gluon_faster``; see outputs/README.md, design
-# notes: Gluon attention routes): the forward at d = 128, at d = 64 past 1.5 waves of 128-query
-# tiles; dQ at d = 128 and at d = 64 from 2048 queries; dK/dV at d = 128 and on full attention at
-# d = 64 from 2048 queries.
+# Where each Gluon kernel is faster than its Triton peer (``_gluon_faster``; outputs/README.md, design notes:
+# Gluon attention routes).
 GLUON_FLASH_D64_MIN_WAVES = 1.5
 GLUON_DQ_D64_MIN_QUERIES = 2048
 GLUON_DKDV_D64_MIN_QUERIES = 2048
@@ -2641,8 +2507,7 @@ GLUON_DKDV_D64_MIN_QUERIES = 2048
 
 @dataclass(frozen=True)
 class FlashPlan:
-    """What FlashAttentionTriton launches: each kernel's Triton launch, and the kernels
-    ("forward", "dq", "dkdv") that run in Gluon instead."""
+    """Each kernel's Triton launch, and the kernels ("forward", "dq", "dkdv") that run in Gluon instead."""
 
     forward: FlashLaunch
     dq: FlashLaunch
@@ -2656,11 +2521,10 @@ class FlashPlan:
 def flash_plan(batch: int, n_queries: int, n_keys: int, d: int, dtype: torch.dtype, is_causal: bool, *,
                sms: int | None = None, capability: tuple[int, int] | None = None, tma: bool = False,
                launches: dict | None = None) -> FlashPlan:
-    """FlashAttentionTriton's kernels for this problem: a pure function. ``sms``: the GPU's SM
-    count (None: unknown); ``capability``: its (major, minor) where Gluon kernels may run (None: no
-    GPU, no Gluon, a trace); ``tma``: TMA can read the inputs (``tma_unreadable``); ``launches``:
-    kernel name -> FlashLaunch replacing a Triton launch (tuning: that kernel then runs in Triton).
-    TypeError/ValueError on a head dim the kernels lack or a bad launch."""
+    """FlashAttentionTriton's kernels for this problem. ``sms``: SMs (None: unknown); ``capability``: (major,
+    minor) where Gluon may run (None: no GPU, no Gluon, a trace); ``tma``: TMA can read the inputs;
+    ``launches``: kernel name -> FlashLaunch (that kernel then runs in Triton). TypeError/ValueError on a
+    head dim the kernels lack or a bad launch."""
     launches = {} if launches is None else launches
     if not isinstance(launches, dict):
         raise TypeError(f"launches must be a dict of kernel name -> FlashLaunch, got {type(launches).__name__}")
@@ -2691,9 +2555,8 @@ def _gluon_faster(batch: int, n_queries: int, d: int, is_causal: bool, sms: int)
 
 # Two consumers share the K and V ring: twice the products in flight a program.
 GLUON_FLASH_CONSUMERS = 2
-# Persistent (one program an SM looping over the tiles, the next tile's loads under the last
-# one's products) where it measured faster: full attention up to 4096 keys (see outputs/README.md,
-# design notes: Gluon persistent forward). Causal tiles balance better as one-tile programs, heaviest first.
+# Persistent (a program an SM, the next tile's loads under the last one's products) for full attention up to
+# this many keys; causal tiles balance better as one-tile programs (design notes: Gluon persistent forward).
 GLUON_FLASH_PERSISTENT_MAX_KEYS = 4096
 
 
@@ -2703,8 +2566,7 @@ def gluon_flash_persistent(n_keys: int, is_causal: bool) -> bool:
 
 
 GLUON_FLASH_HEAD_DIMS = (64, 128)  # the Gluon attention kernels' head dims
-# Keys a step of the Gluon dQ kernel: 128 at d = 64; at d = 128 from GLUON_DQ_WIDE_MIN_KEYS keys, where 128 measured
-# faster than 64 (see outputs/README.md, design notes: Gluon dQ key step).
+# The Gluon dQ kernel steps 128 keys at d = 64, and at d = 128 from this many keys (design notes: Gluon dQ key step).
 GLUON_DQ_WIDE_MIN_KEYS = 8192
 
 
@@ -2715,10 +2577,9 @@ def gluon_dq_block_n(d: int, n_keys: int) -> int:
 
 def gluon_flash_unfit(dtype: torch.dtype, d: int, capability: tuple[int, int] | None, tma: str | None = None,
                       empty: bool = False) -> str | None:
-    """Why the Gluon attention kernels cannot take inputs of this dtype and head dim d on a GPU of
-    ``capability`` (None: no Gluon kernel runs there), empty or not, which TMA reads unless ``tma``
-    says why not; None where they can. The one rule: the plan, the compiled route and
-    ``gluon_flash_unsupported`` ask it. TMA comes last: a caller may read it only past the rest."""
+    """Why the Gluon attention kernels cannot take inputs of this dtype, head dim d, ``capability`` (None: no
+    Gluon), emptiness and TMA reason ``tma``; None where they can. The plan, the compiled route and
+    ``gluon_flash_unsupported`` share it; TMA comes last, as a caller may read it only past the rest."""
     if capability is None:
         return GLUON_UNAVAILABLE or "Q, K and V must be CUDA tensors"
     if capability != (9, 0):
@@ -2744,8 +2605,8 @@ def _flash_tma_reason(**tensors) -> str | None:
 
 
 def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
-    """Why a TMA descriptor cannot read the tensor t, or None: it needs a contiguous last
-    dimension, a 16-byte aligned address and the other strides positive multiples of 16 bytes."""
+    """Why TMA cannot read t (it needs a contiguous last dimension, a 16-byte address, other strides positive
+    multiples of 16 bytes), or None."""
     if t.stride(-1) != 1:
         return f"{name}'s last dimension must be contiguous for TMA, its strides are {t.stride()}"
     if t.data_ptr() % 16 or any(s <= 0 or s * t.element_size() % 16 for s in t.stride()[:-1]):
@@ -2755,9 +2616,8 @@ def tma_unreadable(name: str, t: torch.Tensor) -> str | None:
 
 
 def dkdv_full_tile_masks(d: int, is_causal: bool, n_queries: int) -> bool:
-    """Whether the dK/dV kernel loads its whole query tiles with row masks, which they do not need:
-    only at d = 128 on causal attention or whole lengths, where 255 registers a thread spill more
-    without them (see outputs/README.md, design notes: dK/dV row masks)."""
+    """Whether dK/dV loads whole query tiles with (unneeded) row masks: at d = 128, causal or whole lengths, it
+    spills less with them (design notes: dK/dV row masks)."""
     return d > 64 and (is_causal or n_queries % 16 == 0)
 
 
@@ -2768,12 +2628,9 @@ def _flash_kernel_args(dtype: torch.dtype) -> dict:
 
 @triton.jit
 def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
-    """(batch element, tile) of this program; the batch index is int64 for the offsets.
-
-    Programs launch in order of their id, batch fastest. With HEAVY_FIRST (the query tiles of a
-    causal kernel) the last tiles, which see the most keys, go first, so the short ones fill in
-    the tail instead of the long ones running alone at the end.
-    """
+    """(batch element, tile) of this program, the batch index int64. Programs launch by id, batch fastest;
+    HEAVY_FIRST (causal query tiles): the last tiles, which see the most keys, go first, so short ones
+    fill the tail."""
     pid = tl.program_id(0)
     batch = pid % n_batch
     tile = pid // n_batch
@@ -2784,8 +2641,7 @@ def _flash_program(n_batch, n_rows, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constex
 
 @triton.jit
 def _flash_head(ptr, batch, n_heads, stride_b, stride_h):
-    """ptr at flat batch element ``batch`` (int64) of a (batch, heads, n, d) tensor: batch
-    element batch // n_heads, head batch % n_heads."""
+    """ptr at flat batch element ``batch``: batch // n_heads, head batch % n_heads."""
     return ptr + (batch // n_heads) * stride_b + (batch % n_heads) * stride_h
 
 
@@ -2798,8 +2654,7 @@ def _flash_tile_ptrs(ptr, batch, n_heads, rows, dims, stride_b, stride_h, stride
 
 @triton.jit
 def _flash_key_range(query_start, n_keys, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr):
-    """(full_end, key_end) for the query tile at query_start: key tiles before full_end need no
-    mask, those from there to key_end do (the causal diagonal, the ragged last tile)."""
+    """(full_end, key_end): key tiles before full_end need no mask, those up to key_end do."""
     if IS_CAUSAL:
         # Keys before query_start are seen by every query of the tile; the diagonal ends the stream.
         full_end = tl.minimum(query_start, n_keys) // BLOCK_N * BLOCK_N
@@ -2834,8 +2689,7 @@ def _flash_visible(rows, keys, n_keys, IS_CAUSAL: tl.constexpr):
 
 @triton.jit
 def _flash_lse_base2(lse):
-    """L in base 2, +inf for rows with no finite logit (L = -inf, where S - L would be
-    -inf + inf = NaN; their output is 0): P = exp2(S - L) comes out 0 there."""
+    """L in base 2, +inf where L = -inf (no finite logit), so that P = exp2(S - L) is 0 there, not NaN."""
     lse = lse * LOG2_E
     return tl.where(lse == float("-inf"), float("inf"), lse)
 
@@ -2861,13 +2715,9 @@ def _flash_forward_tiles(
             s = tl.where(_flash_visible(rows, keys, n_keys, IS_CAUSAL), s * qk_scale, float("-inf"))
             m_new = tl.maximum(m, tl.max(s, axis=1))
         else:
-            # Scaling the row maxima rather than the tile saves a pass over the logits: the
-            # scale rides in the one multiply-add before exp2 (rounding is monotone, so the
-            # scaled maximum is the maximum of the scaled logits).
+            # Scale the row maxima, not the tile: the scale rides in the multiply-add before exp2 (monotone).
             m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-        # Every row sees a key in its first tile, but -inf inputs can still make all of a row's
-        # logits so far -inf, in any tile: such a row subtracts 0, so that exp2(-inf - 0) = 0
-        # where exp2(-inf - -inf) would be NaN. (A per-row select, not per logit.)
+        # -inf inputs can leave a row's logits all -inf so far: it subtracts 0 (exp2(-inf - -inf) is NaN).
         m_sub = tl.where(m_new == float("-inf"), 0.0, m_new)
         if MASKED:
             p = tl.math.exp2(s - m_sub[:, None])
@@ -2892,8 +2742,7 @@ def flash_attention_forward_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one batch element against all the keys they see (grid:
-    batch x query tiles). n_batch counts (batch, head) pairs, lse's rows among them."""
+    """One program: BLOCK_M queries of one batch element against the keys they see; n_batch counts (batch, head)."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     batch, tile = _flash_program(n_batch, n_queries, BLOCK_M, IS_CAUSAL)
     query_start = tile * BLOCK_M
@@ -2905,7 +2754,6 @@ def flash_attention_forward_kernel(
     tile_keys = tl.arange(0, BLOCK_N)
     k_ptrs = _flash_tile_ptrs(k_ptr, batch, n_heads, tile_keys, dims, stride_kb, stride_kh, stride_kn, stride_kd)
     v_ptrs = _flash_tile_ptrs(v_ptr, batch, n_heads, tile_keys, dims, stride_vb, stride_vh, stride_vn, stride_vd)
-
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
@@ -2914,7 +2762,6 @@ def flash_attention_forward_kernel(
                                      n_keys, qk_scale, BLOCK_N, False, IS_CAUSAL, PRECISION, UPCAST)
     acc, m, l = _flash_forward_tiles(acc, m, l, q, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, full_end, key_end,
                                      n_keys, qk_scale, BLOCK_N, True, IS_CAUSAL, PRECISION, UPCAST)
-
     # A row with no finite logit has l = 0 (and acc = 0): output 0 and L = -inf, as SDPA gives.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     tl.store(_flash_tile_ptrs(o_ptr, batch, n_heads, rows, dims, stride_ob, stride_oh, stride_om, stride_od),
@@ -2930,14 +2777,10 @@ def _flash_dkdv_tiles(
     BLOCK_M: tl.constexpr, MASKED: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, ROW_MASKS: tl.constexpr,
 ):
-    """dK and dV of one key tile from query tiles [query_start, query_end), in key-major layout.
-
-    With S^T = K Q^T (keys x queries) every product takes its operands as loaded:
-    dV += P^T dO, dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q (scaled by the caller).
-    MASKED tiles (the causal diagonal, the ragged last query tile) zero P^T and dS^T where a
-    query does not see the key or does not exist: a padding query's zeros times an infinite key
-    are NaN, which would otherwise reach dK and dV. ROW_MASKS: load with masks on the rows past
-    n_queries (needed on MASKED tiles; on whole tiles a choice, ``dkdv_full_tile_masks``).
+    """dK and dV of one key tile from query tiles [query_start, query_end), key-major: with S^T = K Q^T every
+    product takes its operands as loaded: dV += P^T dO, dP^T = V dO^T, dS^T = P^T * (dP^T - D), dK += dS^T Q.
+    MASKED tiles zero P^T and dS^T where a query does not see the key or does not exist (a padding query's
+    zeros times an infinite key are NaN). ROW_MASKS: mask rows past n_queries (``dkdv_full_tile_masks``).
     """
     for start in range(query_start, query_end, BLOCK_M):
         rows = start + tl.arange(0, BLOCK_M)
@@ -2983,16 +2826,12 @@ def flash_attention_backward_dkdv_kernel(
     HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, IS_CAUSAL: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr, FULL_TILE_MASKS: tl.constexpr,
 ):
-    """One program owns BLOCK_N keys and their dK, dV, streaming the queries that see them.
-
-    Each key's gradient is summed by one program only, so no atomics (grid: batch x key tiles).
-    FULL_TILE_MASKS: load the whole query tiles (all but the diagonal and the ragged last one)
-    with row masks all the same (``dkdv_full_tile_masks``).
+    """One program owns BLOCK_N keys and their dK, dV (no atomics), streaming the queries that see them.
+    FULL_TILE_MASKS: load whole query tiles with row masks too (``dkdv_full_tile_masks``).
     """
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
-    # Under causal masking the first key tiles are seen by the most queries: the natural order
-    # already launches the longest programs first.
+    # Causal: the first key tiles see the most queries, so the natural order launches the longest first.
     batch, tile = _flash_program(n_batch, n_keys, BLOCK_N, False)
     key_start = tile * BLOCK_N
     keys = key_start + tl.arange(0, BLOCK_N)
@@ -3007,20 +2846,17 @@ def flash_attention_backward_dkdv_kernel(
     do_ptrs = _flash_tile_ptrs(do_ptr, batch, n_heads, tile_rows, dims, stride_gb, stride_gh, stride_gm, stride_gd)
     lse_ptrs = lse_ptr + batch * stride_lb
     delta_ptrs = delta_ptr + batch * stride_db
-
     dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     if IS_CAUSAL:
-        # Queries before key_start see none of these keys; from the tile holding query
-        # key_start + BLOCK_N - 1 on, every query sees all of them.
+        # Queries before key_start see none of these keys; from query key_start + BLOCK_N - 1 on, all see all.
         diagonal_start = key_start // BLOCK_M * BLOCK_M
         full_start = tl.cdiv(key_start + BLOCK_N, BLOCK_M) * BLOCK_M
         dk, dv = _flash_dkdv_tiles(dk, dv, k, v, keys, q_ptrs, do_ptrs, lse_ptrs, delta_ptrs,
                                    stride_qm, stride_gm, stride_lm, stride_dm,
                                    diagonal_start, tl.minimum(full_start, n_queries), n_queries, qk_scale,
                                    BLOCK_M, True, True, PRECISION, UPCAST, True)
-    # Whole query tiles up to the ragged last one need no mask; that one (unless the diagonal
-    # already took it) masks its missing queries.
+    # The ragged last query tile, unless the diagonal took it, masks its missing queries.
     ragged_start = n_queries // BLOCK_M * BLOCK_M
     if IS_CAUSAL:
         ragged_from = tl.maximum(full_start, ragged_start)
@@ -3079,11 +2915,8 @@ def flash_attention_backward_dq_kernel(
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """One program owns BLOCK_M queries and their dQ, streaming the keys they see like the forward.
-
-    It recomputes S and dP that the dK/dV kernel also computed: two more products than one fused
-    kernel, bought back by needing no atomic adds into dQ (grid: batch x query tiles). It runs
-    first and also writes D = rowsum(dO * O) of its queries, the softmax Jacobian's row term,
-    which the dK/dV kernel then reads for every query it streams.
+    Recomputing S and dP (as dK/dV does) avoids atomic adds into dQ. It runs first and writes
+    D = rowsum(dO * O), the softmax Jacobian's row term, which the dK/dV kernel reads.
     """
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
@@ -3104,7 +2937,6 @@ def flash_attention_backward_dq_kernel(
     tile_keys = tl.arange(0, BLOCK_N)
     k_ptrs = _flash_tile_ptrs(k_ptr, batch, n_heads, tile_keys, dims, stride_kb, stride_kh, stride_kn, stride_kd)
     v_ptrs = _flash_tile_ptrs(v_ptr, batch, n_heads, tile_keys, dims, stride_vb, stride_vh, stride_vn, stride_vd)
-
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     full_end, key_end = _flash_key_range(query_start, n_keys, BLOCK_M, BLOCK_N, IS_CAUSAL)
     dq = _flash_dq_tiles(dq, q, do, lse, delta, rows, k_ptrs, v_ptrs, stride_kn, stride_vn, 0, full_end,
@@ -3117,27 +2949,22 @@ def flash_attention_backward_dq_kernel(
 
 
 def _flash_kernel(kernel):
-    """The kernel as launched: itself under torch.compile (Dynamo traces a JIT function's launch)
-    and in the interpreter, else its ``DirectLauncher`` (less host time; the launch can be kept)."""
+    """The kernel itself under torch.compile and in the interpreter, else its ``DirectLauncher`` (less host time)."""
     return kernel if torch.compiler.is_compiling() else jit_kernel(kernel, traced=False)
 
 
 def _launch_flash(kernel, grid, args: tuple, options: dict, n_tensors: int, kept: list | None,
                   descriptors: tuple = ()) -> None:
-    """``kernel[grid](*args, **options)``; with ``kept`` (a list) appends the launch as a Replay of
-    its first n_tensors arguments (a DescriptorReplay where they start with TMA ``descriptors``),
-    or None where it cannot be kept (``launch_kept``)."""
+    """``kernel[grid](*args, **options)``; ``kept`` gets a Replay of its first n_tensors arguments, or None."""
     replay = launch_kept(kernel, grid, args, options, n_tensors, descriptors, kept is not None)
     if kept is not None:
         kept.append(replay)
 
 
 def flash_output_like(t: torch.Tensor) -> torch.Tensor:
-    """An uninitialised tensor of t's shape, dtype and device for the flash kernels to write: where
-    t is a (batch, heads, n, d) view whose heads lie inside its rows (a fused qkv projection's),
-    a view of a (batch, n, heads, d) tensor (so the model's reshape back to (batch, n, heads x d)
-    copies nothing), else contiguous (heads expanded from one, stride 0, too: rows heads x d apart
-    would span past t's, and ``check_flash_offsets``' 32 bits, heads times sooner)."""
+    """An empty tensor like t for the flash kernels: where t's heads lie inside its rows (a fused qkv
+    projection's), a view of (batch, n, heads, d), so the model's reshape back copies nothing; else
+    contiguous (an expanded head too: rows heads x d apart would pass 32-bit offsets sooner)."""
     if t.dim() == 4 and 0 < t.stride(1) < t.stride(2):
         batch, heads, n, d = t.shape
         return t.new_empty((batch, n, heads, d)).transpose(1, 2)
@@ -3178,8 +3005,7 @@ def _triton_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: 
 def _triton_flash_backward(which: str, Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor,
                            L: torch.Tensor, dO: torch.Tensor, delta: torch.Tensor, outputs: tuple, is_causal: bool,
                            launch: FlashLaunch, kept: list | None = None) -> None:
-    """A Triton backward kernel: "dq" (outputs (dQ,); writes D into delta) or "dkdv" (outputs
-    (dK, dV); reads D); kept as a Replay of its first eight tensors."""
+    """Kernel "dq" (outputs (dQ,), writes D) or "dkdv" (outputs (dK, dV), reads D); kept as a Replay of 8 tensors."""
     batch, heads, n_queries, d = flash_dims(Q)
     n_keys = K.shape[-2]
     head = (Q, K, V, dO, L, delta)
@@ -3218,24 +3044,21 @@ def _traced_capability(index: int) -> tuple[int, int]:
 
 
 def _exporting() -> bool:
-    """Whether torch.export is tracing. torch 2.11's Dynamo answers torch.compiler.is_exporting()
-    True in torch.compile's traces too; the flag it reads tells the two apart."""
+    """Whether torch.export is tracing (torch 2.11's is_exporting() is True in torch.compile's traces too)."""
     flag = getattr(torch.compiler, "_is_exporting_flag", None)
     return torch.compiler.is_exporting() if flag is None else bool(flag)
 
 
-# Under torch.compile the Gluon kernels run in opaque ops, whose host cost (some 0.3 ms a forward
-# and backward) only a large call's GPU time hides: from this much work, batch x heads x n_queries
-# x n_keys x d, halved when causal (see outputs/README.md, design notes: compiled attention route).
+# Compiled Gluon kernels run in opaque ops, whose host cost only a large call hides: from this much work,
+# batch x heads x n_queries x n_keys x d, halved when causal (design notes: compiled attention route).
 GLUON_COMPILED_MIN_WORK = 2**35
 
 
 def compiled_gluon_route(Q: torch.Tensor, K: torch.Tensor, is_causal: bool) -> bool:
-    """Whether a compiled FlashAttentionTriton call runs its kernels in the opaque ops
-    ``flash_forward_by_path`` / ``flash_backward_by_path``, which plan when they run (TMA's
-    alignment is not known to a trace): under torch.compile (not torch.export, whose programs hold
-    traceable launches only) where ``gluon_flash_unfit`` takes the GPU, dtype and head dim and
-    the call holds ``GLUON_COMPILED_MIN_WORK``; elsewhere the trace holds the Triton launches."""
+    """Whether a compiled FlashAttentionTriton call runs in the opaque ops ``flash_forward_by_path`` /
+    ``flash_backward_by_path``, which plan when they run (a trace cannot know TMA's alignment): under
+    torch.compile, not torch.export, where ``gluon_flash_unfit`` takes the GPU, dtype and head dim and the
+    work reaches ``GLUON_COMPILED_MIN_WORK``; elsewhere the trace holds the Triton launches."""
     if not (torch.compiler.is_compiling() and not _exporting() and GLUON_UNAVAILABLE is None
             and Q.device.type == "cuda"
             and gluon_flash_unfit(Q.dtype, Q.shape[-1], _traced_capability(_device_index(Q.device))) is None):
@@ -3245,8 +3068,7 @@ def compiled_gluon_route(Q: torch.Tensor, K: torch.Tensor, is_causal: bool) -> b
 
 
 def _through_ops(Q: torch.Tensor, K: torch.Tensor, is_causal: bool, launches: dict | None) -> bool:
-    """Whether FlashAttentionTriton hands its work to the opaque ops: ``compiled_gluon_route`` (no
-    launch override), or FakeTensors outside a trace (shape propagation: the ops' fakes answer)."""
+    """Whether to use the opaque ops: ``compiled_gluon_route`` (no override), or FakeTensors outside a trace."""
     return (launches is None and compiled_gluon_route(Q, K, is_causal)
             or (not torch.compiler.is_compiling() and is_fake(Q)))
 
@@ -3260,8 +3082,8 @@ def _gluon_capability(device: torch.device) -> tuple[int, int] | None:
 
 def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, launches: dict | None = None,
                   dO: torch.Tensor | None = None) -> FlashPlan:
-    """``flash_plan`` for these tensors on their GPU (Gluon kernels only in eager calls on real
-    tensors, where TMA reads Q, K, V and dO: a contiguous dO can still be an unaligned slice)."""
+    """``flash_plan`` for these tensors (Gluon only in eager calls where TMA reads Q, K, V and dO, which a
+    contiguous but unaligned slice may not)."""
     batch, _, n_queries, d = flash_dims(Q)
     capability = None if torch.compiler.is_compiling() or is_fake(Q) else _gluon_capability(Q.device)
     tma = capability is not None and _flash_tma_reason(Q=Q, K=K, V=V, dO=dO) is None
@@ -3269,15 +3091,14 @@ def flash_plan_of(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: 
                       capability=capability, tma=tma, launches=launches)
 
 
-# Eager calls' kept launches: forwards as (Replay, is_causal), backwards as ReplayChains; they
-# halve a small call's host time (see outputs/README.md, design notes: kept attention launches).
+# Eager calls' kept launches (forwards as (Replay, is_causal), backwards as ReplayChains): less host time
+# for small calls (design notes: kept attention launches).
 _FLASH_REPLAYS = Replays("flash_attention")
 
 
 def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
                    launches: dict | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(O, L, is_causal as a bool) of FlashAttentionTriton's forward: the launch kept by an earlier
-    call (none under a launch override), else checks, plan and launch (kept)."""
+    """(O, L, is_causal as a bool): an earlier call's kept launch, else checks, plan and launch (kept)."""
     key = None if launches is not None else replay_key((Q, K, V), (is_causal, _float32_matmul_precision()))
     kept = _FLASH_REPLAYS.get(key) if key is not None else None
     if kept is not None:
@@ -3305,9 +3126,8 @@ def _flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal,
 def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                     dO: torch.Tensor, is_causal: bool, launches: dict | None = None,
                     keyed: tuple = ()) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of FlashAttentionTriton's backward from the forward's O and L and a dense dO in
-    Q's dtype: the chain an earlier call kept under (Q, K, V, dO, *keyed), else the plan's two
-    kernels (kept as one chain)."""
+    """(dQ, dK, dV) from O, L and a dense dO in Q's dtype: the chain kept under (Q, K, V, dO, *keyed), else
+    the plan's two kernels (kept as one chain)."""
     if Q.numel() == 0:  # in the layouts of the op's fake
         return tuple(flash_output_like(t).zero_() for t in (Q, K, V))
     if _through_ops(Q, K, is_causal, launches):
@@ -3341,8 +3161,7 @@ def _flash_backward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.
 @kernel_op("flash_forward_by_path", lambda Q, K, V, is_causal: flash_forward_outputs(Q), opaque=True)
 def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
                           is_causal: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """(O, L) of FlashAttentionTriton's forward as one opaque op, planned when it runs: what
-    compiled calls run where ``compiled_gluon_route`` holds."""
+    """(O, L) as one opaque op, planned when it runs (``compiled_gluon_route``)."""
     return _flash_forward(Q, K, V, is_causal)[:2]
 
 
@@ -3350,9 +3169,8 @@ def flash_forward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor,
     flash_output_like(Q), flash_output_like(K), flash_output_like(V)), opaque=True)
 def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O: torch.Tensor, L: torch.Tensor,
                            dO: torch.Tensor, is_causal: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dQ, dK, dV) of FlashAttentionTriton's backward as one opaque op (dO dense in Q's dtype,
-    unchecked). O and L are in the key: a direct call's need not be fresh and contiguous (the
-    kernels read L's rows flat: (batch, heads, n) as a (batch x heads, n) view, or a copy)."""
+    """(dQ, dK, dV) as one opaque op (dO dense in Q's dtype, unchecked). O and L are in the key: a direct
+    call's need not be fresh or contiguous (L's rows are read flat, as a view or a copy)."""
     L = L.flatten(0, -2)
     return _flash_backward(Q, K, V, O, L, dO, is_causal, keyed=(O, L))
 
@@ -3360,18 +3178,15 @@ def flash_backward_by_path(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, O:
 class FlashAttentionTriton(torch.autograd.Function):
     """``FlashAttentionTriton.apply(Q, K, V, is_causal[, launches])``: FlashAttention-2 in Triton.
 
-    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS``, float32,
-    float16 or bfloat16 -> O in Q's dtype; or SDPA's (batch, heads, n, d), in any strides (a fused
-    qkv projection's views read in place, O then a (batch, n, heads, d) tensor's view: see
-    ``flash_output_like``). Saves Q, K, V, O and L: Q's shape but d, float32;
-    the backward is dQ's kernel (which also makes D = rowsum(dO * O)), then dK and dV's.
-    ``flash_plan`` picks each kernel (Gluon on Hopper where it measured faster) and its launch;
-    ``launches`` maps "forward", "dkdv" or "dq" to a ``FlashLaunch`` of its Triton kernel (tuning).
-    No host synchronisation: torch.compile(fullgraph=True) traces it and CUDA graphs capture it
-    (compiled on Hopper from GLUON_COMPILED_MIN_WORK of work, through the opaque ops of
-    ``compiled_gluon_route``). An eager call with an earlier call's key (``replay_key``) replays
-    that call's kept launches. A backward under create_graph=True runs the recorded PyTorch
-    tiling (twice differentiable).
+    Q: (batch, n_queries, d), K and V: (batch, n_keys, d), d in ``FLASH_HEAD_DIMS``, float32, float16 or
+    bfloat16 -> O in Q's dtype; or SDPA's (batch, heads, n, d), any strides (a fused qkv projection's views
+    read in place, O then a view: ``flash_output_like``). Saves Q, K, V, O and L (Q's shape but d, float32);
+    the backward runs dQ's kernel (which makes D = rowsum(dO * O)), then dK and dV's. ``flash_plan`` picks
+    each kernel (Gluon on Hopper where faster) and launch; ``launches`` maps "forward", "dkdv" or "dq" to a
+    ``FlashLaunch`` of its Triton kernel. No host synchronisation: torch.compile(fullgraph=True) traces it
+    and CUDA graphs capture it (Gluon through ``compiled_gluon_route``'s opaque ops). An eager call with an
+    earlier call's key (``replay_key``) replays its kept launches. A backward under create_graph=True runs
+    the recorded PyTorch tiling (twice differentiable).
     """
 
     @staticmethod
@@ -3392,8 +3207,7 @@ class FlashAttentionTriton(torch.autograd.Function):
             grads = flash_pytorch_gradients_twice_differentiable(*(t.flatten(0, -3) for t in (Q, K, V, dO)),
                                                                  ctx.is_causal)
             return (*(g.view(t.shape) for g, t in zip(grads, (Q, K, V))), None, None)
-        # One operand dtype, and dense rows: a stride-0 dO (y.sum()'s gradient) would be read an
-        # element at a time in every tile (a model's transposed dO is read in place).
+        # One dtype and dense rows: a stride-0 dO (y.sum()'s) would be read an element at a time in every tile.
         dO = dO.to(Q.dtype)
         if dO.stride(-1) != 1 or 0 in dO.stride():
             dO = dO.contiguous()
@@ -3404,25 +3218,19 @@ class FlashAttentionTriton(torch.autograd.Function):
 # Attention as models call it: flash_attention (SDPA's layout, GQA, head dims to 256, window,
 # softcap, log-sum-exp)
 # ==============================================================================================
-# ``flash_attention(q, k, v, ...)`` takes what SDPA takes: q (batch, heads, n_queries, d), k and
-# v (batch, kv_heads, n_keys, d or dv), in any strides (a fused qkv projection's view is read
-# where it lies). Its kernels are general where the course's are tuned: four strides a tensor, a
-# head-group index for GQA, d and dv padded to a power of two with masked loads, and a mask as
-# two bounds on j - i: query i sees key j when lo <= j - i <= hi. Causal is hi = offset, a window
-# (left, right) lo = offset - left and hi = offset + right, offset 0 top-left (SDPA's) or
-# n_keys - n_queries bottom-right (the last query sees the last key: decode, or new queries over
-# a cache). A query that sees no key gets output 0, lse -inf and zero gradients, as SDPA gives a
-# row its boolean mask hides. Key tiles a mask hides from a whole query tile are never visited
-# (``_attention_span``); tiles it shows whole run unmasked. Softcap (Gemma 2): the scaled logits s
-# become softcap * tanh(s / softcap), whose derivative 1 - tanh^2 multiplies dS.
+# The general kernels: four strides a tensor, a head-group index for GQA, d and dv padded to a power of two,
+# and a mask as bounds on j - i: query i sees key j when lo <= j - i <= hi. Causal is hi = offset, a window
+# (left, right) lo = offset - left, hi = offset + right; offset 0 top-left (SDPA's) or n_keys - n_queries
+# bottom-right. A query that sees no key gets 0, lse -inf and zero gradients, as SDPA gives a row its mask
+# hides. Key tiles hidden from a whole query tile are skipped (``_attention_span``); whole ones run
+# unmasked. Softcap: s becomes softcap * tanh(s / softcap), whose derivative 1 - tanh^2 multiplies dS.
 
 
 ATTENTION_MAX_HEAD_DIM = 256
 # Head dims step by 8: 16-bit rows of 8 elements are 16-byte vectors, what every model's head has.
 ATTENTION_HEAD_DIM_STEP = 8
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
-# A window side past 2^30 keys shows every key of sequences up to 2^30 long (longer ones need rows
-# at most 1 element apart, for a head's 32-bit offsets): capped there, a bound plus a row stays in int32.
+# Window sides are capped at 2^30 (every key of any sequence 32-bit offsets allow), so a bound plus a row fits int32.
 ATTENTION_MAX_WINDOW = 2**30
 # 2 log2(e): tanh(x) = 1 - 2 / (exp2(x * TANH_EXP2) + 1).
 TANH_EXP2 = tl.constexpr(2.8853900817779268)
@@ -3454,12 +3262,10 @@ def flash_attention_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                               scale: float | None = None, causal_align: str = "top_left", window: tuple | None = None,
                               softcap: float | None = None,
                               bounds: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of materialised attention with every option of ``flash_attention``, in q's dtype
-    (the tests' judge in float64). Key/value heads are repeated over their query heads
-    (repeat_interleave, as SDPA's enable_gqa); a query that sees no key gets 0 and lse -inf, with
-    zero gradients (its logits are replaced by zeros before the softmax, then its row by zeros).
-    ``bounds``: the mask's (lo, hi) instead of the options' (for the first queries of a longer
-    problem, whose alignment the options would take from these queries alone)."""
+    """(out, lse) of materialised attention with every option of ``flash_attention``, in q's dtype (the
+    tests' judge in float64). Key/value heads are repeated over their query heads (as SDPA's enable_gqa);
+    a query that sees no key gets 0 and lse -inf, with zero gradients. ``bounds``: the mask's (lo, hi)
+    instead of the options' (for the first queries of a longer problem, whose alignment would differ)."""
     group = q.shape[1] // k.shape[1]
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     n_queries, n_keys = q.shape[-2], k.shape[-2]
@@ -3525,9 +3331,8 @@ def _check_window(window) -> tuple | None:
 
 
 def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap) -> dict:
-    """Every check ``flash_attention`` makes before any work; returns the options normalised
-    (is_causal a bool, scale a float, window a tuple or None, softcap a float or None).
-    Errors are TypeError/ValueError naming the argument."""
+    """``flash_attention``'s checks; returns the options normalised (is_causal a bool, scale a float, window a
+    tuple or None, softcap a float or None). TypeError/ValueError naming the argument."""
     for name, t in (("q", q), ("k", k), ("v", v)):
         check_tensor(name, t, 4)
     check_same("q", q, "k", k)
@@ -3567,10 +3372,10 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
 
 @dataclass(frozen=True)
 class AttentionPlan:
-    """What ``flash_attention`` launches: ``path`` "course" (FlashAttentionTriton's kernels) or
-    "general"; for the general kernels the head dims padded to powers of two (tl.arange's lengths,
-    at least 16 for tl.dot), the mask bounds (lo, hi) on j - i (None: unbounded), each kernel's
-    tiles and the forward's key splits. A plan given to flash_attention runs the general kernels."""
+    """What ``flash_attention`` launches: ``path`` "course" (FlashAttentionTriton's kernels) or "general"; for
+    the general kernels the head dims padded to powers of two (at least 16), the mask bounds (lo, hi) on
+    j - i (None: unbounded), each kernel's tiles and the forward's key splits. A plan given to
+    flash_attention runs the general kernels."""
 
     head_dim: int
     head_dim_v: int
@@ -3591,12 +3396,10 @@ class AttentionPlan:
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """Tiles by the widest padded head dim: the course's up to 128 (16-bit 128: smaller); at 256 halved so that the
-    forward's Q, K and V tiles fit an H100 block's shared memory and its float32 accumulator
-    takes 8 warps, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
+    """Tiles by the widest padded head dim: the course's up to 128; at 256 halved to fit shared memory, float32
+    halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
     if head_dim == 128 and dtype != torch.float32:
-        # 16-bit at d 128 the general kernels ran faster on 4 warps, dK/dV on 32-query tiles
-        # (see outputs/README.md, design notes: general attention tiles).
+        # Faster for the general kernels (outputs/README.md, design notes: general attention tiles).
         return {**flash_launches(128, dtype), "forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 3)}
     if head_dim <= 128:
         return flash_launches(head_dim, dtype)
@@ -3605,8 +3408,7 @@ def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch
     return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
 
 
-# Few query tiles over many keys (decode) leave SMs idle: the forward splits the keys until some
-# four waves of an H100's 132 SMs run, each split at least 1024 keys so the merge stays small.
+# Few query tiles over many keys (decode) idle SMs: split keys up to four waves of 132 SMs, 1024 keys or more a split.
 ATTENTION_SPLIT_PROGRAMS = 4 * 132
 ATTENTION_SPLIT_MIN_KEYS = 1024
 
@@ -3624,10 +3426,9 @@ ATTENTION_DECODE_HEADS = 4
 
 
 def attention_heads_in_tile(group: int, n_queries: int, block_m: int) -> int:
-    """How many query heads of a group share a forward tile: in a decode step (one query, a tile
-    of 16 rows) the group's heads fill the empty rows and each key and value tile is read once for
-    them all; a power of two dividing the group, at most ``ATTENTION_DECODE_HEADS`` (design notes:
-    decode tiles); 1 (one head a tile) for more queries."""
+    """Query heads of a group sharing a forward tile: in a decode step they fill the 16-row tile and read each
+    key and value tile once (a power of two dividing the group, at most ``ATTENTION_DECODE_HEADS``; design
+    notes: decode tiles); 1 for more queries."""
     heads = 1
     while n_queries == 1 and group % (2 * heads) == 0 and 2 * heads <= min(ATTENTION_DECODE_HEADS, block_m):
         heads *= 2
@@ -3638,14 +3439,12 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
                    causal_align: str = "top_left", window: tuple | None = None, batch_heads: int = 1,
                    grouped: bool | int = False, scale: float | None = None, softcap: float | None = None,
                    return_lse: bool = False) -> AttentionPlan:
-    """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads
-    and options: a pure function. Path "course" for what FlashAttentionTriton takes as it is (no
-    GQA (``grouped``), d = dv in FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no
-    window, softcap or lse), faster in a model's step (see outputs/README.md, design notes:
-    flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two
-    >= 16 that covers a short sequence (a decode step runs 16-query tiles). ``grouped``: the
-    group's size (query heads a key/value head serves), with which a decode step's forward tile
-    takes several heads of a group (``attention_heads_in_tile``); True: grouped, one head a tile."""
+    """``flash_attention``'s launch for these head dims, dtype, lengths, mask, batch x query heads and
+    options. Path "course" where FlashAttentionTriton takes the call as it is (no GQA, d = dv in
+    FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no window, softcap or lse; design notes:
+    flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two >= 16 that
+    covers a short sequence. ``grouped``: the group's size (query heads a key/value head serves), for
+    ``attention_heads_in_tile``; True: grouped, one head a tile."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
@@ -3668,10 +3467,8 @@ _cached_attention_plan = functools.lru_cache(maxsize=4096, typed=True)(attention
 @triton.jit
 def _attention_span(own_start, n_own, n_other, lo, hi, OWN: tl.constexpr, OTHER: tl.constexpr,
                     HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """For the OWN rows from own_start (queries; keys in dK/dV, with the bounds negated and
-    swapped), the tiles of OTHER along the other axis that they see: (start, full_start, full_end,
-    end). Tiles from start to end hold every pair the mask shows (the rest are skipped); those in
-    [full_start, full_end) are shown whole to every existing own row and need no mask."""
+    """(start, full_start, full_end, end) of the OTHER tiles the OWN rows from own_start see (keys in dK/dV,
+    bounds negated and swapped): [start, end) holds every shown pair, [full_start, full_end) needs no mask."""
     own_last = tl.minimum(own_start + OWN, n_own) - 1
     start = 0
     full_start = 0
@@ -3717,13 +3514,12 @@ def _attention_tanh(x):
 
 @triton.jit
 def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a b^T as logits in base-2 units: scaled by qk_scale = scale log2(e), or with SOFTCAP
-    cap2 tanh(a b^T qk_scale) where qk_scale = scale / softcap and cap2 = softcap log2(e)."""
+    """a b^T in base-2 units: times qk_scale = scale log2(e), or with SOFTCAP cap2 tanh(a b^T qk_scale),
+    qk_scale = scale / softcap, cap2 = softcap log2(e)."""
     s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST) * qk_scale
     if SOFTCAP:
-        # One exp2's tanh errs by float32's unit near 0 (softcap x 6e-8 a logit): 16-bit inputs'
-        # rounding hides that at models' caps (not from about 1e4), float32's does not, so
-        # float32 takes _tanh's series.
+        # One exp2's tanh errs by float32's unit near 0 (softcap x 6e-8 a logit): 16-bit rounding hides it at
+        # models' caps, float32's does not, so float32 takes _tanh's series.
         if a.dtype == tl.float32:
             s = _tanh(s) * cap2
         else:
@@ -3733,8 +3529,7 @@ def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl
 
 @triton.jit
 def _attention_shown(rows, cols, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
-    """(rows x cols) True where the column exists and lo <= col - row <= hi. Rows past their end
-    are never stored (queries in the forward and dQ, keys in dK/dV): shown as if they existed."""
+    """True where the column exists and lo <= col - row <= hi (rows past their end are never stored)."""
     shown = (cols < n_cols)[None, :] & (rows >= 0)[:, None]
     if HAS_LO:
         shown = shown & (cols[None, :] - rows[:, None] >= lo)
@@ -3748,8 +3543,7 @@ def _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stri
                         cap2, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
                         BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
                         UPCAST: tl.constexpr):
-    """The key tile at key_start: its key indices, K and V rows (zeros past n_keys where MASKED),
-    and the base-2 logits of the query tile q against them."""
+    """The key tile at key_start: key indices, K and V rows (zeros past n_keys if MASKED), base-2 logits."""
     keys = key_start + tl.arange(0, BLOCK_N)
     k = _attention_load(k_base, keys, n_keys, stride_kn, tl.arange(0, HEAD_DIM), stride_kd, D, HEAD_DIM, MASKED)
     v = _attention_load(v_base, keys, n_keys, stride_vn, tl.arange(0, HEAD_DIM_V), stride_vd, DV, HEAD_DIM_V, MASKED)
@@ -3784,8 +3578,7 @@ def _attention_forward_tiles(
 
 @triton.jit
 def _attention_head(pid, pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
-    """(batch, head, tile) of program pid (grid: batch x heads x tiles, batch and head fastest);
-    batch and head are int64 for the offsets. HEAVY_FIRST: the last tiles first (causal queries)."""
+    """(batch, head, tile) of pid, batch and head fastest and int64; HEAVY_FIRST: the last tiles first."""
     n_tiles = tl.cdiv(n_rows, BLOCK)
     tile = pid // pid_rows
     if HEAVY_FIRST:
@@ -3806,18 +3599,15 @@ def attention_forward_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS queries of each
-    of HEADS heads of one group, against the keys of their key/value head (query head // group)
-    that the mask shows them, within its split of split_keys keys (a multiple of BLOCK_N; one
-    split holds them all unless the plan splits the keys). out and lse:
-    (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its
-    own sum, and the caller merges the splits by their lse."""
+    """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS of each of HEADS heads of
+    a group, against the shown keys of their key/value head within its split of split_keys keys. out and
+    lse: (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its own
+    sum; the caller merges splits by their lse."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
     pid = tl.program_id(0)
     split = (pid % n_splits).to(tl.int64)
-    # With HEADS > 1 the tile's rows are HEADS query heads of one group (h the first) times
-    # QUERIES queries each, head-major: they read the same key and value tiles.
+    # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major.
     QUERIES: tl.constexpr = BLOCK_M // HEADS
     if HEADS == 1:
         b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
@@ -3873,10 +3663,8 @@ def attention_forward_kernel(
 @triton.jit
 def attention_merge_kernel(parts_ptr, part_lse_ptr, out_ptr, lse_ptr, n_rows, n_splits, DV: tl.constexpr,
                            HEAD_DIM_V: tl.constexpr):
-    """Row pid's out and lse over the whole key range, from the key splits' partial outs
-    (n_splits, n_rows, DV) float32, each normalised over its own keys, and their lses (natural
-    log): lse = logsumexp of the splits', out their sum weighted by exp(lse_split - lse). A row
-    no split shows a key keeps out 0 and lse -inf."""
+    """Row pid's out and lse from the splits' normalised float32 outs and lses: lse = logsumexp of theirs, out
+    their sum weighted by exp(lse_split - lse). A row no split shows a key keeps 0 and lse -inf."""
     row = tl.program_id(0).to(tl.int64)
     m = float("-inf")
     for split in range(n_splits):
@@ -3933,9 +3721,8 @@ def attention_backward_dq_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dQ of BLOCK_M queries of one (batch, query head), streaming keys as the forward does. Runs
-    first and writes D = rowsum(dO O) - dlse, which the dK/dV kernel reads: lse's own gradient
-    (its derivative in S is P) joins the softmax's as dS = P (dP - D)."""
+    """dQ of BLOCK_M queries of one (batch, query head). Runs first and writes D = rowsum(dO O) - dlse for
+    dK/dV: lse's gradient (its derivative in S is P) joins the softmax's as dS = P (dP - D)."""
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
@@ -3983,9 +3770,8 @@ def _attention_dkdv_tiles(
     MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dK and dV of one key tile from the query tiles from start to end of one query head, keys
-    major (S^T = K Q^T): dV += P^T dO, dS^T = P^T (V dO^T - D), dK += dS^T Q. Masked tiles zero
-    P^T and dS^T where the query is hidden or missing (its zeros times an infinite key are NaN)."""
+    """dK and dV of one key tile over query tiles [start, end) of one query head, key-major: dV += P^T dO,
+    dS^T = P^T (V dO^T - D), dK += dS^T Q; masked tiles zero hidden or missing queries (0 x inf is NaN)."""
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
     for query_start in range(start, end, BLOCK_M):
         rows = query_start + tl.arange(0, BLOCK_M)
@@ -4029,8 +3815,7 @@ def attention_backward_dkdv_kernel(
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV, summed over
-    the group's query heads and the queries that see them: one writer per key, no atomics."""
+    """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV over the group's heads."""
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
@@ -4087,9 +3872,8 @@ def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, s
 
 
 def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:
-    """The custom ops' plain values for a plan: scale, the bounds as ints with flags (an absent
-    bound's int is unused), softcap (0.0: none), and each kernel's [block_m, block_n, warps,
-    stages] (forward, dq, dkdv) then the forward's key splits and heads a tile."""
+    """The custom ops' plain values for a plan: scale, the bounds as ints with flags, softcap (0.0: none),
+    each kernel's [block_m, block_n, warps, stages] (forward, dq, dkdv), the key splits and heads a tile."""
     launches = [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
                 for field in ("block_m", "block_n", "num_warps", "num_stages")]
     return (scale, plan.lo or 0, plan.hi or 0, plan.lo is not None, plan.hi is not None, softcap or 0.0,
@@ -4105,15 +3889,13 @@ def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, lau
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lo: int, hi: int,
                        has_lo: bool, has_hi: bool, softcap: float,
                        launches: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) of ``flash_attention``'s forward: out (batch, heads, n_queries, dv) contiguous
-    in q's dtype, lse (batch, heads, n_queries) float32 (``_attention_args`` for the rest). The
-    op's body: its launch is one torch.compile can trace."""
+    """(out, lse): out (batch, heads, n_queries, dv) contiguous in q's dtype, lse (batch, heads, n_queries)
+    float32; the op's body, whose launch torch.compile can trace."""
     return _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced=True)
 
 
 def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced: bool):
-    """``_attention_forward``; ``traced`` False for a plain eager call, launched directly (no
-    ``wrap_triton``, whose eager call costs host time; see ``jit_kernel``)."""
+    """``_attention_forward``; ``traced`` False: launched directly, without ``wrap_triton``'s host time."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -4156,8 +3938,7 @@ def attention_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: t
                        dout: torch.Tensor, dlse: torch.Tensor | None, scale: float, lo: int, hi: int, has_lo: bool,
                        has_hi: bool, softcap: float, dq_launch: list[int],
                        dkdv_launch: list[int]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) of ``flash_attention`` for the gradients dout of out and dlse of lse (None: 0),
-    contiguous; dk and dv summed over each group's query heads."""
+    """(dq, dk, dv), contiguous, for dout and dlse (None: 0); dk and dv summed over each group's heads."""
     return _run_attention_backward(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo, has_hi, softcap, dq_launch,
                                    dkdv_launch, traced=True)
 
@@ -4195,8 +3976,7 @@ def _attention_setup(ctx, inputs, output):
 
 
 def _attention_grad(ctx, dout, dlse, through_op: bool = True):
-    """(dq, dk, dv): by the backward op where ``through_op`` (the forward op's autograd) or where
-    ``backward_through_op``, else its kernels launched directly (an eager backward)."""
+    """(dq, dk, dv) by the backward op (``through_op`` or ``backward_through_op``), else launched directly."""
     if torch.is_grad_enabled():
         if torch._C._are_functorch_transforms_active():  # torch.func's grad, vjp, jacrev: no first derivative either
             raise NotImplementedError("flash_attention's general kernels differentiate by backward only "
@@ -4228,8 +4008,7 @@ def _attention_vmap(info, in_dims, q, k, v, *options):
     return (out.unflatten(0, (info.batch_size, -1)), lse.unflatten(0, (info.batch_size, -1))), (0, 0)
 
 
-# flash_attention's general kernels where autograd records an eager call: launched directly
-# through the one Function, not by the custom op (whose dispatch costs host time each call).
+# Eager autograd calls of the general kernels launch directly, sparing the custom op's dispatch.
 _ATTENTION_AUTOGRAD = AutogradSpec(
     "flash_attention", forward=lambda *args: _run_attention_forward(*args, traced=False), setup=_attention_setup,
     backward=lambda ctx, dout, dlse: (*_attention_grad(ctx, dout, dlse, through_op=False), *([None] * 7)),
@@ -4237,9 +4016,8 @@ _ATTENTION_AUTOGRAD = AutogradSpec(
 
 
 def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, group: int, options: dict) -> None:
-    """A plan a caller hands ``flash_attention``: an ``AttentionPlan``, valid (``check``), of this
-    call's mask bounds, its heads a tile dividing the group (query heads a key/value head serves).
-    Errors name what differs."""
+    """A given plan must be a valid ``AttentionPlan`` of this call's bounds, its heads a tile dividing the
+    group; errors name what differs."""
     if not isinstance(plan, AttentionPlan):
         raise TypeError(f"plan must be an AttentionPlan, got {_type_name(plan)}")
     plan.check()
@@ -4278,9 +4056,9 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
       kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
       on Hopper; twice differentiable there); others the general kernels (no double backward).
 
-    Differentiable in q, k and v, through out and lse. The custom ops
-    ``softmax_kernels::attention_forward`` / ``attention_backward`` let torch.compile(fullgraph=True)
-    trace into the Triton launches and CUDA graphs capture them. Errors name the argument.
+    Differentiable in q, k and v, through out and lse. The custom ops ``softmax_kernels::attention_forward``
+    / ``attention_backward`` let torch.compile(fullgraph=True) trace the launches and CUDA graphs capture
+    them. Errors name the argument.
     """
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
@@ -4308,18 +4086,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
 # ==============================================================================================
 # Linear cross-entropy: the language-model loss, cross_entropy(x @ W^T + bias, target), fused
 # ==============================================================================================
-# x: (BT, H) hidden states, W: (V, H) the LM head as nn.Linear holds it, target: (BT,) int64.
-# Rows go through in chunks whose logits live in one reused (rows, V) buffer: cuBLAS logits, a
-# Triton row kernel (log-sum-exp, loss, and in place G = d loss / d logits times the row's
-# factor), cuBLAS dx = G @ W and dW += G^T @ x. The options are constexpr switches of the row
-# kernel: off, they compile away. See outputs/README.md, design notes: Linear cross-entropy.
+# x: (BT, H), W: (V, H) as nn.Linear holds it, target: (BT,) int64. Chunks of rows share one (rows, V)
+# buffer: cuBLAS logits, a Triton row kernel (log-sum-exp, loss, in place G = d loss / d logits times the
+# row's factor), cuBLAS dx = G @ W and dW += G^T @ x. Options are constexpr switches that compile away.
+# Design notes: Linear cross-entropy.
 
 LCE_REDUCTIONS = ("mean", "sum", "none")
 _INT64 = torch.iinfo(torch.int64)
-# Rows per chunk: dW's update is compute bound from ~520 bf16 rows, and the (rows, V) buffer is
-# capped at a quarter of dW (rows <= H / 4) down to the minimum; a narrow H takes more rows, up to
-# LCE_MAX_FILL_ROWS, so that dx's product (rows x H) fills a wave of LCE_FILL_TILE tiles on every
-# SM (design notes: Linear cross-entropy, SM fill).
+# Rows a chunk: dW's update is compute bound from ~520 bf16 rows; the buffer is capped at a quarter of dW
+# (rows <= H / 4); a narrow H takes up to LCE_MAX_FILL_ROWS so dx's product fills a wave of LCE_FILL_TILE
+# tiles (design notes: Linear cross-entropy, SM fill).
 LCE_MIN_ROWS = 512
 LCE_MAX_ROWS = 1024
 LCE_FILL_TILE = 128 * 128
@@ -4333,10 +4109,9 @@ def linear_cross_entropy_ref(x: torch.Tensor, W: torch.Tensor, target: torch.Ten
                              label_smoothing: float = 0.0, softcap: float | None = None, z_loss: float = 0.0,
                              weight: torch.Tensor | None = None, logits_dtype: torch.dtype | None = None
                              ) -> torch.Tensor:
-    """What ``linear_cross_entropy`` must equal: ``F.cross_entropy`` of the logits upcast to
-    float32 (float64 stays float64; ``logits_dtype`` picks another), soft-capped first, plus
-    ``z_loss * logsumexp(logits) ** 2`` on each row not ignored; "mean" divides by
-    F.cross_entropy's own denominator (the rows not ignored, or their targets' weights)."""
+    """What ``linear_cross_entropy`` must equal: ``F.cross_entropy`` of the logits in float32 (float64 kept;
+    or ``logits_dtype``), soft-capped first, plus ``z_loss * logsumexp(logits) ** 2`` on each row not
+    ignored; "mean" divides by F.cross_entropy's denominator (rows not ignored, or their targets' weights)."""
     logits = F.linear(x, W, bias)
     wide = torch.promote_types(logits.dtype, torch.float32) if logits_dtype is None else logits_dtype
     logits = logits.to(wide).reshape(-1, W.shape[0])
@@ -4379,11 +4154,10 @@ class LinearCrossEntropyLaunch:
 
 @dataclass(frozen=True)
 class LinearCrossEntropyPlan:
-    """What a call runs; its fields are the custom ops' arguments, in order (``args``). sharded: W
-    holds the classes class_offset ... class_offset + V - 1 of n_classes. target_apart: the
-    gradient's target term is added in float32 (``_add_target_term``). round_bf16: the kernel
-    rounds its bfloat16 stores itself, as the interpreter's casts truncate. grad_*: the
-    gradients wanted."""
+    """What a call runs; its fields are the custom ops' arguments, in order. sharded: W holds classes
+    class_offset ... class_offset + V - 1 of n_classes. target_apart: the target term is added in float32
+    (``_add_target_term``). round_bf16: the kernel rounds bfloat16 stores (the interpreter's casts
+    truncate). grad_*: the gradients wanted."""
 
     reduction: str
     chunk_rows: int
@@ -4404,9 +4178,8 @@ class LinearCrossEntropyPlan:
 
     @property
     def path(self) -> str:
-        """The route: "scalar" ("mean" / "sum": the gradients are made in the forward, three
-        products, and the backward scales them), "rows" ("none": the backward recomputes the
-        logits, four products) or "sharded" (vocab_parallel_linear_cross_entropy, recomputing)."""
+        """The route: "scalar" ("mean" / "sum": gradients made in the forward, three products), "rows" ("none": the
+        backward recomputes the logits, four products) or "sharded" (vocab_parallel, recomputing)."""
         return "sharded" if self.sharded else "rows" if self.reduction == "none" else "scalar"
 
     @property
@@ -4431,12 +4204,10 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
                               vocab_start: int | None = None, n_classes: int | None = None,
                               grads: tuple = (False, False, False), interpret: bool = INTERPRET,
                               sms: int | None = None) -> LinearCrossEntropyPlan:
-    """The plan of a call with x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within
-    [LCE_MIN_ROWS, LCE_MAX_ROWS], or on a GPU of ``sms`` SMs the rows that fill it with dx's
-    product (at most LCE_MAX_FILL_ROWS), in multiples of LCE_ROW_MULTIPLE, at most BT (the buffer
-    grows with V and H, never with BT), and 8 KiB tiles of a row. vocab_start, n_classes: W is
-    that shard of the vocabulary; grads: whether x, W, bias want one. Raises TypeError /
-    ValueError naming a bad option or launch."""
+    """The plan for x (BT, H) and W (V, H) of dtype: chunks of H / 4 rows within [LCE_MIN_ROWS, LCE_MAX_ROWS],
+    or with ``sms`` the rows that fill the GPU with dx's product (at most LCE_MAX_FILL_ROWS), multiples of
+    LCE_ROW_MULTIPLE, at most BT; 8 KiB tiles of a row. vocab_start, n_classes: W is that shard of the
+    vocabulary; grads: whether x, W, bias want one. TypeError / ValueError naming a bad option or launch."""
     check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
     if reduction not in LCE_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
@@ -4469,10 +4240,9 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
 
 
 def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> tuple:
-    """(x, W, bias, target) as autocast casts the first three, checked, x and target flattened
-    to (BT, H) and (BT,) (views where the strides allow). x (..., H), W (V, H), target
-    x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's when
-    W is a shard of it, else V); no dual tensors nor torch.func transforms' tensors."""
+    """(x, W, bias, target) checked, autocast applied, x and target flattened to (BT, H) and (BT,). x (..., H),
+    W (V, H), target x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's
+    when W is a shard, else V); no dual tensors nor torch.func transforms' tensors."""
     x, W = autocast_operands(x, W)
     if bias is not None:
         _, bias = autocast_operands(x, bias)
@@ -4521,11 +4291,9 @@ def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_cl
 
 
 def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
-    """A class index outside [0, V) that is not ignore_index: on the CPU a ValueError naming the
-    first; on CUDA a device-side assertion, as F.cross_entropy's, with no host sync (a read back
-    idles the GPU while the host queues the rest: see outputs/README.md, design notes: target
-    check). Skipped in a trace, a CUDA-graph capture or on a FakeTensor: the row's loss and
-    gradient are NaN there."""
+    """A class index outside [0, V) that is not ignore_index: on the CPU a ValueError naming the first; on
+    CUDA a device-side assertion, as F.cross_entropy's, with no host sync (design notes: target check).
+    Skipped in a trace, a CUDA-graph capture or on a FakeTensor: the row's loss and gradient are NaN."""
     if (torch.compiler.is_compiling() or is_fake(target)
             or (target.is_cuda and torch.cuda.is_current_stream_capturing())):
         return
@@ -4541,12 +4309,9 @@ def check_targets(target: torch.Tensor, V: int, ignore_index: int) -> None:
 
 @triton.jit
 def _bf16_nearest_even(t):
-    """float32 t rounded to the nearest bfloat16 (ties to even), still as float32; inf and NaN kept.
-
-    Adding 0x7FFF plus the lowest kept bit carries into the kept 16 bits exactly when the dropped
-    half is above half a unit, or at half with the kept part odd; clearing the dropped half then
-    leaves the rounded value, which a truncating cast keeps exactly.
-    """
+    """float32 t rounded to the nearest bfloat16 (ties to even), as float32; inf and NaN kept. Adding 0x7FFF
+    plus the lowest kept bit carries exactly when the dropped half is above half a unit, or at half with
+    the kept part odd; a truncating cast keeps the result exactly."""
     bits = t.to(tl.int32, bitcast=True)
     rounded = ((bits + 0x7FFF + ((bits >> 16) & 1)) & -65536).to(tl.float32, bitcast=True)
     return tl.where(tl.abs(t) < float("inf"), rounded, t)
@@ -4554,10 +4319,8 @@ def _bf16_nearest_even(t):
 
 @triton.jit
 def _tanh(u):
-    """tanh of float32 u (libdevice's tanh does not run in the interpreter): where |u| < 0.3 the
-    odd Taylor series to u^11 (1 - e^(-2|u|) would cancel there; the next term is 2e-9 of tanh),
-    elsewhere (1 - e) / (1 + e) with e = e^(-2|u|). Within a few float32 ulp, far below the 16-bit
-    logits' own rounding."""
+    """tanh of float32 u (libdevice's does not run in the interpreter): for |u| < 0.3, where 1 - e^(-2|u|)
+    cancels, the odd series to u^11; else (1 - e) / (1 + e), e = e^(-2|u|). Within a few float32 ulp."""
     a = tl.abs(u)
     e = tl.math.exp2(a * (-2.0 * LOG2_E))
     far = (1.0 - e) / (1.0 + e)
@@ -4576,14 +4339,11 @@ def linear_cross_entropy_rows_kernel(
     SOFTCAP: tl.constexpr, WEIGHT: tl.constexpr, SMOOTH: tl.constexpr, Z_LOSS: tl.constexpr, SHARDED: tl.constexpr,
     TARGET_APART: tl.constexpr,
 ):
-    """One program per row of the chunk's logits (rows, V).
-
-    Without LSE_GIVEN: one pass for the row's log-sum-exp (max and sum merged tile by tile) and
-    its loss, both stored. With GRAD: a second pass overwrites the logits with the loss's
-    gradient times factor[row]. An ignored row has loss and gradient 0; a target outside [0,
-    n_classes) gives NaN in both, never a plausible number. SHARDED: the logits are the columns
-    class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets this shard's
-    linear terms alone. The other switches are the plan's options.
+    """One program a row of the chunk's logits (rows, V). Without LSE_GIVEN: a pass stores the row's
+    log-sum-exp and loss. GRAD: a second pass overwrites the logits with the gradient times factor[row].
+    An ignored row has loss and gradient 0; a target outside [0, n_classes) gives NaN in both. SHARDED:
+    the logits are classes class_offset ... class_offset + V - 1 of n_classes, and the loss slot gets
+    this shard's linear terms alone. The other switches are the plan's options.
     """
     row = tl.program_id(0)
     row_ptr = logits_ptr + tl.cast(row, tl.int64) * stride_lr
@@ -4624,8 +4384,7 @@ def linear_cross_entropy_rows_kernel(
             if SOFTCAP:
                 z = tl.where(inside, softcap * _tanh(z / softcap), float("-inf"))
             new_max = tl.maximum(row_max, tl.max(z, 0))
-            # The first tile always holds a finite logit, so new_max is finite and the old -inf
-            # maximum rescales an empty sum by exp2(-inf) = 0.
+            # The first tile holds a finite logit: new_max is finite, and the old -inf rescales an empty sum by 0.
             row_sum = row_sum * tl.math.exp2((row_max - new_max) * LOG2_E) \
                 + tl.sum(tl.math.exp2((z - new_max) * LOG2_E), 0)
             row_max = new_max
@@ -4641,8 +4400,7 @@ def linear_cross_entropy_rows_kernel(
         if SOFTCAP:
             target_logit = softcap * _tanh(target_logit / softcap)
         if SHARDED:
-            # This shard's part of the row's linear terms; the caller sums them over the shards
-            # and adds p_coef * lse once the log-sum-exp is the whole vocabulary's.
+            # This shard's linear terms; the caller sums the shards and adds p_coef * lse over the whole vocabulary.
             linear = tl.where(here, t_coef * target_logit, 0.0)
             if SMOOTH:
                 linear += uniform * smooth_sum
@@ -4657,15 +4415,13 @@ def linear_cross_entropy_rows_kernel(
             loss = tl.where(in_range, loss, float("nan"))
             tl.store(loss_ptr + row, tl.where(ignored, 0.0, loss))
     if GRAD:
-        # The pass below overwrites the row that every warp read the target's logit from after
-        # the last reduction: without a barrier a warp ahead could overwrite it first.
+        # The pass below overwrites the row every warp read the target's logit from: a warp ahead must wait.
         tl.debug_barrier()
         factor = tl.load(factor_ptr + row * stride_f).to(tl.float32)
         factor = tl.where(ignored, 0.0, tl.where(in_range, factor, float("nan")))
         if Z_LOSS:
             p_coef += 2.0 * z_loss * lse
-        # Back to front: the row's last tiles were read most recently, so they are the likeliest
-        # still in L2 when many rows stream at once.
+        # Back to front: the last tiles read are the likeliest still in L2.
         n_tiles = tl.cdiv(V, BLOCK_V)
         for i in range(n_tiles):
             offs = (n_tiles - 1 - i) * BLOCK_V + cols
@@ -4695,19 +4451,17 @@ def linear_cross_entropy_rows_kernel(
 
 
 def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, loss_rows, factor, dx, dW, db):
-    """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse
-    given, loss_rows None). factor: the gradient's float32 factor per row (0-d: one for all), or
-    None for the loss alone; dx, dW: where the gradients go, or None; db: a float32 (V,) sum or None."""
+    """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse given). factor:
+    the gradient's float32 factor a row (0-d: one for all; None: loss alone); dx, dW, db (float32): or None."""
     BT, V = x.shape[0], W.shape[0]
     # The row kernel reads the class weights with unit stride: a view (w[::2], an expand) is copied.
     weight32 = weight.float().contiguous() if weight is not None else None
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
     apart = factor is not None and plan.target_apart
     slots = torch.empty((V,), dtype=torch.int64, device=x.device) if apart and dW is not None else None
-    # Products over a number of classes off 16 bytes take cuBLAS's slow kernels: the classes go in
-    # an aligned head and a tail of fewer than 8, the buffer's rows on 16 bytes. With a bias, one
-    # product into a contiguous buffer: there cuBLAS adds the bias before it rounds, as F.linear
-    # does (design notes: vocabularies off 16 bytes).
+    # Classes off 16 bytes take cuBLAS's slow kernels: an aligned head and a tail of under 8. With a bias, one
+    # product into a contiguous buffer, where cuBLAS adds it before rounding, as F.linear (design notes:
+    # vocabularies off 16 bytes).
     rows = min(plan.chunk_rows, BT)
     if bias is None:
         buffer = _empty_rows_on_16_bytes((rows, V), x.dtype, x.device)
@@ -4725,9 +4479,7 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
                 torch.mm(x_c, W[a:b].t(), out=logits[:, a:b])
         else:
             torch.addmm(bias, x_c, W.t(), out=logits)
-        # Pointers a mode never touches get target_c, which the kernel only reads: no argument
-        # the kernel writes is passed twice. The op is opaque to torch.compile, so the loop runs
-        # eagerly and launches directly (design notes: linear_cross_entropy is opaque to torch.compile).
+        # Unused pointers get target_c, which the kernel only reads: no written argument is passed twice.
         chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
         jit_kernel(linear_cross_entropy_rows_kernel, traced=False)[(end - start,)](
             logits, target_c, chunk_factor, target_c if loss_rows is None else loss_rows[start:end], lse[start:end],
@@ -4758,12 +4510,11 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
 
 
 def _add_target_term(x_c, W, target_c, factor, weight, plan: LinearCrossEntropyPlan, dx_c, dW, db, slots) -> None:
-    """Adds the chunk's target terms -c_r onehot(target_r), c_r = t_coef * factor, in float32:
-    dx_r -= c_r W[target_r], dW[target_r] -= c_r x_r (a class's rows summed in float32, then each
-    touched row of dW rounded once), db[target_r] -= c_r. With label smoothing and no softcap
-    this term is one constant in every row: rounded in the 16-bit tile, its one error would
-    repeat in every row of dx and dW, a bias that does not average out (design notes: Label
-    smoothing's target term). slots: a (V,) int64 scratch."""
+    """Adds the target terms -c_r onehot(target_r), c_r = t_coef * factor, in float32: dx_r -= c_r W[target_r],
+    dW[target_r] -= c_r x_r (summed in float32, each touched row rounded once), db[target_r] -= c_r. With
+    label smoothing and no softcap the term is one constant: rounded in the 16-bit tile, its error would
+    repeat in every row, a bias that does not average out (design notes: Label smoothing's target term).
+    slots: a (V,) int64 scratch."""
     local = target_c - plan.class_offset
     here = (local >= 0) & (local < W.shape[0]) & (target_c != plan.ignore_index)
     t = torch.where(here, local, 0)
@@ -4785,8 +4536,7 @@ def _add_target_term(x_c, W, target_c, factor, weight, plan: LinearCrossEntropyP
 
 
 def _mean_denominator(target: torch.Tensor, weight: torch.Tensor | None, plan: LinearCrossEntropyPlan):
-    """F.cross_entropy's "mean" denominator, float32 0-d: the rows not ignored, or with class
-    weights the sum of their targets' weights (a bad target counts 0: its row's loss is NaN)."""
+    """F.cross_entropy's "mean" denominator, float32 0-d: rows not ignored, or their targets' weights."""
     kept = target != plan.ignore_index
     if weight is None:
         return kept.sum().to(torch.float32)
@@ -4818,10 +4568,8 @@ def _lce_forward(
     label_smoothing: float, softcap: float, z_loss: float, class_offset: int, n_classes: int, sharded: bool,
     target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(loss, lse, dx, dW, db) of the plan given field by field: the loss (0-d on the "scalar"
-    path, else (BT,) float32; on the "sharded" path each row's linear terms), each row's
-    log-sum-exp, and on the "scalar" path the wanted gradients for an upstream gradient of 1
-    (empty where not wanted)."""
+    """(loss, lse, dx, dW, db) of the plan given field by field: loss 0-d on "scalar", else (BT,) float32
+    ("sharded": the linear terms); the rows' lse; on "scalar" the wanted gradients for an upstream 1."""
     plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
                                   softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
                                   grad_x, grad_W, grad_bias)
@@ -4860,8 +4608,7 @@ def _lce_backward(
     ignore_index: int, label_smoothing: float, softcap: float, z_loss: float, class_offset: int,
     n_classes: int, sharded: bool, target_apart: bool, round_bf16: bool, grad_x: bool, grad_W: bool, grad_bias: bool,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dx, dW, db) for the per-row upstream gradient dloss ((BT,) any stride, or 0-d): the
-    chunks' logits recomputed, their gradient from the given log-sum-exps (empty where not wanted)."""
+    """(dx, dW, db) for dloss ((BT,) any stride, or 0-d), the logits recomputed (empty where not wanted)."""
     plan = LinearCrossEntropyPlan(reduction, chunk_rows, block_v, num_warps, ignore_index, label_smoothing,
                                   softcap, z_loss, class_offset, n_classes, sharded, target_apart, round_bf16,
                                   grad_x, grad_W, grad_bias)
@@ -4892,8 +4639,8 @@ def _lce_setup_context(ctx, inputs, output):
 
 
 def _lce_autograd_backward(ctx, dloss, dlse, ddx, ddW, ddb, through_op: bool = True):
-    """The gradients of x, W and bias; on the "rows" path by the backward op where ``through_op``
-    (the forward op's autograd) or where ``backward_through_op``, else launched directly."""
+    """The gradients of x, W and bias; "rows": by the backward op where ``through_op`` or
+    ``backward_through_op``, else launched directly."""
     if torch.is_grad_enabled():
         raise no_double_backward("linear_cross_entropy", "linear_cross_entropy_ref (the logits in memory): "
                                                          "torch.func's transforms do not run this op either")
@@ -4975,15 +4722,12 @@ def linear_cross_entropy(x: torch.Tensor, W: torch.Tensor, target: torch.Tensor,
     return (loss, lse.reshape(target.shape)) if return_lse else loss
 
 
-# Vocabulary-parallel: W sharded by rows (classes) over a process group, as tensor-parallel LM heads
-# hold it. Each row's log-sum-exp is merged over the ranks from the shards' own and its linear
-# terms summed; the gradient needs that log-sum-exp, known only after the forward's collectives,
-# so the backward recomputes each shard's logits.
+# Vocabulary-parallel: W sharded by classes over a process group. The gradient needs the merged log-sum-exp,
+# known only after the forward's collectives, so the backward recomputes each shard's logits.
 def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int | None, device) -> tuple:
     """(vocab_start, n_classes): as given, or from every rank's shard size in rank order (one
     all-gather of an integer, read back)."""
     import torch.distributed as dist
-
     if (vocab_start is None) != (n_classes is None):
         raise ValueError("vocab_start and n_classes go together: pass both (this shard's first class and the "
                          "vocabulary's size) or neither (shards in rank order, their sizes gathered)")
@@ -4998,7 +4742,6 @@ def _shard_bounds(V_local: int, group, vocab_start: int | None, n_classes: int |
 def _group_logsumexp(lse_local: torch.Tensor, group) -> torch.Tensor:
     """log(sum over ranks of exp(lse_local)) per row: the maximum first, so no sum overflows."""
     import torch.distributed as dist
-
     top = lse_local.clone()
     dist.all_reduce(top, op=dist.ReduceOp.MAX, group=group)
     top = torch.where(torch.isfinite(top), top, 0.0)  # a row of -inf or NaN keeps it through the sum
@@ -5022,13 +4765,10 @@ def _sharded_row_loss(lse, linear, target, weight, plan: LinearCrossEntropyPlan)
     return torch.where(target == plan.ignore_index, 0.0, loss)
 
 
-# The op pair's bodies with the group's collectives between them (a custom op cannot take a
-# process group): the forward's "sharded" plan gives each row's log-sum-exp and linear terms,
-# merged over the group; the backward recomputes the shard's gradients and sums dx. The forward
-# hands the "mean" denominator (else a 0-d 1) to the backward as a third, non-differentiable output.
+# The op pair with the collectives between them (a custom op cannot take a process group). The forward hands
+# the "mean" denominator (else a 0-d 1) to the backward as a third, non-differentiable output.
 def _vocab_parallel_forward(x, W, bias, target, weight, group, plan: LinearCrossEntropyPlan):
     import torch.distributed as dist
-
     linear, lse_local = _lce_forward(x, W, target, bias, weight, *plan.args())[:2]
     lse = _group_logsumexp(lse_local, group)
     dist.all_reduce(linear, group=group)
@@ -5045,7 +4785,6 @@ def _vocab_parallel_setup(ctx, inputs, output):
 
 def _vocab_parallel_backward(ctx, dloss, dlse, ddenominator):
     import torch.distributed as dist
-
     if dloss is None:
         return (None,) * 7
     x, W, bias, target, weight, lse, denominator = ctx.saved_tensors
@@ -5081,7 +4820,6 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
     unsharded one's. Eager only: torch.compile(fullgraph=True) does not trace the collectives.
     """
     import torch.distributed as dist
-
     if not dist.is_available() or not dist.is_initialized():
         raise RuntimeError("vocab_parallel_linear_cross_entropy needs an initialised torch.distributed process "
                            "group (torch.distributed.init_process_group)")
@@ -5103,48 +4841,34 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
 # ----------------------------------------------------------------------------------------------
 # Gluon on Hopper: softmax(x) @ V and FlashAttention (forward, dK/dV, dQ), warp-specialised
 # ----------------------------------------------------------------------------------------------
-# softmax(x) @ V: the compiled ``fused_softmax_kernel`` waits for each warpgroup MMA right after
-# issuing it; Gluon writes the overlap down. A program owns GLUON_SOFTMAX_CONSUMERS x GLUON_BLOCK_M
-# rows of x and one d3 tile of the output: a loader warp brings each step's x tile (all the
-# program's rows) and V tile into a ring by TMA, and each consumer warpgroup issues its products of
-# step i - 1, runs the online softmax of its 64 rows of step i, then waits for them. The two
-# consumers share every V tile (half the V traffic of one-warpgroup programs) and, on the same SM,
-# one's softmax runs under the other's products.
-# setmaxnreg: the loader warp (padded to a warpgroup) keeps 24 registers, each consumer 240
-# (24 x 128 + 2 x 240 x 128 = 63 K of the 64 K an SM has): a 64 x 256 float32 accumulator is 128
-# of them.
+# softmax(x) @ V: compiled Triton waits for each warpgroup MMA right after issuing it; Gluon writes the overlap
+# down. A program owns GLUON_SOFTMAX_ROWS rows of x and one d3 tile: a loader warp brings each step's x and V
+# tiles into a TMA ring; each consumer warpgroup issues step i - 1's products, runs step i's online softmax
+# of its 64 rows, then waits. The consumers share every V tile, one's softmax under the other's products.
+# setmaxnreg: loader 24 registers, consumers 240 (24 x 128 + 2 x 240 x 128 of the SM's 64 K).
 GLUON_LOADER_REGISTERS = 40  # the attention kernels' loaders
 GLUON_SOFTMAX_LOADER_REGISTERS = 24
 GLUON_SOFTMAX_CONSUMER_REGISTERS = 240
 
-# Forward: a tile is GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M queries of one batch element, one
-# GLUON_BLOCK_M for each consumer warpgroup; a program runs one tile or, persistent, one of every
-# so many. A loader warp brings each Q tile once, then K and V tiles of GLUON_FLASH_BLOCK_N keys
-# into a TMA ring both consumers read (a slot is refilled once both released it). Each consumer
-# issues S_i = Q K_i^T and O += P_{i-1} V_{i-1} back to back as asynchronous MMAs, waits for S_i
-# only (MMAs finish in issue order), runs the online softmax of S_i while the tensor cores work on
-# P_{i-1} V_{i-1}, then waits for that and rescales O. Steps every query of the tile sees whole
-# skip the mask. Masking, -inf rows and the saved log-sum-exp as in flash_attention_forward_kernel.
+# Forward: a tile is GLUON_BLOCK_M queries for each consumer; a program runs one tile or, persistent, many.
+# A loader warp brings each Q tile once, then K and V tiles into a TMA ring both consumers read (a slot is
+# refilled once both released it). The step's overlap: ``_gluon_flash_step``. Masking, -inf rows and the
+# saved log-sum-exp as in flash_attention_forward_kernel.
 GLUON_FLASH_BLOCK_N = 128
 GLUON_FLASH_STAGES = 2
-# setmaxnreg for the second consumer (a multiple of 8): beside the loader's 40 (one warp padded
-# to a warpgroup), both consumers get 232 of the 64K.
+# setmaxnreg (a multiple of 8): beside the loader's 40, both consumers get 232 of the 64K.
 GLUON_FLASH_CONSUMER_REGISTERS = 232
 # The consumers take turns to issue their products (FlashAttention-3's ping-pong: one's softmax
 # under the other's MMAs), ordered by a pair of barriers in shared memory.
 GLUON_FLASH_PINGPONG = True
 
-# dK and dV: a program a tile of GLUON_FLASH_CONSUMERS x GLUON_BLOCK_M keys, each consumer owning
-# GLUON_BLOCK_M of them and streaming 64-query tiles of Q and dO through a TMA ring. A step's four
-# products are asynchronous: S^T and dP^T together, P^T's exp under dP^T, dV's product while dS^T
-# is made, dK's last.
+# dK and dV: each consumer owns GLUON_BLOCK_M keys, streaming 64-query tiles of Q and dO through a TMA ring;
+# S^T and dP^T issue together, P^T's exp under dP^T, dV's product while dS^T is made, dK's last.
 GLUON_DKDV_STAGES = 2
 GLUON_DKDV_CONSUMER_REGISTERS = 232
 
-# dQ: a program a tile of the forward's queries (the heaviest causal ones first), each consumer
-# holding its Q and dO tiles and streaming K and V tiles of ``gluon_dq_block_n`` keys through a
-# TMA ring. A step issues S = Q K^T and dP = dO V^T together, makes P under dP, then dS = P (dP -
-# D) and dQ += dS K. It also writes D = rowsum(dO * O), which the dK/dV kernel reads.
+# dQ: the forward's query tiles, each consumer holding Q and dO and streaming K and V; S and dP issue together,
+# P under dP, then dS = P (dP - D) and dQ += dS K. It also writes D = rowsum(dO * O) for dK/dV.
 GLUON_DQ_STAGES = 2
 GLUON_DQ_CONSUMER_REGISTERS = 232
 
@@ -5157,18 +4881,15 @@ if _GLUON is not None:
     @gluon.jit
     def _gluon_softmax_loader(x_desc, v_desc, x_bufs, v_bufs, x_ready, x_free, v_ready, v_free,
                               batch, off_m, off_d3, n_steps):
-        """The producer: one warp issuing the TMA copies of every step's x and V tiles into the ring.
-        16-bit V comes as it is, (batch, d2, d3); float32 V as its TF32 parts, (batch, parts, d3,
-        d2), each part's tile into its own buffer of the slot."""
+        """The producer warp: every step's x and V tiles into the ring (float32 V as its TF32 parts, each part
+        into its own buffer of the slot)."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         PARTS: gl.constexpr = v_bufs.type.shape[0] // STAGES
         BLOCK_N: gl.constexpr = x_desc.block_type.shape[2]
         PARTED: gl.constexpr = len(v_desc.block_type.shape) == 4
         for i in range(n_steps):
             slot = i % STAGES
-            # Each pass through the ring completes one phase of a slot's barriers. A fresh mbarrier
-            # behaves as if the phase before phase 0 had completed, so on the first pass the
-            # waits for "free" (phase ^ 1 = 1) return at once.
+            # A fresh mbarrier acts as if the phase before 0 completed: the first pass's "free" waits return at once.
             phase = (i // STAGES) & 1
             mbarrier.wait(x_free.index(slot), phase ^ 1)
             mbarrier.expect(x_ready.index(slot), x_desc.block_type.nbytes)
@@ -5191,9 +4912,7 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_softmax_operands(w, p, q, p_layout: gl.constexpr, PARTS: gl.constexpr):
-        """The weights w as the products' register operands: in the inputs' 16-bit dtype (q is
-        left as it is), rounded to TF32 (float32, one product), or split into that and the rest
-        (tf32x3: p and q)."""
+        """w as the products' register operands: 16-bit (q unchanged), TF32 (one product), or split (tf32x3)."""
         if p.dtype == gl.float32:
             hi = _gluon_tf32(w)
             if PARTS == 2:
@@ -5205,11 +4924,9 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_softmax_products(p, q, v_bufs, slot, acc, PARTS: gl.constexpr):
-        """Issues acc += weights @ V's tile in ``slot`` as asynchronous warpgroup MMAs. 16-bit:
-        one product, V's tile d2 by d3. float32: V's parts arrive d3 by d2 (K-major, as a TF32
-        MMA needs an operand in shared memory): one product of the rounded weights p and V
-        ('high'), or three, p V_hi + p V_lo + q V_hi (tf32x3, 'highest'); the tensor core's
-        truncation of the small terms is at the level of float32's own rounding."""
+        """Issues acc += weights @ V's tile as asynchronous warpgroup MMAs: 16-bit one product; float32 V's parts
+        arrive K-major (a TF32 MMA's shared operand must be): p V ('high') or p V_hi + p V_lo + q V_hi
+        (tf32x3), the small terms' truncation at float32's own rounding."""
         if len(v_bufs.type.shape) == 4:  # 16-bit: (slots, 1, BLOCK_N, BLOCK_D3); p in registers or shared memory
             BLOCK_N: gl.constexpr = v_bufs.type.shape[2]
             BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
@@ -5227,10 +4944,8 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_softmax_products_done(acc, part, p, q, PARTS: gl.constexpr):
-        """Waits for the products in flight. Under tf32x3 a step's three products go to a fresh
-        accumulator, part, added to acc here in float32 registers: the tensor core's accumulation
-        does not round as float32 arithmetic does, and across the steps it erred many times
-        PyTorch's error (see outputs/README.md, design notes: tf32x3 products)."""
+        """Waits for the products in flight. tf32x3: a step's products go to a fresh ``part``, added to acc here in
+        float32, as the tensor core's accumulation does not round as float32 does (design notes: tf32x3 products)."""
         if PARTS == 2:
             part, p, q = warpgroup_mma_wait(0, deps=(part, p, q))
             acc = acc + part
@@ -5264,11 +4979,9 @@ if _GLUON is not None:
                             p_layout: gl.constexpr, CONSUMER: gl.constexpr, MASKED: gl.constexpr,
                             PINGPONG: gl.constexpr, LAZY: gl.constexpr, PARTS: gl.constexpr, FIRST: gl.constexpr,
                             P_SMEM: gl.constexpr):
-        """Step i of one consumer: step i - 1's products issued asynchronously (not FIRST), the
-        online softmax of its rows' x tile while they run, then the wait for them, acc's rescale,
-        and step i's weights as the next products' operands. The products issued in a step are
-        waited for in it: with an MMA in flight across the loop's back edge ptxas serialises
-        every warpgroup MMA (its warning C7512).
+        """Step i of one consumer: step i - 1's products issued (not FIRST), the online softmax of step i while they
+        run, the wait, acc's rescale, step i's weights as the next operands. A step waits for its own products:
+        an MMA in flight across the loop's back edge makes ptxas serialise every warpgroup MMA (warning C7512).
         MASKED: columns past d2 (TMA's zeros) weigh nothing."""
         STAGES: gl.constexpr = x_bufs.type.shape[0]
         ROWS: gl.constexpr = x_bufs.type.shape[2]
@@ -5288,17 +5001,13 @@ if _GLUON is not None:
         if MASKED:
             s = gl.where(gl.expand_dims(i * BLOCK_N + cols < d2, 0), s, float("-inf"))
         m_new = gl.maximum(m, gl.max(s, axis=1))
-        # A row that has seen only -inf subtracts 0: exp(-inf - -inf) would be NaN. The logits
-        # are taken from the max before scaling to base 2, which cannot overflow (x * log2(e)
-        # can, past 2.4e38).
+        # A row of only -inf subtracts 0 (no NaN); the max is subtracted before scaling to base 2, as x * log2(e)
+        # overflows past 2.4e38.
         m_sub = gl.where(m_new == float("-inf"), 0.0, m_new)
         alpha = gl.exp2((m - m_sub) * LOG2E)
         rescale = True
         if LAZY:
-            # Rescale only when some row's max grew by more than 8: until then exp(x - m) against
-            # the stale m stays below e^8 (~3e3), far inside both 16-bit ranges, and the final
-            # division uses the same m. A row at -inf that sees a finite logit grows (-inf + 8 is
-            # -inf). The test spans the warpgroup, so all its warps take one branch.
+            # Lazy rescale as in fused_softmax_kernel; the test spans the warpgroup, so its warps take one branch.
             rescale = gl.max((m_new > m + 8.0).to(gl.int32), axis=0) > 0
         if rescale:
             m = m_new
@@ -5328,8 +5037,7 @@ if _GLUON is not None:
                                 s_layout: gl.constexpr, acc_layout: gl.constexpr, p_layout: gl.constexpr,
                                 CONSUMER: gl.constexpr, PINGPONG: gl.constexpr, LAZY: gl.constexpr,
                                 STORE_LSE: gl.constexpr, PARTS: gl.constexpr, P_SMEM: gl.constexpr):
-        """Consumer warpgroup CONSUMER: rows off_m + CONSUMER * BLOCK_M onwards through every step
-        of the ring, then their output tile (and, STORE_LSE, their log-sum-exp)."""
+        """Consumer CONSUMER: rows off_m + CONSUMER * BLOCK_M on, every step, then their output (and lse)."""
         BLOCK_N: gl.constexpr = x_bufs.type.shape[3]
         BLOCK_D3: gl.constexpr = v_bufs.type.shape[3]
         BLOCK_M: gl.constexpr = x_bufs.type.shape[2] // turns.type.shape[0]  # the rows / the consumers
@@ -5340,7 +5048,6 @@ if _GLUON is not None:
         if PINGPONG:
             if CONSUMER == 1:  # consumer 0 issues first
                 mbarrier.arrive(their_turn)
-
         m = gl.full([BLOCK_M], float("-inf"), gl.float32, rows_l)
         l = gl.zeros([BLOCK_M], gl.float32, rows_l)
         acc = gl.zeros([BLOCK_M, BLOCK_D3], gl.float32, acc_layout)
@@ -5377,7 +5084,6 @@ if _GLUON is not None:
         acc, part = _gluon_softmax_issue(n_steps - 1, p, q, p_buf, v_bufs, v_ready, my_turn, their_turn, acc, part,
                                          PINGPONG, PARTS, P_SMEM)
         acc, part, p, q = _gluon_softmax_products_done(acc, part, p, q, PARTS)
-
         # A row of only -inf has l = 0 and acc = 0: 0 / 0 is NaN, torch's answer for that row.
         out = acc / gl.expand_dims(gl.convert_layout(l, gl.SliceLayout(1, acc_layout)), 1)
         first_row = off_m + CONSUMER * BLOCK_M
@@ -5388,8 +5094,7 @@ if _GLUON is not None:
         mask = gl.expand_dims(rows < d1, 1) & gl.expand_dims(out_cols < d3, 0)
         gl.store(o_ptrs, out.to(x_bufs.dtype), mask=mask)
         if STORE_LSE:
-            # The first d3 tile's programs write it. A row of only -inf gets -inf (log 0 + 0):
-            # its backward is NaN, as torch's is.
+            # The first d3 tile's programs write it; a row of only -inf gets -inf (a NaN backward, as torch's).
             if off_d3 == 0:
                 lse_rows = first_row + gl.arange(0, BLOCK_M, rows_l)
                 lse = (m + gl.log2(l) * LN2)
@@ -5412,21 +5117,15 @@ if _GLUON is not None:
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
         gl.static_assert(ROWS == CONSUMERS * BLOCK_M, "an x tile holds every consumer's rows")
-
         tile = gl.program_id(0)
         batch = gl.program_id(1)
         # Adjacent programs take the d3 tiles of one row block: its x tiles come from L2 after the first.
         off_m = (tile // n_tiles_d3) * ROWS
         off_d3 = (tile % n_tiles_d3) * BLOCK_D3
         n_steps = gl.cdiv(d2, BLOCK_N)
-
-        # The accumulator's layout fixes the MMA: 16 rows per warp, BLOCK_D3 columns per
-        # instruction, K of 32 bytes (16 16-bit operands, 8 TF32 ones). 16-bit: the logits use the
-        # same row distribution (N = BLOCK_N), so their row statistics line up with the
-        # accumulator's rows, and the weights move from it to the MMA's register operand layout
-        # within each thread. float32: a thread's columns of the register operand are not those of
-        # the accumulator's layout, so the logits are read from shared memory in the operand's
-        # layout itself (its rows are the accumulator's).
+        # 16-bit: the logits share the accumulator's row distribution, so row statistics line up and the weights
+        # reach the register operand's layout within each thread. float32: the operand's columns differ from the
+        # accumulator's, so the logits are read from shared memory in the operand's layout.
         FP32: gl.constexpr = dtype == gl.float32
         K_WIDTH: gl.constexpr = 1 if FP32 else 2
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
@@ -5437,7 +5136,6 @@ if _GLUON is not None:
         else:
             s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                                instr_shape=[16, BLOCK_N, 16])
-
         x_bufs = gl.allocate_shared_memory(dtype, [STAGES] + x_desc.block_type.shape, x_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES * PARTS] + v_desc.block_type.shape, v_desc.layout)
         if P_SMEM:  # each consumer's weights, the products' operand in shared memory
@@ -5458,7 +5156,6 @@ if _GLUON is not None:
             mbarrier.init(v_free.index(slot), count=CONSUMERS)
         for c in gl.static_range(CONSUMERS):
             mbarrier.init(turns.index(c), count=1)
-
         gl.warp_specialize([
             (_gluon_softmax_consumer, (x_bufs, v_bufs, p_bufs, x_ready, x_free, v_ready, v_free, turns, o_ptr, stride_ob,
                                        stride_o1, stride_o3, lse_ptr, stride_lb, stride_l1, batch, off_m, off_d3,
@@ -5532,10 +5229,8 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_flash_scores(s, rows, cols, start, n_keys, m, qk_scale, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr):
-        """Step's new row maxima (base 2), the rescale of what came before, and the unnormalised
-        weights (fp32). MASKED: keys past the end, or after the query when causal, weigh 0; an
-        unmasked step scales the row maxima rather than the logits, so the scale rides in the
-        one multiply-add before exp2."""
+        """(new row maxima in base 2, the rescale, fp32 weights). MASKED: hidden keys weigh 0; an unmasked step
+        scales the row maxima, not the logits (as ``_flash_forward_tiles``)."""
         if MASKED:
             keys = start + cols
             visible = gl.expand_dims(keys < n_keys, 0)
@@ -5559,11 +5254,9 @@ if _GLUON is not None:
                           acc, m, l, p, rows, cols, n_keys, qk_scale, s_zero, acc_layout: gl.constexpr,
                           p_layout: gl.constexpr, MASKED: gl.constexpr, IS_CAUSAL: gl.constexpr,
                           PINGPONG: gl.constexpr):
-        """Key step i >= 1 of one consumer's tile, the program's j-th through the ring: issue S_i =
-        Q K_i^T and O += P_{i-1} V_{i-1}, wait for S_i only (MMAs finish in issue order, so "all
-        but one outstanding" is S_i), run the online softmax of S_i while the tensor cores still
-        work on P_{i-1} V_{i-1}, then wait for that and rescale O. PINGPONG: the two consumers take
-        turns to issue their products (this consumer's turn barrier at turn_phase)."""
+        """Key step i >= 1, the program's j-th: issue S_i = Q K_i^T and O += P_{i-1} V_{i-1}, wait for S_i only
+        (MMAs finish in issue order), run S_i's online softmax under P_{i-1} V_{i-1}, then wait and rescale
+        O. PINGPONG: the consumers take turns to issue (this one's turn barrier at turn_phase)."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         BLOCK_N: gl.constexpr = k_bufs.type.shape[3]
         HEAD_DIM: gl.constexpr = k_bufs.type.shape[4]
@@ -5596,10 +5289,8 @@ if _GLUON is not None:
                               first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale,
                               IS_CAUSAL: gl.constexpr, s_layout: gl.constexpr, acc_layout: gl.constexpr,
                               p_layout: gl.constexpr, CONSUMER: gl.constexpr, PINGPONG: gl.constexpr):
-        """Consumer warpgroup CONSUMER: in each of the program's tiles, the queries from the tile's
-        first + CONSUMER * BLOCK_M, through every step of the shared K and V ring; steps before
-        the tile's full_steps need no mask. Ring slots, phases and turns run on across tiles. O
-        leaves through its own shared buffer by TMA store, under the next tile's steps."""
+        """Consumer CONSUMER: in each tile, queries from first + CONSUMER * BLOCK_M, every step (masked from
+        full_steps); ring slots, phases and turns run on across tiles; O leaves by TMA store under the next tile."""
         q_buf = q_bufs.index(CONSUMER)
         o_buf = o_bufs.index(CONSUMER)
         q_ready = q_ready_all.index(CONSUMER)
@@ -5620,7 +5311,6 @@ if _GLUON is not None:
         if PINGPONG:
             if CONSUMER == 1:  # consumer 0 issues first
                 mbarrier.arrive(their_turn)
-
         it = 0  # the program's key steps so far: ring slot and phase
         turn = 0  # its steps past each tile's first: turn phase
         t = 0  # its tiles so far: Q phase
@@ -5632,7 +5322,6 @@ if _GLUON is not None:
             # Carried through the loop as a plain tensor: each step waits for its product before rescaling.
             acc = gl.zeros([BLOCK_M, HEAD_DIM], gl.float32, acc_layout)
             mbarrier.wait(q_ready, t & 1)
-
             # Step 0: its logits alone (nothing to overlap with yet), masked whatever it holds.
             slot = it % STAGES
             mbarrier.wait(k_ready.index(slot), (it // STAGES) & 1)
@@ -5644,7 +5333,6 @@ if _GLUON is not None:
             m, alpha, w8 = _gluon_flash_scores(s, rows, cols, 0, n_keys, m, qk_scale, True, IS_CAUSAL)
             l = gl.sum(w8, axis=1)
             p = gl.convert_layout(w8.to(dtype), p_layout)
-
             for i in range(1, full_steps):
                 acc, m, l, p = _gluon_flash_step(i, it + i, (turn + i - 1) & 1, q, k_bufs, v_bufs, k_ready, k_free,
                                                  v_ready, v_free, my_turn, their_turn, acc, m, l, p, rows, cols,
@@ -5656,13 +5344,11 @@ if _GLUON is not None:
                                                  n_keys, qk_scale, s_zero, acc_layout, p_layout, True, IS_CAUSAL,
                                                  PINGPONG)
             mbarrier.arrive(q_free)  # every S of the tile is done: the loader may bring the next Q
-
             last = (it + n_steps - 1) % STAGES
             mbarrier.wait(v_ready.index(last), ((it + n_steps - 1) // STAGES) & 1)
             acc = warpgroup_mma(p, v_bufs.index(last).reshape([BLOCK_N, HEAD_DIM]), acc, is_async=True)
             acc, p = warpgroup_mma_wait(0, deps=(acc, p))
             mbarrier.arrive(v_free.index(last))
-
             # A row with no finite logit has l = 0 and acc = 0: output 0 and L = -inf, as SDPA gives.
             safe_l = gl.where(l == 0.0, 1.0, l)
             out = acc / gl.expand_dims(gl.convert_layout(safe_l, gl.SliceLayout(1, acc_layout)), 1)
@@ -5683,9 +5369,7 @@ if _GLUON is not None:
                                      n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
                                      CONSUMER_REGISTERS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
-        """Attention output and log-sum-exp of tiles of CONSUMERS x BLOCK_M queries: the work items
-        are batch x query tiles (``_gluon_flash_tile``), and program p takes items p, p + grid,
-        ... (a grid of one program an item, or a persistent grid of fewer)."""
+        """O and L of CONSUMERS x BLOCK_M-query tiles (``_gluon_flash_tile``); program p takes items p, p + grid..."""
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
         BLOCK_N: gl.constexpr = k_desc.block_type.shape[2]
@@ -5693,18 +5377,15 @@ if _GLUON is not None:
         gl.static_assert(num_warps == 4, "each consumer is one warpgroup")
         gl.static_assert(BLOCK_M == 16 * num_warps, "BLOCK_M is one warpgroup MMA's height")
         qk_scale = qk_scale.to(gl.float32)
-        # The free barriers count every consumer's release, so every consumer must run the same
-        # key steps; with a tile's queries one key step long, the causal end is shared.
+        # The free barriers count every consumer's release, so all must run the same key steps.
         gl.static_assert(CONSUMERS * BLOCK_M == BLOCK_N, "the consumers' causal ends share a key step")
         n_work = n_batch * gl.cdiv(n_queries, CONSUMERS * BLOCK_M)
         first = gl.program_id(0)
-
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-
         q_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + q_desc.block_type.shape, q_desc.layout)
         k_bufs = gl.allocate_shared_memory(dtype, [STAGES] + k_desc.block_type.shape, k_desc.layout)
         v_bufs = gl.allocate_shared_memory(dtype, [STAGES] + v_desc.block_type.shape, v_desc.layout)
@@ -5725,7 +5406,6 @@ if _GLUON is not None:
             mbarrier.init(k_free.index(slot), count=CONSUMERS)  # every consumer reads every slot
             mbarrier.init(v_ready.index(slot), count=1)
             mbarrier.init(v_free.index(slot), count=CONSUMERS)
-
         gl.static_assert(CONSUMERS == 2, "the default partition and one worker consume")
         gl.warp_specialize([
             (_gluon_flash_consumer, (q_bufs, k_bufs, v_bufs, o_bufs, q_ready, q_free, k_ready, k_free, v_ready, v_free,
@@ -5764,9 +5444,8 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_backward_ring(held_a, held_b, streamed_a, streamed_b, CONSUMERS: gl.constexpr, STAGES: gl.constexpr):
-        """Shared memory of both backward kernels, in the order ``_gluon_backward_loader`` fills it:
-        each consumer's pair of held tiles, STAGES ring slots of the streamed pair, and the barriers
-        (the held tiles' one, then each slot's ready and free; free counts every consumer's release)."""
+        """Both backward kernels' shared memory: each consumer's held pair, STAGES slots of the streamed pair, and
+        the barriers (held, then each slot's ready and free; free counts every consumer's release)."""
         dtype: gl.constexpr = held_a.dtype
         held_a_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + held_a.block_type.shape, held_a.layout)
         held_b_bufs = gl.allocate_shared_memory(dtype, [CONSUMERS] + held_b.block_type.shape, held_b.layout)
@@ -5884,9 +5563,7 @@ if _GLUON is not None:
             stride_dvb, stride_dvh, stride_dvn, stride_dvd, n_batch, n_heads, n_queries, n_keys, sm_scale, qk_scale,
             IS_CAUSAL: gl.constexpr, STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
             CONSUMER_REGISTERS: gl.constexpr, num_warps: gl.constexpr):
-        """dK and dV of CONSUMERS x BLOCK keys a program, from every query that sees them (the
-        queries' D = rowsum(dO * O) already in delta). Causal: the first key tiles, which the
-        most queries see, across all batch elements first."""
+        """dK and dV of CONSUMERS x BLOCK keys a program (D already in delta); causal: the first key tiles first."""
         BLOCK: gl.constexpr = k_desc.block_type.shape[2]
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
         HEAD_DIM: gl.constexpr = q_desc.block_type.shape[3]
@@ -5914,16 +5591,13 @@ if _GLUON is not None:
             n_diagonal = gl.minimum(n_steps, (CONSUMERS * BLOCK) // BLOCK_M)
         else:
             n_diagonal = n_steps * 0
-
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BLOCK_M, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-
         k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free = _gluon_backward_ring(k_desc, v_desc, q_desc, do_desc,
                                                                                       CONSUMERS, STAGES)
-
         gl.warp_specialize([
             (_gluon_dkdv_consumer, (k_bufs, v_bufs, q_bufs, do_bufs, kv_ready, ready, free, lse_ptr, delta_ptr, dk_ptr,
                                     dv_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dkb, stride_dkh,
@@ -6049,16 +5723,13 @@ if _GLUON is not None:
         qk_scale = qk_scale.to(gl.float32)
         batch, off_m, full_steps, n_steps = _gluon_flash_tile(gl.program_id(0), n_batch, n_queries, n_keys, IS_CAUSAL,
                                                               CONSUMERS * BLOCK_M, BLOCK_N)
-
         s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                            instr_shape=[16, BLOCK_N, 16])
         acc_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[num_warps, 1],
                                                              instr_shape=[16, HEAD_DIM, 16])
         p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
-
         q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free = _gluon_backward_ring(q_desc, do_desc, k_desc, v_desc,
                                                                                       CONSUMERS, STAGES)
-
         gl.warp_specialize([
             (_gluon_dq_consumer, (q_bufs, do_bufs, k_bufs, v_bufs, qd_ready, ready, free, lse_ptr, delta_ptr, dq_ptr,
                                   o_ptr, stride_lb, stride_lm, stride_db, stride_dm, stride_dqb, stride_dqh,
@@ -6078,10 +5749,8 @@ if _GLUON is not None:
 
 
 def gluon_softmax_v_operand(V: torch.Tensor, parts: int, keep=None) -> torch.Tensor:
-    """float32 V (batch, d2, d3) as the Gluon kernel's operand: its ``parts`` TF32 parts
-    (``tf32_transposed_parts_kernel``), (batch, parts, d3, d2), d2 contiguous and its rows
-    16-byte aligned (d2 rounded up to a multiple of 4 columns, which TMA never reads). ``keep`` receives
-    the launch (a ``Replay`` of (V, operand))."""
+    """float32 V (batch, d2, d3) as its ``parts`` TF32 parts, (batch, parts, d3, d2), rows on 16 bytes (padding
+    never read); ``keep`` receives the launch (a ``Replay`` of (V, operand))."""
     batch, d2, d3 = V.shape
     out = _gluon_v_operand_buffer(V.shape, parts, V.device)
     block = 64
@@ -6131,10 +5800,8 @@ def fused_softmax_gluon(x: torch.Tensor, V: torch.Tensor, *, launch: GluonSoftma
 
 def _gluon_fused_forward(x: torch.Tensor, V: torch.Tensor, out: torch.Tensor, lse: torch.Tensor | None,
                          launch: GluonSoftmaxLaunch | None = None, keep=None) -> None:
-    """``fused_softmax_gluon`` past its checks, into out and, given, lse ((batch, d1) float32, the
-    rows' log-sum-exp). ``keep`` receives the launch as a ``DescriptorReplay`` of (x, V, out, lse),
-    or of (x, V, out, out) without lse, as ``fused_softmax``'s Triton launches are kept; float32
-    as a ``ReplayChain`` of V's parts into a fresh operand, then the kernel."""
+    """``fused_softmax_gluon`` past its checks, into out and lse if given; ``keep`` receives a DescriptorReplay
+    of (x, V, out, lse or out) (float32: a ReplayChain, V's parts first)."""
     batch, d1, d2 = x.shape
     d3 = V.shape[2]
     launch = launch or gluon_softmax_launch(d2, d3, x.dtype)
