@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import math
+import numbers
 from dataclasses import dataclass, fields, replace
 
 import torch
@@ -3232,6 +3234,9 @@ ATTENTION_HEAD_DIM_STEP = 8
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 # Window sides are capped at 2^30 (every key of any sequence 32-bit offsets allow), so a bound plus a row fits int32.
 ATTENTION_MAX_WINDOW = 2**30
+# The kernels hold softcap (times log2 e) in float32, which a larger cap would overflow; a cap
+# this large leaves every logit under 1e34 as it is. None: no cap.
+MAX_SOFTCAP = 1e38
 # 2 log2(e): tanh(x) = 1 - 2 / (exp2(x * TANH_EXP2) + 1).
 TANH_EXP2 = tl.constexpr(2.8853900817779268)
 
@@ -3310,12 +3315,13 @@ def flash_attention_io_bytes(batch: int, heads: int, kv_heads: int, n_queries: i
     return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
 
 
-def _real_number(name: str, value, positive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _real_number(name: str, value, positive: bool, high: float = math.inf) -> float:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be None or a float, got {_type_name(value)}")
     value = float(value)
-    if value != value or value in (float("inf"), float("-inf")) or (positive and value <= 0):
-        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float, got {value}")
+    if not math.isfinite(value) or (positive and value <= 0) or value > high:
+        most = f" at most {high:g}" if high < math.inf else ""
+        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float{most}, got {value}")
     return value
 
 
@@ -3325,9 +3331,9 @@ def _check_window(window) -> tuple | None:
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be None or a pair (left, right) of key counts, got {window!r}")
     for side, n in zip(("left", "right"), window):
-        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0):
             raise ValueError(f"window's {side} must be None (unlimited) or an int >= 0, got {n!r}")
-    return tuple(window)
+    return tuple(None if n is None else int(n) for n in window)
 
 
 def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap) -> dict:
@@ -3365,7 +3371,7 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
             raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
                              f"head, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
     scale = d ** -0.5 if scale is None else _real_number("scale", scale, positive=False)
-    softcap = None if softcap is None else _real_number("softcap", softcap, positive=True)
+    softcap = None if softcap is None else _real_number("softcap", softcap, positive=True, high=MAX_SOFTCAP)
     return dict(is_causal=is_causal, scale=scale, causal_align=causal_align, window=_check_window(window),
                 softcap=softcap)
 
@@ -4190,11 +4196,11 @@ class LinearCrossEntropyPlan:
         return tuple(getattr(self, name) for name in self.__dataclass_fields__)
 
 
-def _check_number(name: str, value, low: float, high: float = float("inf"), low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+def _check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not (low < value if low_open else low <= value) or not value <= high or value != value:
-        bounds = f"{'(' if low_open else '['}{low}, {high}{']' if high < float('inf') else ')'}"
+    if not (low < value if low_open else low <= value) or not value <= high or not math.isfinite(value):
+        bounds = f"{'(' if low_open else '['}{low}, {high}{']' if high < math.inf else ')'}"
         raise ValueError(f"{name} must be in {bounds}, got {value}")
 
 
@@ -4213,7 +4219,7 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
     _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
     if softcap is not None:
-        _check_number("softcap", softcap, 0.0, low_open=True)
+        _check_number("softcap", softcap, 0.0, MAX_SOFTCAP, low_open=True)
     _check_number("z_loss", z_loss, 0.0)
     if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
         check_int("n_classes", n_classes, V, _INT64.max)

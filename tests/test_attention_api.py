@@ -400,6 +400,10 @@ BAD_INPUTS = {
     "scale-string": (lambda: _qkv(), dict(scale="1"), TypeError, "scale must be None or a float"),
     "softcap-zero": (lambda: _qkv(), dict(softcap=0.0), ValueError, "softcap must be a positive finite"),
     "softcap-inf": (lambda: _qkv(), dict(softcap=float("inf")), ValueError, "softcap must be a positive finite"),
+    # The kernels hold softcap log2(e) in float32: past 1e38 it would overflow to a NaN result.
+    "softcap-huge": (lambda: _qkv(), dict(softcap=2.4e38), ValueError, r"softcap must be a positive finite float at "
+                                                                       r"most 1e\+38, got 2.4e\+38"),
+    "scale-tensor": (lambda: _qkv(), dict(scale=torch.tensor(0.5)), TypeError, "scale must be None or a float"),
     "window-negative": (lambda: _qkv(), dict(window=(-1, 0)), ValueError, "window's left"),
     "window-float": (lambda: _qkv(), dict(window=(4, 2.5)), ValueError, "window's right"),
     "window-not-pair": (lambda: _qkv(), dict(window=5), TypeError, "window must be None or a pair"),
@@ -420,6 +424,15 @@ def test_bad_inputs_name_the_argument(name):
     make, options, error, match = BAD_INPUTS[name]
     with pytest.raises(error, match=match):
         flash_attention(*make(), **options)
+
+
+def test_numpy_scalars_are_numbers():
+    """A scale, softcap or window side computed with numpy is taken as the Python number it equals."""
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(t.shape, device=DEVICE) for t in _qkv())
+    as_numpy = flash_attention(q, k, v, scale=np.float32(0.5), softcap=np.float64(3.0), window=(np.int64(2), np.int32(1)))
+    as_python = flash_attention(q, k, v, scale=0.5, softcap=3.0, window=(2, 1))
+    assert torch.equal(as_numpy, as_python)
 
 
 # ----------------------------------------------------------------------------------------------

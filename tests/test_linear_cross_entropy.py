@@ -474,9 +474,13 @@ def _bad(name):
         "target_sparse": (dict(target=target.to_sparse()), TypeError, "target must be a dense"),
         "smoothing_range": (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
         "smoothing_type": (dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a float"),
-        "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
+        "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
         "softcap_nan": (dict(softcap=float("nan")), ValueError, "softcap must be in"),
+        # Past 1e38 the kernel's float32 softcap overflows: the loss would be NaN, not the uncapped one.
+        "softcap_inf": (dict(softcap=float("inf")), ValueError, r"softcap must be in \(0.0, 1e\+38\], got inf"),
+        "softcap_huge": (dict(softcap=1e300), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
         "z_loss_negative": (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
+        "z_loss_inf": (dict(z_loss=float("inf")), ValueError, r"z_loss must be in \[0.0, inf\), got inf"),
         "return_lse": (dict(return_lse="no"), TypeError, "return_lse must be a bool"),
         "weight_grad": (dict(weight=torch.rand(20, device=x.device, requires_grad=True)), NotImplementedError,
                         "not differentiable in weight"),
@@ -492,7 +496,8 @@ def _bad(name):
                                   "launch_rows", "launch_block", "target_leading", "bias_shape",
                                   "bias_dtype", "weight_shape", "weight_int", "weight_sparse", "target_sparse",
                                   "smoothing_range", "smoothing_type",
-                                  "softcap_zero", "softcap_nan", "z_loss_negative", "return_lse", "weight_grad"])
+                                  "softcap_zero", "softcap_nan", "softcap_inf", "softcap_huge", "z_loss_negative",
+                                  "z_loss_inf", "return_lse", "weight_grad"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
     with pytest.raises(error, match=match):
@@ -586,7 +591,7 @@ def test_plan_takes_a_launch_as_given():
     (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
     (dict(reduction="avg"), ValueError, "reduction must be one of"),
     (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
-    (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, inf\)"),
+    (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
     (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
     (dict(launch=(16, 32, 4)), TypeError, "launch must be a LinearCrossEntropyLaunch"),
     (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
