@@ -1020,10 +1020,11 @@ def headline_markdown(data: dict, path: Path) -> str:
         cells = [f"{ms:.4g}" if ms is not None else "not measured" for ms in (ours, torch_ms)]
         ratio = f"{torch_ms / ours:.2f}x" if ours and torch_ms else ""
         lines.append(f"| {h.op} | {label} | {cells[0]} | {cells[1]} | {ratio} |")
-    wall = " Wall time: steps back to back, the host included." if walls else ""
-    lines += ["", f"Median GPU time of one call (CUDA events, launches queued ahead, L2 flushed) on an "
-                  f"{_versions(data)}, from {_source(data, path)}; the host's launch cost is not in it."
-                  f"{wall} Written by `python3 conftest.py headline`."]
+    wall = ("Rows marked (wall time): a median step of steps run back to back, the host included. Other "
+            "rows: m" if walls else "M")
+    lines += ["", f"{wall}edian GPU time of one call (CUDA events, launches queued ahead, L2 flushed; no host "
+                  f"time). On an {_versions(data)}, from {_source(data, path)}. Written by "
+                  "`python3 conftest.py headline`."]
     return "\n".join(lines)
 
 

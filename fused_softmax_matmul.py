@@ -123,6 +123,9 @@ def _tf32_rounded(t):
 # instructions. Kernels read these constexprs; host code reads ``.value``.
 LOG2_E = tl.constexpr(1.4426950408889634)
 LN_2 = tl.constexpr(0.6931471805599453)
+# The kernels hold scalar options in float32: these bound what an option may give there.
+FLOAT32_MAX = torch.finfo(torch.float32).max
+FLOAT32_TINY = torch.finfo(torch.float32).tiny
 
 
 # Gluon (Hopper kernels written warp by warp): its modules, or why they are unusable. Its kernels close the module.
@@ -2253,6 +2256,21 @@ def _type_name(value) -> str:
     return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
 
 
+def _python_number(name: str, value, kind: type, expected: str) -> float | int:
+    """value as a Python float (kind numbers.Real) or int (numbers.Integral): Python's numbers and
+    numpy's scalars; TypeError naming the argument otherwise. Under torch.compile numpy scalars are
+    traced as arrays: the error says to pass a Python number."""
+    if np is not None and isinstance(value, np.ndarray) and torch.compiler.is_compiling():
+        raise TypeError(f"{name} must be a Python number under torch.compile, which traces numpy values as "
+                        f"arrays: pass {'int' if kind is numbers.Integral else 'float'}({name})")
+    if isinstance(value, (bool, np.bool_) if np is not None else bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {expected}, got {_type_name(value)}")
+    try:
+        return int(value) if kind is numbers.Integral else float(value)
+    except OverflowError:
+        raise ValueError(f"{name} must be a finite float, got an int past float's range") from None
+
+
 def causal_flag(is_causal) -> bool:
     """is_causal as a Python bool: a bool or a numpy bool (what comparisons of numpy values give)."""
     if isinstance(is_causal, bool):
@@ -3234,9 +3252,9 @@ ATTENTION_HEAD_DIM_STEP = 8
 CAUSAL_ALIGNS = ("top_left", "bottom_right")
 # Window sides are capped at 2^30 (every key of any sequence 32-bit offsets allow), so a bound plus a row fits int32.
 ATTENTION_MAX_WINDOW = 2**30
-# The kernels hold softcap (times log2 e) in float32, which a larger cap would overflow; a cap
-# this large leaves every logit under 1e34 as it is. None: no cap.
-MAX_SOFTCAP = 1e38
+# 16-bit inputs take a one-exp2 tanh, which errs by softcap x 6e-8 a logit (float32's unit in
+# 1 - 2 / (e^2x + 1)): to 1e4 that is under a 16-bit logit's rounding; past it, no cap or float32.
+ATTENTION_MAX_SOFTCAP_16BIT = 1e4
 # 2 log2(e): tanh(x) = 1 - 2 / (exp2(x * TANH_EXP2) + 1).
 TANH_EXP2 = tl.constexpr(2.8853900817779268)
 
@@ -3315,14 +3333,25 @@ def flash_attention_io_bytes(batch: int, heads: int, kv_heads: int, n_queries: i
     return {"fwd": forward, "fwd_bwd": forward + backward}[mode]
 
 
-def _real_number(name: str, value, positive: bool, high: float = math.inf) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be None or a float, got {_type_name(value)}")
-    value = float(value)
-    if not math.isfinite(value) or (positive and value <= 0) or value > high:
-        most = f" at most {high:g}" if high < math.inf else ""
-        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float{most}, got {value}")
+def _real_number(name: str, value, positive: bool) -> float:
+    value = _python_number(name, value, numbers.Real, "None or a float")
+    if not math.isfinite(value) or (positive and value <= 0):
+        raise ValueError(f"{name} must be a {'positive ' if positive else ''}finite float, got {value}")
     return value
+
+
+def _check_attention_scalars(scale: float, softcap: float | None, dtype: torch.dtype) -> None:
+    """ValueError where the kernels could not hold a given scale and softcap as they should."""
+    if softcap is not None and dtype in (torch.float16, torch.bfloat16) and softcap > ATTENTION_MAX_SOFTCAP_16BIT:
+        raise ValueError(f"softcap must be at most {ATTENTION_MAX_SOFTCAP_16BIT:g} with {dtype} inputs, whose "
+                         f"kernels' tanh errs by softcap x 6e-8 a logit, got {softcap}: pass None for no cap, or "
+                         "float32 inputs")
+    # The kernels hold these factors in float32 (``_attention_scalars``): each must be a normal float32.
+    for value, what in zip(_attention_scalars(scale, softcap or 0.0), ("scale / softcap" if softcap else
+                                                                        "scale x log2(e)", "softcap x log2(e)")):
+        if value and not FLOAT32_TINY <= abs(value) <= FLOAT32_MAX:
+            raise ValueError(f"{'scale and softcap give' if softcap else 'scale gives'} the kernels' factor {what} = "
+                             f"{value:g}, outside float32's normal range [{FLOAT32_TINY:g}, {FLOAT32_MAX:g}]")
 
 
 def _check_window(window) -> tuple | None:
@@ -3330,10 +3359,13 @@ def _check_window(window) -> tuple | None:
         return None
     if not isinstance(window, (tuple, list)) or len(window) != 2:
         raise TypeError(f"window must be None or a pair (left, right) of key counts, got {window!r}")
-    for side, n in zip(("left", "right"), window):
-        if n is not None and (isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0):
-            raise ValueError(f"window's {side} must be None (unlimited) or an int >= 0, got {n!r}")
-    return tuple(None if n is None else int(n) for n in window)
+    sides = tuple(None if n is None else _python_number(f"window's {side}", n, numbers.Integral,
+                                                         "None (unlimited) or an int >= 0")
+                  for side, n in zip(("left", "right"), window))
+    for side, n in zip(("left", "right"), sides):
+        if n is not None and n < 0:
+            raise ValueError(f"window's {side} must be None (unlimited) or an int >= 0, got {n}")
+    return sides
 
 
 def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap) -> dict:
@@ -3370,8 +3402,11 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
         if span > FLASH_MAX_OFFSET:
             raise ValueError(f"{name} of shape {tuple(t.shape)} and strides {t.stride()} spans {span} elements in one "
                              f"head, past the kernels' 32-bit offsets ({FLASH_MAX_OFFSET}): split the sequence")
+    given = scale is not None or softcap is not None
     scale = d ** -0.5 if scale is None else _real_number("scale", scale, positive=False)
-    softcap = None if softcap is None else _real_number("softcap", softcap, positive=True, high=MAX_SOFTCAP)
+    softcap = None if softcap is None else _real_number("softcap", softcap, positive=True)
+    if given:
+        _check_attention_scalars(scale, softcap, q.dtype)
     return dict(is_causal=is_causal, scale=scale, causal_align=causal_align, window=_check_window(window),
                 softcap=softcap)
 
@@ -4196,12 +4231,12 @@ class LinearCrossEntropyPlan:
         return tuple(getattr(self, name) for name in self.__dataclass_fields__)
 
 
-def _check_number(name: str, value, low: float, high: float = math.inf, low_open: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise TypeError(f"{name} must be a float, got {type(value).__name__}")
-    if not (low < value if low_open else low <= value) or not value <= high or not math.isfinite(value):
-        bounds = f"{'(' if low_open else '['}{low}, {high}{']' if high < math.inf else ')'}"
-        raise ValueError(f"{name} must be in {bounds}, got {value}")
+def _check_number(name: str, value, low: float, high: float = FLOAT32_MAX) -> float:
+    """value as a Python float in [low, high] (the row kernel holds it in float32); TypeError / ValueError naming it."""
+    value = _python_number(name, value, numbers.Real, "a float")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be in [{low:g}, {high:g}], got {value:g}")
+    return value
 
 
 def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduction: str = "mean", *,
@@ -4217,10 +4252,10 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
     check_int("ignore_index", ignore_index, _INT64.min, _INT64.max)  # compared with int64 targets
     if reduction not in LCE_REDUCTIONS:
         raise ValueError(f"reduction must be one of {LCE_REDUCTIONS}, got {reduction!r}")
-    _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
-    if softcap is not None:
-        _check_number("softcap", softcap, 0.0, MAX_SOFTCAP, low_open=True)
-    _check_number("z_loss", z_loss, 0.0)
+    label_smoothing = _check_number("label_smoothing", label_smoothing, 0.0, 1.0)
+    if softcap is not None:  # the kernel divides by it: a normal float32, and softcap * tanh stays finite
+        softcap = _check_number("softcap", softcap, FLOAT32_TINY)
+    z_loss = _check_number("z_loss", z_loss, 0.0)
     if vocab_start is not None:  # the shard's classes [vocab_start, vocab_start + V) within [0, n_classes)
         check_int("n_classes", n_classes, V, _INT64.max)
         check_int("vocab_start", vocab_start, 0, n_classes - V)
@@ -4237,10 +4272,10 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
         raise TypeError(f"launch must be a LinearCrossEntropyLaunch, got {type(launch).__name__}")
     else:
         launch.check()
-    softcap = 0.0 if softcap is None else float(softcap)
+    softcap = 0.0 if softcap is None else softcap
     return LinearCrossEntropyPlan(
         reduction, launch.chunk_rows, launch.block_v, launch.num_warps, ignore_index,
-        float(label_smoothing), softcap, float(z_loss), vocab_start or 0, V if n_classes is None else n_classes,
+        label_smoothing, softcap, z_loss, vocab_start or 0, V if n_classes is None else n_classes,
         vocab_start is not None, label_smoothing > 0 and softcap == 0.0, interpret and dtype == torch.bfloat16,
         *grads)
 

@@ -400,12 +400,18 @@ BAD_INPUTS = {
     "scale-string": (lambda: _qkv(), dict(scale="1"), TypeError, "scale must be None or a float"),
     "softcap-zero": (lambda: _qkv(), dict(softcap=0.0), ValueError, "softcap must be a positive finite"),
     "softcap-inf": (lambda: _qkv(), dict(softcap=float("inf")), ValueError, "softcap must be a positive finite"),
-    # The kernels hold softcap log2(e) in float32: past 1e38 it would overflow to a NaN result.
-    "softcap-huge": (lambda: _qkv(), dict(softcap=2.4e38), ValueError, r"softcap must be a positive finite float at "
-                                                                       r"most 1e\+38, got 2.4e\+38"),
+    # The kernels hold scale / softcap and softcap log2(e) in float32: outside its normal range they
+    # overflow or flush to 0, and out is NaN.
+    "softcap-huge": (lambda: _qkv(), dict(softcap=2.4e38), ValueError, "scale and softcap give the kernels' factor"),
+    "softcap-tiny": (lambda: _qkv(), dict(softcap=1e-40), ValueError, r"factor scale / softcap = 2.5e\+39"),
+    "scale-huge": (lambda: _qkv(), dict(scale=3e38), ValueError, r"scale gives the kernels' factor scale x log2\(e\)"),
+    "scale-huge-int": (lambda: _qkv(), dict(scale=10**400), ValueError, "scale must be a finite float, got an int"),
+    # The 16-bit kernels' one-exp2 tanh errs by softcap x 6e-8 a logit.
+    "softcap-16-bit": (lambda: _qkv(dtype=torch.bfloat16), dict(softcap=2e4), ValueError,
+                       "softcap must be at most 10000 with torch.bfloat16 inputs"),
     "scale-tensor": (lambda: _qkv(), dict(scale=torch.tensor(0.5)), TypeError, "scale must be None or a float"),
     "window-negative": (lambda: _qkv(), dict(window=(-1, 0)), ValueError, "window's left"),
-    "window-float": (lambda: _qkv(), dict(window=(4, 2.5)), ValueError, "window's right"),
+    "window-float": (lambda: _qkv(), dict(window=(4, 2.5)), TypeError, "window's right"),
     "window-not-pair": (lambda: _qkv(), dict(window=5), TypeError, "window must be None or a pair"),
     "causal-align": (lambda: _qkv(), dict(causal_align="bottom-right"), ValueError, "causal_align must be one of"),
     "is-causal-int": (lambda: _qkv(), dict(is_causal=1), TypeError, "is_causal must be a bool"),
@@ -433,6 +439,21 @@ def test_numpy_scalars_are_numbers():
     as_numpy = flash_attention(q, k, v, scale=np.float32(0.5), softcap=np.float64(3.0), window=(np.int64(2), np.int32(1)))
     as_python = flash_attention(q, k, v, scale=0.5, softcap=3.0, window=(2, 1))
     assert torch.equal(as_numpy, as_python)
+
+
+def test_numpy_scalars_under_compile_ask_for_a_python_number():
+    """torch.compile traces a numpy scalar as an array, which the ops' plain options cannot hold: the
+    error, in the exception's chain, says what to pass."""
+    np = pytest.importorskip("numpy")
+    q, k, v = (torch.randn(t.shape, device=DEVICE) for t in _qkv())
+    compiled = torch.compile(lambda q: flash_attention(q, k, v, scale=np.float32(0.5)), backend="eager", fullgraph=True)
+    with pytest.raises(Exception) as caught:
+        compiled(q)
+    chain, error = [], caught.value
+    while error is not None:
+        chain.append(str(error))
+        error = error.__cause__ or error.__context__
+    assert any("scale must be a Python number under torch.compile" in m and "pass float(scale)" in m for m in chain), chain
 
 
 # ----------------------------------------------------------------------------------------------

@@ -472,15 +472,17 @@ def _bad(name):
         "weight_sparse": (dict(weight=torch.rand(20, device=x.device).to_sparse()), TypeError,
                           "weight must be a dense"),
         "target_sparse": (dict(target=target.to_sparse()), TypeError, "target must be a dense"),
-        "smoothing_range": (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
+        "smoothing_range": (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0, 1\]"),
         "smoothing_type": (dict(label_smoothing="0.1"), TypeError, "label_smoothing must be a float"),
-        "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
+        "softcap_zero": (dict(softcap=0.0), ValueError, r"softcap must be in \[1.17549e-38, 3.40282e\+38\]"),
         "softcap_nan": (dict(softcap=float("nan")), ValueError, "softcap must be in"),
-        # Past 1e38 the kernel's float32 softcap overflows: the loss would be NaN, not the uncapped one.
-        "softcap_inf": (dict(softcap=float("inf")), ValueError, r"softcap must be in \(0.0, 1e\+38\], got inf"),
-        "softcap_huge": (dict(softcap=1e300), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
-        "z_loss_negative": (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
-        "z_loss_inf": (dict(z_loss=float("inf")), ValueError, r"z_loss must be in \[0.0, inf\), got inf"),
+        # The row kernel holds the options in float32: past its range the loss would be NaN or inf.
+        "softcap_inf": (dict(softcap=float("inf")), ValueError, r"softcap must be in \[1.17549e-38, 3.40282e\+38\], got inf"),
+        "softcap_huge": (dict(softcap=1e300), ValueError, "softcap must be in"),
+        "softcap_subnormal": (dict(softcap=1e-46), ValueError, "softcap must be in"),
+        "z_loss_negative": (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0, 3.40282e\+38\]"),
+        "z_loss_inf": (dict(z_loss=float("inf")), ValueError, r"z_loss must be in \[0, 3.40282e\+38\], got inf"),
+        "z_loss_huge_int": (dict(z_loss=10**400), ValueError, "z_loss must be a finite float, got an int past"),
         "return_lse": (dict(return_lse="no"), TypeError, "return_lse must be a bool"),
         "weight_grad": (dict(weight=torch.rand(20, device=x.device, requires_grad=True)), NotImplementedError,
                         "not differentiable in weight"),
@@ -496,8 +498,9 @@ def _bad(name):
                                   "launch_rows", "launch_block", "target_leading", "bias_shape",
                                   "bias_dtype", "weight_shape", "weight_int", "weight_sparse", "target_sparse",
                                   "smoothing_range", "smoothing_type",
-                                  "softcap_zero", "softcap_nan", "softcap_inf", "softcap_huge", "z_loss_negative",
-                                  "z_loss_inf", "return_lse", "weight_grad"])
+                                  "softcap_zero", "softcap_nan", "softcap_inf", "softcap_huge", "softcap_subnormal",
+                                  "z_loss_negative", "z_loss_inf", "z_loss_huge_int",
+                                  "return_lse", "weight_grad"])
 def test_bad_inputs(name):
     args, error, match = _bad(name)
     with pytest.raises(error, match=match):
@@ -582,6 +585,19 @@ def test_plan_rounds_bfloat16_by_hand_in_the_interpreter_only():
             assert plan.round_bf16 == (interpret and dtype == torch.bfloat16)
 
 
+def test_numpy_scalars_are_numbers():
+    """An option computed with numpy is the Python number it equals; a numpy bool is no number."""
+    np = pytest.importorskip("numpy")
+    x, W, target = linear_cross_entropy_inputs(24, 16, 37, torch.float32)
+    as_numpy = linear_cross_entropy(x, W, target, label_smoothing=np.float32(0.25), z_loss=np.float64(1e-3),
+                                    softcap=np.float32(20.0))
+    as_python = linear_cross_entropy(x, W, target, label_smoothing=float(np.float32(0.25)), z_loss=1e-3,
+                                     softcap=20.0)
+    assert torch.equal(as_numpy, as_python)
+    with pytest.raises(TypeError, match="z_loss must be a float, got numpy.bool"):
+        linear_cross_entropy(x, W, target, z_loss=np.True_)
+
+
 def test_plan_takes_a_launch_as_given():
     launch = LinearCrossEntropyLaunch(8, 64, 4)
     assert linear_cross_entropy_plan(21, 32, 101, torch.float32, launch=launch).launch == launch
@@ -590,9 +606,9 @@ def test_plan_takes_a_launch_as_given():
 @pytest.mark.parametrize("options,error,match", [
     (dict(ignore_index=-100.0), TypeError, "ignore_index must be an int"),
     (dict(reduction="avg"), ValueError, "reduction must be one of"),
-    (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0.0, 1.0\]"),
-    (dict(softcap=0.0), ValueError, r"softcap must be in \(0.0, 1e\+38\]"),
-    (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0.0, inf\)"),
+    (dict(label_smoothing=1.5), ValueError, r"label_smoothing must be in \[0, 1\]"),
+    (dict(softcap=0.0), ValueError, r"softcap must be in \[1.17549e-38, 3.40282e\+38\]"),
+    (dict(z_loss=-1e-4), ValueError, r"z_loss must be in \[0, 3.40282e\+38\]"),
     (dict(launch=(16, 32, 4)), TypeError, "launch must be a LinearCrossEntropyLaunch"),
     (dict(launch=LinearCrossEntropyLaunch(8, 48, 4)), ValueError, "block_v"),
     (dict(vocab_start=1.0, n_classes=40), TypeError, "vocab_start must be an int"),
