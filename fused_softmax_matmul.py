@@ -4090,8 +4090,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
       n_keys - n_queries: decode, or new queries over a cache); windows align the same way.
     * ``window=(left, right)``: query i sees keys i - left <= j <= i + right (None: unbounded).
     * ``softcap``: the scaled logits s become softcap * tanh(s / softcap) (Gemma 2). With 16-bit
-      inputs a logit errs by up to softcap x 6e-8: under their rounding at models' caps (30-50),
-      above it from about 1e4 (float32 inputs: as accurate as torch at any cap).
+      inputs a logit errs by up to softcap x 6e-8, under their rounding: at most
+      ATTENTION_MAX_SOFTCAP_16BIT (1e4) there (float32 inputs: as accurate as torch at any cap).
     * A query that sees no key gets output 0, lse -inf and zero gradients, as in SDPA.
     * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s (tuning, tests): the general
       kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
