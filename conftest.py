@@ -975,16 +975,14 @@ def _same(value, wanted) -> bool:
     return value == wanted or (wanted is None and value is None) or str(value) == str(wanted)
 
 
-def case_median_ms(data: dict, group: str, impl: str, case: dict, column: str | None = None) -> float | None:
-    """The median time (ms) of impl's row on a case of a run, or its ``column`` (ms) where given (None:
-    not measured); ValueError where the case's keys pick several rows (a case defined too loosely)."""
+def case_row(data: dict, group: str, impl: str, case: dict) -> dict | None:
+    """impl's benchmark record on a case of a run (None: not measured); ValueError where the case's
+    keys pick several rows (a case defined too loosely)."""
     found = [b for b in data.get("benchmarks", []) if b.get("group") == group
              and b["extra_info"].get("impl") == impl and all(_same(b["extra_info"].get(k), v) for k, v in case.items())]
     if len(found) > 1:
         raise ValueError(f"{group} {impl} {case}: {len(found)} rows match; name the case by more of its keys")
-    if not found:
-        return None
-    return found[0]["extra_info"].get(column) if column else found[0]["stats"]["median"] * 1e3
+    return found[0] if found else None
 
 
 def _versions(data: dict) -> str:
@@ -1009,20 +1007,19 @@ def headline_markdown(data: dict, path: Path) -> str:
     lines = ["| op | case | ours (ms) | PyTorch (ms) | speed-up |", "| --- | --- | ---: | ---: | ---: |"]
     walls = False
     for h in HEADLINE:
-        times = [case_median_ms(data, h.group, impl, h.case, h.column) for impl in (h.ours, h.torch)]
-        label = h.label
-        if h.column and not any(_isnan(t) for t in times):
-            walls = True
-            label += " (wall time)"
-        elif h.column:  # a record from before the column: the GPU's time, as the others
-            times = [case_median_ms(data, h.group, impl, h.case) for impl in (h.ours, h.torch)]
-        ours, torch_ms = times
+        rows = [case_row(data, h.group, impl, h.case) for impl in (h.ours, h.torch)]
+        # The column where both rows hold it; else (a record from before it) the GPU's time, as the others.
+        wall = h.column is not None and all(r is not None and not _isnan(r["extra_info"].get(h.column)) for r in rows)
+        ours, torch_ms = (None if r is None else r["extra_info"][h.column] if wall else r["stats"]["median"] * 1e3
+                          for r in rows)
+        walls |= wall
+        label = h.label + (" (wall time)" if wall else "")
         cells = [f"{ms:.4g}" if ms is not None else "not measured" for ms in (ours, torch_ms)]
         ratio = f"{torch_ms / ours:.2f}x" if ours and torch_ms else ""
         lines.append(f"| {h.op} | {label} | {cells[0]} | {cells[1]} | {ratio} |")
-    wall = ("Rows marked (wall time): a median step of steps run back to back, the host included. Other "
+    lead = ("Rows marked (wall time): a median step of steps run back to back, the host included. Other "
             "rows: m" if walls else "M")
-    lines += ["", f"{wall}edian GPU time of one call (CUDA events, launches queued ahead, L2 flushed; no host "
+    lines += ["", f"{lead}edian GPU time of one call (CUDA events, launches queued ahead, L2 flushed; no host "
                   f"time). On an {_versions(data)}, from {_source(data, path)}. Written by "
                   "`python3 conftest.py headline`."]
     return "\n".join(lines)
