@@ -3437,8 +3437,12 @@ class AttentionPlan:
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
-    """Tiles by the widest padded head dim: the course's up to 128; at 256 halved to fit shared memory, float32
-    halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
+    """Tiles by the widest padded head dim: 16-bit 64 and 128 their own, else the course's up to 128; at 256
+    halved to fit shared memory, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
+    if head_dim == 64 and dtype != torch.float32:
+        # 64 x 64 on 4 warps each: the course's 64 x 128 dK/dV spills in these kernels' three loops (design
+        # notes: general attention tiles).
+        return dict.fromkeys(FLASH_KERNELS, FlashLaunch(64, 64, 4, 3))
     if head_dim == 128 and dtype != torch.float32:
         # Faster for the general kernels (outputs/README.md, design notes: general attention tiles).
         return {**flash_launches(128, dtype), "forward": FlashLaunch(64, 64, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 3)}

@@ -479,6 +479,17 @@ def test_plan_pads_head_dims_and_fits_shared_memory(d, dtype):
         plan.lo = 0
 
 
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("d", [40, 64])
+def test_plan_16bit_d64_tiles_do_not_spill(d, dtype):
+    """16-bit heads padded to 64: no kernel's tile passes 64 x 64 a warpgroup, where dK/dV's 64 x 128
+    spilled 3-6x slower (design notes: general attention tiles)."""
+    plan = attention_plan(d, d, DTYPES[dtype], 4096, 4096, is_causal=True, grouped=4)
+    for kernel in ("forward", "dq", "dkdv"):
+        launch = getattr(plan, kernel)
+        assert launch.block_m * launch.block_n <= 64 * 64 * launch.num_warps // 4, kernel
+
+
 def test_plan_tiles_and_bounds():
     """Short sequences shrink the tiles (a decode step runs 16-query tiles); the mask bounds."""
     decode = attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right")

@@ -337,6 +337,7 @@ if ON_GPU:
         ("fwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
         ("fwd_bwd", "llama3-8b", model_case(1, n_queries=4096, n_keys=4096, **LLAMA3_8B), "bfloat16"),
         ("fwd", "llama3-8b", model_case(1, n_queries=8192, n_keys=8192, **LLAMA3_8B), "bfloat16"),
+        ("fwd_bwd", "llama3.2-1b", model_case(1, 32, 8, 4096, 4096, 64), "bfloat16"),
         ("fwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64, is_causal=False), "float16"),
         ("fwd_bwd", "gpt2", model_case(8, 12, 12, 1024, 1024, 64), "bfloat16"),
         ("fwd", "gemma2-9b", model_case(1, n_queries=8192, n_keys=8192, **GEMMA2_9B), "bfloat16"),
