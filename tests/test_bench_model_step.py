@@ -29,6 +29,7 @@ import math
 import os
 import statistics
 import time
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -230,6 +231,28 @@ def _table(rows: list[tuple], header: tuple[str, ...]) -> str:
     return "\n".join([line(header), *map(line, rows)])
 
 
+def device_work(events) -> list:
+    """A profile's GPU work (kernels, copies, memsets), longest first: not the ranges record_function
+    marks on the GPU's timeline too (the step's own, the optimizer's), which span that work (so
+    torch's own tables leave them out of device time)."""
+    device = torch.autograd.DeviceType.CUDA
+    return sorted((e for e in events if e.device_type == device and e.self_device_time_total > 0
+                   and not getattr(e, "is_user_annotation", False)),
+                  key=lambda e: e.self_device_time_total, reverse=True)
+
+
+def test_profile_counts_device_work_only():
+    """The step's and the optimizer's ranges on the GPU's timeline are not kernels: counted, the GPU's
+    time a step passed its wall time (a negative idle time)."""
+    cuda, cpu = torch.autograd.DeviceType.CUDA, torch.autograd.DeviceType.CPU
+    event = lambda key, device, us, annotation=False: SimpleNamespace(  # noqa: E731
+        key=key, device_type=device, self_device_time_total=us, is_user_annotation=annotation)
+    events = [event("model_step", cuda, 900.0, True), event("gemm", cuda, 300.0),
+              event("Optimizer.step", cuda, 50.0, True), event("softmax", cuda, 400.0), event("aten::mm", cpu, 0.0),
+              event("idle", cuda, 0.0)]
+    assert [e.key for e in device_work(events)] == ["softmax", "gemm"]
+
+
 def profile_compiled_step(name: str, impl: str) -> dict:
     """Compile, warm up, then profile PROFILE_STEPS steps: kernels and host ops by time, Dynamo's
     and Inductor's counts. Compiled from scratch: a graph from Inductor's on-disk cache would
@@ -286,8 +309,7 @@ def profile_compiled_step(name: str, impl: str) -> dict:
         torch._dynamo.reset()
     events = prof.key_averages()
     device = torch.autograd.DeviceType.CUDA
-    kernels = sorted((e for e in events if e.device_type == device and e.self_device_time_total > 0),
-                     key=lambda e: e.self_device_time_total, reverse=True)
+    kernels = device_work(events)
     host_ops = sorted((e for e in events if e.device_type != device and e.key != "model_step"),
                       key=lambda e: e.self_cpu_time_total, reverse=True)
     gpu_us = sum(e.self_device_time_total for e in kernels)
