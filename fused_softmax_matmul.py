@@ -3576,10 +3576,11 @@ def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl
 def _attention_shown(rows, cols, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr):
     """True where the column exists and lo <= col - row <= hi (rows past their end are never stored)."""
     shown = (cols < n_cols)[None, :] & (rows >= 0)[:, None]
+    # The bounds move with the row (a vector), not with each pair: one add a row, a compare a pair.
     if HAS_LO:
-        shown = shown & (cols[None, :] - rows[:, None] >= lo)
+        shown = shown & (cols[None, :] >= (rows + lo)[:, None])
     if HAS_HI:
-        shown = shown & (cols[None, :] - rows[:, None] <= hi)
+        shown = shown & (cols[None, :] <= (rows + hi)[:, None])
     return shown
 
 
@@ -3651,7 +3652,7 @@ def attention_forward_kernel(
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
     pid = tl.program_id(0)
-    split = (pid % n_splits).to(tl.int64)
+    split = pid % n_splits  # 32-bit: the key bounds below stay 32-bit (a head's offsets are)
     # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major.
     QUERIES: tl.constexpr = BLOCK_M // HEADS
     if HEADS == 1:
@@ -3667,7 +3668,7 @@ def attention_forward_kernel(
         rows = query_start + tl.arange(0, BLOCK_M) % QUERIES
         heads = h + tl.arange(0, BLOCK_M) // QUERIES
         q_base = q_ptr + b * stride_qb + (heads * stride_qh)[:, None]
-        o_base = o_ptr + split * stride_os + b * stride_ob + (heads * stride_oh)[:, None]
+        o_base = o_ptr + split.to(tl.int64) * stride_os + b * stride_ob + (heads * stride_oh)[:, None]
         lse_rows = ((split * n_batch + b) * n_heads + heads) * n_queries + rows
     hk = h // group
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
@@ -3699,7 +3700,7 @@ def attention_forward_kernel(
     # A query that sees no key (or only -inf logits) has l = 0: output 0 and L = -inf.
     out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
     if HEADS == 1:
-        o_base = o_ptr + split * stride_os + b * stride_ob + h * stride_oh
+        o_base = o_ptr + split.to(tl.int64) * stride_os + b * stride_ob + h * stride_oh
         lse_rows = ((split * n_batch + b) * n_heads + h) * n_queries + rows
     _attention_store(o_base, out, rows, n_queries, stride_om, dims_v, stride_od, DV)
     tl.store(lse_ptr + lse_rows, (m + tl.math.log2(l)) * LN_2, mask=rows < n_queries)
