@@ -176,7 +176,11 @@ def _empty_rows_on_16_bytes(shape: tuple, dtype: torch.dtype, device) -> torch.T
     and cuBLAS's tensor-core products need."""
     *lead, n = shape
     per_16_bytes = 16 // dtype.itemsize
-    return torch.empty((*lead, cdiv(n, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)[..., :n]
+    padded = torch.empty((*lead, cdiv(n, per_16_bytes) * per_16_bytes), dtype=dtype, device=device)
+    if padded.device.type == "cpu":
+        # torch's CPU bfloat16 mm reads a row's pad (times a zero): a NaN left there by the allocator reaches the product.
+        padded[..., n:].zero_()
+    return padded[..., :n]
 
 
 def _backward_fake(x, W, *rest):
