@@ -34,6 +34,7 @@ serial run does: one JSON, the same tables.
 from __future__ import annotations
 
 import argparse
+import functools
 import dataclasses
 import gc
 import importlib.util
@@ -1501,6 +1502,27 @@ TIMERS = ("events", "do_bench", "cudagraph")
 _CANDIDATES = importlib.util.find_spec("candidates")
 pytest_plugins = (("candidates",) if _CANDIDATES and _CANDIDATES.origin
                   and Path(_CANDIDATES.origin).resolve() == ROOT / "tests" / "candidates.py" else ())
+
+
+def fill_fresh_tensors_with_nan() -> None:
+    """torch.empty, torch.empty_like and Tensor.new_empty return floating tensors full of NaN: a
+    kernel or product that reads memory nobody wrote then fails its test on every run, not on the
+    runs where the allocator hands back a NaN. Interpreter runs only (on the GPU the fill would be
+    timed)."""
+    def filled(allocate):
+        @functools.wraps(allocate)
+        def allocate_nan(*args, **kwargs):
+            t = allocate(*args, **kwargs)
+            return t.fill_(float("nan")) if t.is_floating_point() and t.numel() else t
+        return allocate_nan
+    if not getattr(torch.empty, "fills_nan", False):
+        torch.empty, torch.empty_like = filled(torch.empty), filled(torch.empty_like)
+        torch.Tensor.new_empty = filled(torch.Tensor.new_empty)
+        torch.empty.fills_nan = True
+
+
+if not ON_GPU:
+    fill_fresh_tensors_with_nan()
 
 
 # Failures that say "this configuration does not fit this machine": the row stays empty with its
