@@ -50,7 +50,7 @@ except ImportError:  # pragma: no cover
     np = None
 
 from online_softmax import (
-    INTERPRET, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
+    ANY_RANK, INTERPRET, KernelCapacityError, jit_kernel, check_block, check_dense, check_flag, check_int, check_same,
     check_tensor, cdiv, ReplayChain, Replays, fresh_counters, kernel_op, launch_and_keep, needs_op, no_cached_buffers,
     next_power_of_2, one_axis_grid, replay_key, row_softmax, vector_align, vector_strides, row_forward,
     backward_through_op, batch_first, eager_autograd, softmax_tangent, transformed,
@@ -1008,7 +1008,9 @@ def fused_softmax(x: torch.Tensor, V: torch.Tensor, BLOCK_1: int | None = None, 
     ``FusedLaunch`` ask for the Triton kernel, a ``GluonSoftmaxLaunch`` for the Gluon one;
     ``materialize`` True or False for either Triton path. The kernels' backward recomputes the
     softmax from x and the log-sum-exp and has no second derivative (it raises); the materialised
-    path's has. Raises TypeError/ValueError naming a bad argument.
+    path's has. Raises TypeError/ValueError naming a bad argument. Range: the kernels divide by the
+    row's sum last, as FlashAttention does, so an output overflows to inf once |V| nears float32's
+    largest / d2 (/ (d2 x e^8) with ``FusedLaunch.lazy_rescale``) where torch's is finite.
     """
     key = replay_key((x, V), (BLOCK_1, BLOCK_2, launch, materialize, _float32_matmul_precision()))
     if key is not None:
@@ -2183,7 +2185,8 @@ def matmul_softmax_unfused(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunc
 def matmul_softmax_fused_simple(x: torch.Tensor, W: torch.Tensor, launch: MatmulLaunch | None = None) -> torch.Tensor:
     """softmax(x @ W) in one kernel, all C classes of a row block in registers. x: (B, K), W: (K, C) ->
     (B, C) in x's dtype. C at most ``SIMPLE_MAX_CLASSES`` (else KernelCapacityError, before allocating);
-    a given ``launch`` must have block_c >= C and split_k 1.
+    a given ``launch`` must have block_c >= C and split_k 1. The logits stay in float32: a float16
+    logit past 65504, inf or NaN in torch's float16 product, still counts at its value.
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul_softmax_fused_simple", x, W, launch)
@@ -2194,7 +2197,8 @@ def matmul_softmax_fused_tiled(x: torch.Tensor, W: torch.Tensor, launch: MatmulL
     """softmax(x @ W) for any C, with no (B, C) buffer but the output. x: (B, K), W: (K, C) -> (B, C) in
     x's dtype. One class tile: one kernel; several: exp tiles and a (2, B, tiles) float32 table, then
     ``rescale_tiles_kernel``. Workspace: with K split, float32 partials; presplit (float32 'highest' on
-    sm_90), TF32 parts of x (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``).
+    sm_90), TF32 parts of x (twice its size) and of W (up to ``PRESPLIT_CHUNK_BYTES``). Logits in
+    float32, as ``matmul_softmax_fused_simple``'s.
     """
     x, W = autocast_operands(x, W)
     return _matmul_family("matmul_softmax_fused_tiled", x, W, launch)
@@ -4289,21 +4293,21 @@ def linear_cross_entropy_plan(BT: int, H: int, V: int, dtype: torch.dtype, reduc
         *grads)
 
 
-def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None) -> tuple:
+def check_linear_cross_entropy_inputs(x, W, target, bias=None, weight=None, n_classes=None, w_name="W") -> tuple:
     """(x, W, bias, target) checked, autocast applied, x and target flattened to (BT, H) and (BT,). x (..., H),
     W (V, H), target x.shape[:-1] int64, bias (V,), weight (n_classes,) floating (n_classes: the vocabulary's
     when W is a shard, else V); no dual tensors nor torch.func transforms' tensors."""
     x, W = autocast_operands(x, W)
     if bias is not None:
         _, bias = autocast_operands(x, bias)
-    check_tensor("x", x, range(1, 64))
-    check_tensor("W", W, 2)
-    check_same("x", x, "W", W)
+    check_tensor("x", x, ANY_RANK)
+    check_tensor(w_name, W, 2)
+    check_same("x", x, w_name, W)
     if W.shape[1] != x.shape[-1]:
-        raise ValueError(f"W must be (V, H) as nn.Linear stores it, with H = x.shape[-1] = {x.shape[-1]}; "
-                         f"got W of shape {tuple(W.shape)}")
+        raise ValueError(f"{w_name} must be (V, H) as nn.Linear stores it, with H = x.shape[-1] = {x.shape[-1]}; "
+                         f"got {w_name} of shape {tuple(W.shape)}")
     if W.shape[0] < 1:
-        raise ValueError("W must have at least one row (class)")
+        raise ValueError(f"{w_name} must have at least one row (class)")
     if not isinstance(target, torch.Tensor):
         raise TypeError(f"target must be a torch.Tensor, got {type(target).__name__}")
     check_dense("target", target)
@@ -4875,7 +4879,7 @@ def vocab_parallel_linear_cross_entropy(x: torch.Tensor, W_shard: torch.Tensor, 
                            "group (torch.distributed.init_process_group)")
     if isinstance(W_shard, torch.Tensor) and W_shard.dim() == 2 and isinstance(x, torch.Tensor):
         vocab_start, n_classes = _shard_bounds(W_shard.shape[0], group, vocab_start, n_classes, x.device)
-    x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes)
+    x2, W_shard, bias, t = check_linear_cross_entropy_inputs(x, W_shard, target, bias, weight, n_classes, "W_shard")
     check_flag("return_lse", return_lse)
     plan = linear_cross_entropy_plan(*x2.shape, W_shard.shape[0], x2.dtype, reduction, ignore_index=ignore_index,
                                      label_smoothing=label_smoothing, softcap=softcap, z_loss=z_loss, launch=launch,

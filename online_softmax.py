@@ -145,7 +145,10 @@ def check_tensor(name: str, t, ndim: int | tuple[int, ...] | range) -> None:
     check_dense(name, t)
     ranks = (ndim,) if isinstance(ndim, int) else ndim
     if t.dim() not in ranks:
-        want = f"at least {ranks.start}" if isinstance(ranks, range) else " or ".join(map(str, ranks))
+        if isinstance(ranks, range):
+            want = f"at least {ranks.start}" if ranks.stop >= ANY_RANK.stop else f"{ranks.start} to {ranks.stop - 1}"
+        else:
+            want = " or ".join(map(str, ranks))
         raise ValueError(f"{name} must have {want} dimensions, got shape {tuple(t.shape)}")
     if t.dtype not in SUPPORTED_DTYPES:
         raise TypeError(f"{name} must be float32, float16 or bfloat16, got {t.dtype}")

@@ -246,6 +246,9 @@ def test_leading_dimensions_and_return_lse():
     # A single row (x of shape (H,), a 0-d target), as F.cross_entropy takes an unbatched input.
     one = linear_cross_entropy(x[3], W, target[3], reduction="none")
     assert one.shape == () and torch.equal(one, linear_cross_entropy(x[3:4], W, target[3:4], reduction="none")[0])
+    # As many leading dimensions as torch allows a tensor, 63 here.
+    deep = linear_cross_entropy(x[3].reshape((1,) * 63 + (32,)), W, target[3].reshape((1,) * 63), reduction="none")
+    assert deep.shape == (1,) * 63 and torch.equal(deep.reshape(()), one)
 
 
 def test_weighted_mean_with_every_row_ignored_is_nan():

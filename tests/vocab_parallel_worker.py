@@ -110,6 +110,12 @@ def check_worker(rank: int, world: int, backend: str, init_method: str, interpre
             assert "vocab_start and n_classes go together" in str(e), e
         else:
             raise AssertionError("vocab_start without n_classes was accepted")
+        try:
+            fsm.vocab_parallel_linear_cross_entropy(x, W[start:end, 0], target)
+        except ValueError as e:
+            assert "W_shard must have 2 dimensions" in str(e), e
+        else:
+            raise AssertionError("a 1-D W_shard was accepted")
         for name, options, reductions in CASES:
             opts = {k: (weight if k == "weight" else v) for k, v in options.items()}
             for reduction in reductions:
