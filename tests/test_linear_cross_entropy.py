@@ -22,9 +22,13 @@ import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
+import triton
+import triton.language as tl
+
 from fused_softmax_matmul import (
     LCE_FILL_TILE, LCE_MAX_FILL_ROWS, LCE_MAX_ROWS, LCE_MIN_ROWS, LCE_ROW_MULTIPLE, LinearCrossEntropyLaunch,
-    LinearCrossEntropyPlan, _lce_forward, linear_cross_entropy, linear_cross_entropy_plan, linear_cross_entropy_ref,
+    LinearCrossEntropyPlan, _bf16_nearest_even, _lce_forward, linear_cross_entropy, linear_cross_entropy_plan,
+    linear_cross_entropy_ref,
 )
 from conftest import graph_replay
 from support import DEVICE, DTYPES, ON_GPU, assert_close, generator, needs_gpu, randn, record_files, relative_error
@@ -97,6 +101,29 @@ def test_matches_float64_within_torch_error(BT, H, V, rows, block_v, dtype, redu
             assert_close(out, ref, torch_out, factor=2.0)
         except AssertionError as e:
             raise AssertionError(f"{name}: {e}") from None
+
+
+@triton.jit
+def _round_to_bf16_kernel(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    offs = tl.arange(0, BLOCK)
+    inside = offs < n
+    tl.store(out_ptr + offs, _bf16_nearest_even(tl.load(x_ptr + offs, mask=inside)), mask=inside)
+
+
+def test_bf16_rounding_is_torch_s():
+    """The row kernel's bfloat16 rounding (the interpreter's casts truncate) equals torch's cast bit for bit:
+    ties to even both ways, the largest floats to inf, inf and NaN kept; random bits besides."""
+    kept = torch.tensor([0x3F81, 0x3F82, 0xBF81, 0xBF82, 0x0001, 0x7F7F, 0x4049], dtype=torch.int32)
+    ties = (kept << 16) | 0x8000  # exactly half a bfloat16 unit above kept: even stays, odd rounds up
+    near = torch.cat([(kept << 16) | 0x7FFF, (kept << 16) | 0x8001])  # either side of a tie
+    random = torch.randint(-2**31, 2**31 - 1, (400,), generator=torch.Generator().manual_seed(3), dtype=torch.int64)
+    bits = torch.cat([ties, near, random.to(torch.int32)])
+    x = torch.cat([bits.view(torch.float32), torch.tensor([float("inf"), -float("inf"), float("nan")])]).to(DEVICE)
+    x = x[x.isfinite() | x.isinf() | (torch.arange(x.numel(), device=DEVICE) == x.numel() - 1)]  # one NaN
+    out = torch.empty_like(x)
+    _round_to_bf16_kernel[(1,)](x, out, x.numel(), BLOCK=triton.next_power_of_2(x.numel()))
+    want = x.to(torch.bfloat16).float()
+    assert torch.equal(out[:-1].view(torch.int32), want[:-1].view(torch.int32)) and out[-1].isnan()
 
 
 # ----------------------------------------------------------------------------------------------
@@ -301,14 +328,19 @@ def test_all_targets_ignored(reduction):
     assert torch.count_nonzero(ours[1]) == 0 and torch.count_nonzero(ours[2]) == 0
 
 
-def test_ignore_index_inside_the_classes():
-    """ignore_index may be a real class: rows with that target are ignored, as in PyTorch."""
+@pytest.mark.parametrize("option", ["none", "weight", "label_smoothing"])
+def test_ignore_index_inside_the_classes(option):
+    """ignore_index may be a real class: rows with that target are ignored, as in PyTorch, also by the
+    weighted mean's denominator and by label smoothing's target term (added apart, in float32)."""
     x, W, target = linear_cross_entropy_inputs(30, 16, 40, torch.float32, ignored=0.3, ignore_index=5)
-    for reduction in ("mean", "none"):
-        ours = loss_and_grads(linear_cross_entropy, x, W, target, reduction, upstream_for(reduction, 30),
-                              ignore_index=5, launch=LinearCrossEntropyLaunch(16, 16, 4))
-        ref = loss_and_grads(linear_cross_entropy_ref, x, W, target, reduction, upstream_for(reduction, 30),
-                             ignore_index=5)
+    options = {"none": {}, "weight": dict(weight=True), "label_smoothing": dict(label_smoothing=0.1)}[option]
+    options = option_tensors(options, 40, torch.float32)
+    for reduction in ("mean", "sum", "none"):
+        upstream = upstream_for(reduction, 30)
+        ours = loss_and_grads_with(linear_cross_entropy, x, W, target, reduction, upstream, options,
+                                   ignore_index=5, launch=LinearCrossEntropyLaunch(16, 16, 4))
+        ref = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, reduction, upstream, options,
+                                  ignore_index=5)
         for out, want in zip(ours, ref):
             torch.testing.assert_close(out, want, rtol=1e-5, atol=1e-6)
 

@@ -13,7 +13,7 @@ import triton
 
 from fused_softmax_matmul import (
     SIMPLE_MAX_CLASSES, MatmulLaunch, check_launch, matmul, matmul_softmax_fused_simple, matmul_softmax_fused_tiled,
-    matmul_softmax_plan, matmul_softmax_ref, tiled_launch, _device_facts, _plan_of,
+    matmul_softmax_plan, matmul_softmax_ref, split_k_slices, tiled_launch, _device_facts, _plan_of,
 )
 import support
 from support import (
@@ -145,6 +145,16 @@ def test_empty_output(impl, B, K, C):
     x, W = matmul_softmax_inputs(B, K, C, torch.float32)
     out = TRITON_IMPLS[impl](x, W)
     assert out.shape == (B, C) and out.dtype == torch.float32
+
+
+def test_split_k_slices_cover_k_in_at_most_split_k_whole_steps():
+    for K in (1, 15, 16, 37, 100, 1000, 4096, 4099):
+        for block_k in (16, 32, 64):
+            for split_k in (1, 2, 3, 5, 16, 256):
+                k_slice, slices = split_k_slices(K, block_k, split_k)
+                assert k_slice % block_k == 0 and 1 <= slices <= split_k, (K, block_k, split_k)
+                assert (slices - 1) * k_slice < K <= slices * k_slice, (K, block_k, split_k)
+    assert split_k_slices(1000, 16, 16) == (64, 16)
 
 
 def test_simple_refuses_too_many_classes():
@@ -1020,14 +1030,16 @@ GRAD_CASES = {
     "split K": (17, 100, 30, (16, 32, 16, 3)),
     # K split over 3 slices of 3 class tiles each.
     "split K, class tiles": (17, 100, 70, (16, 32, 16, 3)),
+    # More classes than the backward's softmax-gradient tile (1024): its row sum spans two tiles.
+    "past a gradient tile": (4, 32, 1500, None),
 }
 
 
 def grad_params():
     for case, (B, K, C, tiles) in GRAD_CASES.items():
         for impl in IMPLS_WITH_MATMUL:
-            if impl == "triton_fused_simple" and tiles is not None and len(tiles) == 4:
-                continue  # the simple kernel never splits K
+            if impl == "triton_fused_simple" and tiles is not None and len(tiles) == 4 or not takes(impl, C):
+                continue  # the simple kernel never splits K, nor holds more than SIMPLE_MAX_CLASSES
             for dtype in DTYPES:
                 yield pytest.param(impl, dtype, B, K, C, tiles, id=f"{case}-{impl}-{dtype}")
 

@@ -293,6 +293,8 @@ def test_row_softmax_matches_float64(shape, block, dtype):
 # Each is 12 rows of 40.
 ROW_STRIDED = {
     "row gap": lambda: randn((12, 80), torch.float32, seed=16)[:, :40],
+    # A row stride that is no multiple of the row's width's vector: the vector must follow the stride too.
+    "odd row gap": lambda: randn((12, 42), torch.float32, seed=16)[:, :40],
     "every other column": lambda: randn((12, 80), torch.float32, seed=16)[:, ::2],
     "transposed": lambda: randn((40, 12), torch.float32, seed=16).t(),
 }

@@ -67,6 +67,18 @@ def test_gradient_of_a_sum(op):
     assert_close(leaf.grad, torch_softmax_grad(x, dy, torch.float64), torch_softmax_grad(x, dy, torch.float32))
 
 
+@pytest.mark.parametrize("layout", ["transposed", "every other column"])
+@pytest.mark.parametrize("op", OPS)
+def test_gradient_of_a_strided_upstream(op, layout):
+    """dy of column stride other than 1, as a transposed or sliced upstream gradient is: read through it."""
+    x = randn((12, 37), torch.float32, seed=34, scale=2.0)
+    dy = (randn((37, 12), torch.float32, seed=35).t() if layout == "transposed"
+          else randn((12, 74), torch.float32, seed=35)[:, ::2])
+    assert dy.stride(-1) != 1
+    assert_close(op_grad(OPS[op], x, dy), torch_softmax_grad(x, dy, torch.float64),
+                 torch_softmax_grad(x, dy, torch.float32))
+
+
 def test_row_softmax_long_row_gradient():
     """17000 columns: the forward holds a row, but two rows (y and dy) no longer fit one program:
     the backward runs in online tiles of 1 x 4096."""
