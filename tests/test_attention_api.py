@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from fused_softmax_matmul import (
     ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_heads_in_tile, attention_mask_bounds, attention_plan,
     attention_visible_pairs,
-    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference,
+    check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
 from test_flash_attention import accumulation_error, recompute_error
@@ -540,6 +540,23 @@ def _compiled_step(options, **compile_options):
 
 
 COMPILED_OPTIONS = dict(is_causal=True, causal_align="bottom_right", enable_gqa=True, window=(9, None), softcap=5.0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_ops_fakes_match_their_kernels(dtype):
+    """torch.library.opcheck: the forward and backward ops' fakes give the kernels' shapes, dtypes and strides
+    (lse float32 whatever q's dtype; dk, dv in the key/value heads' shape), which torch.compile traces with."""
+    q = randn((1, 4, 19, 24), DTYPES[dtype], seed=81)
+    k, v = randn((1, 2, 33, 24), DTYPES[dtype], seed=82), randn((1, 2, 33, 16), DTYPES[dtype], seed=83)
+    plan = attention_plan(24, 16, q.dtype, 19, 33, grouped=2, window=(5, None), is_causal=True, softcap=3.0)
+    options = _attention_args(24 ** -0.5, 3.0, plan)
+    forward, backward = torch.ops.softmax_kernels.attention_forward, torch.ops.softmax_kernels.attention_backward
+    torch.library.opcheck(forward, (q, k, v, *options), test_utils=("test_faketensor",))
+    out, lse = forward(q, k, v, *options)
+    scale, lo, hi, has_lo, has_hi, softcap, launches = options
+    torch.library.opcheck(backward, (q, k, v, out, lse, torch.randn_like(out), torch.randn_like(lse), scale, lo, hi,
+                                     has_lo, has_hi, softcap, launches[4:8], launches[8:12]),
+                          test_utils=("test_faketensor",))
 
 
 @pytest.mark.skipif(ON_GPU, reason="on a GPU test_compiled_fullgraph_on_gpu compiles with the default backend")

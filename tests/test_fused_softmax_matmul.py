@@ -619,6 +619,20 @@ def test_compiles_without_graph_break(backend):
     torch.testing.assert_close(V.grad, Ve.grad)
 
 
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_the_ops_fakes_match_their_kernels(dtype):
+    """torch.library.opcheck: the forward and backward ops' fakes give the kernels' shapes, dtypes and strides
+    (the saved lse is float32 whatever x's dtype), which torch.compile traces with."""
+    x, V = softmax_matmul_inputs(2, 17, 20, 24, DTYPES[dtype], seed=6)
+    plan = fsm._plan_call(x, V, None, None, None, False)
+    torch.library.opcheck(torch.ops.softmax_kernels.fused_softmax, (x, V, *plan.op_args),
+                          test_utils=("test_faketensor",))
+    out, lse = torch.ops.softmax_kernels.fused_softmax(x, V, *plan.op_args)
+    torch.library.opcheck(torch.ops.softmax_kernels.fused_softmax_backward,
+                          (x, V, out, lse, torch.randn_like(out), *plan.op_args[:2], True, True),
+                          test_utils=("test_faketensor",))
+
+
 @pytest.mark.parametrize("backend", COMPILE_BACKENDS)
 @pytest.mark.usefixtures("fresh_compile")
 def test_materialized_path_compiles_without_graph_break(backend):

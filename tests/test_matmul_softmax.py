@@ -1079,6 +1079,20 @@ def test_gradient_broadcast_and_of_one_input(impl):
 
 
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
+def test_gradient_of_a_transposed_upstream(impl):
+    """dy of column stride other than 1 (a transposed gradient) is read through its strides."""
+    x, W = (t.requires_grad_() for t in matmul_softmax_inputs(8, 16, 24, torch.float32, seed=56))
+    dy = torch.randn((24, 8), generator=torch.Generator(device=DEVICE).manual_seed(57), device=DEVICE).t()
+    ref = (lambda a, b: a @ b) if impl == "triton_matmul" else matmul_softmax_ref
+    grads = torch.autograd.grad(IMPLS_WITH_MATMUL[impl](x, W), (x, W), dy)
+    x64, W64 = (t.detach().double().requires_grad_() for t in (x, W))
+    grads64 = torch.autograd.grad(ref(x64, W64), (x64, W64), dy.double())
+    grads_torch = torch.autograd.grad(ref(x, W), (x, W), dy)
+    for got, want, theirs in zip(grads, grads64, grads_torch):
+        assert_close(got, want, theirs)
+
+
+@pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
 @pytest.mark.parametrize("x_dtype", ["float32", "bfloat16"])
 def test_autocast_casts_the_operands(impl, x_dtype):
     """Under autocast a float32 weight beside x (float32, or bfloat16 activations) is cast to
