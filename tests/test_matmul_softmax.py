@@ -1001,13 +1001,17 @@ def test_row_of_minus_inf_is_nan(case):
 # ----------------------------------------------------------------------------------------------
 # Autograd: dx and dW against float64, double backward refused
 # ----------------------------------------------------------------------------------------------
-def check_gradients(impl: str, x: torch.Tensor, W: torch.Tensor, launch=None, seed: int = 0) -> None:
+def check_gradients(impl: str, x: torch.Tensor, W: torch.Tensor, launch=None, seed: int = 0,
+                    transposed: bool = False) -> None:
     """(dx, dW) of each version against torch autograd in float64, bounded by PyTorch's own
-    gradients in the inputs' dtype (``assert_close``); ``matmul`` is checked as x @ W."""
+    gradients in the inputs' dtype (``assert_close``); ``matmul`` is checked as x @ W. ``transposed``:
+    the upstream gradient is a transposed tensor's view (column stride other than 1)."""
     fn = IMPLS_WITH_MATMUL[impl]
     ref = (lambda a, b: a @ b) if impl == "triton_matmul" else matmul_softmax_ref
     out = fn(x, W, launch)
-    dout = torch.randn(out.shape, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE).to(out.dtype)
+    shape = out.shape[::-1] if transposed else out.shape
+    dout = torch.randn(shape, generator=torch.Generator(device=DEVICE).manual_seed(seed), device=DEVICE).to(out.dtype)
+    dout = dout.t() if transposed else dout
     grads = torch.autograd.grad(out, (x, W), dout)
     x64, W64 = (t.detach().double().requires_grad_() for t in (x, W))
     grads64 = torch.autograd.grad(ref(x64, W64), (x64, W64), dout.double())
@@ -1082,14 +1086,7 @@ def test_gradient_broadcast_and_of_one_input(impl):
 def test_gradient_of_a_transposed_upstream(impl):
     """dy of column stride other than 1 (a transposed gradient) is read through its strides."""
     x, W = (t.requires_grad_() for t in matmul_softmax_inputs(8, 16, 24, torch.float32, seed=56))
-    dy = torch.randn((24, 8), generator=torch.Generator(device=DEVICE).manual_seed(57), device=DEVICE).t()
-    ref = (lambda a, b: a @ b) if impl == "triton_matmul" else matmul_softmax_ref
-    grads = torch.autograd.grad(IMPLS_WITH_MATMUL[impl](x, W), (x, W), dy)
-    x64, W64 = (t.detach().double().requires_grad_() for t in (x, W))
-    grads64 = torch.autograd.grad(ref(x64, W64), (x64, W64), dy.double())
-    grads_torch = torch.autograd.grad(ref(x, W), (x, W), dy)
-    for got, want, theirs in zip(grads, grads64, grads_torch):
-        assert_close(got, want, theirs)
+    check_gradients(impl, x, W, seed=57, transposed=True)
 
 
 @pytest.mark.parametrize("impl", IMPLS_WITH_MATMUL)
