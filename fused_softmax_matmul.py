@@ -3948,8 +3948,9 @@ def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale:
     return _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced=True)
 
 
-def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced: bool):
-    """``_attention_forward``; ``traced`` False: launched directly, without ``wrap_triton``'s host time."""
+def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches, traced: bool, keep=None):
+    """``_attention_forward``; ``traced`` False: launched directly, without ``wrap_triton``'s host time.
+    ``keep``: called with the launches kept as one replay of (q, k, v, out, lse), where they could be."""
     launch = launches[:4]
     batch, heads, n_queries, _ = q.shape
     n_kv_heads, n_keys, dv = k.shape[1], k.shape[2], v.shape[-1]
@@ -3965,16 +3966,26 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     tile_heads = launches[13]
     grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
                          "the attention forward")
-    jit_kernel(attention_forward_kernel, traced=traced)[grid](
-        q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi, splits,
-        split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0), *out.stride()[-4:],
-        HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch))
+    steps = [] if keep is not None else None
+    _launch_flash(jit_kernel(attention_forward_kernel, traced=traced), grid,
+                  (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi,
+                   splits, split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0),
+                   *out.stride()[-4:]),
+                  dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch)), 5, steps)
     if splits == 1:
+        if steps and steps[0] is not None:
+            keep(steps[0])
         return out, lse[0]
     merged, total = q.new_empty(out_shape), lse.new_empty(lse.shape[1:])
     rows = batch * heads * n_queries
-    jit_kernel(attention_merge_kernel, traced=traced)[one_axis_grid(rows, "the attention forward's merge")](
-        out, lse, merged, total, rows, splits, DV=dv, HEAD_DIM_V=max(16, next_power_of_2(dv)), num_warps=1)
+    _launch_flash(jit_kernel(attention_merge_kernel, traced=traced),
+                  one_axis_grid(rows, "the attention forward's merge"), (out, lse, merged, total, rows, splits),
+                  dict(DV=dv, HEAD_DIM_V=max(16, next_power_of_2(dv)), num_warps=1), 4, steps)
+    if steps and None not in steps:  # the partial outputs are the chain's buffers: slots 5 and 6
+        parts, part_lse = out.shape, lse.shape
+        keep(ReplayChain((lambda q, *_: q.new_empty(parts, dtype=torch.float32),
+                          lambda q, *_: q.new_empty(part_lse, dtype=torch.float32)),
+                         ((steps[0], (0, 1, 2, 5, 6)), (steps[1], (5, 6, 3, 4)))))
     return merged, total
 
 
@@ -4085,6 +4096,32 @@ def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, group: int, option
                          f"key/value head serves ({group})")
 
 
+# Eager calls that record no gradient, by replay_key and options: (the kept launches, a maker of their outputs),
+# which a later call with the same key runs without checks or plan (design notes: kept attention launches).
+_ATTENTION_REPLAYS = Replays("flash_attention_api")
+
+
+def _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap, return_lse):
+    """``replay_key`` of a flash_attention call, each option keyed with its type (a window's sides too); None where
+    an option is not a plain bool, int, float, str or None (the checked path then takes the call)."""
+    plain = (bool, int, float, str, type(None))
+    if type(window) is tuple and all(type(side) in plain for side in window):
+        window = tuple((type(side), side) for side in window)
+    elif window is not None:
+        return None
+    options = (is_causal, scale, enable_gqa, causal_align, softcap, return_lse)
+    if not all(type(option) in plain for option in options):
+        return None
+    return replay_key((q, k, v), (*options, window, _float32_matmul_precision()))
+
+
+def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) for the general forward to write: contiguous, out in q's dtype, lse float32."""
+    batch, heads, n_queries, _ = q.shape
+    return q.new_empty((batch, heads, n_queries, v.shape[-1])), q.new_empty((batch, heads, n_queries),
+                                                                             dtype=torch.float32)
+
+
 @on_input_device
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                     scale: float | None = None, enable_gqa: bool = False, causal_align: str = "top_left",
@@ -4114,6 +4151,13 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     / ``attention_backward`` let torch.compile(fullgraph=True) trace the launches and CUDA graphs capture
     them. Errors name the argument.
     """
+    key = None if plan is not None else _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align,
+                                                              window, softcap, return_lse)
+    kept = _ATTENTION_REPLAYS.get(key) if key is not None else None
+    if kept is not None:
+        out, lse = kept[1](q, v)
+        if kept[0](q, k, v, out, lse):
+            return (out, lse) if return_lse else out
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
     group = q.shape[1] // max(k.shape[1], 1)
@@ -4126,10 +4170,16 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
                        grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
         if plan.path == "course" and not transformed(q, k, v):
-            return FlashAttentionTriton.apply(q, k, v, options["is_causal"])
+            out = FlashAttentionTriton.apply(q, k, v, options["is_causal"])
+            course = _FLASH_REPLAYS.get(replay_key((q, k, v), (options["is_causal"], _float32_matmul_precision()))
+                                        if key is not None else None)
+            if course is not None:
+                _ATTENTION_REPLAYS.keeper(key)((course[0], lambda q, v: flash_forward_outputs(q)))
+            return out
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):
-        out, lse = _run_attention_forward(*args, traced=False)
+        keep = None if key is None else lambda replay: _ATTENTION_REPLAYS.keeper(key)((replay, _attention_outputs))
+        out, lse = _run_attention_forward(*args, traced=False, keep=keep)
     elif eager_autograd(q, k, v):
         out, lse = _ATTENTION_AUTOGRAD.run(*args)
     else:

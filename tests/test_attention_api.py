@@ -18,11 +18,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+import fused_softmax_matmul
+
 from fused_softmax_matmul import (
     ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_heads_in_tile, attention_mask_bounds, attention_plan,
     attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
+from online_softmax import forget_kept_launches
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
 from test_flash_attention import accumulation_error, recompute_error
 
@@ -637,3 +640,40 @@ def test_model_shapes_on_gpu(name, dtype):
     }[name]
     q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
     assert_matches_float64(run_ours(q, k, v, dout, dlse, case.options), q, k, v, dout, dlse, case.options)
+
+
+KEPT_CASES = {
+    "plain-causal": Case(2, 4, 4, 256, 256, 64, 64, dict(is_causal=True)),  # the course's kernels
+    "gqa-causal": Case(1, 8, 2, 300, 300, 128, 128, dict(is_causal=True, enable_gqa=True)),
+    "decode-1q": Case(2, 8, 2, 1, 8192, 128, 128, dict(is_causal=True, causal_align="bottom_right",
+                                                       enable_gqa=True)),  # keys split, then merged: a chain
+    "window-softcap-lse": Case(1, 4, 2, 200, 260, 80, 80, dict(window=(31, 0), softcap=20.0, enable_gqa=True,
+                                                               return_lse=True)),
+}
+
+
+@needs_gpu
+@pytest.mark.parametrize("name", KEPT_CASES)
+def test_kept_launches_replay_the_checked_call(name, monkeypatch):
+    """An eager call that records no gradient keeps its launches; a later call of the same shapes,
+    strides and options replays them, without checks or plan, and gives the checked call's bits on
+    new inputs. A window whose side differs only in type (31.0 for 31) is another call: refused."""
+    case = KEPT_CASES[name]
+    checks = []
+    check = fused_softmax_matmul.check_flash_attention_inputs
+    monkeypatch.setattr(fused_softmax_matmul, "check_flash_attention_inputs", lambda *a: checks.append(a) or check(*a))
+    forget_kept_launches()
+    flash_attention(*make_inputs(case, torch.bfloat16)[:3], **case.options)
+    assert len(checks) == 1
+    fresh = make_inputs(case, torch.bfloat16, seed=11)[:3]
+    kept = flash_attention(*fresh, **case.options)
+    assert len(checks) == 1, "the second call was checked again: its launches were not kept"
+    forget_kept_launches()
+    checked = flash_attention(*fresh, **case.options)
+    assert len(checks) == 2
+    for got, want in zip(*(t if isinstance(t, tuple) else (t,) for t in (kept, checked))):
+        assert got.stride() == want.stride()
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
+    if "window" in case.options:
+        with pytest.raises(TypeError, match="window's left"):
+            flash_attention(*fresh, **{**case.options, "window": (31.0, 0)})
