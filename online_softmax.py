@@ -653,6 +653,24 @@ def _arg_class(a):
     return a
 
 
+def _arg_classes(args: tuple) -> tuple:
+    """``tuple(map(_arg_class, args))``, with a launch's usual arguments (ints, tensors, floats,
+    bools) classed inline: half the host time of a call each (design notes: direct launch)."""
+    classes = []
+    add = classes.append
+    for a in args:
+        kind = type(a)
+        if kind is int:
+            add((a == 1, a & 15 == 0, -0x80000000 <= a < 0x80000000, a < 0x8000000000000000))
+        elif kind is torch.Tensor:
+            add((a.dtype, a.data_ptr() & 15 == 0))
+        elif kind is float or kind is bool:
+            add(kind)
+        else:
+            add(_arg_class(a))
+    return tuple(classes)
+
+
 class DirectLauncher:
     """``launcher[grid](*args, **constexprs)`` as ``kernel[grid](...)``, with less host time.
 
@@ -690,7 +708,7 @@ class DirectLauncher:
 
     def key(self, device, args, kwargs):
         # A keyword's type too: 1, 1.0 and True are equal keys but not equal constexprs.
-        return device, tuple(map(_arg_class, args)), tuple((k, type(v), v) for k, v in kwargs.items())
+        return device, _arg_classes(args), tuple((k, type(v), v) for k, v in kwargs.items())
 
     def launch(self, grid, args, kwargs):
         if not self.direct(grid, args):

@@ -161,6 +161,19 @@ def test_the_public_launch_path_runs_the_kernel(monkeypatch):
     torch.testing.assert_close(y, torch.softmax(x, -1))
 
 
+def test_arguments_are_classed_inline_as_one_by_one():
+    """The key's inline classing equals ``_arg_class`` of each argument: ints at each class's
+    edges, bools beside the ints they equal, tensors aligned or not and a Parameter, floats,
+    numpy ints, None and a string."""
+    import numpy as np
+
+    base = torch.zeros(64)
+    args = (0, 1, 2, 16, 17, -1, 2**31 - 1, 2**31, -2**31, -2**31 - 1, 2**63 - 1, 2**63, 2**64, True, False,
+            1.0, 0.5, base, base[1:], base[4:], torch.nn.Parameter(base), np.int64(16), None, "ieee")
+    assert osm._arg_classes(args) == tuple(map(osm._arg_class, args))
+    assert osm._arg_classes((1,)) != osm._arg_classes((True,)) != osm._arg_classes((1.0,))
+
+
 def test_tensor_descriptors_are_keyed_by_what_their_kernel_depends_on():
     """A host-side tensor descriptor (the Gluon attention's Q, K, V) keys on its type, block,
     padding, and the classes of its base, sizes and strides: equal for another tensor of the same
