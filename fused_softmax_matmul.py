@@ -4122,6 +4122,13 @@ def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
                                                                              dtype=torch.float32)
 
 
+def _keep_course_launch(key, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
+    """Keep under ``key`` the forward launch FlashAttentionTriton kept for this call, if it kept one."""
+    course = _FLASH_REPLAYS.get(replay_key((q, k, v), (is_causal, _float32_matmul_precision())))
+    if course is not None:
+        _ATTENTION_REPLAYS.keeper(key)((course[0], lambda q, v: flash_forward_outputs(q)))
+
+
 @on_input_device
 def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_causal: bool = False,
                     scale: float | None = None, enable_gqa: bool = False, causal_align: str = "top_left",
@@ -4171,10 +4178,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
         if plan.path == "course" and not transformed(q, k, v):
             out = FlashAttentionTriton.apply(q, k, v, options["is_causal"])
-            course = _FLASH_REPLAYS.get(replay_key((q, k, v), (options["is_causal"], _float32_matmul_precision()))
-                                        if key is not None else None)
-            if course is not None:
-                _ATTENTION_REPLAYS.keeper(key)((course[0], lambda q, v: flash_forward_outputs(q)))
+            if key is not None:  # never in a trace: Dynamo cannot read the shelves (a graph break)
+                _keep_course_launch(key, q, k, v, options["is_causal"])
             return out
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):

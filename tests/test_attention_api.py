@@ -596,6 +596,23 @@ def test_compiled_fullgraph_on_gpu(fresh_compile, name, dtype):
 
 
 @needs_gpu
+@pytest.mark.parametrize("grad", [False, True], ids=["no-grad", "grad"])
+def test_plain_call_compiles_fullgraph_on_the_course_kernels(fresh_compile, grad):
+    """A plain call (the course's kernels, which keep eager launches) traces with no graph break: the
+    eager call's kept launches and their shelves stay out of the trace."""
+    case = Case(2, 4, 4, 256, 256, 64, 64, dict(is_causal=True))
+    q, k, v, dout, _ = make_inputs(case, torch.float32)  # float32: the course's Triton kernels, eager and compiled
+    leaves = [t.requires_grad_(grad) for t in (q, k, v)]
+    compiled = torch.compile(lambda q, k, v: flash_attention(q, k, v, is_causal=True), fullgraph=True)
+    got, want = compiled(*leaves), flash_attention(*leaves, is_causal=True)
+    # The same kernels both ways; float32's default tolerance only absorbs a launch a trace might plan otherwise.
+    torch.testing.assert_close(got, want)
+    if grad:
+        for g, w in zip(torch.autograd.grad(got, leaves, dout), torch.autograd.grad(want, leaves, dout)):
+            torch.testing.assert_close(g, w)
+
+
+@needs_gpu
 @pytest.mark.parametrize("name", COMPILED_CASES)
 def test_cuda_graph_replay_matches_eager(name):
     """Forward and backward captured in one CUDA graph (no host sync, no allocation outside its
