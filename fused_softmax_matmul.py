@@ -4122,11 +4122,33 @@ def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
                                                                              dtype=torch.float32)
 
 
-def _keep_course_launch(key, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool) -> None:
-    """Keep under ``key`` the forward launch FlashAttentionTriton kept for this call, if it kept one."""
-    course = _FLASH_REPLAYS.get(replay_key((q, k, v), (is_causal, _float32_matmul_precision())))
+def _replay_attention(key, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
+    """(out, lse) by the launches kept under ``key``; None where none are, or where they could not launch."""
+    kept = _ATTENTION_REPLAYS.get(key)
+    if kept is None:
+        return None
+    out, lse = kept[1](q, v)
+    return (out, lse) if kept[0](q, k, v, out, lse) else None
+
+
+def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, key) -> torch.Tensor:
+    """FlashAttentionTriton's call, its kept forward launch kept under ``key`` too (None in a trace: Dynamo
+    cannot read the shelves, a graph break)."""
+    out = FlashAttentionTriton.apply(q, k, v, is_causal)
+    course = None if key is None else _FLASH_REPLAYS.get(replay_key((q, k, v),
+                                                                    (is_causal, _float32_matmul_precision())))
     if course is not None:
         _ATTENTION_REPLAYS.keeper(key)((course[0], lambda q, v: flash_forward_outputs(q)))
+    return out
+
+
+def _attention_plan_of(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, options: dict, return_lse: bool,
+                       group: int) -> AttentionPlan:
+    """``attention_plan`` for a checked call (cached outside a trace)."""
+    planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
+    return planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
+                   batch_heads=q.shape[0] * q.shape[1], grouped=group if group > 1 else q.shape[1] != k.shape[1],
+                   **options)
 
 
 @on_input_device
@@ -4160,27 +4182,19 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     """
     key = None if plan is not None else _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align,
                                                               window, softcap, return_lse)
-    kept = _ATTENTION_REPLAYS.get(key) if key is not None else None
-    if kept is not None:
-        out, lse = kept[1](q, v)
-        if kept[0](q, k, v, out, lse):
-            return (out, lse) if return_lse else out
+    replayed = None if key is None else _replay_attention(key, q, k, v)
+    if replayed is not None:
+        return replayed if return_lse else replayed[0]
     options = check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap)
     check_flag("return_lse", return_lse)
     group = q.shape[1] // max(k.shape[1], 1)
     if plan is not None:
         _check_given_plan(plan, q, k, group, options)
     else:
-        planner = attention_plan if torch.compiler.is_compiling() else _cached_attention_plan
-        plan = planner(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], k.shape[2], return_lse=return_lse,
-                       batch_heads=q.shape[0] * q.shape[1],
-                       grouped=group if group > 1 else q.shape[1] != k.shape[1], **options)
+        plan = _attention_plan_of(q, k, v, options, return_lse, group)
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
         if plan.path == "course" and not transformed(q, k, v):
-            out = FlashAttentionTriton.apply(q, k, v, options["is_causal"])
-            if key is not None:  # never in a trace: Dynamo cannot read the shelves (a graph break)
-                _keep_course_launch(key, q, k, v, options["is_causal"])
-            return out
+            return _course_attention(q, k, v, options["is_causal"], key)
     args = (q, k, v, *_attention_args(options["scale"], options["softcap"], plan))
     if not needs_op(q, k, v):
         keep = None if key is None else lambda replay: _ATTENTION_REPLAYS.keeper(key)((replay, _attention_outputs))
