@@ -4593,19 +4593,35 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     else:
         buffer = x.new_empty((rows, V))
         parts = ((0, V),)
-    factor_stride = 0 if factor is None or factor.dim() == 0 else factor.stride(0)
-    for start in range(0, BT, plan.chunk_rows):
-        end = min(start + plan.chunk_rows, BT)
-        x_c, target_c, logits = x[start:end], target[start:end], buffer[: end - start]
+    if BT == 0:
+        if dW is not None:
+            dW.zero_()
+        return
+    # Views made once a call, not once a chunk: each is host time.
+    whole = len(parts) == 1
+    W_parts = (W,) if whole else tuple(W[a:b] for a, b in parts)
+    W_t = tuple(w.t() for w in W_parts)
+    dW_parts = None if dW is None else (dW,) if whole else tuple(dW[a:b] for a, b in parts)
+    per_row = factor is not None and factor.dim() == 1
+    factor_stride = factor.stride(0) if per_row else 0
+
+    def chunks(t):
+        return t.split(plan.chunk_rows) if t is not None else (None,) * cdiv(BT, plan.chunk_rows)
+
+    for i, (x_c, target_c, lse_c, loss_c, dx_c, factor_c) in enumerate(zip(
+            *map(chunks, (x, target, lse, loss_rows, dx, factor if per_row else None)))):
+        n = x_c.shape[0]
+        logits = buffer if n == rows else buffer[:n]
+        pieces = (logits,) if whole else tuple(logits[:, a:b] for a, b in parts)
         if bias is None:
-            for a, b in parts:
-                torch.mm(x_c, W[a:b].t(), out=logits[:, a:b])
+            for w_t, piece in zip(W_t, pieces):
+                torch.mm(x_c, w_t, out=piece)
         else:
-            torch.addmm(bias, x_c, W.t(), out=logits)
+            torch.addmm(bias, x_c, W_t[0], out=logits)
         # Unused pointers get target_c, which the kernel only reads: no written argument is passed twice.
-        chunk_factor = target_c if factor is None else factor if factor.dim() == 0 else factor[start:end]
-        jit_kernel(linear_cross_entropy_rows_kernel, traced=False)[(end - start,)](
-            logits, target_c, chunk_factor, target_c if loss_rows is None else loss_rows[start:end], lse[start:end],
+        chunk_factor = target_c if factor is None else factor_c if per_row else factor
+        jit_kernel(linear_cross_entropy_rows_kernel, traced=False)[(n,)](
+            logits, target_c, chunk_factor, target_c if loss_c is None else loss_c, lse_c,
             target_c if weight32 is None else weight32, target_c if weight_sum is None else weight_sum,
             V, plan.ignore_index, plan.class_offset, plan.n_classes, plan.softcap, plan.label_smoothing,
             plan.z_loss, logits.stride(0), target.stride(0), factor_stride,
@@ -4613,23 +4629,20 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
             SOFTCAP=plan.softcap > 0, WEIGHT=weight is not None, SMOOTH=plan.label_smoothing > 0,
             Z_LOSS=plan.z_loss > 0, SHARDED=plan.sharded, TARGET_APART=apart, num_warps=plan.num_warps,
         )
-        if dx is not None:
-            torch.mm(logits[:, :parts[0][1]], W[:parts[0][1]], out=dx[start:end])
-            for a, b in parts[1:]:
-                dx[start:end].addmm_(logits[:, a:b], W[a:b])
-        if dW is not None:
-            for a, b in parts:
-                if start == 0:
-                    torch.mm(logits[:, a:b].t(), x_c, out=dW[a:b])
+        if dx_c is not None:
+            torch.mm(pieces[0], W_parts[0], out=dx_c)
+            for piece, w in zip(pieces[1:], W_parts[1:]):
+                dx_c.addmm_(piece, w)
+        if dW_parts is not None:
+            for piece, dW_part in zip(pieces, dW_parts):
+                if i == 0:
+                    torch.mm(piece.t(), x_c, out=dW_part)
                 else:
-                    dW[a:b].addmm_(logits[:, a:b].t(), x_c)
+                    dW_part.addmm_(piece.t(), x_c)
         if db is not None:
             db.add_(logits.sum(0, dtype=torch.float32))
         if apart:
-            _add_target_term(x_c, W, target_c, chunk_factor, weight, plan, None if dx is None else dx[start:end],
-                             dW, db, slots)
-    if dW is not None and BT == 0:
-        dW.zero_()
+            _add_target_term(x_c, W, target_c, chunk_factor, weight, plan, dx_c, dW, db, slots)
 
 
 def _add_target_term(x_c, W, target_c, factor, weight, plan: LinearCrossEntropyPlan, dx_c, dW, db, slots) -> None:
