@@ -4178,7 +4178,8 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
 
     Differentiable in q, k and v, through out and lse. The custom ops ``softmax_kernels::attention_forward``
     / ``attention_backward`` let torch.compile(fullgraph=True) trace the launches and CUDA graphs capture
-    them. Errors name the argument.
+    them. Errors name the argument. An eager call that records no gradient, with an earlier such call's
+    shapes, strides, dtypes, device and options, replays that call's launches (no checks, no plan).
     """
     key = None if plan is not None else _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align,
                                                               window, softcap, return_lse)
