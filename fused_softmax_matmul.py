@@ -4125,10 +4125,10 @@ def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, 
 def _replay_attention(key, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
     """(out, lse) by the launches kept under ``key``; None where none are, or where they could not launch."""
     kept = _ATTENTION_REPLAYS.get(key)
-    if kept is None:
+    if kept is None or not kept[0].ready():  # ready first: a profiler's hooks refuse every replay
         return None
     out, lse = kept[1](q, v)
-    return (out, lse) if kept[0](q, k, v, out, lse) else None
+    return (out, lse) if kept[0].launch(q, k, v, out, lse) else None
 
 
 def _course_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, is_causal: bool, key) -> torch.Tensor:

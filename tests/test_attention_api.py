@@ -25,7 +25,7 @@ from fused_softmax_matmul import (
     attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
-from online_softmax import forget_kept_launches
+from online_softmax import forget_kept_launches, option_key
 from support import DEVICE, DTYPES, ON_GPU, assert_close, fresh_compile, needs_gpu, randn  # noqa: F401 - a fixture
 from test_flash_attention import accumulation_error, recompute_error
 
@@ -657,6 +657,30 @@ def test_model_shapes_on_gpu(name, dtype):
     }[name]
     q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype])
     assert_matches_float64(run_ours(q, k, v, dout, dlse, case.options), q, k, v, dout, dlse, case.options)
+
+
+def test_kept_launch_keys_tell_apart_what_the_checks_do(monkeypatch):
+    """A kept launch's key holds each option with its type (a window's sides too), so a call the checks
+    would refuse never finds an accepted call's launch; options of other types (numpy, a list window)
+    get no key and take the checked path."""
+    import numpy as np
+
+    # replay_key keys nothing on the CPU (no CUDA tensors): its options part alone, each by option_key
+    monkeypatch.setattr(fused_softmax_matmul, "replay_key", lambda tensors, options: tuple(map(option_key, options)))
+    q = k = v = torch.zeros(1, 1, 4, 8)
+
+    def key(**options):
+        given = dict(is_causal=False, scale=None, enable_gqa=False, causal_align="top_left", window=None,
+                     softcap=None, return_lse=False)
+        return fused_softmax_matmul._attention_replay_key(q, k, v, **{**given, **options})
+
+    keys = [key(), key(window=(31, 0)), key(window=(31.0, 0)), key(window=(True, 0)), key(window=(31, None)),
+            key(scale=1), key(scale=1.0), key(scale=True), key(is_causal=True), key(return_lse=True),
+            key(softcap=30), key(softcap=30.0), key(enable_gqa=True)]
+    assert None not in keys and len(set(keys)) == len(keys)
+    for options in (dict(window=[31, 0]), dict(window=(np.int64(31), 0)), dict(scale=np.float32(0.5)),
+                    dict(is_causal=np.bool_(True)), dict(softcap=torch.tensor(30.0))):
+        assert key(**options) is None, options
 
 
 KEPT_CASES = {
