@@ -162,9 +162,9 @@ def test_the_public_launch_path_runs_the_kernel(monkeypatch):
 
 
 def test_arguments_are_classed_inline_as_one_by_one():
-    """The key's inline classing equals ``_arg_class`` of each argument: ints at each class's
-    edges, bools beside the ints they equal, tensors aligned or not and a Parameter, floats,
-    numpy ints, None and a string."""
+    """A launch's classes, argument by argument, tell apart what Triton specialises on and nothing
+    else: ints at each class's edges, bools beside the ints they equal, tensors aligned or not and
+    a Parameter, floats, numpy ints (themselves), None and a string."""
     import numpy as np
 
     base = torch.zeros(64)
@@ -172,6 +172,13 @@ def test_arguments_are_classed_inline_as_one_by_one():
             1.0, 0.5, base, base[1:], base[4:], torch.nn.Parameter(base), np.int64(16), None, "ieee")
     assert osm._arg_classes(args) == tuple(map(osm._arg_class, args))
     assert osm._arg_classes((1,)) != osm._arg_classes((True,)) != osm._arg_classes((1.0,))
+    c = osm._arg_class
+    assert c(2) == c(3) == c(-1) and c(16) == c(32) == c(0) and c(0.5) == c(1.0) and c(True) == c(False)
+    for a, b in ((1, 2), (16, 17), (2**31 - 1, 2**31), (-2**31, -2**31 - 1), (2**63 - 1, 2**63),
+                 (np.int64(16), np.int64(32))):
+        assert c(a) != c(b), (a, b)
+    assert c(base) == c(base[4:]) == c(torch.nn.Parameter(base)) != c(base[1:])
+    assert c(base) != c(base.half())
 
 
 def test_tensor_descriptors_are_keyed_by_what_their_kernel_depends_on():
