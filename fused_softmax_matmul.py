@@ -4102,12 +4102,10 @@ _ATTENTION_REPLAYS = Replays("flash_attention_api")
 
 
 def _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align, window, softcap, return_lse):
-    """``replay_key`` of a flash_attention call, each option keyed with its type (a window's sides too); None where
-    an option is not a plain bool, int, float, str or None (the checked path then takes the call)."""
+    """``replay_key`` of a flash_attention call (each option keyed with its type, a window's sides too); None where
+    an option is not a plain bool, int, float, str or None, or a tuple of them (the checked path takes the call)."""
     plain = (bool, int, float, str, type(None))
-    if type(window) is tuple and all(type(side) in plain for side in window):
-        window = tuple((type(side), side) for side in window)
-    elif window is not None:
+    if window is not None and not (type(window) is tuple and all(type(side) in plain for side in window)):
         return None
     options = (is_causal, scale, enable_gqa, causal_align, softcap, return_lse)
     if not all(type(option) in plain for option in options):

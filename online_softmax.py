@@ -926,9 +926,12 @@ _PLAIN_OPTIONS = frozenset((int, float, bool, str))
 
 def option_key(value):
     """An option as a key part that tells apart what the checks tell apart: a value with its type
-    (1, 1.0 and True are equal and hash alike), a dataclass (a launch override) field by field."""
+    (1, 1.0 and True are equal and hash alike), a tuple (a window) item by item, a dataclass (a launch
+    override) field by field."""
     if value is None or type(value) in _PLAIN_OPTIONS:  # most calls' options: skips is_dataclass's ~0.6 us
         return type(value), value
+    if type(value) is tuple:
+        return tuple, tuple(map(option_key, value))
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return type(value), tuple(option_key(getattr(value, f.name)) for f in dataclasses.fields(value))
     return type(value), value
