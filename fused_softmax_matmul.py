@@ -3934,10 +3934,15 @@ def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) ->
             [*launches, plan.splits, plan.heads_in_tile])
 
 
-def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
+def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(out, lse) for the general forward to write: contiguous, out in q's dtype, lse float32."""
     batch, heads, n_queries, _ = q.shape
-    return (q.new_empty((batch, heads, n_queries, v.shape[-1])),
-            q.new_empty((batch, heads, n_queries), dtype=torch.float32))
+    return q.new_empty((batch, heads, n_queries, v.shape[-1])), q.new_empty((batch, heads, n_queries),
+                                                                             dtype=torch.float32)
+
+
+def _attention_forward_fake(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, launches):
+    return _attention_outputs(q, v)
 
 
 def _attention_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float, lo: int, hi: int,
@@ -3957,11 +3962,13 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     # Splits of whole key tiles; with several, each writes a float32 partial out and its lse.
     split_keys = max(1, cdiv(cdiv(n_keys, launches[12]), launch[1])) * launch[1]
     splits = max(1, cdiv(n_keys, split_keys))
-    out_shape = (batch, heads, n_queries, dv)
-    out = q.new_empty(out_shape) if splits == 1 else q.new_empty((splits, *out_shape), dtype=torch.float32)
-    lse = q.new_empty((splits, batch, heads, n_queries), dtype=torch.float32)
+    if splits == 1:
+        out, lse = _attention_outputs(q, v)
+    else:
+        out = q.new_empty((splits, batch, heads, n_queries, dv), dtype=torch.float32)
+        lse = q.new_empty((splits, batch, heads, n_queries), dtype=torch.float32)
     if out.numel() == 0:
-        return q.new_empty(out_shape), lse[0]
+        return (out, lse) if splits == 1 else _attention_outputs(q, v)
     qk_scale, cap2 = _attention_scalars(scale, softcap)
     tile_heads = launches[13]
     grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
@@ -3975,8 +3982,8 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     if splits == 1:
         if steps and steps[0] is not None:
             keep(steps[0])
-        return out, lse[0]
-    merged, total = q.new_empty(out_shape), lse.new_empty(lse.shape[1:])
+        return out, lse
+    merged, total = _attention_outputs(q, v)
     rows = batch * heads * n_queries
     _launch_flash(jit_kernel(attention_merge_kernel, traced=traced),
                   one_axis_grid(rows, "the attention forward's merge"), (out, lse, merged, total, rows, splits),
@@ -4111,13 +4118,6 @@ def _attention_replay_key(q, k, v, is_causal, scale, enable_gqa, causal_align, w
     if not all(type(option) in plain for option in options):
         return None
     return replay_key((q, k, v), (*options, window, _float32_matmul_precision()))
-
-
-def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(out, lse) for the general forward to write: contiguous, out in q's dtype, lse float32."""
-    batch, heads, n_queries, _ = q.shape
-    return q.new_empty((batch, heads, n_queries, v.shape[-1])), q.new_empty((batch, heads, n_queries),
-                                                                             dtype=torch.float32)
 
 
 def _replay_attention(key, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor):
