@@ -4576,6 +4576,10 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     """The chunk loop of the forward (loss_rows given) and of the recomputing backward (lse given). factor:
     the gradient's float32 factor a row (0-d: one for all; None: loss alone); dx, dW, db (float32): or None."""
     BT, V = x.shape[0], W.shape[0]
+    if BT == 0:  # no rows: no chunk, no buffer; dW is a sum over none
+        if dW is not None:
+            dW.zero_()
+        return
     # The row kernel reads the class weights with unit stride: a view (w[::2], an expand) is copied.
     weight32 = weight.float().contiguous() if weight is not None else None
     weight_sum = weight32.sum() if weight32 is not None and plan.label_smoothing else None
@@ -4592,10 +4596,6 @@ def _lce_chunks(x, W, bias, target, weight, plan: LinearCrossEntropyPlan, lse, l
     else:
         buffer = x.new_empty((rows, V))
         parts = ((0, V),)
-    if BT == 0:
-        if dW is not None:
-            dW.zero_()
-        return
     # Views made once a call, not once a chunk: each is host time.
     whole = len(parts) == 1
     W_parts = (W,) if whole else tuple(W[a:b] for a, b in parts)
