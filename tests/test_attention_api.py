@@ -266,6 +266,27 @@ def test_plain_calls_take_the_course_kernels(is_causal):
         torch.testing.assert_close(got, want, atol=2e-6, rtol=2e-6, msg=lambda m: f"{name}: {m}")
 
 
+@pytest.mark.parametrize("d,dv", [(40, 24), (96, 80)])
+def test_head_dims_read_at_a_stride(d, dv):
+    """q, k and v whose head dim steps by 2 (every other element of a wider tensor, NaN between), at head
+    dims that are no power of two: the kernels read them in place, and the gradients land on the same
+    elements."""
+    case = Case(1, 4, 2, 21, 29, d, dv, dict(is_causal=True, enable_gqa=True))
+    q, k, v, dout, dlse = make_inputs(case, torch.float32)
+
+    def widened(t):
+        wide = torch.full((*t.shape[:-1], 2 * t.shape[-1]), float("nan"), device=t.device, dtype=t.dtype)
+        wide[..., ::2] = t
+        return wide.requires_grad_()
+
+    wides = [widened(t) for t in (q, k, v)]
+    out, lse = flash_attention(*(w[..., ::2] for w in wides), return_lse=True, **case.options)
+    grads = torch.autograd.grad(_loss(out, lse, dout, dlse), wides)
+    assert all(g[..., 1::2].eq(0).all() for g in grads)
+    assert_matches_float64((out.detach(), lse.detach(), *(g[..., ::2] for g in grads)), q, k, v, dout, dlse,
+                           case.options)
+
+
 def test_gqa_gradients_sum_over_the_group():
     """dk and dv of a key/value head are the sums of what its query heads give it: the same as
     repeating k and v per query head (plain attention) and summing their gradients by group."""
