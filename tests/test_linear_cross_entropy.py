@@ -70,9 +70,9 @@ def lm_head_inputs(BT, H, V, dtype, seed=0, ignored=0.1, ignore_index=IGNORE):
     x[:, -1] = LM_PRIOR_FEATURE
     W = randn((V, H), torch.float32, seed + 1, max(H - 1, 1) ** -0.5)
     prior = -LM_ZIPF * torch.log1p(torch.arange(V, device=DEVICE, dtype=torch.float32))
-    W[:, -1] = prior[torch.randperm(V, generator=generator(seed + 2), device=DEVICE)] / LM_PRIOR_FEATURE
-    target = torch.multinomial(torch.softmax(W[:, -1] * LM_PRIOR_FEATURE, 0), BT, replacement=True,
-                               generator=generator(seed + 3))
+    prior = prior[torch.randperm(V, generator=generator(seed + 2), device=DEVICE)]
+    W[:, -1] = prior / LM_PRIOR_FEATURE
+    target = torch.multinomial(torch.softmax(prior, 0), BT, replacement=True, generator=generator(seed + 3))
     drop = torch.rand((BT,), generator=generator(seed + 4), device=DEVICE) < ignored
     return x.to(dtype), W.to(dtype), target.masked_fill(drop, ignore_index)
 
@@ -89,6 +89,18 @@ def loss_and_grads(fn, x, W, target, reduction, upstream, **kwargs):
     dloss = torch.full_like(loss, upstream) if loss.dim() == 0 else upstream.to(loss.dtype)
     dx, dW = torch.autograd.grad(loss, (xl, Wl), dloss)
     return loss.detach(), dx, dW
+
+
+def assert_each_close(ours, ref64, theirs, dtype=None, names=("loss", "dx", "dW")):
+    """Each of ours within 2x PyTorch's error (theirs) against float64 (ref64), a failure naming it; with
+    ``dtype``, the loss float32 and the rest in dtype."""
+    for name, out, ref, torch_out in zip(names, ours, ref64, theirs):
+        if dtype is not None:
+            assert out.dtype == (torch.float32 if name == "loss" else dtype), name
+        try:
+            assert_close(out, ref, torch_out, factor=2.0)
+        except AssertionError as e:
+            raise AssertionError(f"{name}: {e}") from None
 
 
 def upstream_for(reduction, BT):
@@ -125,12 +137,7 @@ def test_matches_float64_within_torch_error(BT, H, V, rows, block_v, dtype, redu
                            upstream if reduction != "none" else upstream.double())
     theirs = loss_and_grads(torch_loss, x, W, target, reduction, upstream)
     assert ours[0].dtype == torch.float32, "the loss is float32 whatever the inputs' dtype"
-    for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref64, theirs):
-        assert out.dtype == (torch.float32 if name == "loss" else DTYPES[dtype]), name
-        try:
-            assert_close(out, ref, torch_out, factor=2.0)
-        except AssertionError as e:
-            raise AssertionError(f"{name}: {e}") from None
+    assert_each_close(ours, ref64, theirs, DTYPES[dtype])
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -152,11 +159,7 @@ def test_lm_head_inputs_like_a_trained_model_and_matched(dtype):
     ours = loss_and_grads(linear_cross_entropy, x, W, target, "mean", 0.75, launch=launch)
     ref64 = loss_and_grads(torch_loss, x.double(), W.double(), target, "mean", 0.75)
     theirs = loss_and_grads(torch_loss, x, W, target, "mean", 0.75)
-    for name, out, ref, torch_out in zip(("loss", "dx", "dW"), ours, ref64, theirs):
-        try:
-            assert_close(out, ref, torch_out, factor=2.0)
-        except AssertionError as e:
-            raise AssertionError(f"{name}: {e}") from None
+    assert_each_close(ours, ref64, theirs)
 
 
 @triton.jit
@@ -263,12 +266,7 @@ def test_all_options_in_float16(reduction):
     theirs = loss_and_grads_with(linear_cross_entropy_ref, x, W, target, reduction, upstream, options,
                                  logits_dtype=torch.float16)
     theirs = (linear_cross_entropy_ref(x, W, target, reduction=reduction, **options), *theirs[1:])  # as above
-    for name, out, ref, torch_out in zip(("loss", "dx", "dW", "dbias"), ours, ref64, theirs):
-        assert out.dtype == (torch.float32 if name == "loss" else torch.float16), name
-        try:
-            assert_close(out, ref, torch_out, factor=2.0)
-        except AssertionError as e:
-            raise AssertionError(f"{name}: {e}") from None
+    assert_each_close(ours, ref64, theirs, torch.float16, names=("loss", "dx", "dW", "dbias"))
 
 
 def test_label_smoothing_gradient_has_no_repeated_rounding():
