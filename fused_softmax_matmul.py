@@ -3554,6 +3554,18 @@ def _attention_load(base, rows, n_rows, stride_row, dims, stride_dim, D: tl.cons
 
 
 @triton.jit
+def _attention_tail(base, whole, rows, n_rows, stride_row, stride_dim, HEAD: tl.constexpr, D_TAIL: tl.constexpr,
+                    TAIL: tl.constexpr, MASK_ROWS: tl.constexpr):
+    """The tail (dims HEAD to HEAD + D_TAIL, in a TAIL tile) of a head whose first HEAD dims are ``whole``; without
+    a TAIL, ``whole`` (which then holds every dim)."""
+    tail = whole
+    if TAIL > 0:
+        tail = _attention_load(base + HEAD * stride_dim, rows, n_rows, stride_row, tl.arange(0, TAIL), stride_dim,
+                               D_TAIL, TAIL, MASK_ROWS)
+    return tail
+
+
+@triton.jit
 def _attention_store(base, tile, rows, n_rows, stride_row, dims, stride_dim, D: tl.constexpr):
     ptrs = base + rows[:, None] * stride_row + dims[None, :] * stride_dim
     tl.store(ptrs, tile.to(base.dtype.element_ty), mask=(rows < n_rows)[:, None] & (dims < D)[None, :])
@@ -3566,10 +3578,14 @@ def _attention_tanh(x):
 
 
 @triton.jit
-def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr):
-    """a b^T in base-2 units: times qk_scale = scale log2(e), or with SOFTCAP cap2 tanh(a b^T qk_scale),
-    qk_scale = scale / softcap, cap2 = softcap log2(e)."""
-    s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST) * qk_scale
+def _attention_logits(a, b, qk_scale, cap2, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+                      a_tail, b_tail, TAIL: tl.constexpr):
+    """a b^T (plus a_tail b_tail^T where the head dim has a TAIL part) in base-2 units: times qk_scale =
+    scale log2(e), or with SOFTCAP cap2 tanh(a b^T qk_scale), qk_scale = scale / softcap, cap2 = softcap log2(e)."""
+    s = _dot_acc(a, tl.trans(b), tl.zeros((a.shape[0], b.shape[0]), tl.float32), PRECISION, UPCAST)
+    if TAIL > 0:
+        s = _dot_acc(a_tail, tl.trans(b_tail), s, PRECISION, UPCAST)
+    s = s * qk_scale
     if SOFTCAP:
         # One exp2's tanh errs by float32's unit near 0 (softcap x 6e-8 a logit): 16-bit rounding hides it at
         # models' caps, float32's does not, so float32 takes _tanh's series.
@@ -3593,30 +3609,37 @@ def _attention_shown(rows, cols, n_cols, lo, hi, HAS_LO: tl.constexpr, HAS_HI: t
 
 
 @triton.jit
-def _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd, n_keys, qk_scale,
+def _attention_key_tile(q, q_t, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd, n_keys, qk_scale,
                         cap2, D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
+                        D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
                         BLOCK_N: tl.constexpr, MASKED: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr,
                         UPCAST: tl.constexpr):
-    """The key tile at key_start: key indices, K and V rows (zeros past n_keys if MASKED), base-2 logits."""
+    """The key tile at key_start: key indices, K and V rows and their tails (zeros past n_keys if MASKED; a part
+    without a tail stands in for it), base-2 logits."""
     keys = key_start + tl.arange(0, BLOCK_N)
     k = _attention_load(k_base, keys, n_keys, stride_kn, tl.arange(0, HEAD_DIM), stride_kd, D, HEAD_DIM, MASKED)
     v = _attention_load(v_base, keys, n_keys, stride_vn, tl.arange(0, HEAD_DIM_V), stride_vd, DV, HEAD_DIM_V, MASKED)
-    return keys, k, v, _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
+    k_t = _attention_tail(k_base, k, keys, n_keys, stride_kn, stride_kd, HEAD_DIM, D_TAIL, TAIL, MASKED)
+    v_t = _attention_tail(v_base, v, keys, n_keys, stride_vn, stride_vd, HEAD_DIM_V, DV_TAIL, TAIL_V, MASKED)
+    return keys, k, k_t, v, v_t, _attention_logits(q, k, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST, q_t, k_t, TAIL)
 
 
 @triton.jit
 def _attention_forward_tiles(
-    acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
+    acc, acc_t, m, l, q, q_t, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
     n_queries, n_keys, qk_scale, cap2, lo, hi,
-    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, D_TAIL: tl.constexpr,
+    DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """The online softmax over the key tiles from start to end for one query tile (base 2)."""
+    """The online softmax over the key tiles from start to end for one query tile (base 2). The head dims in
+    two parts where ``attention_head_dims`` splits them: D of HEAD_DIM, then D_TAIL of TAIL (acc_t, q_t)."""
     for key_start in range(start, end, BLOCK_N):
-        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
-                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
-                                            SOFTCAP, PRECISION, UPCAST)
+        keys, k, k_t, v, v_t, s = _attention_key_tile(q, q_t, k_base, v_base, key_start, stride_kn, stride_kd,
+                                                      stride_vn, stride_vd, n_keys, qk_scale, cap2, D, DV, HEAD_DIM,
+                                                      HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_N, MASKED,
+                                                      SOFTCAP, PRECISION, UPCAST)
         if MASKED:
             s = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))
@@ -3626,8 +3649,10 @@ def _attention_forward_tiles(
         alpha = tl.math.exp2(m - m_sub)
         l = l * alpha + tl.sum(p, axis=1)
         acc = _dot_acc(p.to(v.dtype), v, acc * alpha[:, None], PRECISION, UPCAST)
+        if TAIL_V > 0:
+            acc_t = _dot_acc(p.to(v.dtype), v_t, acc_t * alpha[:, None], PRECISION, UPCAST)
         m = m_new
-    return acc, m, l
+    return acc, acc_t, m, l
 
 
 @triton.jit
@@ -3652,11 +3677,12 @@ def attention_forward_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS of each of HEADS heads of
     a group, against the shown keys of their key/value head within its split of split_keys keys. out and
     lse: (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its own
-    sum; the caller merges splits by their lse."""
+    sum; the caller merges splits by their lse. Head dims as ``attention_head_dims`` gives them."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
     pid = tl.program_id(0)
@@ -3681,11 +3707,15 @@ def attention_forward_kernel(
     hk = h // group
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
     q = _attention_load(q_base, rows, n_queries, stride_qm, dims, stride_qd, D, HEAD_DIM, True)
+    q_t = _attention_tail(q_base, q, rows, n_queries, stride_qm, stride_qd, HEAD_DIM, D_TAIL, TAIL, True)
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l = tl.zeros((BLOCK_M,), tl.float32)
     acc = tl.zeros((BLOCK_M, HEAD_DIM_V), tl.float32)
+    acc_t = acc
+    if TAIL_V > 0:
+        acc_t = tl.zeros((BLOCK_M, TAIL_V), tl.float32)
     start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, QUERIES, BLOCK_N,
                                                        HAS_LO, HAS_HI)
     # This split's keys only: the bounds stay tile-aligned, whole tiles stay whole.
@@ -3693,24 +3723,27 @@ def attention_forward_kernel(
     start, full_start = tl.maximum(start, split_start), tl.maximum(full_start, split_start)
     full_end, end = tl.minimum(full_end, split_start + split_keys), tl.minimum(end, split_start + split_keys)
     # Masked tiles before the whole ones (a window's left edge), the whole ones, masked after.
-    acc, m, l = _attention_forward_tiles(
-        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start,
-        tl.minimum(full_start, end), n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N,
-        True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    acc, m, l = _attention_forward_tiles(
-        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, full_start, full_end,
-        n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N,
-        False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    acc, m, l = _attention_forward_tiles(
-        acc, m, l, q, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
+    acc, acc_t, m, l = _attention_forward_tiles(
+        acc, acc_t, m, l, q, q_t, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start,
+        tl.minimum(full_start, end), n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL,
+        DV_TAIL, TAIL, TAIL_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    acc, acc_t, m, l = _attention_forward_tiles(
+        acc, acc_t, m, l, q, q_t, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, full_start,
+        full_end, n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL,
+        TAIL_V, BLOCK_N, False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    acc, acc_t, m, l = _attention_forward_tiles(
+        acc, acc_t, m, l, q, q_t, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
         tl.maximum(full_start, full_end), end, n_queries, n_keys, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V,
-        BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+        D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
     # A query that sees no key (or only -inf logits) has l = 0: output 0 and L = -inf.
-    out = acc / tl.where(l == 0.0, 1.0, l)[:, None]
+    l_safe = tl.where(l == 0.0, 1.0, l)[:, None]
     if HEADS == 1:
         o_base = o_ptr + split.to(tl.int64) * stride_os + b * stride_ob + h * stride_oh
         lse_rows = ((split * n_batch + b) * n_heads + h) * n_queries + rows
-    _attention_store(o_base, out, rows, n_queries, stride_om, dims_v, stride_od, DV)
+    _attention_store(o_base, acc / l_safe, rows, n_queries, stride_om, dims_v, stride_od, DV)
+    if TAIL_V > 0:
+        _attention_store(o_base + HEAD_DIM_V * stride_od, acc_t / l_safe, rows, n_queries, stride_om,
+                         tl.arange(0, TAIL_V), stride_od, DV_TAIL)
     tl.store(lse_ptr + lse_rows, (m + tl.math.log2(l)) * LN_2, mask=rows < n_queries)
 
 
@@ -3738,27 +3771,34 @@ def attention_merge_kernel(parts_ptr, part_lse_ptr, out_ptr, lse_ptr, n_rows, n_
 
 @triton.jit
 def _attention_dq_tiles(
-    dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start, end,
-    n_queries, n_keys, qk_scale, cap2, lo, hi,
-    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_N: tl.constexpr,
+    dq, dq_t, q, q_t, do, do_t, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd, start,
+    end, n_queries, n_keys, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, D_TAIL: tl.constexpr,
+    DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
-    """dS K of one query tile over the key tiles from start to end (dS in softcap's input units)."""
+    """dS K of one query tile over the key tiles from start to end (dS in softcap's input units); dq_t: the
+    head dim's tail."""
     for key_start in range(start, end, BLOCK_N):
-        keys, k, v, s = _attention_key_tile(q, k_base, v_base, key_start, stride_kn, stride_kd, stride_vn, stride_vd,
-                                            n_keys, qk_scale, cap2, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, MASKED,
-                                            SOFTCAP, PRECISION, UPCAST)
+        keys, k, k_t, v, v_t, s = _attention_key_tile(q, q_t, k_base, v_base, key_start, stride_kn, stride_kd,
+                                                      stride_vn, stride_vd, n_keys, qk_scale, cap2, D, DV, HEAD_DIM,
+                                                      HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_N, MASKED,
+                                                      SOFTCAP, PRECISION, UPCAST)
         p = tl.math.exp2(s - lse[:, None])
         if MASKED:
             p = tl.where(_attention_shown(rows, keys, n_keys, lo, hi, HAS_LO, HAS_HI), p, 0.0)
         dp = _dot_acc(do, tl.trans(v), tl.zeros((do.shape[0], BLOCK_N), tl.float32), PRECISION, UPCAST)
+        if TAIL_V > 0:
+            dp = _dot_acc(do_t, tl.trans(v_t), dp, PRECISION, UPCAST)
         ds = p * (dp - delta[:, None])
         if SOFTCAP:  # d(cap tanh(x / cap)) / dx = 1 - tanh^2, tanh = s / cap2
             t = s / cap2
             ds = ds * (1.0 - t * t)
         dq = _dot_acc(ds.to(k.dtype), k, dq, PRECISION, UPCAST)
-    return dq
+        if TAIL > 0:
+            dq_t = _dot_acc(ds.to(k.dtype), k_t, dq_t, PRECISION, UPCAST)
+    return dq, dq_t
 
 
 @triton.jit
@@ -3774,9 +3814,11 @@ def attention_backward_dq_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
 ):
     """dQ of BLOCK_M queries of one (batch, query head). Runs first and writes D = rowsum(dO O) - dlse for
-    dK/dV: lse's gradient (its derivative in S is P) joins the softmax's as dS = P (dP - D)."""
+    dK/dV: lse's gradient (its derivative in S is P) joins the softmax's as dS = P (dP - D). Head dims as
+    ``attention_head_dims`` gives them."""
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
@@ -3786,65 +3828,86 @@ def attention_backward_dq_kernel(
     rows = query_start + tl.arange(0, BLOCK_M)
     row_ok = rows < n_queries
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
-    q = _attention_load(q_ptr + b * stride_qb + h * stride_qh, rows, n_queries, stride_qm, dims, stride_qd,
-                        D, HEAD_DIM, True)
-    do = _attention_load(do_ptr + b * stride_gb + h * stride_gh, rows, n_queries, stride_gm, dims_v, stride_gd,
-                         DV, HEAD_DIM_V, True)
-    o = _attention_load(o_ptr + b * stride_ob + h * stride_oh, rows, n_queries, stride_om, dims_v, stride_od,
-                        DV, HEAD_DIM_V, True)
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    do_base = do_ptr + b * stride_gb + h * stride_gh
+    o_base = o_ptr + b * stride_ob + h * stride_oh
+    q = _attention_load(q_base, rows, n_queries, stride_qm, dims, stride_qd, D, HEAD_DIM, True)
+    do = _attention_load(do_base, rows, n_queries, stride_gm, dims_v, stride_gd, DV, HEAD_DIM_V, True)
+    o = _attention_load(o_base, rows, n_queries, stride_om, dims_v, stride_od, DV, HEAD_DIM_V, True)
     row_offsets = (b * n_heads + h) * n_queries + rows
     lse = _flash_load_lse(lse_ptr, row_offsets, row_ok)
     delta = tl.sum(o.to(tl.float32) * do.to(tl.float32), axis=1)
+    q_t = _attention_tail(q_base, q, rows, n_queries, stride_qm, stride_qd, HEAD_DIM, D_TAIL, TAIL, True)
+    do_t = _attention_tail(do_base, do, rows, n_queries, stride_gm, stride_gd, HEAD_DIM_V, DV_TAIL, TAIL_V, True)
+    if TAIL_V > 0:
+        o_t = _attention_tail(o_base, o, rows, n_queries, stride_om, stride_od, HEAD_DIM_V, DV_TAIL, TAIL_V, True)
+        delta += tl.sum(o_t.to(tl.float32) * do_t.to(tl.float32), axis=1)
     if HAS_DLSE:
         delta -= tl.load(dlse_ptr + row_offsets, mask=row_ok, other=0.0)
     tl.store(delta_ptr + row_offsets, delta, mask=row_ok)
     k_base = k_ptr + b * stride_kb + hk * stride_kh
     v_base = v_ptr + b * stride_vb + hk * stride_vh
     dq = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    dq_t = dq
+    if TAIL > 0:
+        dq_t = tl.zeros((BLOCK_M, TAIL), tl.float32)
     start, full_start, full_end, end = _attention_span(query_start, n_queries, n_keys, lo, hi, BLOCK_M, BLOCK_N,
                                                        HAS_LO, HAS_HI)
-    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             start, tl.minimum(full_start, end), n_queries, n_keys, qk_scale, cap2, lo, hi,
-                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             full_start, full_end, n_queries, n_keys, qk_scale, cap2, lo, hi,
-                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    dq = _attention_dq_tiles(dq, q, do, lse, delta, rows, k_base, v_base, stride_kn, stride_kd, stride_vn, stride_vd,
-                             tl.maximum(full_start, full_end), end, n_queries, n_keys, qk_scale, cap2, lo, hi,
-                             D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    _attention_store(dq_ptr + b * stride_dqb + h * stride_dqh, dq * sm_scale, rows, n_queries, stride_dqm, dims,
-                     stride_dqd, D)
+    dq, dq_t = _attention_dq_tiles(dq, dq_t, q, q_t, do, do_t, lse, delta, rows, k_base, v_base, stride_kn, stride_kd,
+                                   stride_vn, stride_vd, start, tl.minimum(full_start, end), n_queries, n_keys,
+                                   qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V,
+                                   BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    dq, dq_t = _attention_dq_tiles(dq, dq_t, q, q_t, do, do_t, lse, delta, rows, k_base, v_base, stride_kn, stride_kd,
+                                   stride_vn, stride_vd, full_start, full_end, n_queries, n_keys, qk_scale, cap2, lo,
+                                   hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_N, False,
+                                   HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    dq, dq_t = _attention_dq_tiles(dq, dq_t, q, q_t, do, do_t, lse, delta, rows, k_base, v_base, stride_kn, stride_kd,
+                                   stride_vn, stride_vd, tl.maximum(full_start, full_end), end, n_queries, n_keys,
+                                   qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V,
+                                   BLOCK_N, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    dq_base = dq_ptr + b * stride_dqb + h * stride_dqh
+    _attention_store(dq_base, dq * sm_scale, rows, n_queries, stride_dqm, dims, stride_dqd, D)
+    if TAIL > 0:
+        _attention_store(dq_base + HEAD_DIM * stride_dqd, dq_t * sm_scale, rows, n_queries, stride_dqm,
+                         tl.arange(0, TAIL), stride_dqd, D_TAIL)
 
 
 @triton.jit
 def _attention_dkdv_tiles(
-    dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_gm, stride_gd,
-    start, end, n_queries, qk_scale, cap2, lo, hi,
-    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, BLOCK_M: tl.constexpr,
+    dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd, stride_gm,
+    stride_gd, start, end, n_queries, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, D_TAIL: tl.constexpr,
+    DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, BLOCK_M: tl.constexpr,
     MASKED: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr,
     PRECISION: tl.constexpr, UPCAST: tl.constexpr,
 ):
     """dK and dV of one key tile over query tiles [start, end) of one query head, key-major: dV += P^T dO,
-    dS^T = P^T (V dO^T - D), dK += dS^T Q; masked tiles zero hidden or missing queries (0 x inf is NaN)."""
+    dS^T = P^T (V dO^T - D), dK += dS^T Q; masked tiles zero hidden or missing queries (0 x inf is NaN).
+    *_t: the head dims' tails."""
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
     for query_start in range(start, end, BLOCK_M):
         rows = query_start + tl.arange(0, BLOCK_M)
         row_ok = rows < n_queries
         q = _attention_load(q_base, rows, n_queries, stride_qm, dims, stride_qd, D, HEAD_DIM, MASKED)
         do = _attention_load(do_base, rows, n_queries, stride_gm, dims_v, stride_gd, DV, HEAD_DIM_V, MASKED)
+        q_t = _attention_tail(q_base, q, rows, n_queries, stride_qm, stride_qd, HEAD_DIM, D_TAIL, TAIL, MASKED)
+        do_t = _attention_tail(do_base, do, rows, n_queries, stride_gm, stride_gd, HEAD_DIM_V, DV_TAIL, TAIL_V, MASKED)
         if MASKED:
             lse = _flash_load_lse(lse_base, rows, row_ok)
             delta = tl.load(delta_base + rows, mask=row_ok, other=0.0)
         else:
             lse = _flash_lse_base2(tl.load(lse_base + rows))
             delta = tl.load(delta_base + rows)
-        sT = _attention_logits(k, q, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST)
+        sT = _attention_logits(k, q, qk_scale, cap2, SOFTCAP, PRECISION, UPCAST, k_t, q_t, TAIL)
         pT = tl.math.exp2(sT - lse[None, :])
         if MASKED:  # key j is seen by query i when -hi <= i - j <= -lo
             keep = _attention_shown(keys, rows, n_queries, -hi, -lo, HAS_HI, HAS_LO)
             pT = tl.where(keep, pT, 0.0)
         dv = _dot_acc(pT.to(do.dtype), do, dv, PRECISION, UPCAST)
         dpT = _dot_acc(v, tl.trans(do), tl.zeros((v.shape[0], BLOCK_M), tl.float32), PRECISION, UPCAST)
+        if TAIL_V > 0:
+            dv_t = _dot_acc(pT.to(do.dtype), do_t, dv_t, PRECISION, UPCAST)
+            dpT = _dot_acc(v_t, tl.trans(do_t), dpT, PRECISION, UPCAST)
         dsT = pT * (dpT - delta[None, :])
         if SOFTCAP:
             t = sT / cap2
@@ -3852,7 +3915,39 @@ def _attention_dkdv_tiles(
         if MASKED:
             dsT = tl.where(keep, dsT, 0.0)
         dk = _dot_acc(dsT.to(q.dtype), q, dk, PRECISION, UPCAST)
-    return dk, dv
+        if TAIL > 0:
+            dk_t = _dot_acc(dsT.to(q.dtype), q_t, dk_t, PRECISION, UPCAST)
+    return dk, dk_t, dv, dv_t
+
+
+@triton.jit
+def _attention_dkdv_head(
+    dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_ptr, do_ptr, lse_ptr, delta_ptr, b, h, n_heads,
+    stride_qb, stride_qh, stride_qm, stride_qd, stride_gb, stride_gh, stride_gm, stride_gd,
+    start, full_start, full_end, end, n_queries, qk_scale, cap2, lo, hi,
+    D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr, D_TAIL: tl.constexpr,
+    DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, BLOCK_M: tl.constexpr, HAS_LO: tl.constexpr,
+    HAS_HI: tl.constexpr, SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+):
+    """One query head h's share of a key tile's dK and dV: masked query tiles, whole ones, masked ones."""
+    q_base = q_ptr + b * stride_qb + h * stride_qh
+    do_base = do_ptr + b * stride_gb + h * stride_gh
+    lse_base = lse_ptr + (b * n_heads + h) * n_queries
+    delta_base = delta_ptr + (b * n_heads + h) * n_queries
+    dk, dk_t, dv, dv_t = _attention_dkdv_tiles(
+        dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+        stride_gm, stride_gd, start, tl.minimum(full_start, end), n_queries, qk_scale, cap2, lo, hi, D, DV,
+        HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_M, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION,
+        UPCAST)
+    dk, dk_t, dv, dv_t = _attention_dkdv_tiles(
+        dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+        stride_gm, stride_gd, full_start, full_end, n_queries, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM,
+        HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_M, False, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+    return _attention_dkdv_tiles(
+        dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
+        stride_gm, stride_gd, tl.maximum(full_start, full_end), end, n_queries, qk_scale, cap2, lo, hi, D, DV,
+        HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V, BLOCK_M, True, HAS_LO, HAS_HI, SOFTCAP, PRECISION,
+        UPCAST)
 
 
 @triton.jit
@@ -3868,8 +3963,10 @@ def attention_backward_dkdv_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
 ):
-    """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV over the group's heads."""
+    """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV over the group's heads.
+    Head dims as ``attention_head_dims`` gives them."""
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
@@ -3878,36 +3975,44 @@ def attention_backward_dkdv_kernel(
     key_start = tile * BLOCK_N
     keys = key_start + tl.arange(0, BLOCK_N)
     dims, dims_v = tl.arange(0, HEAD_DIM), tl.arange(0, HEAD_DIM_V)
-    k = _attention_load(k_ptr + b * stride_kb + hk * stride_kh, keys, n_keys, stride_kn, dims, stride_kd,
-                        D, HEAD_DIM, True)
-    v = _attention_load(v_ptr + b * stride_vb + hk * stride_vh, keys, n_keys, stride_vn, dims_v, stride_vd,
-                        DV, HEAD_DIM_V, True)
+    k_base = k_ptr + b * stride_kb + hk * stride_kh
+    v_base = v_ptr + b * stride_vb + hk * stride_vh
+    k = _attention_load(k_base, keys, n_keys, stride_kn, dims, stride_kd, D, HEAD_DIM, True)
+    v = _attention_load(v_base, keys, n_keys, stride_vn, dims_v, stride_vd, DV, HEAD_DIM_V, True)
     dk = tl.zeros((BLOCK_N, HEAD_DIM), tl.float32)
     dv = tl.zeros((BLOCK_N, HEAD_DIM_V), tl.float32)
+    k_t = _attention_tail(k_base, k, keys, n_keys, stride_kn, stride_kd, HEAD_DIM, D_TAIL, TAIL, True)
+    v_t = _attention_tail(v_base, v, keys, n_keys, stride_vn, stride_vd, HEAD_DIM_V, DV_TAIL, TAIL_V, True)
+    dk_t = dk
+    dv_t = dv
+    if TAIL > 0:
+        dk_t = tl.zeros((BLOCK_N, TAIL), tl.float32)
+    if TAIL_V > 0:
+        dv_t = tl.zeros((BLOCK_N, TAIL_V), tl.float32)
     # Key j is seen by queries i with j - hi <= i <= j - lo: the span with the bounds swapped.
     start, full_start, full_end, end = _attention_span(key_start, n_keys, n_queries, -hi, -lo, BLOCK_N, BLOCK_M,
                                                        HAS_HI, HAS_LO)
     for g in range(0, group):
-        h = hk * group + g
-        q_base = q_ptr + b * stride_qb + h * stride_qh
-        do_base = do_ptr + b * stride_gb + h * stride_gh
-        lse_base = lse_ptr + (b * n_heads + h) * n_queries
-        delta_base = delta_ptr + (b * n_heads + h) * n_queries
-        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_gm, stride_gd, start, tl.minimum(full_start, end), n_queries, qk_scale,
-                                       cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, True, HAS_LO, HAS_HI,
-                                       SOFTCAP, PRECISION, UPCAST)
-        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_gm, stride_gd, full_start, full_end, n_queries, qk_scale,
-                                       cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, False, HAS_LO, HAS_HI,
-                                       SOFTCAP, PRECISION, UPCAST)
-        dk, dv = _attention_dkdv_tiles(dk, dv, k, v, keys, q_base, do_base, lse_base, delta_base, stride_qm, stride_qd,
-                                       stride_gm, stride_gd, tl.maximum(full_start, full_end), end, n_queries,
-                                       qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, BLOCK_M, True, HAS_LO,
-                                       HAS_HI, SOFTCAP, PRECISION, UPCAST)
-    _attention_store(dk_ptr + b * stride_dkb + hk * stride_dkh, dk * sm_scale, keys, n_keys, stride_dkn, dims,
-                     stride_dkd, D)
-    _attention_store(dv_ptr + b * stride_dvb + hk * stride_dvh, dv, keys, n_keys, stride_dvn, dims_v, stride_dvd, DV)
+        dk, new_dk_t, dv, new_dv_t = _attention_dkdv_head(
+            dk, dk_t, dv, dv_t, k, k_t, v, v_t, keys, q_ptr, do_ptr, lse_ptr, delta_ptr, b, hk * group + g, n_heads,
+            stride_qb, stride_qh, stride_qm, stride_qd, stride_gb, stride_gh, stride_gm, stride_gd, start, full_start,
+            full_end, end, n_queries, qk_scale, cap2, lo, hi, D, DV, HEAD_DIM, HEAD_DIM_V, D_TAIL, DV_TAIL, TAIL, TAIL_V,
+            BLOCK_M, HAS_LO, HAS_HI, SOFTCAP, PRECISION, UPCAST)
+        # Only a tail is carried through the loop (an unused one costs registers: d 64's dK/dV spilled 76 bytes, not 12)
+        if TAIL > 0:
+            dk_t = new_dk_t
+        if TAIL_V > 0:
+            dv_t = new_dv_t
+    dk_base = dk_ptr + b * stride_dkb + hk * stride_dkh
+    dv_base = dv_ptr + b * stride_dvb + hk * stride_dvh
+    _attention_store(dk_base, dk * sm_scale, keys, n_keys, stride_dkn, dims, stride_dkd, D)
+    _attention_store(dv_base, dv, keys, n_keys, stride_dvn, dims_v, stride_dvd, DV)
+    if TAIL > 0:
+        _attention_store(dk_base + HEAD_DIM * stride_dkd, dk_t * sm_scale, keys, n_keys, stride_dkn,
+                         tl.arange(0, TAIL), stride_dkd, D_TAIL)
+    if TAIL_V > 0:
+        _attention_store(dv_base + HEAD_DIM_V * stride_dvd, dv_t, keys, n_keys, stride_dvn, tl.arange(0, TAIL_V),
+                         stride_dvd, DV_TAIL)
 
 
 def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
@@ -3919,10 +4024,31 @@ def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
 
 def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, softcap: float,
                          launch: list[int]) -> dict:
-    d = q.shape[-1]
-    return dict(D=d, DV=dv, HEAD_DIM=max(16, next_power_of_2(d)), HEAD_DIM_V=max(16, next_power_of_2(dv)),
-                BLOCK_M=launch[0], BLOCK_N=launch[1], HAS_LO=has_lo, HAS_HI=has_hi, SOFTCAP=bool(softcap),
-                num_warps=launch[2], num_stages=launch[3], **_flash_kernel_args(q.dtype))
+    return dict(BLOCK_M=launch[0], BLOCK_N=launch[1], HAS_LO=has_lo, HAS_HI=has_hi, SOFTCAP=bool(softcap),
+                num_warps=launch[2], num_stages=launch[3], **attention_head_dims(q.shape[-1], dv),
+                **_flash_kernel_args(q.dtype))
+
+
+def attention_head_dims(d: int, dv: int) -> dict:
+    """The general kernels' head dims: each of d and dv (multiples of 8) as one power-of-two tile of at least
+    16 (HEAD_DIM, padded past D), or, where two smaller tiles cover it with less padding (96 = 64 + 32, 80 =
+    64 + 16, 160 = 128 + 32), a whole first tile of HEAD_DIM = D and a TAIL tile holding the last D_TAIL
+    (design notes: head dim tails)."""
+    return dict(_head_dim_parts(d, "") + _head_dim_parts(dv, "_V"))
+
+
+@functools.lru_cache(maxsize=None)
+def _head_dim_parts(n: int, suffix: str) -> tuple:
+    """``attention_head_dims``'s items for one head dim n: D / DV, D_TAIL / DV_TAIL, HEAD_DIM / HEAD_DIM_V, TAIL /
+    TAIL_V."""
+    whole = max(16, next_power_of_2(n))
+    first = max(16, 1 << (n.bit_length() - 1))
+    tail = max(16, next_power_of_2(n - first)) if n > first else 0
+    if not (tail and first + tail < whole):
+        first, tail = whole, 0
+    name = "D" if not suffix else "DV"
+    return ((name, min(n, first)), (name + "_TAIL", n - min(n, first)), ("HEAD_DIM" + suffix, first),
+            ("TAIL" + suffix, tail))
 
 
 def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:

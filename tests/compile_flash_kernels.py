@@ -58,17 +58,19 @@ def attention_cases() -> list:
                "dkdv": fsm.attention_backward_dkdv_kernel}
     cases = []
     # (d, dv, dtype, window, softcap, kernels): Gemma-2-like (d 256, every switch on), float32 at
-    # 256 (the most shared memory), padded d != dv in tf32x3. Each compile takes seconds of CI.
+    # 256 (the most shared memory); tails in tf32x3 (80 = 64 + 16, dv 40 = 32 + 8 of 16, a dv tail shorter than its
+    # tile) and in bfloat16 (40). Each compile takes seconds of CI.
     for d, dv, dtype, window, softcap, names in ((256, 256, torch.bfloat16, (4095, 0), True, ("forward", "dq", "dkdv")),
                                                  (256, 256, torch.float32, None, False, ("dq", "dkdv")),
-                                                 (96, 64, torch.float32, (10, 10), True, ("forward",))):
+                                                 (80, 40, torch.float32, (10, 10), True, ("forward", "dq", "dkdv")),
+                                                 (40, 40, torch.bfloat16, None, False, ("dq", "dkdv"))):
         plan = fsm.attention_plan(d, dv, dtype, 4096, 4096, is_causal=True, window=window)
         for name in names:
             kernel = kernels[name]
             launch = getattr(plan, name)
-            constexprs = dict(D=d, DV=dv, HEAD_DIM=plan.head_dim, HEAD_DIM_V=plan.head_dim_v, BLOCK_M=launch.block_m,
-                              BLOCK_N=launch.block_n, HAS_LO=plan.lo is not None, HAS_HI=True, SOFTCAP=softcap,
-                              PRECISION=fsm.dot_precision(dtype), UPCAST=False)
+            constexprs = dict(BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, HAS_LO=plan.lo is not None, HAS_HI=True,
+                              SOFTCAP=softcap, PRECISION=fsm.dot_precision(dtype), UPCAST=False,
+                              **fsm.attention_head_dims(d, dv))
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
             if name == "forward":
@@ -79,14 +81,15 @@ def attention_cases() -> list:
     plan = fsm.attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right",
                               batch_heads=256, grouped=4)
     assert plan.heads_in_tile == 4, plan
-    cases.append((fsm.attention_forward_kernel, "bf16", dict(
-        D=128, DV=128, HEAD_DIM=128, HEAD_DIM_V=128, BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n,
-        HAS_LO=False, HAS_HI=True, SOFTCAP=False, PRECISION="ieee", UPCAST=False, HEADS=4),
-        dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
+    for d in (128, 80):  # 80: the tile's four heads with tails
+        cases.append((fsm.attention_forward_kernel, "bf16", dict(
+            BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n, HAS_LO=False, HAS_HI=True, SOFTCAP=False,
+            PRECISION="ieee", UPCAST=False, HEADS=4, **fsm.attention_head_dims(d, d)),
+            dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
     # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
     cases.append((fsm.attention_backward_dkdv_kernel, "fp16", dict(
-        D=64, DV=64, HEAD_DIM=64, HEAD_DIM_V=64, BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False,
-        PRECISION="ieee", UPCAST=False, group=1, lo=1, hi=1), None))
+        BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False, PRECISION="ieee", UPCAST=False, group=1, lo=1,
+        hi=1, **fsm.attention_head_dims(64, 64)), None))
     return cases
 
 

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 import fused_softmax_matmul
 
 from fused_softmax_matmul import (
-    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_heads_in_tile, attention_mask_bounds, attention_plan,
+    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_head_dims, attention_heads_in_tile, attention_mask_bounds, attention_plan,
     attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
@@ -62,6 +62,9 @@ CPU_CASES = {
     # a decode step: four heads of a group in one forward tile, a window across its key tiles
     "gqa8:2-1q-window": Case(1, 8, 2, 1, 70, 16, 16, dict(window=(20, 4), causal_align="bottom_right",
                                                           enable_gqa=True)),
+    # the same with heads that take a tail (80 = 64 + 16, dv 40 = 32 + 8 of 16): four heads of a tile read it
+    "gqa8:2-1q-d80-tails": Case(1, 8, 2, 1, 70, 80, 40, dict(is_causal=True, causal_align="bottom_right",
+                                                             enable_gqa=True)),
     # bottom-right with more queries than keys: the first 30 queries see no key (out 0, lse -inf)
     "bottom-right-50q-20k": Case(1, 2, 2, 50, 20, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
     "window-7-3": Case(1, 2, 2, 70, 70, 16, 16, dict(window=(7, 3))),  # masked tiles on both sides of whole ones
@@ -490,6 +493,21 @@ def forward_shared_bytes(plan: AttentionPlan, element_size: int) -> int:
     """The forward's operand tiles in shared memory: Q once, K and V per pipeline stage."""
     f = plan.forward
     return (f.block_m * plan.head_dim + f.num_stages * f.block_n * (plan.head_dim + plan.head_dim_v)) * element_size
+
+
+def test_head_dims_split_into_a_tile_and_a_tail_where_it_pads_less():
+    """Every head dim: one power-of-two tile (at least 16) padded past it, or a whole tile and a tail that
+    pads less (96 = 64 + 32, 80 = 64 + 16, 40 = 32 + 8 of 16; 112 stays 128: 64 + 64 saves nothing)."""
+    for d in range(8, 257, 8):
+        dims = attention_head_dims(d, d)
+        assert dims["D"] + dims["D_TAIL"] == d and dims["DV"] + dims["DV_TAIL"] == d
+        head, tail, whole = dims["HEAD_DIM"], dims["TAIL"], max(16, 1 << (d - 1).bit_length())
+        assert head & (head - 1) == 0 and (tail & (tail - 1) == 0)
+        if tail:
+            assert head == dims["D"] < d and 16 <= tail and dims["D_TAIL"] <= tail and head + tail < whole, (d, dims)
+        else:
+            assert head == whole and dims["D_TAIL"] == 0, (d, dims)
+    assert [attention_head_dims(d, 16)["TAIL"] for d in (40, 80, 96, 112, 160, 192, 200)] == [16, 16, 32, 0, 32, 64, 0]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
