@@ -3423,8 +3423,9 @@ def check_flash_attention_inputs(q, k, v, is_causal, scale, enable_gqa, causal_a
 class AttentionPlan:
     """What ``flash_attention`` launches: ``path`` "course" (FlashAttentionTriton's kernels) or "general"; for
     the general kernels the head dims padded to powers of two (at least 16), the mask bounds (lo, hi) on
-    j - i (None: unbounded), each kernel's tiles and the forward's key splits. A plan given to
-    flash_attention runs the general kernels."""
+    j - i (None: unbounded), each kernel's tiles and the forward's key splits, and whether the forward runs as
+    the Hopper Gluon kernel where the GPU and TMA allow (else the general Triton kernel at these tiles). A plan
+    given to flash_attention runs the general kernels."""
 
     head_dim: int
     head_dim_v: int
@@ -3436,12 +3437,14 @@ class AttentionPlan:
     splits: int = 1  # the forward's key range in this many parts (``attention_splits``)
     path: str = "general"
     heads_in_tile: int = 1  # query heads of one group sharing a forward tile (``attention_heads_in_tile``)
+    gluon_forward: bool = False  # where ``_attention_gluon_unfit`` gives None
 
     def check(self) -> None:
         for kernel in FLASH_KERNELS:
             getattr(self, kernel).check(f"plan.{kernel}")
         check_int("plan.splits", self.splits, 1, 1024)
         check_block("plan.heads_in_tile", self.heads_in_tile, 1, self.forward.block_m)
+        check_flag("plan.gluon_forward", self.gluon_forward)
 
 
 def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
@@ -3510,7 +3513,28 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
               and (scale is None or scale == d ** -0.5) and n_keys > 0
               and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
     return AttentionPlan(head_dim, head_dim_v, lo, hi, **tiles, splits=splits, path="course" if course else "general",
-                         heads_in_tile=heads)
+                         heads_in_tile=heads,
+                         gluon_forward=_attention_gluon_unfit(d, dv, dtype, n_queries, lo, hi, scale, softcap, splits,
+                                                              heads) is None)
+
+
+def _attention_gluon_unfit(d: int, dv: int, dtype: torch.dtype, n_queries: int, lo: int | None, hi: int | None,
+                           scale: float | None, softcap: float | None, splits: int, heads_in_tile: int) -> str | None:
+    """Why the Gluon forward does not take a general call of these head dims, dtype, lengths, bounds and options;
+    None where it does (on Hopper, where TMA reads the inputs): FlashAttentionTriton's calls at d = 128 but for a
+    scale, a log-sum-exp or grouped heads of their own (design notes: Gluon attention routes)."""
+    if dtype not in _GLUON_DTYPES or d != dv or d != 128:
+        return "it takes d = dv = 128 in float16 or bfloat16"
+    if softcap is not None or lo is not None or hi not in (None, 0):
+        return "it takes no softcap or window, and causal only top-left (or square)"
+    if scale is not None and not scale > 0:
+        # Its whole key tiles take the row maximum of the raw logits times the scale: the least one below 0.
+        return f"it takes a scale above 0, got {scale}"
+    if n_queries < GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M:
+        return f"it takes at least its tile's {GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M} queries"
+    if splits != 1 or heads_in_tile != 1:
+        return "it takes one query head a tile and unsplit keys"
+    return None
 
 
 # Eager calls plan once per shape and options (a trace plans in its own cache).
@@ -4053,11 +4077,12 @@ def _head_dim_parts(n: int, suffix: str) -> tuple:
 
 def _attention_args(scale: float, softcap: float | None, plan: AttentionPlan) -> tuple:
     """The custom ops' plain values for a plan: scale, the bounds as ints with flags, softcap (0.0: none),
-    each kernel's [block_m, block_n, warps, stages] (forward, dq, dkdv), the key splits and heads a tile."""
+    each kernel's [block_m, block_n, warps, stages] (forward, dq, dkdv), the key splits, heads a tile and 1 where
+    the forward is Gluon's."""
     launches = [getattr(getattr(plan, kernel), field) for kernel in ("forward", "dq", "dkdv")
                 for field in ("block_m", "block_n", "num_warps", "num_stages")]
     return (scale, plan.lo or 0, plan.hi or 0, plan.lo is not None, plan.hi is not None, softcap or 0.0,
-            [*launches, plan.splits, plan.heads_in_tile])
+            [*launches, plan.splits, plan.heads_in_tile, int(plan.gluon_forward)])
 
 
 def _attention_outputs(q: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -4095,6 +4120,12 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
         lse = q.new_empty((splits, batch, heads, n_queries), dtype=torch.float32)
     if out.numel() == 0:
         return (out, lse) if splits == 1 else _attention_outputs(q, v)
+    if launches[14] and not traced and gluon_flash_unsupported(q, k, v) is None:
+        kept = [] if keep is not None else None
+        _gluon_flash_forward(q, k, v, has_hi, out, lse, kept=kept, scale=scale)
+        if kept and kept[0] is not None:
+            keep(kept[0])
+        return out, lse
     qk_scale, cap2 = _attention_scalars(scale, softcap)
     tile_heads = launches[13]
     grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
@@ -4213,7 +4244,7 @@ _ATTENTION_AUTOGRAD = AutogradSpec(
     vmap=_attention_vmap)
 
 
-def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, group: int, options: dict) -> None:
+def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, group: int, options: dict) -> None:
     """A given plan must be a valid ``AttentionPlan`` of this call's bounds, its heads a tile dividing the
     group; errors name what differs."""
     if not isinstance(plan, AttentionPlan):
@@ -4227,6 +4258,11 @@ def _check_given_plan(plan, q: torch.Tensor, k: torch.Tensor, group: int, option
     if group % plan.heads_in_tile:
         raise ValueError(f"plan.heads_in_tile ({plan.heads_in_tile}) must divide the group of query heads a "
                          f"key/value head serves ({group})")
+    unfit = plan.gluon_forward and _attention_gluon_unfit(q.shape[-1], v.shape[-1], q.dtype, q.shape[2], plan.lo,
+                                                          plan.hi, options["scale"], options["softcap"], plan.splits,
+                                                          plan.heads_in_tile)
+    if unfit:
+        raise ValueError(f"plan.gluon_forward is True, but the Gluon forward cannot run this call: {unfit}")
 
 
 # Eager calls that record no gradient, by replay_key and options: (the kept launches, a maker of their outputs),
@@ -4297,8 +4333,10 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
       ATTENTION_MAX_SOFTCAP_16BIT (1e4) there (float32 inputs: as accurate as torch at any cap).
     * A query that sees no key gets output 0, lse -inf and zero gradients, as in SDPA.
     * ``plan``: an ``AttentionPlan`` replacing ``attention_plan``'s (tuning, tests): the general
-      kernels at its tiles. Without one, plain calls run FlashAttentionTriton (its Gluon kernels
-      on Hopper; twice differentiable there); others the general kernels (no double backward).
+      kernels at its tiles (``gluon_forward=False``: Triton's forward too). Without one, plain calls
+      run FlashAttentionTriton (its Gluon kernels on Hopper; twice differentiable there); others
+      the general kernels (no double backward; on Hopper the forward at d = dv = 128 in 16 bits,
+      128 queries or more, a positive scale, no window or softcap, is Gluon's).
 
     Differentiable in q, k and v, through out and lse. The custom ops ``softmax_kernels::attention_forward``
     / ``attention_backward`` let torch.compile(fullgraph=True) trace the launches and CUDA graphs capture
@@ -4314,7 +4352,7 @@ def flash_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, is_cau
     check_flag("return_lse", return_lse)
     group = q.shape[1] // max(k.shape[1], 1)
     if plan is not None:
-        _check_given_plan(plan, q, k, group, options)
+        _check_given_plan(plan, q, k, v, group, options)
     else:
         plan = _attention_plan_of(q, k, v, options, return_lse, group)
         # torch.func's transforms take the general kernels' Function (its vmap rule, its refusals).
@@ -5457,10 +5495,10 @@ if _GLUON is not None:
 
     @gluon.jit
     def _gluon_flash_loader(q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free, v_ready,
-                            v_free, first, n_work, n_batch, n_heads, n_queries, n_keys, IS_CAUSAL: gl.constexpr):
+                            v_free, first, n_work, n_batch, n_heads, group, n_queries, n_keys, IS_CAUSAL: gl.constexpr):
         """The producer: for each of the program's tiles, each consumer's Q tile once its last one
-        is released, then every step's K and V tiles into the ring (a slot is free again once
-        every consumer has released it). Ring slots and phases run on across tiles."""
+        is released, then every step's K and V tiles (of query head h's key/value head h // group) into the ring
+        (a slot is free again once every consumer has released it). Ring slots and phases run on across tiles."""
         STAGES: gl.constexpr = k_bufs.type.shape[0]
         CONSUMERS: gl.constexpr = q_bufs.type.shape[0]
         BLOCK_M: gl.constexpr = q_desc.block_type.shape[2]
@@ -5481,10 +5519,10 @@ if _GLUON is not None:
                 phase = (it // STAGES) & 1
                 mbarrier.wait(k_free.index(slot), phase ^ 1)
                 mbarrier.expect(k_ready.index(slot), k_desc.block_type.nbytes)
-                _tma_load(k_desc, [b, h, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
+                _tma_load(k_desc, [b, h // group, i * BLOCK_N, 0], k_ready.index(slot), k_bufs.index(slot))
                 mbarrier.wait(v_free.index(slot), phase ^ 1)
                 mbarrier.expect(v_ready.index(slot), v_desc.block_type.nbytes)
-                _tma_load(v_desc, [b, h, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
+                _tma_load(v_desc, [b, h // group, i * BLOCK_N, 0], v_ready.index(slot), v_bufs.index(slot))
                 it += 1
             t += 1
 
@@ -5627,7 +5665,7 @@ if _GLUON is not None:
 
     @gluon.jit
     def flash_attention_gluon_kernel(q_desc, k_desc, v_desc, o_desc, lse_ptr, stride_lb, stride_lm, n_batch, n_heads,
-                                     n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
+                                     group, n_queries, n_keys, qk_scale, IS_CAUSAL: gl.constexpr,
                                      STAGES: gl.constexpr, CONSUMERS: gl.constexpr, LOADER_REGISTERS: gl.constexpr,
                                      CONSUMER_REGISTERS: gl.constexpr, PINGPONG: gl.constexpr, num_warps: gl.constexpr):
         """O and L of CONSUMERS x BLOCK_M-query tiles (``_gluon_flash_tile``); program p takes items p, p + grid..."""
@@ -5678,7 +5716,8 @@ if _GLUON is not None:
                                      first, n_work, n_batch, n_heads, n_queries, n_keys, qk_scale, IS_CAUSAL,
                                      s_layout, acc_layout, p_layout, 1, PINGPONG)),
             (_gluon_flash_loader, (q_desc, k_desc, v_desc, q_bufs, k_bufs, v_bufs, q_ready, q_free, k_ready, k_free,
-                                   v_ready, v_free, first, n_work, n_batch, n_heads, n_queries, n_keys, IS_CAUSAL)),
+                                   v_ready, v_free, first, n_work, n_batch, n_heads, group, n_queries, n_keys,
+                                   IS_CAUSAL)),
         ], [num_warps, 1], [CONSUMER_REGISTERS, LOADER_REGISTERS])
 
     @gluon.jit
@@ -6167,9 +6206,10 @@ def _gluon_setup(Q: torch.Tensor, ring_bytes: int, what: str) -> tuple:
 def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_causal: bool, O: torch.Tensor,
                          L: torch.Tensor, stages: int = GLUON_FLASH_STAGES, pingpong: bool = GLUON_FLASH_PINGPONG,
                          kept: list | None = None, persistent: bool | None = None,
-                         programs: int | None = None) -> None:
+                         programs: int | None = None, scale: float | None = None) -> None:
     """``flash_attention_gluon`` past its checks, into O and L; kept (``_launch_flash``) as a
-    DescriptorReplay of (Q, K, V, O, L). ``programs`` caps a persistent grid (tests)."""
+    DescriptorReplay of (Q, K, V, O, L). ``programs`` caps a persistent grid (tests). K and V may have
+    fewer heads, each serving a group of Q's (``flash_attention``'s GQA); ``scale``: None is d^-0.5."""
     batch, heads, n_queries, d = flash_dims(Q)
     n_keys = K.shape[-2]
     ring = (stages * 2 * GLUON_FLASH_BLOCK_N + 2 * GLUON_FLASH_CONSUMERS * GLUON_BLOCK_M) * d * Q.element_size()
@@ -6181,7 +6221,9 @@ def _gluon_flash_forward(Q: torch.Tensor, K: torch.Tensor, V: torch.Tensor, is_c
     if persistent is None:
         persistent = gluon_flash_persistent(n_keys, is_causal)
     grid = (min(n_work, programs or _sm_count(Q.device)) if persistent else n_work,)
-    args = (*descs, L, L.stride(-2), L.stride(-1), batch, heads, n_queries, n_keys, d ** -0.5 * LOG2_E.value)
+    scale = d ** -0.5 if scale is None else scale
+    args = (*descs, L, L.stride(-2), L.stride(-1), batch, heads, heads // flash_dims(K)[1], n_queries, n_keys,
+            scale * LOG2_E.value)
     options.update(IS_CAUSAL=is_causal, STAGES=stages, CONSUMER_REGISTERS=GLUON_FLASH_CONSUMER_REGISTERS,
                    PINGPONG=pingpong)
     _launch_flash(jit_kernel(flash_attention_gluon_kernel, traced=False), grid, args, options, 5, kept, tuple(descs))

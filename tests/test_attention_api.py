@@ -305,6 +305,65 @@ def test_gqa_gradients_sum_over_the_group():
         torch.testing.assert_close(got, want.unflatten(1, (2, 3)).sum(2), atol=1e-6, rtol=1e-6)
 
 
+# Calls of the general path whose forward is the Gluon kernel's on Hopper (``AttentionPlan.gluon_forward``): grouped
+# heads, a scale or a log-sum-exp of their own, causal top-left with more keys than queries, lengths off its tiles
+# (at least its 128 queries).
+GLUON_CASES = {
+    "gqa4:1-causal": Case(2, 8, 2, 300, 300, 128, 128, dict(is_causal=True, enable_gqa=True)),
+    "gqa4:1-full-scale": Case(2, 4, 1, 200, 333, 128, 128, dict(enable_gqa=True, scale=0.2)),
+    "causal-150q-300k": Case(1, 2, 2, 150, 300, 128, 128, dict(is_causal=True)),
+}
+# The interpreter runs one, shorter: the plan's Gluon forward falls back to Triton's there.
+GLUON_PARAMS = ([(name, dtype) for name in GLUON_CASES for dtype in ("float16", "bfloat16")] if ON_GPU
+                else [("gqa4:1-full-scale", "float16")])
+
+
+def test_plan_gives_the_gluon_forward_only_calls_it_takes():
+    """Which calls' plans take the Gluon forward, and a given plan's refused where it cannot run the call."""
+    bf16 = torch.bfloat16
+    assert attention_plan(128, 128, bf16, 4096, 4096, is_causal=True, batch_heads=32, grouped=4).gluon_forward
+    assert attention_plan(128, 128, torch.float16, 1000, 3000, is_causal=True, batch_heads=64, scale=0.1).gluon_forward
+    for kwargs in (dict(softcap=30.0), dict(window=(100, 0)), dict(causal_align="bottom_right", n_keys=5000)):
+        sizes = dict(n_queries=4096, n_keys=kwargs.pop("n_keys", 4096))
+        assert not attention_plan(128, 128, bf16, is_causal=True, batch_heads=32, **sizes, **kwargs).gluon_forward
+    for d, dv, dtype in ((64, 64, bf16), (96, 96, bf16), (128, 64, bf16), (128, 128, torch.float32)):
+        assert not attention_plan(d, dv, dtype, 4096, 4096, batch_heads=32).gluon_forward, (d, dv, dtype)
+    decode = attention_plan(128, 128, bf16, 1, 32768, is_causal=True, causal_align="bottom_right", batch_heads=256,
+                            grouped=4)
+    assert not decode.gluon_forward and decode.heads_in_tile == 4
+    # Under its tile of 128 queries; a scale not above 0 (its whole key tiles scale the row maximum, not the logits)
+    assert not attention_plan(128, 128, bf16, 127, 4096, batch_heads=1024).gluon_forward
+    assert attention_plan(128, 128, bf16, 128, 4096, batch_heads=1024).gluon_forward
+    for scale in (-0.1, 0.0):
+        assert not attention_plan(128, 128, bf16, 4096, 4096, batch_heads=32, scale=scale).gluon_forward
+    q = randn((1, 2, 32, 128), bf16, 0)
+    capped = dataclasses.replace(attention_plan(128, 128, bf16, 32, 32), gluon_forward=True)
+    with pytest.raises(ValueError, match="plan.gluon_forward is True, .* no softcap or window"):
+        flash_attention(q, q, q, softcap=20.0, plan=capped)
+    with pytest.raises(ValueError, match="plan.gluon_forward is True, .* scale above 0, got -0.5"):
+        flash_attention(q, q, q, scale=-0.5, plan=capped)
+    with pytest.raises(TypeError, match="plan.gluon_forward"):
+        flash_attention(q, q, q, plan=dataclasses.replace(capped, gluon_forward="yes"))
+
+
+@pytest.mark.parametrize("name,dtype", GLUON_PARAMS, ids=["-".join(p) for p in GLUON_PARAMS])
+def test_gluon_forward_of_general_calls_matches_float64(name, dtype, monkeypatch):
+    """The general path's calls whose plan takes the Gluon forward, out, lse and the gradients against float64
+    (the backward is Triton's, from the Gluon forward's lse); the Gluon kernel ran where Hopper's Gluon runs."""
+    case = GLUON_CASES[name]
+    if not ON_GPU:
+        case = dataclasses.replace(case, n_queries=128, n_keys=33)
+    q, k, v, dout, dlse = make_inputs(case, DTYPES[dtype], seed=len(name))
+    ran = []
+    original = fused_softmax_matmul._gluon_flash_forward
+    monkeypatch.setattr(fused_softmax_matmul, "_gluon_flash_forward",
+                        lambda *args, **kwargs: ran.append(args[0].shape) or original(*args, **kwargs))
+    plan = case_plan(case, DTYPES[dtype], batch_heads=case.batch * case.heads)
+    assert plan.gluon_forward
+    assert_matches_float64(run_ours(q, k, v, dout, dlse, case.options), q, k, v, dout, dlse, case.options)
+    assert len(ran) == (fused_softmax_matmul.gluon_flash_unsupported(q, k, v) is None)
+
+
 def test_lse_alone_and_no_double_backward():
     """A loss of lse alone (out unused) differentiates through lse's own gradient; a second
     derivative is refused with a clear error, not a wrong answer."""
