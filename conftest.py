@@ -2314,14 +2314,29 @@ def spin_cycles_for(fn) -> tuple[int, float]:
 
 HOST_US_TARGET_MS = 5.0  # enough queued calls for the clock's resolution and the loop's noise to vanish
 HOST_US_MAX_CALLS = 100  # calls, not launches: a call of many launches may still fill CUDA's queue
+# GPU work queued a measurement, at most (but HOST_US_MIN_CALLS calls): the GPU runs every queued call before
+# the next, so a call of milliseconds would make host_us the case's longest step (design notes: host_us calls).
+HOST_US_GPU_MS = 20.0
+HOST_US_MIN_CALLS = 4
 # The median of this many measurements: a call of milliseconds (a model's step) is one or two calls
 # a measurement, which one host hiccup (a collection, another process) can set far off.
 HOST_US_SAMPLES = 5
 
 
-def host_us(fn) -> float | None:
+def host_us_calls(once_ms: float, gpu_ms: float | None = None) -> int:
+    """Calls a ``host_us`` measurement queues: HOST_US_TARGET_MS of host time (one call's ``once_ms``), at most
+    HOST_US_MAX_CALLS, and, given one call's GPU time, at most HOST_US_GPU_MS of GPU work (but
+    HOST_US_MIN_CALLS), never more than the host target alone gives."""
+    n = max(1, min(HOST_US_MAX_CALLS, int(HOST_US_TARGET_MS / max(once_ms, 1e-3))))
+    if gpu_ms:
+        n = min(n, max(HOST_US_MIN_CALLS, int(HOST_US_GPU_MS / gpu_ms)))
+    return n
+
+
+def host_us(fn, gpu_ms: float | None = None) -> float | None:
     """Host time to enqueue one call of fn, in microseconds, with the GPU kept busy: the median
-    of HOST_US_SAMPLES measurements.
+    of HOST_US_SAMPLES measurements, each of ``host_us_calls`` calls (``gpu_ms``: one call's GPU
+    time, where known).
 
     The GPU spins while n calls are queued back to back, so no launch waits for the GPU and the
     host's cost alone is timed. Where the spin had ended before the calls were queued, they
@@ -2333,7 +2348,7 @@ def host_us(fn) -> float | None:
     if not ON_GPU:
         return host_ms_once(fn) * 1e3
     once_ms = host_ms_once(fn)
-    n = max(1, min(HOST_US_MAX_CALLS, int(HOST_US_TARGET_MS / max(once_ms, 1e-3))))
+    n = host_us_calls(once_ms, gpu_ms)
     samples = []
     for _ in range(HOST_US_SAMPLES):
         us = _host_us_once(fn, n, once_ms)
@@ -2674,7 +2689,8 @@ def measure_case(config, benchmark, nodeid: str, group: BenchGroup, build, dtype
                                     disable_gc=bool(bs.options["disable_gc"]), timer_args=timer_args),
                     on_gpu=ON_GPU and not group.timer)
     extra = {"forward_peak_MiB": peak, "forward_extra_MiB": extra_mib, "rel_error": rel_error,
-             "host_us": host_us(fn), "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
+             "host_us": host_us(fn, 1e3 * statistics.median(timing.seconds) if timing.seconds else None),
+             "matmul_peak_key": matmul_peak_key(dtype) if has_flops else None}
     return timing, extra
 
 

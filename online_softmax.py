@@ -2007,7 +2007,7 @@ def softmax_split_row_kernel(
         # This program's slot of the two it alternates between (``parity``): [group, part, parity]
         # of the workspace, with the group written as row % n_groups (the same number), worked out
         # again each row: an address fixed for the whole loop holds registers through it (design
-        # notes: the wait).
+        # notes: split prefetch).
         home = row % n_groups
         slot = stats_ptr + ((home * SPLIT + part) * 2 + parity) * 2
         tl.store(slot, m)
@@ -2016,7 +2016,7 @@ def softmax_split_row_kernel(
         tl.debug_barrier()
         tl.atomic_add(arrived, 1, sem="release")
         # Through the wait, bringing the next row's chunk into L2 (PREFETCH) keeps memory busy
-        # and holds no registers, as loading it into registers would (design notes: the wait).
+        # and holds no registers, as loading it into registers would (design notes: split prefetch).
         if PREFETCH:
             _prefetch_chunk(x_ptr, row + n_groups, n_rows, n_cols, stride_x, part, CHUNK, VEC, SPAN)
         while tl.atomic_add(arrived, 0, sem="acquire") < target:
