@@ -219,26 +219,29 @@ def test_same_answer_as_sdpa(options):
                                atol=2e-6, rtol=2e-6)
 
 
-@pytest.mark.parametrize("D", [40, 32], ids=["general", "course"])
+@pytest.mark.parametrize("D", [40, 32, pytest.param(128, marks=needs_gpu)], ids=["general", "course", "gluon"])
 def test_fused_qkv_view_is_read_in_place(D):
     """q, k, v as a model holds them: one (B, N, 3, H, D) projection, each (B, N, H, D) part
     transposed to (B, H, N, D) without a copy. The kernels read those strides, the gradients
     reach the projection, and the answers are those of contiguous copies. The course's kernels
-    (D 32) write out and dq in (B, N, H, D) too, so that the model's reshape back copies nothing."""
-    B, N, H = 2, 37, 3
-    qkv = randn((B, N, 3, H, D), torch.float32, 0).requires_grad_()
+    (D 32) write out and dq in (B, N, H, D) too, so that the model's reshape back copies nothing.
+    D 128 in bfloat16 with a scale of its own: the general path's Gluon forward on Hopper (TMA over the views)."""
+    B, N, H = 2, (200 if D == 128 else 37), 3
+    dtype, options = (torch.bfloat16, dict(scale=0.1)) if D == 128 else (torch.float32, {})
+    qkv = randn((B, N, 3, H, D), dtype, 0).requires_grad_()
     q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
     assert not q.is_contiguous() and q.data_ptr() == qkv.data_ptr()
-    assert attention_plan(D, D, torch.float32, N, N, is_causal=True).path == ("course" if D == 32 else "general")
+    plan = attention_plan(D, D, dtype, N, N, is_causal=True, batch_heads=B * H, **options)
+    assert plan.path == ("course" if D == 32 else "general") and plan.gluon_forward == (D == 128)
     grad_layouts = []
     q.register_hook(lambda g: grad_layouts.append(g.transpose(1, 2).is_contiguous()))
-    out = flash_attention(q, k, v, is_causal=True)
-    dout = randn(out.shape, torch.float32, 1)
+    out = flash_attention(q, k, v, is_causal=True, **options)
+    dout = randn(out.shape, dtype, 1)
     (dqkv,) = torch.autograd.grad((out * dout).sum(), [qkv])
     if D == 32:
         assert out.transpose(1, 2).is_contiguous() and grad_layouts == [True]
     copies = [t.detach().contiguous().requires_grad_() for t in (q, k, v)]
-    want = flash_attention(*copies, is_causal=True)
+    want = flash_attention(*copies, is_causal=True, **options)
     grads = torch.autograd.grad((want * dout).sum(), copies)
     torch.testing.assert_close(out, want, atol=0, rtol=0)
     for i, g in enumerate(grads):
