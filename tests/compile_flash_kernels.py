@@ -1,7 +1,10 @@
 """Compile the flash attention kernels for an H100 (sm_90) the way torch.compile re-launches them.
 
 The course's kernels, and flash_attention's general ones at the launches ``attention_plan``
-chooses (their shared memory must fit an H100's 227 KB a block: d = 256 is the test).
+chooses (their shared memory must fit an H100's 227 KB a block: d = 256 is the test). The Gluon
+kernels too (attention's and softmax(x) @ V's), through their host functions on CPU tensors, each
+launch compiled (``warmup``) under a stand-in for the CUDA driver that names an sm_90 target:
+Gluon's API moves between Triton versions.
 
 Inductor passes a user kernel's Python float arguments typed fp64; the kernels must still
 compile (an fp64 scale once made tl.dot's accumulator fp64 and tl.dot refused it). Triton's CUDA
@@ -15,12 +18,14 @@ from __future__ import annotations
 import os
 import sys
 
+import torch
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import fused_softmax_matmul as fsm  # noqa: E402
+import online_softmax as osm  # noqa: E402
 
 FLOAT_ARGS = ("qk_scale", "sm_scale", "cap2")
 FLOAT32_POINTERS = ("lse_ptr", "delta_ptr", "dlse_ptr")
@@ -110,6 +115,75 @@ CASES = [
 ]
 
 
+def gluon_cases() -> list:
+    """(name, call): the Gluon kernels' host functions on CPU tensors (attention: d 128 causal with grouped heads,
+    the general path's forward; d 64 full on a persistent grid; dQ and dK/dV; softmax(x) @ V), launches
+    compiled, not run."""
+    def tensors(batch, heads, kv_heads, n, d):
+        q, o, do, dq = (torch.empty((batch, heads, n, d), dtype=torch.bfloat16) for _ in range(4))
+        k, v, dk, dv = (torch.empty((batch, kv_heads, n, d), dtype=torch.bfloat16) for _ in range(4))
+        lse, delta = torch.empty((batch, heads, n)), torch.empty((batch * heads, n))
+        return q, k, v, o, do, dq, dk, dv, lse, delta
+
+    q, k, v, o, _, _, _, _, lse, _ = tensors(1, 8, 2, 512, 128)
+    cases = [("forward d 128 causal, 8 / 2 heads", lambda: fsm._gluon_flash_forward(q, k, v, True, o, lse, scale=0.1))]
+    q6, k6, v6, o6, do6, dq6, dk6, dv6, lse6, delta6 = tensors(2, 4, 4, 640, 64)
+    cases.append(("forward d 64 full, persistent", lambda: fsm._gluon_flash_forward(
+        q6, k6, v6, False, o6, lse6, persistent=True, programs=132)))
+    cases.append(("dQ d 64 full", lambda: fsm._gluon_flash_dq(q6, k6, v6, o6, do6, lse6, delta6, dq6, False)))
+    cases.append(("dK/dV d 64 causal", lambda: fsm._gluon_flash_dkdv(q6, k6, v6, do6, lse6, delta6, dk6, dv6, True)))
+    # softmax(x) @ V (fused_softmax's Gluon route): bfloat16, and float32 as TF32 parts (V's parts kernel first)
+    for dtype in (torch.bfloat16, torch.float32):
+        x, V, out = torch.empty((2, 256, 1024), dtype=dtype), torch.empty((2, 1024, 64), dtype=dtype), \
+            torch.empty((2, 256, 64), dtype=dtype)
+        cases.append((f"softmax(x) @ V {dtype}", lambda x=x, V=V, out=out: fsm._gluon_fused_forward(x, V, out, None)))
+    return cases
+
+
+def compile_gluon(cases: list) -> int:
+    """Run each case with its launches compiled for sm_90; the failures. The stand-in driver stays active (Triton
+    builds its default one only where a GPU is): the script's last step."""
+    from triton.backends.nvidia.driver import CudaDriver
+    from triton.runtime import driver
+
+    class Sm90(CudaDriver):
+        def __init__(self):  # no libcuda: the target is all a compile asks of it
+            pass
+
+        def get_current_target(self):
+            return GPUTarget("cuda", 90, 32)
+
+        def get_current_device(self):
+            return 0
+
+        def get_current_stream(self, device=None):
+            return 0
+
+    shared = []
+
+    def compiled(kernel, grid, args, options, *rest, **keywords):
+        shared.append(kernel.warmup(*args, grid=grid, **options).metadata.shared)
+
+    launches = fsm.launch_kept, osm.launch_kept, fsm.jit_kernel
+    fsm.launch_kept = osm.launch_kept = compiled  # launch_and_keep calls online_softmax's
+    fsm.jit_kernel = lambda kernel, traced: kernel
+    driver.set_active(Sm90())
+    failed = 0
+    try:
+        for name, call in cases:
+            try:
+                call()
+                if shared[-1] > H100_SHARED_MEMORY:
+                    raise RuntimeError(f"takes {shared[-1]} bytes of shared memory, past {H100_SHARED_MEMORY}")
+                print(f"ok      Gluon {name}: {shared[-1]} bytes shared")
+            except Exception as e:  # noqa: BLE001 - report every kernel, then fail
+                failed += 1
+                print(f"FAILED  Gluon {name}: {type(e).__name__}: {e}")
+    finally:
+        fsm.launch_kept, osm.launch_kept, fsm.jit_kernel = launches
+    return failed
+
+
 def main() -> int:
     failed = 0
     cases = []
@@ -120,13 +194,15 @@ def main() -> int:
         if "FULL_TILE_MASKS" in kernel.arg_names:
             constexprs.update(FULL_TILE_MASKS=False)
         cases.append((kernel, element, constexprs, None))
-    only = sys.argv[1] if len(sys.argv) > 1 else None  # "course" or "attention": one family
+    only = sys.argv[1] if len(sys.argv) > 1 else None  # "course", "attention" or "gluon": one family
     if only == "course":
         selected = cases
     elif only == "attention":
         selected = attention_cases()
     else:
         selected = cases + attention_cases()
+    if only == "gluon":
+        selected = []
     for kernel, element, constexprs, options in selected:
         try:
             shared = compile_one(kernel, element, constexprs, options)
@@ -136,6 +212,11 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAILED  {kernel.__name__} {element} {constexprs} {options}: {type(e).__name__}: {e}")
+    if only in (None, "gluon"):
+        if fsm._GLUON is None:
+            print(f"not run: the Gluon kernels ({fsm.GLUON_UNAVAILABLE})")
+        else:
+            failed += compile_gluon(gluon_cases())
     return 1 if failed else 0
 
 
