@@ -4120,22 +4120,19 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
         lse = q.new_empty((splits, batch, heads, n_queries), dtype=torch.float32)
     if out.numel() == 0:
         return (out, lse) if splits == 1 else _attention_outputs(q, v)
-    if launches[14] and not traced and gluon_flash_unsupported(q, k, v) is None:
-        kept = [] if keep is not None else None
-        _gluon_flash_forward(q, k, v, has_hi, out, lse, kept=kept, scale=scale)
-        if kept and kept[0] is not None:
-            keep(kept[0])
-        return out, lse
-    qk_scale, cap2 = _attention_scalars(scale, softcap)
-    tile_heads = launches[13]
-    grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
-                         "the attention forward")
     steps = [] if keep is not None else None
-    _launch_flash(jit_kernel(attention_forward_kernel, traced=traced), grid,
-                  (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo, hi,
-                   splits, split_keys, *q.stride(), *k.stride(), *v.stride(), 0 if splits == 1 else out.stride(0),
-                   *out.stride()[-4:]),
-                  dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch)), 5, steps)
+    if launches[14] and not traced and gluon_flash_unsupported(q, k, v) is None:  # the plan's keys unsplit
+        _gluon_flash_forward(q, k, v, has_hi, out, lse, kept=steps, scale=scale)
+    else:
+        qk_scale, cap2 = _attention_scalars(scale, softcap)
+        tile_heads = launches[13]
+        grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
+                             "the attention forward")
+        _launch_flash(jit_kernel(attention_forward_kernel, traced=traced), grid,
+                      (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo,
+                       hi, splits, split_keys, *q.stride(), *k.stride(), *v.stride(),
+                       0 if splits == 1 else out.stride(0), *out.stride()[-4:]),
+                      dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch)), 5, steps)
     if splits == 1:
         if steps and steps[0] is not None:
             keep(steps[0])
