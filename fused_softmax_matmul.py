@@ -3447,9 +3447,10 @@ class AttentionPlan:
         check_flag("plan.gluon_forward", self.gluon_forward)
 
 
-def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch]:
+def _attention_tiles(head_dim: int, dtype: torch.dtype, tail: bool) -> dict[str, FlashLaunch]:
     """Tiles by the widest padded head dim: 16-bit 64 and 128 their own, else the course's up to 128; at 256
-    halved to fit shared memory, float32 halved again (tests/compile_flash_kernels.py checks each for sm_90)."""
+    on 4 warps, by whether the head dim has a tail (d 160, 192; design notes: tiles at 256), float32 smaller
+    (tests/compile_flash_kernels.py checks each for sm_90)."""
     if head_dim == 64 and dtype != torch.float32:
         # 64 x 64 on 4 warps each: the course's 64 x 128 dK/dV spills in these kernels' three loops (design
         # notes: general attention tiles).
@@ -3461,7 +3462,9 @@ def _attention_tiles(head_dim: int, dtype: torch.dtype) -> dict[str, FlashLaunch
         return flash_launches(head_dim, dtype)
     if dtype == torch.float32:
         return {"forward": FlashLaunch(32, 32, 4, 1), "dq": FlashLaunch(32, 16, 4, 1), "dkdv": FlashLaunch(16, 32, 4, 1)}
-    return {"forward": FlashLaunch(64, 64, 8, 2), "dq": FlashLaunch(64, 32, 8, 2), "dkdv": FlashLaunch(32, 32, 8, 2)}
+    if tail:
+        return {"forward": FlashLaunch(64, 32, 4, 3), "dq": FlashLaunch(64, 32, 4, 3), "dkdv": FlashLaunch(32, 64, 4, 2)}
+    return {"forward": FlashLaunch(64, 64, 4, 3), "dq": FlashLaunch(64, 32, 4, 3), "dkdv": FlashLaunch(64, 32, 4, 2)}
 
 
 # Few query tiles over many keys (decode) idle SMs: split keys up to four waves of 132 SMs, 1024 keys or more a split.
@@ -3504,7 +3507,8 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
-             for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype).items()}
+             for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype,
+                                                  tail=max(d, dv) < max(head_dim, head_dim_v)).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     block_m = tiles["forward"].block_m
     heads = attention_heads_in_tile(int(grouped), n_queries, block_m) if grouped else 1

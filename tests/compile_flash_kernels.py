@@ -63,10 +63,12 @@ def attention_cases() -> list:
                "dkdv": fsm.attention_backward_dkdv_kernel}
     cases = []
     # (d, dv, dtype, window, softcap, kernels): Gemma-2-like (d 256, every switch on), float32 at
-    # 256 (the most shared memory); tails in tf32x3 (80 = 64 + 16, dv 40 = 32 + 8 of 16, a dv tail shorter than its
-    # tile) and in bfloat16 (40). Each compile takes seconds of CI.
+    # 256 (the most shared memory); 192 / 128 (a tail's tiles at 256); tails in tf32x3 (80 = 64 + 16,
+    # dv 40 = 32 + 8 of 16, a dv tail shorter than its tile) and in bfloat16 (40). Each compile takes
+    # seconds of CI.
     for d, dv, dtype, window, softcap, names in ((256, 256, torch.bfloat16, (4095, 0), True, ("forward", "dq", "dkdv")),
                                                  (256, 256, torch.float32, None, False, ("dq", "dkdv")),
+                                                 (192, 128, torch.bfloat16, None, False, ("forward", "dkdv")),
                                                  (80, 40, torch.float32, (10, 10), True, ("forward", "dq", "dkdv")),
                                                  (40, 40, torch.bfloat16, None, False, ("dq", "dkdv"))):
         plan = fsm.attention_plan(d, dv, dtype, 4096, 4096, is_causal=True, window=window)

@@ -86,6 +86,8 @@ GPU_CASES = {
 }
 GPU_CASES["gemma-like-d256"] = Case(1, 4, 2, 600, 900, 256, 256, dict(
     softcap=50.0, window=(300, 0), is_causal=True, enable_gqa=True), 4.0)
+# d 192 over dv 128 (split heads): the tiles at 256 of a head dim with a tail
+GPU_CASES["split-heads-d192-dv128"] = Case(1, 4, 2, 500, 700, 192, 128, dict(is_causal=True, enable_gqa=True))
 CASES = GPU_CASES if ON_GPU else CPU_CASES
 
 # Interpreter: 16 x 16 tiles everywhere (the least tl.dot takes), one warp group, no pipelining.
