@@ -3506,9 +3506,11 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     ``attention_heads_in_tile``; True: grouped, one head a tile."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
+    width = max(head_dim, head_dim_v)
+    # A tail where each head dim padded to the widest tile splits into a whole tile and a tail (160 = 128 + 32).
+    tail = all(attention_head_dims(n, n)["TAIL"] for n, padded in ((d, head_dim), (dv, head_dim_v)) if padded == width)
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
-             for name, launch in _attention_tiles(max(head_dim, head_dim_v), dtype,
-                                                  tail=max(d, dv) < max(head_dim, head_dim_v)).items()}
+             for name, launch in _attention_tiles(width, dtype, tail).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     block_m = tiles["forward"].block_m
     heads = attention_heads_in_tile(int(grouped), n_queries, block_m) if grouped else 1

@@ -585,6 +585,18 @@ def test_plan_pads_head_dims_and_fits_shared_memory(d, dtype):
         plan.lo = 0
 
 
+def test_plan_tiles_at_256_follow_the_tail():
+    """16-bit heads padded to 256: d 160 and 192 split into 128 and a tail, and take the tail's tiles (with dv
+    narrower too); d 200 and 248 pad whole, as 256 (design notes: tiles at 256)."""
+    plan = lambda d, dv=None: attention_plan(d, dv or d, torch.bfloat16, 4096, 4096, is_causal=True)  # noqa: E731
+    whole, tailed = plan(256), plan(160)
+    assert (whole.forward, whole.dkdv) != (tailed.forward, tailed.dkdv)
+    for d, dv in ((192, None), (192, 128), (136, 64)):
+        assert plan(d, dv).forward == tailed.forward and plan(d, dv).dkdv == tailed.dkdv, (d, dv)
+    for d, dv in ((200, None), (248, 248), (192, 256), (256, 64)):
+        assert plan(d, dv).forward == whole.forward and plan(d, dv).dkdv == whole.dkdv, (d, dv)
+
+
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("d,dv", [(40, 40), (64, 64), (32, 64)])
 def test_plan_16bit_d64_tiles_do_not_spill(d, dv, dtype):
