@@ -3508,7 +3508,7 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     width = max(head_dim, head_dim_v)
     # A tail where each head dim padded to the widest tile splits into a whole tile and a tail (160 = 128 + 32).
-    tail = all(attention_head_dims(n, n)["TAIL"] for n, padded in ((d, head_dim), (dv, head_dim_v)) if padded == width)
+    tail = all(_head_dim_tiles(n)[1] for n, padded in ((d, head_dim), (dv, head_dim_v)) if padded == width)
     tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
              for name, launch in _attention_tiles(width, dtype, tail).items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
@@ -4067,15 +4067,19 @@ def attention_head_dims(d: int, dv: int) -> dict:
     return dict(_head_dim_parts(d, "") + _head_dim_parts(dv, "_V"))
 
 
+def _head_dim_tiles(n: int) -> tuple[int, int]:
+    """(whole tile, tail tile) of head dim n as ``attention_head_dims`` splits it; tail 0 where one tile pads it."""
+    whole = max(16, next_power_of_2(n))
+    first = max(16, 1 << (n.bit_length() - 1))
+    tail = max(16, next_power_of_2(n - first)) if n > first else 0
+    return (first, tail) if tail and first + tail < whole else (whole, 0)
+
+
 @functools.lru_cache(maxsize=None)
 def _head_dim_parts(n: int, suffix: str) -> tuple:
     """``attention_head_dims``'s items for one head dim n: D / DV, D_TAIL / DV_TAIL, HEAD_DIM / HEAD_DIM_V, TAIL /
     TAIL_V."""
-    whole = max(16, next_power_of_2(n))
-    first = max(16, 1 << (n.bit_length() - 1))
-    tail = max(16, next_power_of_2(n - first)) if n > first else 0
-    if not (tail and first + tail < whole):
-        first, tail = whole, 0
+    first, tail = _head_dim_tiles(n)
     name = "D" if not suffix else "DV"
     return ((name, min(n, first)), (name + "_TAIL", n - min(n, first)), ("HEAD_DIM" + suffix, first),
             ("TAIL" + suffix, tail))
