@@ -201,10 +201,10 @@ def main() -> int:
         selected = cases
     elif only == "attention":
         selected = attention_cases()
+    elif only == "gluon":
+        selected = []
     else:
         selected = cases + attention_cases()
-    if only == "gluon":
-        selected = []
     for kernel, element, constexprs, options in selected:
         try:
             shared = compile_one(kernel, element, constexprs, options)

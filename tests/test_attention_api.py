@@ -21,8 +21,8 @@ import torch.nn.functional as F
 import fused_softmax_matmul
 
 from fused_softmax_matmul import (
-    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_head_dims, attention_heads_in_tile, attention_mask_bounds, attention_plan,
-    attention_visible_pairs,
+    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_head_dims, attention_heads_in_tile,
+    attention_mask_bounds, attention_plan, attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
 from online_softmax import forget_kept_launches, option_key

@@ -174,7 +174,6 @@ def test_a_grid_runs_the_compiled_form_at_its_one_chosen_case():
         at_one_case([(1, "a")], ["triton_compiled"], at=(3, "c"))
 
 
-
 def test_host_us_queues_at_most_its_share_of_gpu_work():
     """host_us's calls a measurement: 5 ms of host time up to 100 calls; given a call's GPU time, at most 20 ms
     of it (4 calls at least); never more than the host target gives."""
@@ -184,6 +183,7 @@ def test_host_us_queues_at_most_its_share_of_gpu_work():
     assert host_us_calls(0.01, gpu_ms=0.05) == 100, "light GPU work: the host target decides"
     assert host_us_calls(0.01, gpu_ms=1.0) == 20 and host_us_calls(0.01, gpu_ms=25.0) == 4
     assert host_us_calls(10.0, gpu_ms=25.0) == 1, "the GPU cap never raises the count"
+
 
 # ----------------------------------------------------------------------------------------------
 # Failing configurations: a resource limit is recorded and skipped, a bug fails the run
