@@ -42,6 +42,12 @@ def record_files(pattern: str) -> list[Path]:
     return sorted(OUTPUTS.rglob(pattern))
 
 
+def attention_route(plan) -> str:
+    """A flash_attention plan's path as the record names it: "course", "general", or "general (Gluon
+    forward)" where the general path's forward runs the Hopper Gluon kernel."""
+    return plan.path + (" (Gluon forward)" if plan.path == "general" and plan.gluon_forward else "")
+
+
 def generator(seed: int) -> torch.Generator:
     return torch.Generator(device=DEVICE).manual_seed(seed)
 

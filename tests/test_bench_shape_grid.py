@@ -51,7 +51,7 @@ from fused_softmax_matmul import (
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
-    DEVICE, DTYPES, ON_GPU, attention_inputs, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
+    DEVICE, DTYPES, ON_GPU, attention_inputs, attention_route, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
     relative_error, row_softmax_inputs, softmax_matmul_inputs, torch_error_bound,
 )
 from test_attention_api import Case
@@ -432,8 +432,9 @@ def test_attention_models(bench, mode, model, case, dtype, impl):
             o = case.options
             checked = check_flash_attention_inputs(q, k, v, o["is_causal"], None, o["enable_gqa"],
                                                    o.get("causal_align", "top_left"), o.get("window"), o.get("softcap"))
-            row["path"] = attention_plan(case.d, case.dv, torch_dtype, case.n_queries, case.n_keys,
-                                         grouped=case.heads != case.kv_heads, **checked).path
+            row["path"] = attention_route(attention_plan(
+                case.d, case.dv, torch_dtype, case.n_queries, case.n_keys, grouped=case.heads // case.kv_heads
+                if case.heads != case.kv_heads else False, batch_heads=case.batch * case.heads, **checked))
         if mode == "fwd":
             call = lambda: fn(q, k, v)  # noqa: E731
         else:

@@ -29,7 +29,8 @@ from fused_softmax_matmul import (
 )
 from online_softmax import forget_kept_launches
 from support import (
-    DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, needs_gpu, randn, record_files,
+    DEVICE, DTYPES, ON_GPU, UNIT_ROUNDOFF, assert_close, attention_inputs, attention_route, needs_gpu, randn,
+    record_files,
 )
 
 IMPLS = {"flash_pytorch": FlashAttentionPytorch, "flash_triton": FlashAttentionTriton}
@@ -1202,10 +1203,11 @@ def planned_path(workload: str, case: str, dtype: str) -> str:
     attention_plan's path for flash_attention at model shapes."""
     if workload.startswith("attention_models"):
         b, h, hk, nq, nk, d, mask, left, right, softcap = MODEL_CASE.search(case).groups()
-        return fsm.attention_plan(int(d), int(d), DTYPES[dtype], int(nq), int(nk), is_causal=mask != "full",
-                                  causal_align="bottom_right" if mask == "causal-br" else "top_left",
-                                  window=None if left is None else (int(left), int(right)), grouped=h != hk,
-                                  softcap=None if softcap is None else float(softcap), batch_heads=int(b) * int(h)).path
+        return attention_route(fsm.attention_plan(
+            int(d), int(d), DTYPES[dtype], int(nq), int(nk), is_causal=mask != "full",
+            causal_align="bottom_right" if mask == "causal-br" else "top_left",
+            window=None if left is None else (int(left), int(right)), grouped=int(h) // int(hk) if h != hk else False,
+            softcap=None if softcap is None else float(softcap), batch_heads=int(b) * int(h)))
     bh, n, d, mask = GRID_CASE.match(case).groups()
     plan = flash_plan(int(bh), int(n), int(n), int(d), DTYPES[dtype], mask == "causal", sms=132, capability=(9, 0),
                       tma=True)
