@@ -3686,6 +3686,16 @@ def _attention_forward_tiles(
 
 
 @triton.jit
+def _row_strides(batch, head, row, ALIGN: tl.constexpr):
+    """A tensor's batch, head and row strides as multiples of ALIGN, which the host found them to be, where the
+    compiler can see it: Triton marks multiples of 16 only, and rows 72 or 88 wide then load an element at a
+    time (design notes: row strides)."""
+    if ALIGN > 1 and ALIGN < 16:
+        batch, head, row = batch // ALIGN * ALIGN, head // ALIGN * ALIGN, row // ALIGN * ALIGN
+    return batch, head, row
+
+
+@triton.jit
 def _attention_head(pid, pid_rows, n_rows, n_heads, BLOCK: tl.constexpr, HEAVY_FIRST: tl.constexpr):
     """(batch, head, tile) of pid, batch and head fastest and int64; HEAVY_FIRST: the last tiles first."""
     n_tiles = tl.cdiv(n_rows, BLOCK)
@@ -3707,7 +3717,7 @@ def attention_forward_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
-    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS of each of HEADS heads of
     a group, against the shown keys of their key/value head within its split of split_keys keys. out and
@@ -3715,6 +3725,10 @@ def attention_forward_kernel(
     sum; the caller merges splits by their lse. Head dims as ``attention_head_dims`` gives them."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
+    stride_qb, stride_qh, stride_qm = _row_strides(stride_qb, stride_qh, stride_qm, ROW_ALIGN)
+    stride_kb, stride_kh, stride_kn = _row_strides(stride_kb, stride_kh, stride_kn, ROW_ALIGN)
+    stride_vb, stride_vh, stride_vn = _row_strides(stride_vb, stride_vh, stride_vn, ROW_ALIGN)
+    stride_ob, stride_oh, stride_om = _row_strides(stride_ob, stride_oh, stride_om, ROW_ALIGN)
     pid = tl.program_id(0)
     split = pid % n_splits  # 32-bit: the key bounds below stay 32-bit (a head's offsets are)
     # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major.
@@ -3844,7 +3858,7 @@ def attention_backward_dq_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, HAS_DLSE: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     """dQ of BLOCK_M queries of one (batch, query head). Runs first and writes D = rowsum(dO O) - dlse for
     dK/dV: lse's gradient (its derivative in S is P) joins the softmax's as dS = P (dP - D). Head dims as
@@ -3852,6 +3866,12 @@ def attention_backward_dq_kernel(
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
+    stride_qb, stride_qh, stride_qm = _row_strides(stride_qb, stride_qh, stride_qm, ROW_ALIGN)
+    stride_kb, stride_kh, stride_kn = _row_strides(stride_kb, stride_kh, stride_kn, ROW_ALIGN)
+    stride_vb, stride_vh, stride_vn = _row_strides(stride_vb, stride_vh, stride_vn, ROW_ALIGN)
+    stride_ob, stride_oh, stride_om = _row_strides(stride_ob, stride_oh, stride_om, ROW_ALIGN)
+    stride_gb, stride_gh, stride_gm = _row_strides(stride_gb, stride_gh, stride_gm, ROW_ALIGN)
+    stride_dqb, stride_dqh, stride_dqm = _row_strides(stride_dqb, stride_dqh, stride_dqm, ROW_ALIGN)
     b, h, tile = _attention_head(tl.program_id(0), n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
     hk = h // group
     query_start = tile * BLOCK_M
@@ -3993,13 +4013,19 @@ def attention_backward_dkdv_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr,
-    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
+    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, ROW_ALIGN: tl.constexpr,
 ):
     """One program owns BLOCK_N keys of one (batch, key/value head) and their dK, dV over the group's heads.
     Head dims as ``attention_head_dims`` gives them."""
     sm_scale = tl.cast(sm_scale, tl.float32)
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
+    stride_qb, stride_qh, stride_qm = _row_strides(stride_qb, stride_qh, stride_qm, ROW_ALIGN)
+    stride_kb, stride_kh, stride_kn = _row_strides(stride_kb, stride_kh, stride_kn, ROW_ALIGN)
+    stride_vb, stride_vh, stride_vn = _row_strides(stride_vb, stride_vh, stride_vn, ROW_ALIGN)
+    stride_gb, stride_gh, stride_gm = _row_strides(stride_gb, stride_gh, stride_gm, ROW_ALIGN)
+    stride_dkb, stride_dkh, stride_dkn = _row_strides(stride_dkb, stride_dkh, stride_dkn, ROW_ALIGN)
+    stride_dvb, stride_dvh, stride_dvn = _row_strides(stride_dvb, stride_dvh, stride_dvn, ROW_ALIGN)
     n_kv_heads = n_heads // group
     b, hk, tile = _attention_head(tl.program_id(0), n_batch * n_kv_heads, n_keys, n_kv_heads, BLOCK_N, False)
     key_start = tile * BLOCK_N
@@ -4052,11 +4078,26 @@ def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
     return scale * LOG2_E.value, 1.0
 
 
-def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, softcap: float,
+def _attention_constants(tensors: tuple, dv: int, has_lo: bool, has_hi: bool, softcap: float,
                          launch: list[int]) -> dict:
+    """A general kernel's constexprs for its tensors (q first)."""
+    q = tensors[0]
     return dict(BLOCK_M=launch[0], BLOCK_N=launch[1], HAS_LO=has_lo, HAS_HI=has_hi, SOFTCAP=bool(softcap),
                 num_warps=launch[2], num_stages=launch[3], **attention_head_dims(q.shape[-1], dv),
-                **_flash_kernel_args(q.dtype))
+                ROW_ALIGN=_row_align(tensors), **_flash_kernel_args(q.dtype))
+
+
+def _row_align(tensors: tuple) -> int:
+    """The power of two up to 16 dividing every stride but the last of each tensor (``_row_strides``' ALIGN). A
+    trace's symbolic strides are asked for their divisibility (a guard as Inductor's own), not their values."""
+    strides = [s for t in tensors for s in t.stride()[:-1]]
+    if all(type(s) is int for s in strides):
+        return math.gcd(16, *strides)
+    align = 16
+    for s in strides:
+        while align > 1 and s % align != 0:
+            align //= 2
+    return align
 
 
 def attention_head_dims(d: int, dv: int) -> dict:
@@ -4142,7 +4183,8 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
                       (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo,
                        hi, splits, split_keys, *q.stride(), *k.stride(), *v.stride(),
                        0 if splits == 1 else out.stride(0), *out.stride()[-4:]),
-                      dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch)), 5, steps)
+                      dict(HEADS=tile_heads, **_attention_constants((q, k, v, out), dv, has_lo, has_hi, softcap,
+                                                                    launch)), 5, steps)
     if splits == 1:
         if steps and steps[0] is not None:
             keep(steps[0])
@@ -4195,12 +4237,13 @@ def _run_attention_backward(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo
     jit_kernel(attention_backward_dq_kernel, traced=traced)[grid](
         q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-        HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch))
+        HAS_DLSE=dlse is not None,
+        **_attention_constants((q, k, v, out, dout, dq), dv_dim, has_lo, has_hi, softcap, dq_launch))
     grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
     jit_kernel(attention_backward_dkdv_kernel, traced=traced)[grid](
         q, k, v, dout, lse, delta, dk, dv, *head,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch))
+        **_attention_constants((q, k, v, dout, dk, dv), dv_dim, has_lo, has_hi, softcap, dkdv_launch))
     return dq, dk, dv
 
 

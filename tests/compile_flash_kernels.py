@@ -15,6 +15,7 @@ Exit status 0 when every kernel compiled; the failures are printed otherwise.
 
 from __future__ import annotations
 
+import math
 import os
 import sys
 
@@ -77,7 +78,7 @@ def attention_cases() -> list:
             launch = getattr(plan, name)
             constexprs = dict(BLOCK_M=launch.block_m, BLOCK_N=launch.block_n, HAS_LO=plan.lo is not None, HAS_HI=True,
                               SOFTCAP=softcap, PRECISION=fsm.dot_precision(dtype), UPCAST=False,
-                              **fsm.attention_head_dims(d, dv))
+                              ROW_ALIGN=math.gcd(16, d, dv), **fsm.attention_head_dims(d, dv))
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
             if name == "forward":
@@ -91,12 +92,12 @@ def attention_cases() -> list:
     for d in (128, 80):  # 80: the tile's four heads with tails
         cases.append((fsm.attention_forward_kernel, "bf16", dict(
             BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n, HAS_LO=False, HAS_HI=True, SOFTCAP=False,
-            PRECISION="ieee", UPCAST=False, HEADS=4, **fsm.attention_head_dims(d, d)),
+            PRECISION="ieee", UPCAST=False, HEADS=4, ROW_ALIGN=16, **fsm.attention_head_dims(d, d)),
             dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
     # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
     cases.append((fsm.attention_backward_dkdv_kernel, "fp16", dict(
         BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False, PRECISION="ieee", UPCAST=False, group=1, lo=1,
-        hi=1, **fsm.attention_head_dims(64, 64)), None))
+        hi=1, ROW_ALIGN=1, **fsm.attention_head_dims(64, 64)), None))
     return cases
 
 
@@ -142,9 +143,26 @@ def gluon_cases() -> list:
     return cases
 
 
-def compile_gluon(cases: list) -> int:
-    """Run each case with its launches compiled for sm_90; the failures. The stand-in driver stays active (Triton
-    builds its default one only where a GPU is): the script's last step."""
+def row_stride_cases() -> list:
+    """(name, call, check): the general forward as a call at d 88 launches it (rows 176 bytes apart, a multiple of
+    16 bytes but not of 16 elements, which Triton marks alone): its K and V tiles must load by 16-byte async
+    copies (``_row_strides``; without the hint, an element at a time)."""
+    q, k, v = (torch.empty((2, 4, 256, 88), dtype=torch.bfloat16) for _ in range(3))
+    plan = fsm.attention_plan(88, 88, torch.bfloat16, 256, 256, batch_heads=8)
+    args = fsm._attention_args(88 ** -0.5, None, plan)
+    *options, launches = args
+
+    def async_copies(kernel) -> None:
+        if "cp.async" not in kernel.asm["ptx"]:
+            raise RuntimeError("its tiles load without cp.async: the row strides' hint was lost")
+    return [("forward d 88: row strides hinted", lambda: fsm._run_attention_forward(
+        q, k, v, *options, launches, traced=False), async_copies)]
+
+
+def compile_host_calls(cases: list) -> int:
+    """Run each case (name, call[, check of the last kernel compiled]) with its launches compiled for sm_90; the
+    failures. The stand-in driver stays active (Triton builds its default one only where a GPU is): the
+    script's last step."""
     from triton.backends.nvidia.driver import CudaDriver
     from triton.runtime import driver
 
@@ -161,10 +179,10 @@ def compile_gluon(cases: list) -> int:
         def get_current_stream(self, device=None):
             return 0
 
-    shared = []
+    built = []
 
     def compiled(kernel, grid, args, options, *rest, **keywords):
-        shared.append(kernel.warmup(*args, grid=grid, **options).metadata.shared)
+        built.append(kernel.warmup(*args, grid=grid, **options))
 
     launches = fsm.launch_kept, osm.launch_kept, fsm.jit_kernel
     fsm.launch_kept = osm.launch_kept = compiled  # launch_and_keep calls online_softmax's
@@ -172,15 +190,18 @@ def compile_gluon(cases: list) -> int:
     driver.set_active(Sm90())
     failed = 0
     try:
-        for name, call in cases:
+        for name, call, *check in cases:
             try:
                 call()
-                if shared[-1] > H100_SHARED_MEMORY:
-                    raise RuntimeError(f"takes {shared[-1]} bytes of shared memory, past {H100_SHARED_MEMORY}")
-                print(f"ok      Gluon {name}: {shared[-1]} bytes shared")
+                shared = built[-1].metadata.shared
+                if shared > H100_SHARED_MEMORY:
+                    raise RuntimeError(f"takes {shared} bytes of shared memory, past {H100_SHARED_MEMORY}")
+                for each in check:
+                    each(built[-1])
+                print(f"ok      {name}: {shared} bytes shared")
             except Exception as e:  # noqa: BLE001 - report every kernel, then fail
                 failed += 1
-                print(f"FAILED  Gluon {name}: {type(e).__name__}: {e}")
+                print(f"FAILED  {name}: {type(e).__name__}: {e}")
     finally:
         fsm.launch_kept, osm.launch_kept, fsm.jit_kernel = launches
     return failed
@@ -214,11 +235,13 @@ def main() -> int:
         except Exception as e:  # noqa: BLE001 - report every kernel, then fail
             failed += 1
             print(f"FAILED  {kernel.__name__} {element} {constexprs} {options}: {type(e).__name__}: {e}")
+    host_calls = row_stride_cases() if only in (None, "attention") else []
     if only in (None, "gluon"):
         if fsm._GLUON is None:
             print(f"not run: the Gluon kernels ({fsm.GLUON_UNAVAILABLE})")
         else:
-            failed += compile_gluon(gluon_cases())
+            host_calls += [(f"Gluon {name}", call) for name, call in gluon_cases()]
+    failed += compile_host_calls(host_calls)
     return 1 if failed else 0
 
 

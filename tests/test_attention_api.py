@@ -17,6 +17,7 @@ import dataclasses
 import pytest
 import torch
 import torch.nn.functional as F
+from torch.fx.experimental.proxy_tensor import make_fx
 
 import fused_softmax_matmul
 
@@ -572,6 +573,27 @@ def test_head_dims_split_into_a_tile_and_a_tail_where_it_pads_less():
         else:
             assert head == whole and dims["D_TAIL"] == 0, (d, dims)
     assert [attention_head_dims(d, 16)["TAIL"] for d in (40, 80, 96, 112, 160, 192, 200)] == [16, 16, 32, 0, 32, 64, 0]
+
+
+def test_row_align_is_what_every_row_stride_shares():
+    """The general kernels' ROW_ALIGN: the power of two up to 16 that divides every stride but the last (the
+    kernels tell the compiler so: rows 88 wide load 8 elements at a time). A fused qkv view, a broadcast
+    (stride 0) and a size-1 dim with stride 1 too; strides made symbolic (as a compiled op's body
+    sees them) give the same answers."""
+    row_align = fused_softmax_matmul._row_align
+    t = lambda *shape: torch.empty(shape)  # noqa: E731
+    assert row_align((t(2, 4, 9, 64), t(2, 2, 9, 64))) == 16
+    assert row_align((t(2, 4, 9, 64), t(2, 2, 9, 88))) == 8
+    assert row_align((t(2, 4, 9, 100),)) == 4 and row_align((t(1, 1, 3, 7),)) == 1
+    qkv = t(2, 9, 3, 4, 88)  # (batch, n, q/k/v, heads, d) viewed as (batch, heads, n, d): rows 3 x 4 x 88 apart
+    assert row_align((qkv[:, :, 0].transpose(1, 2),)) == 8
+    assert row_align((t(1, 1, 1, 64).expand(2, 4, 9, 64),)) == 16
+    assert row_align((t(2, 4, 1, 64).transpose(2, 3),)) == 1  # rows of stride 1
+
+    for shape, expected in (((3, 88), 8), ((5, 96), 16), ((4, 100), 4), ((2, 7), 1)):
+        seen = []
+        make_fx(lambda x: seen.append(row_align((x,))), tracing_mode="symbolic")(t(*shape))
+        assert seen == [expected], shape
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
