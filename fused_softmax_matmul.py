@@ -4090,8 +4090,10 @@ def _attention_constants(tensors: tuple, dv: int, has_lo: bool, has_hi: bool, so
 def _row_align(tensors: tuple) -> int:
     """The power of two up to 16 dividing every stride but the last of each tensor (``_row_strides``' ALIGN). A
     trace's symbolic strides are asked for their divisibility (a guard as Inductor's own), not their values."""
-    strides = [s for t in tensors for s in t.stride()[:-1]]
-    if all(type(s) is int for s in strides):
+    strides = []
+    for t in tensors:
+        strides += t.stride()[:-1]
+    if set(map(type, strides)) == {int}:
         return math.gcd(16, *strides)
     align = 16
     for s in strides:
