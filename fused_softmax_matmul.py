@@ -4078,13 +4078,12 @@ def _attention_scalars(scale: float, softcap: float) -> tuple[float, float]:
     return scale * LOG2_E.value, 1.0
 
 
-def _attention_constants(tensors: tuple, dv: int, has_lo: bool, has_hi: bool, softcap: float,
-                         launch: list[int]) -> dict:
-    """A general kernel's constexprs for its tensors (q first)."""
-    q = tensors[0]
+def _attention_constants(q: torch.Tensor, dv: int, has_lo: bool, has_hi: bool, softcap: float,
+                         launch: list[int], row_align: int) -> dict:
+    """A general kernel's constexprs; ``row_align``: ``_row_align`` of the tensors it reads and writes."""
     return dict(BLOCK_M=launch[0], BLOCK_N=launch[1], HAS_LO=has_lo, HAS_HI=has_hi, SOFTCAP=bool(softcap),
                 num_warps=launch[2], num_stages=launch[3], **attention_head_dims(q.shape[-1], dv),
-                ROW_ALIGN=_row_align(tensors), **_flash_kernel_args(q.dtype))
+                ROW_ALIGN=row_align, **_flash_kernel_args(q.dtype))
 
 
 def _row_align(tensors: tuple) -> int:
@@ -4185,8 +4184,8 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
                       (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo,
                        hi, splits, split_keys, *q.stride(), *k.stride(), *v.stride(),
                        0 if splits == 1 else out.stride(0), *out.stride()[-4:]),
-                      dict(HEADS=tile_heads, **_attention_constants((q, k, v, out), dv, has_lo, has_hi, softcap,
-                                                                    launch)), 5, steps)
+                      dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch,
+                                                                    _row_align((q, k, v, out)))), 5, steps)
     if splits == 1:
         if steps and steps[0] is not None:
             keep(steps[0])
@@ -4235,17 +4234,18 @@ def _run_attention_backward(q, k, v, out, lse, dout, dlse, scale, lo, hi, has_lo
     group = heads // n_kv_heads
     delta = torch.empty((batch, heads, n_queries), dtype=torch.float32, device=q.device)
     head = (batch, heads, group, n_queries, n_keys, scale, qk_scale, cap2, lo, hi)
+    # One alignment for both kernels: the gradients (rows d and dv wide, like out's) change neither's.
+    row_align = _row_align((q, k, v, out, dout, dq, dk, dv))
     grid = one_axis_grid(batch * heads * cdiv(n_queries, dq_launch[0]), "the attention backward's dq")
     jit_kernel(attention_backward_dq_kernel, traced=traced)[grid](
         q, k, v, out, dout, lse, lse if dlse is None else dlse, delta, dq, *head,
         *q.stride(), *k.stride(), *v.stride(), *out.stride(), *dout.stride(), *dq.stride(),
-        HAS_DLSE=dlse is not None,
-        **_attention_constants((q, k, v, out, dout, dq), dv_dim, has_lo, has_hi, softcap, dq_launch))
+        HAS_DLSE=dlse is not None, **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dq_launch, row_align))
     grid = one_axis_grid(batch * n_kv_heads * cdiv(n_keys, dkdv_launch[1]), "the attention backward's dk, dv")
     jit_kernel(attention_backward_dkdv_kernel, traced=traced)[grid](
         q, k, v, dout, lse, delta, dk, dv, *head,
         *q.stride(), *k.stride(), *v.stride(), *dout.stride(), *dk.stride(), *dv.stride(),
-        **_attention_constants((q, k, v, dout, dk, dv), dv_dim, has_lo, has_hi, softcap, dkdv_launch))
+        **_attention_constants(q, dv_dim, has_lo, has_hi, softcap, dkdv_launch, row_align))
     return dq, dk, dv
 
 
