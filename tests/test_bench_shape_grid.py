@@ -51,8 +51,8 @@ from fused_softmax_matmul import (
 )
 from online_softmax import row_softmax, softmax_bytes
 from support import (
-    DEVICE, DTYPES, ON_GPU, attention_inputs, attention_route, error_bound, matmul_softmax_impl_bytes, matmul_softmax_inputs, randn,
-    relative_error, row_softmax_inputs, softmax_matmul_inputs, torch_error_bound,
+    DEVICE, DTYPES, ON_GPU, attention_inputs, attention_route, error_bound, matmul_softmax_impl_bytes,
+    matmul_softmax_inputs, randn, relative_error, row_softmax_inputs, softmax_matmul_inputs, torch_error_bound,
 )
 from test_attention_api import Case
 from test_bench_flash_attention import attention_bound
