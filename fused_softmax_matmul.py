@@ -3467,29 +3467,29 @@ def _attention_tiles(head_dim: int, dtype: torch.dtype, tail: bool) -> dict[str,
     return {"forward": FlashLaunch(64, 64, 4, 3), "dq": FlashLaunch(64, 32, 4, 3), "dkdv": FlashLaunch(64, 32, 4, 2)}
 
 
-# Few query tiles over many keys (decode) idle SMs: split keys up to four waves of 132 SMs, 1024 keys or more a split.
-ATTENTION_SPLIT_PROGRAMS = 4 * 132
-ATTENTION_SPLIT_MIN_KEYS = 1024
+# Few query tiles over many keys (decode, a chunk of a prefill) leave SMs idle: the forward splits the keys in a
+# power of two of parts (even parts of a power-of-two length), up to two waves of 132 programs and 512 keys a part
+# (design notes: split keys).
+ATTENTION_SPLIT_PROGRAMS = 2 * 132
+ATTENTION_SPLIT_MIN_KEYS = 512
 
 
 def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int) -> int:
     """How many parts the forward splits the keys into (``ATTENTION_SPLIT_PROGRAMS``)."""
     programs = batch_heads * cdiv(n_queries, block_m)
-    if programs == 0 or programs >= ATTENTION_SPLIT_PROGRAMS:
-        return 1
-    return max(1, min(cdiv(ATTENTION_SPLIT_PROGRAMS, programs), n_keys // ATTENTION_SPLIT_MIN_KEYS))
-
-
-# A decode step's tile of 16 rows: at most this many heads of a group, 4 rows a head.
-ATTENTION_DECODE_HEADS = 4
+    splits = 1
+    while (0 < 2 * splits * programs <= ATTENTION_SPLIT_PROGRAMS
+           and n_keys // (2 * splits) >= ATTENTION_SPLIT_MIN_KEYS):
+        splits *= 2
+    return splits
 
 
 def attention_heads_in_tile(group: int, n_queries: int, block_m: int) -> int:
-    """Query heads of a group sharing a forward tile: in a decode step they fill the 16-row tile and read each
-    key and value tile once (a power of two dividing the group, at most ``ATTENTION_DECODE_HEADS``; design
-    notes: decode tiles); 1 for more queries."""
-    heads = 1
-    while n_queries == 1 and group % (2 * heads) == 0 and 2 * heads <= min(ATTENTION_DECODE_HEADS, block_m):
+    """Query heads of a group sharing a forward tile of block_m rows, so that they read each key and value tile
+    once: the most, a power of two dividing the group, whose queries (each head's padded to a power of two)
+    fit the tile; 1 where one head's queries fill it (design notes: grouped tiles)."""
+    heads, rows = 1, next_power_of_2(max(1, n_queries))
+    while group % (2 * heads) == 0 and 2 * heads * rows <= block_m:
         heads *= 2
     return heads
 
@@ -3502,18 +3502,20 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     options. Path "course" where FlashAttentionTriton takes the call as it is (no GQA, d = dv in
     FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no window, softcap or lse; design notes:
     flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two >= 16 that
-    covers a short sequence. ``grouped``: the group's size (query heads a key/value head serves), for
+    covers a short sequence (the forward's: its heads' queries). ``grouped``: the group's size (query heads a key/value head serves), for
     ``attention_heads_in_tile``; True: grouped, one head a tile."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     width = max(head_dim, head_dim_v)
     # A tail where each head dim padded to the widest tile splits into a whole tile and a tail (160 = 128 + 32).
     tail = all(_head_dim_tiles(n)[1] for n, padded in ((d, head_dim), (dv, head_dim_v)) if padded == width)
-    tiles = {name: replace(launch, block_m=min(launch.block_m, queries), block_n=min(launch.block_n, keys))
-             for name, launch in _attention_tiles(width, dtype, tail).items()}
+    tiles = _attention_tiles(width, dtype, tail)
+    heads = attention_heads_in_tile(int(grouped), n_queries, tiles["forward"].block_m) if grouped else 1
+    rows = dict(forward=max(16, heads * next_power_of_2(max(1, n_queries))), dq=queries, dkdv=queries)
+    tiles = {name: replace(launch, block_m=min(launch.block_m, rows[name]), block_n=min(launch.block_n, keys))
+             for name, launch in tiles.items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     block_m = tiles["forward"].block_m
-    heads = attention_heads_in_tile(int(grouped), n_queries, block_m) if grouped else 1
     splits = attention_splits(batch_heads // heads, n_queries, n_keys, block_m // heads)
     course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
               and (scale is None or scale == d ** -0.5) and n_keys > 0

@@ -22,7 +22,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 import fused_softmax_matmul
 
 from fused_softmax_matmul import (
-    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_head_dims, attention_heads_in_tile,
+    ATTENTION_MAX_HEAD_DIM, AttentionPlan, FlashLaunch, attention_head_dims, attention_heads_in_tile, attention_splits,
     attention_mask_bounds, attention_plan, attention_visible_pairs,
     check_flash_attention_inputs, flash_attention, flash_attention_flops, flash_attention_reference, _attention_args,
 )
@@ -66,6 +66,9 @@ CPU_CASES = {
     # the same with heads that take a tail (80 = 64 + 16, dv 40 = 32 + 8 of 16): four heads of a tile read it
     "gqa8:2-1q-d80-tails": Case(1, 8, 2, 1, 70, 80, 40, dict(is_causal=True, causal_align="bottom_right",
                                                              enable_gqa=True)),
+    # a chunk of 3 queries: a group of 8 heads shares the forward's tiles, 2 queries of each a tile
+    "gqa8:1-3q-chunk": Case(1, 8, 1, 3, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right",
+                                                         enable_gqa=True)),
     # bottom-right with more queries than keys: the first 30 queries see no key (out 0, lse -inf)
     "bottom-right-50q-20k": Case(1, 2, 2, 50, 20, 16, 16, dict(is_causal=True, causal_align="bottom_right")),
     "window-7-3": Case(1, 2, 2, 70, 70, 16, 16, dict(window=(7, 3))),  # masked tiles on both sides of whole ones
@@ -644,25 +647,33 @@ def test_plan_tiles_and_bounds():
     assert flash_attention_flops(1, 1, 3, 2, 8, 8, None, -1) == 2 * 16 * 3
     small = attention_plan(ATTENTION_MAX_HEAD_DIM, 16, torch.float16, 8, 8)
     assert small.head_dim == 256 and small.head_dim_v == 16 and small.forward.block_m == 16
-    # Splits: a decode step of 8 x 32 heads over 32768 keys fills the GPU only in parts; a prefill
+    # Splits: a decode step of 2 x 32 heads over 32768 keys fills the GPU only in parts; a prefill
     # of the same heads, or a short key range, takes none.
-    assert attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256).splits > 1
+    assert attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=64).splits > 1
     assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32).splits == 1
     assert attention_plan(128, 128, torch.bfloat16, 1, 1000, batch_heads=8).splits == 1
-    # A decode step's forward tile of 16 rows takes 4 heads of a group of 4 (each key tile read
-    # once for them), splitting the keys over the fewer programs; more queries, or a group of 3, one.
+    # A group's heads share the forward's tile while their queries fit it (each key tile read once for
+    # them), the keys split over the fewer programs; where one head's queries fill it, or a group of 3, one.
     decode = attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256, grouped=4)
     assert decode.heads_in_tile == 4 and decode.forward.block_m == 16
     assert decode.splits > attention_plan(128, 128, torch.bfloat16, 1, 32768, batch_heads=256).splits
-    assert attention_heads_in_tile(8, 1, 16) == 4 and attention_heads_in_tile(4, 2, 16) == 1
+    chunk = attention_plan(128, 128, torch.bfloat16, 16, 8192, batch_heads=128, grouped=8)
+    assert (chunk.heads_in_tile, chunk.forward.block_m, chunk.dq.block_m) == (4, 64, 16)
+    assert attention_heads_in_tile(8, 1, 16) == 8 and attention_heads_in_tile(8, 1, 4) == 4
+    assert attention_heads_in_tile(4, 2, 16) == 4 and attention_heads_in_tile(4, 32, 64) == 2
+    assert attention_heads_in_tile(4, 33, 64) == 1 and attention_heads_in_tile(4, 0, 16) == 4
     assert attention_heads_in_tile(3, 1, 16) == 1 and attention_heads_in_tile(6, 1, 16) == 2
+    # Splits: a power of two of parts (even parts of 2^k keys), up to two waves of programs, 512 keys a part.
+    assert attention_splits(64, 1, 32768, 16) == 4 and attention_splits(8, 1, 8192, 16) == 16
+    assert attention_splits(256, 1, 32768, 16) == 1 and attention_splits(128, 1, 768, 16) == 1
+    assert attention_splits(0, 1, 32768, 16) == 1 and attention_splits(64, 0, 32768, 16) == 1
     assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32, grouped=4).heads_in_tile == 1
 
 
 @pytest.mark.parametrize("heads,splits", [(2, 1), (4, 2)])
 def test_given_plan_shares_tiles_between_heads_at_many_queries(heads, splits):
-    """A given plan may put a group's heads in one forward tile at any query count (the plan does so at one
-    query): each row's sums are those of one head a tile, in the same order, so out and lse are the same bits."""
+    """A given plan may put a group's heads in one forward tile at any query count (the plan does so while
+    their queries fit the tile): each row's sums are those of one head a tile, in the same order, so out and lse are the same bits."""
     case = Case(1, 8, 2, 24, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right", enable_gqa=True))
     q, k, v, _, _ = make_inputs(case, torch.float32, seed=5)
     base = dataclasses.replace(small_tile_plan(case, torch.float32), splits=splits)
