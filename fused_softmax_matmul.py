@@ -3443,7 +3443,10 @@ class AttentionPlan:
         for kernel in FLASH_KERNELS:
             getattr(self, kernel).check(f"plan.{kernel}")
         check_int("plan.splits", self.splits, 1, 1024)
-        check_block("plan.heads_in_tile", self.heads_in_tile, 1, self.forward.block_m)
+        check_int("plan.heads_in_tile", self.heads_in_tile, 1, self.forward.block_m)
+        if next_power_of_2(self.heads_in_tile) > self.forward.block_m:
+            raise ValueError(f"plan.heads_in_tile ({self.heads_in_tile}) padded to a power of two must fit "
+                             f"plan.forward.block_m ({self.forward.block_m})")
         check_flag("plan.gluon_forward", self.gluon_forward)
 
 
@@ -3486,12 +3489,10 @@ def attention_splits(batch_heads: int, n_queries: int, n_keys: int, block_m: int
 
 def attention_heads_in_tile(group: int, n_queries: int, block_m: int) -> int:
     """Query heads of a group sharing a forward tile of block_m rows, so that they read each key and value tile
-    once: the most, a power of two dividing the group, whose queries (each head's padded to a power of two)
-    fit the tile; 1 where one head's queries fill it (design notes: grouped tiles)."""
-    heads, rows = 1, next_power_of_2(max(1, n_queries))
-    while group % (2 * heads) == 0 and 2 * heads * rows <= block_m:
-        heads *= 2
-    return heads
+    once: the most dividing the group whose queries fit the tile (a head's queries and the heads each padded
+    to a power of two); 1 where one head's queries fill it (design notes: grouped tiles)."""
+    rows = next_power_of_2(max(1, n_queries))
+    return max(h for h in range(1, group + 1) if group % h == 0 and (h == 1 or next_power_of_2(h) * rows <= block_m))
 
 
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
@@ -3511,12 +3512,13 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     tail = all(_head_dim_tiles(n)[1] for n, padded in ((d, head_dim), (dv, head_dim_v)) if padded == width)
     tiles = _attention_tiles(width, dtype, tail)
     heads = attention_heads_in_tile(int(grouped), n_queries, tiles["forward"].block_m) if grouped else 1
-    rows = dict(forward=max(16, heads * next_power_of_2(max(1, n_queries))), dq=queries, dkdv=queries)
+    rows = dict(forward=max(16, next_power_of_2(heads) * next_power_of_2(max(1, n_queries))), dq=queries,
+                dkdv=queries)
     tiles = {name: replace(launch, block_m=min(launch.block_m, rows[name]), block_n=min(launch.block_n, keys))
              for name, launch in tiles.items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     block_m = tiles["forward"].block_m
-    splits = attention_splits(batch_heads // heads, n_queries, n_keys, block_m // heads)
+    splits = attention_splits(batch_heads // heads, n_queries, n_keys, block_m // next_power_of_2(heads))
     course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
               and (scale is None or scale == d ** -0.5) and n_keys > 0
               and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
@@ -3719,12 +3721,14 @@ def attention_forward_kernel(
     D: tl.constexpr, DV: tl.constexpr, HEAD_DIM: tl.constexpr, HEAD_DIM_V: tl.constexpr,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HAS_LO: tl.constexpr, HAS_HI: tl.constexpr,
     SOFTCAP: tl.constexpr, PRECISION: tl.constexpr, UPCAST: tl.constexpr, HEADS: tl.constexpr,
-    D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr, ROW_ALIGN: tl.constexpr,
+    QUERIES: tl.constexpr, D_TAIL: tl.constexpr, DV_TAIL: tl.constexpr, TAIL: tl.constexpr, TAIL_V: tl.constexpr,
+    ROW_ALIGN: tl.constexpr,
 ):
-    """One program: BLOCK_M queries of one (batch, query head), or BLOCK_M / HEADS of each of HEADS heads of
-    a group, against the shown keys of their key/value head within its split of split_keys keys. out and
-    lse: (splits, batch, heads, n_queries[, dv]), lse contiguous; each split's out is normalised by its own
-    sum; the caller merges splits by their lse. Head dims as ``attention_head_dims`` gives them."""
+    """One program: BLOCK_M queries of one (batch, query head), or QUERIES of each of HEADS heads of a group
+    (HEADS * QUERIES <= BLOCK_M, the rows past them masked), against the shown keys of their key/value head
+    within its split of split_keys keys. out and lse: (splits, batch, heads, n_queries[, dv]), lse contiguous;
+    each split's out is normalised by its own sum; the caller merges splits by their lse. Head dims as
+    ``attention_head_dims`` gives them."""
     qk_scale = tl.cast(qk_scale, tl.float32)
     cap2 = tl.cast(cap2, tl.float32)
     stride_qb, stride_qh, stride_qm = _row_strides(stride_qb, stride_qh, stride_qm, ROW_ALIGN)
@@ -3733,8 +3737,8 @@ def attention_forward_kernel(
     stride_ob, stride_oh, stride_om = _row_strides(stride_ob, stride_oh, stride_om, ROW_ALIGN)
     pid = tl.program_id(0)
     split = pid % n_splits  # 32-bit: the key bounds below stay 32-bit (a head's offsets are)
-    # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major.
-    QUERIES: tl.constexpr = BLOCK_M // HEADS
+    # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major; rows
+    # past HEADS heads (the count padded to a power of two) take query n_queries: masked, as past the queries.
     if HEADS == 1:
         b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
         query_start = tile * BLOCK_M
@@ -3747,6 +3751,9 @@ def attention_forward_kernel(
         query_start = tile * QUERIES
         rows = query_start + tl.arange(0, BLOCK_M) % QUERIES
         heads = h + tl.arange(0, BLOCK_M) // QUERIES
+        if HEADS * QUERIES < BLOCK_M:
+            rows = tl.where(heads < h + HEADS, rows, n_queries)
+            heads = tl.minimum(heads, h + HEADS - 1)
         q_base = q_ptr + b * stride_qb + (heads * stride_qh)[:, None]
         o_base = o_ptr + split.to(tl.int64) * stride_os + b * stride_ob + (heads * stride_oh)[:, None]
         lse_rows = ((split * n_batch + b) * n_heads + heads) * n_queries + rows
@@ -4180,14 +4187,15 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     else:
         qk_scale, cap2 = _attention_scalars(scale, softcap)
         tile_heads = launches[13]
-        grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, launch[0] // tile_heads),
+        queries = launch[0] // next_power_of_2(tile_heads)  # a head's rows in the tile
+        grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, queries),
                              "the attention forward")
         _launch_flash(jit_kernel(attention_forward_kernel, traced=traced), grid,
                       (q, k, v, out, lse, batch, heads, heads // n_kv_heads, n_queries, n_keys, qk_scale, cap2, lo,
                        hi, splits, split_keys, *q.stride(), *k.stride(), *v.stride(),
                        0 if splits == 1 else out.stride(0), *out.stride()[-4:]),
-                      dict(HEADS=tile_heads, **_attention_constants(q, dv, has_lo, has_hi, softcap, launch,
-                                                                    _row_align((q, k, v, out)))), 5, steps)
+                      dict(HEADS=tile_heads, QUERIES=queries, **_attention_constants(
+                          q, dv, has_lo, has_hi, softcap, launch, _row_align((q, k, v, out)))), 5, steps)
     if splits == 1:
         if steps and steps[0] is not None:
             keep(steps[0])

@@ -82,18 +82,21 @@ def attention_cases() -> list:
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
             if name == "forward":
-                constexprs["HEADS"] = plan.heads_in_tile
+                constexprs.update(HEADS=plan.heads_in_tile, QUERIES=launch.block_m)
             cases.append((kernel, elements[dtype], constexprs,
                           dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
-    # A decode step of Llama-3-8B-like grouped heads: the forward's tile holds 4 heads of a group.
-    plan = fsm.attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right",
-                              batch_heads=256, grouped=4)
-    assert plan.heads_in_tile == 4, plan
-    for d in (128, 80):  # 80: the tile's four heads with tails
-        cases.append((fsm.attention_forward_kernel, "bf16", dict(
-            BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n, HAS_LO=False, HAS_HI=True, SOFTCAP=False,
-            PRECISION="ieee", UPCAST=False, HEADS=4, ROW_ALIGN=16, **fsm.attention_head_dims(d, d)),
-            dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
+    # A decode step of grouped heads: the forward's tile holds a group of 4 (Llama-3-8B-like) or 7 (Qwen2-7B-like,
+    # 8 rows with the last masked).
+    for group in (4, 7):
+        plan = fsm.attention_plan(128, 128, torch.bfloat16, 1, 32768, is_causal=True, causal_align="bottom_right",
+                                  batch_heads=32 * group, grouped=group)
+        assert plan.heads_in_tile == group, plan
+        for d in (128, 80):  # 80: the tile's heads with tails
+            cases.append((fsm.attention_forward_kernel, "bf16", dict(
+                BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n, HAS_LO=False, HAS_HI=True, SOFTCAP=False,
+                PRECISION="ieee", UPCAST=False, HEADS=group, QUERIES=plan.forward.block_m // fsm.next_power_of_2(group),
+                ROW_ALIGN=16, **fsm.attention_head_dims(d, d)),
+                dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
     # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
     cases.append((fsm.attention_backward_dkdv_kernel, "fp16", dict(
         BLOCK_M=64, BLOCK_N=64, HAS_LO=True, HAS_HI=True, SOFTCAP=False, PRECISION="ieee", UPCAST=False, group=1, lo=1,

@@ -66,6 +66,8 @@ CPU_CASES = {
     # the same with heads that take a tail (80 = 64 + 16, dv 40 = 32 + 8 of 16): four heads of a tile read it
     "gqa8:2-1q-d80-tails": Case(1, 8, 2, 1, 70, 80, 40, dict(is_causal=True, causal_align="bottom_right",
                                                              enable_gqa=True)),
+    # two queries of a group of 6 heads (padded to 8) in one forward tile
+    "gqa6:1-2q": Case(1, 6, 1, 2, 70, 24, 24, dict(is_causal=True, causal_align="bottom_right", enable_gqa=True)),
     # a chunk of 3 queries: a group of 8 heads shares the forward's tiles, 2 queries of each a tile
     "gqa8:1-3q-chunk": Case(1, 8, 1, 3, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right",
                                                          enable_gqa=True)),
@@ -662,7 +664,9 @@ def test_plan_tiles_and_bounds():
     assert attention_heads_in_tile(8, 1, 16) == 8 and attention_heads_in_tile(8, 1, 4) == 4
     assert attention_heads_in_tile(4, 2, 16) == 4 and attention_heads_in_tile(4, 32, 64) == 2
     assert attention_heads_in_tile(4, 33, 64) == 1 and attention_heads_in_tile(4, 0, 16) == 4
-    assert attention_heads_in_tile(3, 1, 16) == 1 and attention_heads_in_tile(6, 1, 16) == 2
+    # Groups of other sizes: every head, padded to a power of two of rows (7 in 8), where they fit.
+    assert attention_heads_in_tile(7, 1, 16) == 7 and attention_heads_in_tile(6, 2, 16) == 6
+    assert attention_heads_in_tile(6, 4, 16) == 3 and attention_heads_in_tile(7, 4, 16) == 1
     # Splits: a power of two of parts (even parts of 2^k keys), up to two waves of programs, 512 keys a part.
     assert attention_splits(64, 1, 32768, 16) == 4 and attention_splits(8, 1, 8192, 16) == 16
     assert attention_splits(256, 1, 32768, 16) == 1 and attention_splits(128, 1, 768, 16) == 1
