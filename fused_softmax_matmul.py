@@ -3443,10 +3443,8 @@ class AttentionPlan:
         for kernel in FLASH_KERNELS:
             getattr(self, kernel).check(f"plan.{kernel}")
         check_int("plan.splits", self.splits, 1, 1024)
+        # At most block_m (a power of two): then the heads padded to a power of two fit it too.
         check_int("plan.heads_in_tile", self.heads_in_tile, 1, self.forward.block_m)
-        if next_power_of_2(self.heads_in_tile) > self.forward.block_m:
-            raise ValueError(f"plan.heads_in_tile ({self.heads_in_tile}) padded to a power of two must fit "
-                             f"plan.forward.block_m ({self.forward.block_m})")
         check_flag("plan.gluon_forward", self.gluon_forward)
 
 
@@ -3503,8 +3501,8 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
     options. Path "course" where FlashAttentionTriton takes the call as it is (no GQA, d = dv in
     FLASH_HEAD_DIMS, SDPA's scale, causal top-left or square, no window, softcap or lse; design notes:
     flash_attention routes). Tiles: ``_attention_tiles``'s, shrunk to the least power of two >= 16 that
-    covers a short sequence (the forward's: its heads' queries). ``grouped``: the group's size (query heads a key/value head serves), for
-    ``attention_heads_in_tile``; True: grouped, one head a tile."""
+    covers a short sequence (the forward's: its heads' queries). ``grouped``: the group's size (query heads a
+    key/value head serves), for ``attention_heads_in_tile``; True: grouped, one head a tile."""
     head_dim, head_dim_v = max(16, next_power_of_2(d)), max(16, next_power_of_2(dv))
     queries, keys = max(16, next_power_of_2(n_queries)), max(16, next_power_of_2(n_keys))
     width = max(head_dim, head_dim_v)
@@ -3738,7 +3736,7 @@ def attention_forward_kernel(
     pid = tl.program_id(0)
     split = pid % n_splits  # 32-bit: the key bounds below stay 32-bit (a head's offsets are)
     # HEADS > 1: the rows are HEADS query heads of a group (h the first) x QUERIES queries, head-major; rows
-    # past HEADS heads (the count padded to a power of two) take query n_queries: masked, as past the queries.
+    # past HEADS heads (the count padded to a power of two) take query n_queries: every access masked.
     if HEADS == 1:
         b, h, tile = _attention_head(pid // n_splits, n_batch * n_heads, n_queries, n_heads, BLOCK_M, HAS_HI)
         query_start = tile * BLOCK_M
@@ -3753,7 +3751,6 @@ def attention_forward_kernel(
         heads = h + tl.arange(0, BLOCK_M) // QUERIES
         if HEADS * QUERIES < BLOCK_M:
             rows = tl.where(heads < h + HEADS, rows, n_queries)
-            heads = tl.minimum(heads, h + HEADS - 1)
         q_base = q_ptr + b * stride_qb + (heads * stride_qh)[:, None]
         o_base = o_ptr + split.to(tl.int64) * stride_os + b * stride_ob + (heads * stride_oh)[:, None]
         lse_rows = ((split * n_batch + b) * n_heads + heads) * n_queries + rows

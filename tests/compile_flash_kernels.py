@@ -82,7 +82,8 @@ def attention_cases() -> list:
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
             if name == "forward":
-                constexprs.update(HEADS=plan.heads_in_tile, QUERIES=launch.block_m)
+                constexprs.update(HEADS=plan.heads_in_tile,
+                                  QUERIES=launch.block_m // fsm.next_power_of_2(plan.heads_in_tile))
             cases.append((kernel, elements[dtype], constexprs,
                           dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
     # A decode step of grouped heads: the forward's tile holds a group of 4 (Llama-3-8B-like) or 7 (Qwen2-7B-like,

@@ -674,15 +674,17 @@ def test_plan_tiles_and_bounds():
     assert attention_plan(128, 128, torch.bfloat16, 4096, 4096, batch_heads=32, grouped=4).heads_in_tile == 1
 
 
-@pytest.mark.parametrize("heads,splits", [(2, 1), (4, 2)])
-def test_given_plan_shares_tiles_between_heads_at_many_queries(heads, splits):
+@pytest.mark.parametrize("q_heads,heads,block_m,splits",
+                         [(8, 2, 32, 1), (8, 4, 64, 2), (12, 3, 64, 1), (12, 6, 128, 2)])
+def test_given_plan_shares_tiles_between_heads_at_many_queries(q_heads, heads, block_m, splits):
     """A given plan may put a group's heads in one forward tile at any query count (the plan does so while
-    their queries fit the tile): each row's sums are those of one head a tile, in the same order, so out and lse are the same bits."""
-    case = Case(1, 8, 2, 24, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right", enable_gqa=True))
+    their queries fit the tile), 16 queries of each, 3 and 6 heads padded to 4 and 8: each row's sums are
+    those of one head a tile, in the same order, so out and lse are the same bits."""
+    case = Case(1, q_heads, 2, 24, 70, 16, 16, dict(is_causal=True, causal_align="bottom_right", enable_gqa=True))
     q, k, v, _, _ = make_inputs(case, torch.float32, seed=5)
-    base = dataclasses.replace(small_tile_plan(case, torch.float32), splits=splits)
+    base = dataclasses.replace(small_tile_plan(case, torch.float32), splits=splits, heads_in_tile=1)
     want = flash_attention(q, k, v, **case.options, plan=base, return_lse=True)
-    shared = dataclasses.replace(base, heads_in_tile=heads, forward=FlashLaunch(16 * heads, 16, 4, 1))
+    shared = dataclasses.replace(base, heads_in_tile=heads, forward=FlashLaunch(block_m, 16, 4, 1))
     got = flash_attention(q, k, v, **case.options, plan=shared, return_lse=True)
     for g, w in zip(got, want):
         torch.testing.assert_close(g, w, atol=0, rtol=0)
