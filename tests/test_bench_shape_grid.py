@@ -348,6 +348,8 @@ if ON_GPU:
                                                **LLAMA3_8B), "bfloat16"),
         ("fwd", "llama3-8b-chunk", model_case(4, n_queries=128, n_keys=4096, causal_align="bottom_right",
                                               **LLAMA3_8B), "float16"),
+        # 28 query heads a group of 7 of 4 key/value heads
+        ("fwd", "qwen2-7b-decode", model_case(16, 28, 4, 1, 8192, 128, causal_align="bottom_right"), "bfloat16"),
     ]
     MODEL_IMPLS = ("sdpa", "flex_compile", TRITON)
 else:
