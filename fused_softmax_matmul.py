@@ -3493,6 +3493,12 @@ def attention_heads_in_tile(group: int, n_queries: int, block_m: int) -> int:
     return max(h for h in range(1, group + 1) if group % h == 0 and (h == 1 or next_power_of_2(h) * rows <= block_m))
 
 
+def _tile_queries(block_m: int, heads: int) -> int:
+    """A head's rows in a forward tile of block_m rows holding heads of a group (their count padded to a power of
+    two): the kernel's QUERIES, which the plan's splits and the launch's grid count in."""
+    return block_m // next_power_of_2(heads)
+
+
 def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: int, *, is_causal: bool = False,
                    causal_align: str = "top_left", window: tuple | None = None, batch_heads: int = 1,
                    grouped: bool | int = False, scale: float | None = None, softcap: float | None = None,
@@ -3516,7 +3522,7 @@ def attention_plan(d: int, dv: int, dtype: torch.dtype, n_queries: int, n_keys: 
              for name, launch in tiles.items()}
     lo, hi = attention_mask_bounds(n_queries, n_keys, is_causal, causal_align, window)
     block_m = tiles["forward"].block_m
-    splits = attention_splits(batch_heads // heads, n_queries, n_keys, block_m // next_power_of_2(heads))
+    splits = attention_splits(batch_heads // heads, n_queries, n_keys, _tile_queries(block_m, heads))
     course = (not (grouped or return_lse) and window is None and softcap is None and dv == d and d in FLASH_HEAD_DIMS
               and (scale is None or scale == d ** -0.5) and n_keys > 0
               and (not is_causal or causal_align == "top_left" or n_queries == n_keys))
@@ -4184,7 +4190,7 @@ def _run_attention_forward(q, k, v, scale, lo, hi, has_lo, has_hi, softcap, laun
     else:
         qk_scale, cap2 = _attention_scalars(scale, softcap)
         tile_heads = launches[13]
-        queries = launch[0] // next_power_of_2(tile_heads)  # a head's rows in the tile
+        queries = _tile_queries(launch[0], tile_heads)
         grid = one_axis_grid(splits * batch * (heads // tile_heads) * cdiv(n_queries, queries),
                              "the attention forward")
         _launch_flash(jit_kernel(attention_forward_kernel, traced=traced), grid,

@@ -82,8 +82,8 @@ def attention_cases() -> list:
             if name == "dq":
                 constexprs["HAS_DLSE"] = True
             if name == "forward":
-                constexprs.update(HEADS=plan.heads_in_tile,
-                                  QUERIES=launch.block_m // fsm.next_power_of_2(plan.heads_in_tile))
+                heads = plan.heads_in_tile
+                constexprs.update(HEADS=heads, QUERIES=fsm._tile_queries(launch.block_m, heads))
             cases.append((kernel, elements[dtype], constexprs,
                           dict(num_warps=launch.num_warps, num_stages=launch.num_stages)))
     # A decode step of grouped heads: the forward's tile holds a group of 4 (Llama-3-8B-like) or 7 (Qwen2-7B-like,
@@ -95,7 +95,7 @@ def attention_cases() -> list:
         for d in (128, 80):  # 80: the tile's heads with tails
             cases.append((fsm.attention_forward_kernel, "bf16", dict(
                 BLOCK_M=plan.forward.block_m, BLOCK_N=plan.forward.block_n, HAS_LO=False, HAS_HI=True, SOFTCAP=False,
-                PRECISION="ieee", UPCAST=False, HEADS=group, QUERIES=plan.forward.block_m // fsm.next_power_of_2(group),
+                PRECISION="ieee", UPCAST=False, HEADS=group, QUERIES=fsm._tile_queries(plan.forward.block_m, group),
                 ROW_ALIGN=16, **fsm.attention_head_dims(d, d)),
                 dict(num_warps=plan.forward.num_warps, num_stages=plan.forward.num_stages)))
     # Inductor passes ints equal to 1 as constants: one head per group, bounds of 1.
